@@ -1,0 +1,5 @@
+import sys
+
+from hgopt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``hgopt`` subcommand; each exposes ``register(subparsers)``."""

@@ -1,0 +1,283 @@
+"""``evaluate(plan, instance)``: THE scorer. Every planner's plan is judged by this function alone.
+
+The equations, with the labels used in comments ([C1]..[C7]), are in ``formulations/cost_model.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from hgopt.cost.tables import (
+    CostTables,
+    allreduce_time,
+    build_tables,
+    link_bytes_factor,
+    transfer_time,
+)
+from hgopt.plan import Pipeline, Plan, Stage, validate
+from hgopt.spec import Instance
+
+__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "stage_boundary_time"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageReport:
+    pipeline: int
+    stage: int
+    layers: tuple[int, int]
+    clusters: tuple[str, ...]
+    gpus: int
+    layout: str
+    """Replica groups as ``dp×[GPU@cluster tp t mbs b]``."""
+    fwd_s: float
+    bwd_s: float
+    send_fwd_s: float
+    """Seconds to send one microbatch's activations to the next stage (0 for the last stage)."""
+    send_bwd_s: float
+    """Seconds to send one microbatch's gradients back across the same boundary."""
+    sync_s: float
+    optimizer_s: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+    oom: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineReport:
+    index: int
+    num_microbatches: int
+    microbatch: int
+    bottleneck_s: float
+    fill_drain_s: float
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evaluation:
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    tokens_per_s: float
+    pipeline_time_s: float
+    sync_optimizer_time_s: float
+    gpus_used: int
+    feasible: bool
+    violations: tuple[str, ...]
+    pipelines: tuple[PipelineReport, ...]
+    stages: tuple[StageReport, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["peak_memory_gb"] = [s.peak_memory_bytes / 1e9 for s in self.stages]
+        return d
+
+
+def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -> Evaluation:
+    """Iteration time, throughput, per-stage breakdown and memory of ``plan`` on ``instance``.
+
+    A plan with structural violations is infeasible and gets an infinite iteration time; a plan that
+    only runs out of memory is costed fully and flagged infeasible.
+    """
+    violations = [str(v) for v in validate(plan, instance)]
+    if violations:
+        return _infeasible(plan, violations)
+    tables = tables or build_tables(instance)
+    sync = _stage_sync_times(plan, instance, tables)
+    stage_reports: list[StageReport] = []
+    pipe_reports: list[PipelineReport] = []
+    for pi, pipe in enumerate(plan.pipelines):
+        reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)]) for si in range(len(pipe.stages))]
+        stage_reports.extend(reports)
+        pipe_reports.append(_pipeline_report(pi, pipe, reports))
+    t_pipe = max(p.time_s for p in pipe_reports)
+    t_tail = max(s.sync_s + s.optimizer_s for s in stage_reports)  # [C7]
+    t_iter = t_pipe + t_tail
+    for s in stage_reports:
+        if s.oom:
+            violations.append(
+                f"pipelines[{s.pipeline}].stages[{s.stage}]: needs {s.peak_memory_bytes / 1e9:.2f} GB per GPU, "
+                f"{s.memory_capacity_bytes / 1e9:.2f} GB available (out of memory)"
+            )
+    samples = instance.job.global_batch
+    return Evaluation(
+        iteration_time_s=t_iter,
+        throughput_samples_per_s=samples / t_iter,
+        tokens_per_s=samples * instance.job.seq_len / t_iter,
+        pipeline_time_s=t_pipe,
+        sync_optimizer_time_s=t_tail,
+        gpus_used=plan.num_gpus(),
+        feasible=not violations,
+        violations=tuple(violations),
+        pipelines=tuple(pipe_reports),
+        stages=tuple(stage_reports),
+    )
+
+
+def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
+    return Evaluation(
+        iteration_time_s=math.inf,
+        throughput_samples_per_s=0.0,
+        tokens_per_s=0.0,
+        pipeline_time_s=math.inf,
+        sync_optimizer_time_s=math.inf,
+        gpus_used=plan.num_gpus(),
+        feasible=False,
+        violations=tuple(violations),
+        pipelines=(),
+        stages=(),
+    )
+
+
+# ---- pipeline time [C3] ----------------------------------------------------------------------
+def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> PipelineReport:
+    m = pipe.num_microbatches
+    fill = sum(s.fwd_s + s.bwd_s + s.send_fwd_s + s.send_bwd_s for s in st)
+    if pipe.schedule == "gpipe":
+        bottleneck = max(max(s.fwd_s, s.send_fwd_s) for s in st) + max(max(s.bwd_s, s.send_bwd_s) for s in st)
+    else:
+        bottleneck = max(max(s.fwd_s + s.bwd_s, s.send_fwd_s, s.send_bwd_s) for s in st)
+    return PipelineReport(
+        index=index,
+        num_microbatches=m,
+        microbatch=pipe.microbatch,
+        bottleneck_s=bottleneck,
+        fill_drain_s=fill,
+        time_s=(m - 1) * bottleneck + fill,
+    )
+
+
+# ---- one stage: compute [C2], boundary [C4], optimizer [C6-opt], memory [C6] ------------------------
+def _stage_report(
+    inst: Instance, tables: CostTables, pipe: Pipeline, pi: int, si: int, sync_s: float
+) -> StageReport:
+    stage = pipe.stages[si]
+    topo = inst.topology
+    fwd = bwd = opt = 0.0
+    peak, cap, oom = 0.0, math.inf, False
+    n_stages = len(pipe.stages)
+    in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(n_stages - si, pipe.num_microbatches)
+    for g in stage.groups:
+        cluster = topo.cluster(g.cluster)
+        tab = tables.table(cluster.gpu, g.tp)
+        f, b = tab.times(g.mbs, stage.start, stage.end)
+        fwd, bwd = max(fwd, f), max(bwd, b)
+        shards = stage.replicas if stage.zero else 1
+        opt = max(opt, float(tab.update[stage.end] - tab.update[stage.start]) / shards)
+        params = float(tab.params[stage.end] - tab.params[stage.start])
+        act = float(tab.act_mem[stage.end] - tab.act_mem[stage.start])
+        mem = (
+            2.0 * params * tables.dtype_bytes  # weights + gradients
+            + params * tables.optimizer_bytes_per_param / shards
+            + in_flight * g.mbs * act
+            + inst.job.workspace_bytes
+        )
+        if mem > cluster.gpu_memory_bytes:
+            oom = True
+        peak, cap = max(peak, mem), min(cap, cluster.gpu_memory_bytes)
+    send_f = send_b = 0.0
+    if si + 1 < n_stages:
+        send_f, send_b = stage_boundary_time(inst, tables, pipe, si)
+    layout = ", ".join(
+        f"{g.dp}x[{topo.cluster(g.cluster).gpu}@{g.cluster} tp{g.tp} mbs{g.mbs}]" for g in stage.groups
+    )
+    return StageReport(
+        pipeline=pi,
+        stage=si,
+        layers=(stage.start, stage.end),
+        clusters=stage.clusters(),
+        gpus=stage.gpus,
+        layout=layout,
+        fwd_s=fwd,
+        bwd_s=bwd,
+        send_fwd_s=send_f,
+        send_bwd_s=send_b,
+        sync_s=sync_s,
+        optimizer_s=opt,
+        peak_memory_bytes=peak,
+        memory_capacity_bytes=cap,
+        oom=oom,
+    )
+
+
+def stage_boundary_time(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
+    """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
+    ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica; the
+    bytes between two different clusters share their link; inside one cluster each sender uses its own
+    inter-node bandwidth."""
+    src, dst = pipe.stages[si], pipe.stages[si + 1]
+    per_sample = float(tables.activation_bytes[src.end - 1])
+    bound = pipe.boundary(si)
+    native = inst.model.dtype
+    cross: dict[tuple[str, str], int] = {}
+    local: dict[str, int] = {}
+    for a_cluster, a_lo, a_hi, a_mbs in _sample_blocks(src):
+        for b_cluster, b_lo, b_hi, b_mbs in _sample_blocks(dst):
+            n = min(a_hi, b_hi) - max(a_lo, b_lo)
+            if n <= 0:
+                continue
+            if a_cluster == b_cluster:
+                local[a_cluster] = max(local.get(a_cluster, 0), min(a_mbs, b_mbs, n))
+            else:
+                cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
+    out = []
+    for prec in (bound.fwd, bound.bwd):
+        factor = link_bytes_factor(native, prec)
+        t = 0.0
+        for c, n in local.items():
+            t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * per_sample * factor))
+        for (a, b), n in cross.items():
+            t = max(t, transfer_time(inst.topology.link(a, b), n * per_sample * factor))
+        out.append(t)
+    return out[0], out[1]
+
+
+def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
+    """(cluster, first sample, end sample, mbs) of each replica group's block of the microbatch."""
+    out, lo = [], 0
+    for g in stage.groups:
+        out.append((g.cluster, lo, lo + g.samples, g.mbs))
+        lo += g.samples
+    return out
+
+
+# ---- gradient synchronisation [C5] ---------------------------------------------------------------
+def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tuple[int, int], float]:
+    """All-reduce seconds per (pipeline, stage). Layers are cut into segments at every stage boundary
+    of every pipeline, so each segment has one fixed set of replicas that hold it."""
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    seg_time: dict[tuple[int, int], float] = {}
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = [s for p in plan.pipelines for s in p.stages if s.start <= lo and hi <= s.end]
+        seg_time[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi)
+    out: dict[tuple[int, int], float] = {}
+    for pi, p in enumerate(plan.pipelines):
+        for si, s in enumerate(p.stages):
+            out[(pi, si)] = sum(t for (lo, hi), t in seg_time.items() if s.start <= lo and hi <= s.end)
+    return out
+
+
+def _segment_allreduce(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int) -> float:
+    """Hierarchical all-reduce: a ring inside each cluster (per tp shard), then a ring across the
+    clusters over the WAN carrying the whole gradient."""
+    topo = inst.topology
+    per_cluster: dict[str, list[tuple[int, int]]] = {}
+    for s in holders:
+        for g in s.groups:
+            per_cluster.setdefault(g.cluster, []).append((g.tp, g.dp))
+    intra = 0.0
+    full_bytes = 0.0
+    for name, groups in per_cluster.items():
+        c = topo.cluster(name)
+        n = sum(dp for _, dp in groups)
+        tp_min = min(tp for tp, _ in groups)
+        tab = tables.table(c.gpu, tp_min)
+        shard_bytes = float(tab.params[hi] - tab.params[lo]) * tables.dtype_bytes
+        full_bytes = max(full_bytes, shard_bytes * tp_min)
+        within_node = n * max(tp for tp, _ in groups) <= c.gpus_per_node
+        intra = max(intra, allreduce_time(c.intra_node if within_node else c.inter_node, shard_bytes, n))
+    names = list(per_cluster)
+    k = len(names)
+    inter = 0.0
+    if k > 1:
+        inter = max(allreduce_time(topo.link(a, b), full_bytes, k) for a in names for b in names if a != b)
+    return intra + inter

@@ -1,0 +1,640 @@
+"""Input specifications: model profile, topology, job and the instance that ties them together.
+
+Every input is validated once, here, when it is read. Errors are :class:`~hgopt.errors.SpecError`
+naming the file, the dotted field path and what is wrong. Units inside the library are SI: seconds,
+bytes, bytes per second. Files use friendlier units, named in the field (``gbit_s``, ``latency_ms``,
+``gpu_memory_gb``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, get_args
+
+from hgopt.errors import SpecError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "Bandwidth",
+    "Cluster",
+    "Instance",
+    "Job",
+    "LayerKind",
+    "LayerProfile",
+    "Link",
+    "ModelProfile",
+    "Precision",
+    "TimingEntry",
+    "Topology",
+    "TpMemory",
+    "bandwidth_from_dict",
+    "bandwidth_to_dict",
+    "instance_from_dict",
+    "job_from_dict",
+    "load_document",
+    "model_profile_from_dict",
+    "model_profile_to_dict",
+    "topology_from_dict",
+    "topology_to_dict",
+]
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+TrainDtype = Literal["fp32", "bf16", "fp16"]
+LayerKind = Literal["embedding", "block", "head"]
+Optimizer = Literal["adam", "sgd"]
+
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+GB = 1e9
+GIB = 2.0**30
+
+
+# --------------------------------------------------------------------------------------------
+# Model profile
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerProfile:
+    """One layer of the model, sizes for one sample (one sequence) at tensor-parallel degree 1."""
+
+    name: str
+    kind: LayerKind
+    params: float
+    """Number of parameters of the layer."""
+    activation_bytes: float
+    """Bytes of the layer's output per sample (what a stage ending here sends to the next)."""
+    act_mem_bytes: float
+    """Activation bytes per sample kept for the backward pass."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingEntry:
+    """Measured (or generated) seconds per microbatch for every layer on one (GPU type, tp, mbs)."""
+
+    gpu: str
+    tp: int
+    mbs: int
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    update: tuple[float, ...]
+    """Optimizer-step seconds per layer (independent of mbs)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TpMemory:
+    """Optional per-tp sizes per GPU (one tp shard) that override ``tp=1 value / tp``."""
+
+    tp: int
+    params: tuple[float, ...]
+    act_mem_bytes: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelProfile:
+    """Per-layer costs of one model on one or more GPU types."""
+
+    name: str
+    dtype: TrainDtype
+    """Precision the timings were measured in; the job must train in the same precision."""
+    seq_len: int
+    layers: tuple[LayerProfile, ...]
+    timings: tuple[TimingEntry, ...]
+    tp_memory: tuple[TpMemory, ...] = ()
+    optimizer_bytes_per_param: float | None = None
+    """Optimizer state + master weights per parameter; ``None``: derived from the job (see cost model)."""
+    source: str = ""
+    """Where the figures come from (citation)."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({t.gpu for t in self.timings}))
+
+    def tps(self, gpu: str) -> tuple[int, ...]:
+        return tuple(sorted({t.tp for t in self.timings if t.gpu == gpu}))
+
+    def mbss(self, gpu: str, tp: int) -> tuple[int, ...]:
+        return tuple(sorted(t.mbs for t in self.timings if t.gpu == gpu and t.tp == tp))
+
+    def total_params(self) -> float:
+        return float(sum(layer.params for layer in self.layers))
+
+
+# --------------------------------------------------------------------------------------------
+# Topology
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bandwidth:
+    """A link's bandwidth and latency.
+
+    Constant (``curve is None``): ``gbyte_s`` GB/s for any message. Curve (Sailor's fit): the achieved
+    GB/s for a message of x bytes is ``c0·u² + c1·u + c2`` with ``u = log2(x / 1e6)``, with u clamped
+    to [-10, 14] (1 kB .. 16 GB) and the result clamped to [1 % of ``gbyte_s``, ``gbyte_s``].
+    """
+
+    gbyte_s: float
+    latency_s: float = 0.0
+    curve: tuple[float, float, float] | None = None
+
+    def scaled(self, factor: float) -> Bandwidth:
+        """The same link with ``factor`` times the bandwidth (curve scaled too)."""
+        curve = None if self.curve is None else tuple(c * factor for c in self.curve)
+        return Bandwidth(gbyte_s=self.gbyte_s * factor, latency_s=self.latency_s, curve=curve)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """GPUs of one type in one region, ``nodes`` × ``gpus_per_node``."""
+
+    name: str
+    region: str
+    gpu: str
+    gpu_memory_bytes: float
+    nodes: int
+    gpus_per_node: int
+    intra_node: Bandwidth
+    inter_node: Bandwidth
+    cost_per_gpu_hour: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    src: str
+    dst: str
+    bandwidth: Bandwidth
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Topology:
+    clusters: tuple[Cluster, ...]
+    links: tuple[Link, ...]
+    """One entry per ordered pair of distinct clusters."""
+
+    def cluster(self, name: str) -> Cluster:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def cluster_index(self, name: str) -> int:
+        for i, c in enumerate(self.clusters):
+            if c.name == name:
+                return i
+        raise KeyError(name)
+
+    def link(self, src: str, dst: str) -> Bandwidth:
+        for link in self.links:
+            if link.src == src and link.dst == dst:
+                return link.bandwidth
+        raise KeyError((src, dst))
+
+    def num_gpus(self) -> int:
+        return sum(c.num_gpus for c in self.clusters)
+
+
+# --------------------------------------------------------------------------------------------
+# Job and instance
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    global_batch: int
+    """Sequences per iteration."""
+    seq_len: int
+    precision: TrainDtype
+    optimizer: Optimizer = "adam"
+    workspace_bytes: float = 1.0 * GIB
+    """Per-GPU memory kept for the framework, kernels' workspace and fragmentation."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Instance:
+    name: str
+    model: ModelProfile
+    topology: Topology
+    job: Job
+    description: str = ""
+    source: str = field(default="<inline>", compare=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading: a small cursor that knows where it is, so every error names its field
+# --------------------------------------------------------------------------------------------
+class _At:
+    def __init__(self, source: str, path: str, value: Any) -> None:
+        self.source, self.path, self.value = source, path, value
+
+    def fail(self, problem: str) -> SpecError:
+        return SpecError(self.source, self.path or "<top>", problem)
+
+    def _child(self, key: str | int, value: Any) -> _At:
+        sub = f"{self.path}[{key}]" if isinstance(key, int) else (f"{self.path}.{key}" if self.path else key)
+        return _At(self.source, sub, value)
+
+    def mapping(self) -> Mapping[str, Any]:
+        if not isinstance(self.value, Mapping):
+            raise self.fail(f"expected a mapping, got {type(self.value).__name__}")
+        return self.value
+
+    def has(self, key: str) -> bool:
+        return key in self.mapping()
+
+    def get(self, key: str) -> _At:
+        m = self.mapping()
+        if key not in m:
+            raise self._child(key, None).fail("is required but missing")
+        return self._child(key, m[key])
+
+    def opt(self, key: str) -> _At | None:
+        m = self.mapping()
+        return self._child(key, m[key]) if key in m and m[key] is not None else None
+
+    def items(self) -> list[_At]:
+        if not isinstance(self.value, list):
+            raise self.fail(f"expected a list, got {type(self.value).__name__}")
+        return [self._child(i, v) for i, v in enumerate(self.value)]
+
+    def only(self, allowed: set[str]) -> None:
+        unknown = sorted(set(self.mapping()) - allowed)
+        if unknown:
+            raise self._child(unknown[0], None).fail(
+                f"unknown field (allowed: {', '.join(sorted(allowed))})"
+            )
+
+    def string(self) -> str:
+        if not isinstance(self.value, str) or not self.value:
+            raise self.fail(f"expected a non-empty string, got {self.value!r}")
+        return self.value
+
+    def number(self, *, minimum: float | None = None, positive: bool = False) -> float:
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise self.fail(f"expected a finite number, got {v!r}")
+        if positive and v <= 0:
+            raise self.fail(f"must be > 0, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.fail(f"must be >= {minimum}, got {v!r}")
+        return float(v)
+
+    def integer(self, *, minimum: int = 1) -> int:
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise self.fail(f"expected an integer, got {v!r}")
+        if v < minimum:
+            raise self.fail(f"must be >= {minimum}, got {v}")
+        return int(v)
+
+    def choice(self, options: tuple[str, ...]) -> str:
+        v = self.value
+        if v not in options:
+            raise self.fail(f"must be one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    def numbers(self, length: int | None = None, *, minimum: float = 0.0) -> tuple[float, ...]:
+        out = tuple(item.number(minimum=minimum) for item in self.items())
+        if length is not None and len(out) != length:
+            raise self.fail(f"expected {length} values, got {len(out)}")
+        return out
+
+
+def load_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file; a syntax error becomes a SpecError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(str(p), "<file>", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        import yaml
+
+        return yaml.safe_load(text)
+    except Exception as exc:  # yaml/json syntax errors of every kind
+        raise SpecError(str(p), "<file>", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Model profile <-> dict
+# --------------------------------------------------------------------------------------------
+def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "") -> ModelProfile:
+    """Validate and build a :class:`ModelProfile` from its JSON/YAML form."""
+    at = _At(source, path, data)
+    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version"})
+    name = at.get("name").string()
+    dtype = at.get("dtype").choice(get_args(TrainDtype))
+    seq_len = at.get("seq_len").integer()
+    layers = tuple(_layer(item) for item in at.get("layers").items())
+    if not layers:
+        raise at.get("layers").fail("must list at least one layer")
+    n = len(layers)
+    timings = tuple(_timing(item, n) for item in at.get("timings").items())
+    if not timings:
+        raise at.get("timings").fail("must hold at least one (gpu, tp, mbs) entry")
+    seen: set[tuple[str, int, int]] = set()
+    for item, t in zip(at.get("timings").items(), timings):
+        key = (t.gpu, t.tp, t.mbs)
+        if key in seen:
+            raise item.fail(f"duplicate entry for gpu={t.gpu} tp={t.tp} mbs={t.mbs}")
+        seen.add(key)
+    tp_memory: tuple[TpMemory, ...] = ()
+    if (tm := at.opt("tp_memory")) is not None:
+        tp_memory = tuple(
+            TpMemory(
+                tp=item.get("tp").integer(),
+                params=item.get("params").numbers(n),
+                act_mem_bytes=item.get("act_mem_bytes").numbers(n),
+            )
+            for item in tm.items()
+        )
+    opt_bytes = None
+    if (ob := at.opt("optimizer_bytes_per_param")) is not None:
+        opt_bytes = ob.number(minimum=0.0)
+    src = at.opt("source")
+    return ModelProfile(
+        name=name,
+        dtype=dtype,  # type: ignore[arg-type]
+        seq_len=seq_len,
+        layers=layers,
+        timings=timings,
+        tp_memory=tp_memory,
+        optimizer_bytes_per_param=opt_bytes,
+        source=src.string() if src else "",
+    )
+
+
+def _layer(at: _At) -> LayerProfile:
+    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes"})
+    return LayerProfile(
+        name=at.get("name").string(),
+        kind=at.get("kind").choice(get_args(LayerKind)),  # type: ignore[arg-type]
+        params=at.get("params").number(minimum=0.0),
+        activation_bytes=at.get("activation_bytes").number(positive=True),
+        act_mem_bytes=at.get("act_mem_bytes").number(minimum=0.0),
+    )
+
+
+def _timing(at: _At, n: int) -> TimingEntry:
+    at.only({"gpu", "tp", "mbs", "fwd", "bwd", "update"})
+    return TimingEntry(
+        gpu=at.get("gpu").string(),
+        tp=at.get("tp").integer(),
+        mbs=at.get("mbs").integer(),
+        fwd=at.get("fwd").numbers(n),
+        bwd=at.get("bwd").numbers(n),
+        update=at.get("update").numbers(n),
+    )
+
+
+def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "version": 1,
+        "name": p.name,
+        "dtype": p.dtype,
+        "seq_len": p.seq_len,
+        "source": p.source,
+        "layers": [
+            {
+                "name": layer.name,
+                "kind": layer.kind,
+                "params": layer.params,
+                "activation_bytes": layer.activation_bytes,
+                "act_mem_bytes": layer.act_mem_bytes,
+            }
+            for layer in p.layers
+        ],
+        "timings": [
+            {"gpu": t.gpu, "tp": t.tp, "mbs": t.mbs, "fwd": list(t.fwd), "bwd": list(t.bwd), "update": list(t.update)}
+            for t in p.timings
+        ],
+    }
+    if p.tp_memory:
+        out["tp_memory"] = [
+            {"tp": m.tp, "params": list(m.params), "act_mem_bytes": list(m.act_mem_bytes)} for m in p.tp_memory
+        ]
+    if p.optimizer_bytes_per_param is not None:
+        out["optimizer_bytes_per_param"] = p.optimizer_bytes_per_param
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Topology <-> dict
+# --------------------------------------------------------------------------------------------
+_BW_KEYS = {"gbit_s", "gbyte_s", "curve", "max_gbyte_s", "latency_ms"}
+
+
+def bandwidth_from_dict(at_or_data: Any, source: str = "<inline>", path: str = "") -> Bandwidth:
+    """``{gbit_s: 10, latency_ms: 40}``, ``{gbyte_s: 2.4}`` or ``{curve: [c0,c1,c2], max_gbyte_s: 2.5}``."""
+    at = at_or_data if isinstance(at_or_data, _At) else _At(source, path, at_or_data)
+    at.only(_BW_KEYS)
+    given = [k for k in ("gbit_s", "gbyte_s", "curve") if at.has(k)]
+    if len(given) != 1:
+        raise at.fail("give exactly one of gbit_s, gbyte_s or curve (+ max_gbyte_s)")
+    latency = at.opt("latency_ms")
+    latency_s = latency.number(minimum=0.0) / 1e3 if latency else 0.0
+    if given[0] == "curve":
+        curve = at.get("curve").numbers(3, minimum=-math.inf)
+        top = at.get("max_gbyte_s").number(positive=True)
+        return Bandwidth(gbyte_s=top, latency_s=latency_s, curve=curve)  # type: ignore[arg-type]
+    if at.has("max_gbyte_s"):
+        raise at.get("max_gbyte_s").fail("only allowed together with curve")
+    if given[0] == "gbit_s":
+        return Bandwidth(gbyte_s=at.get("gbit_s").number(positive=True) / 8.0, latency_s=latency_s)
+    return Bandwidth(gbyte_s=at.get("gbyte_s").number(positive=True), latency_s=latency_s)
+
+
+def bandwidth_to_dict(b: Bandwidth) -> dict[str, Any]:
+    out: dict[str, Any] = {"latency_ms": b.latency_s * 1e3}
+    if b.curve is None:
+        out["gbyte_s"] = b.gbyte_s
+    else:
+        out["curve"] = list(b.curve)
+        out["max_gbyte_s"] = b.gbyte_s
+    return out
+
+
+_CLUSTER_KEYS = {
+    "name", "region", "gpu", "gpu_memory_gb", "nodes", "gpus_per_node", "intra_node", "inter_node",
+    "cost_per_gpu_hour",
+}
+
+
+def _cluster(at: _At) -> Cluster:
+    at.only(_CLUSTER_KEYS)
+    cost = at.opt("cost_per_gpu_hour")
+    return Cluster(
+        name=at.get("name").string(),
+        region=at.get("region").string(),
+        gpu=at.get("gpu").string(),
+        gpu_memory_bytes=at.get("gpu_memory_gb").number(positive=True) * GB,
+        nodes=at.get("nodes").integer(),
+        gpus_per_node=at.get("gpus_per_node").integer(),
+        intra_node=bandwidth_from_dict(at.get("intra_node")),
+        inter_node=bandwidth_from_dict(at.get("inter_node")),
+        cost_per_gpu_hour=cost.number(minimum=0.0) if cost else None,
+    )
+
+
+def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Topology:
+    """Clusters plus links. ``links`` holds ``pairs`` (symmetric unless ``directed: true``) and
+    optional ``same_region`` / ``default`` bandwidths for the pairs not listed."""
+    at = _At(source, path, data)
+    at.only({"clusters", "links"})
+    items = at.get("clusters").items()
+    if not items:
+        raise at.get("clusters").fail("must list at least one cluster")
+    clusters = tuple(_cluster(item) for item in items)
+    names = [c.name for c in clusters]
+    for item, c in zip(items, clusters):
+        if names.count(c.name) > 1:
+            raise item.get("name").fail(f"duplicate cluster name {c.name!r}")
+    explicit: dict[tuple[str, str], Bandwidth] = {}
+    same_region: Bandwidth | None = None
+    default: Bandwidth | None = None
+    if (links := at.opt("links")) is not None:
+        links.only({"pairs", "same_region", "default"})
+        if (sr := links.opt("same_region")) is not None:
+            same_region = bandwidth_from_dict(sr)
+        if (df := links.opt("default")) is not None:
+            default = bandwidth_from_dict(df)
+        pairs = links.opt("pairs")
+        for item in pairs.items() if pairs else []:
+            src = item.get("src").string()
+            dst = item.get("dst").string()
+            for end, key in ((src, "src"), (dst, "dst")):
+                if end not in names:
+                    raise item.get(key).fail(f"unknown cluster {end!r} (clusters: {', '.join(names)})")
+            if src == dst:
+                raise item.get("dst").fail("a link joins two different clusters")
+            directed = item.opt("directed")
+            body = {k: v for k, v in item.mapping().items() if k not in {"src", "dst", "directed"}}
+            bw = bandwidth_from_dict(_At(item.source, item.path, body))
+            explicit[(src, dst)] = bw
+            if not (directed and directed.value is True):
+                explicit.setdefault((dst, src), bw)
+    out: list[Link] = []
+    region = {c.name: c.region for c in clusters}
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            bw = explicit.get((a, b))
+            if bw is None and region[a] == region[b]:
+                bw = same_region
+            if bw is None:
+                bw = default
+            if bw is None:
+                raise SpecError(source, f"{path + '.' if path else ''}links", f"no bandwidth for link {a} -> {b}: list the pair or give links.default")
+            out.append(Link(src=a, dst=b, bandwidth=bw))
+    return Topology(clusters=clusters, links=tuple(out))
+
+
+def topology_to_dict(t: Topology) -> dict[str, Any]:
+    return {
+        "clusters": [
+            {
+                "name": c.name,
+                "region": c.region,
+                "gpu": c.gpu,
+                "gpu_memory_gb": c.gpu_memory_bytes / GB,
+                "nodes": c.nodes,
+                "gpus_per_node": c.gpus_per_node,
+                "intra_node": bandwidth_to_dict(c.intra_node),
+                "inter_node": bandwidth_to_dict(c.inter_node),
+                **({"cost_per_gpu_hour": c.cost_per_gpu_hour} if c.cost_per_gpu_hour is not None else {}),
+            }
+            for c in t.clusters
+        ],
+        "links": {
+            "pairs": [
+                {"src": link.src, "dst": link.dst, "directed": True, **bandwidth_to_dict(link.bandwidth)}
+                for link in t.links
+            ]
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Job and instance
+# --------------------------------------------------------------------------------------------
+def job_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Job:
+    at = _At(source, path, data)
+    at.only({"global_batch", "seq_len", "precision", "optimizer", "workspace_gb"})
+    ws = at.opt("workspace_gb")
+    opt = at.opt("optimizer")
+    return Job(
+        global_batch=at.get("global_batch").integer(),
+        seq_len=at.get("seq_len").integer(),
+        precision=at.get("precision").choice(get_args(TrainDtype)),  # type: ignore[arg-type]
+        optimizer=opt.choice(get_args(Optimizer)) if opt else "adam",  # type: ignore[arg-type]
+        workspace_bytes=ws.number(minimum=0.0) * GB if ws else 1.0 * GIB,
+    )
+
+
+def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | None = None) -> Instance:
+    """Build an instance; ``model``/``topology``/``job`` are inline mappings or paths to files
+    (relative to ``base_dir``). A ``model`` mapping with a ``generator`` key is built by
+    :func:`hgopt.profiles.generate` (analytic or importer) instead of being read literally."""
+    at = _At(source, "", data)
+    at.only({"name", "description", "model", "topology", "job"})
+    name = at.get("name").string()
+    desc = at.opt("description")
+    model = _part(at.get("model"), base_dir, _model_part)
+    topology = _part(at.get("topology"), base_dir, topology_from_dict)
+    job = _part(at.get("job"), base_dir, job_from_dict)
+    inst = Instance(
+        name=name,
+        model=model,
+        topology=topology,
+        job=job,
+        description=desc.string() if desc else "",
+        source=source,
+    )
+    _check_consistency(inst, at)
+    return inst
+
+
+def _model_part(data: Any, source: str, path: str) -> ModelProfile:
+    if isinstance(data, Mapping) and "generator" in data:
+        from hgopt.profiles import generate
+
+        return generate(data, source, path)
+    return model_profile_from_dict(data, source, path)
+
+
+def _part(at: _At, base_dir: Path | None, build: Any) -> Any:
+    if isinstance(at.value, str):
+        p = Path(at.value)
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        if not p.exists():
+            raise at.fail(f"file {p} does not exist")
+        return build(load_document(p), str(p), "")
+    return build(at.value, at.source, at.path)
+
+
+def _check_consistency(inst: Instance, at: _At) -> None:
+    m, job = inst.model, inst.job
+    if job.precision != m.dtype:
+        raise at.get("job").fail(
+            f"precision {job.precision!r} differs from the model profile's dtype {m.dtype!r} (timings were measured in {m.dtype})"
+        )
+    if job.seq_len != m.seq_len:
+        raise at.get("job").fail(f"seq_len {job.seq_len} differs from the model profile's seq_len {m.seq_len}")
+    profiled = set(m.gpu_types())
+    for i, c in enumerate(inst.topology.clusters):
+        if c.gpu not in profiled:
+            raise SpecError(
+                at.source,
+                f"topology.clusters[{i}].gpu",
+                f"GPU type {c.gpu!r} has no timings in model profile {m.name!r} (profiled: {', '.join(sorted(profiled))})",
+            )
