@@ -274,6 +274,11 @@ class _At:
 
     def number(self, *, minimum: float | None = None, positive: bool = False) -> float:
         v = self.value
+        if isinstance(v, str):  # PyYAML reads 1.0e6 (no sign in the exponent) as a string
+            try:
+                v = float(v)
+            except ValueError:
+                pass
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
             raise self.fail(f"expected a finite number, got {v!r}")
         if positive and v <= 0:

@@ -53,12 +53,13 @@ def tiny_topology(
 
 
 def tiny_instance(global_batch: int = 8, model: dict[str, Any] | None = None,
-                  topology: dict[str, Any] | None = None, name: str = "tiny") -> Instance:
+                  topology: dict[str, Any] | None = None, name: str = "tiny",
+                  precision: str = "fp32") -> Instance:
     return instance_from_dict(
         {
             "name": name,
             "model": model or tiny_model(),
             "topology": topology or tiny_topology(),
-            "job": {"global_batch": global_batch, "seq_len": 128, "precision": "fp32"},
+            "job": {"global_batch": global_batch, "seq_len": 128, "precision": precision},
         }
     )
