@@ -114,6 +114,8 @@ class Plan:
     pipelines: tuple[Pipeline, ...]
     planner: str = "manual"
     instance: str = ""
+    grad_sync_precision: LinkPrecision = "native"
+    """Precision of the gradients exchanged over WAN links when replicas of a layer span clusters."""
     meta: tuple[tuple[str, str], ...] = field(default=())
     """Free-form provenance (solver, status, bound) as key/value strings."""
 
@@ -135,6 +137,7 @@ class Plan:
             "planner": self.planner,
             "instance": self.instance,
             "meta": dict(self.meta),
+            "grad_sync_precision": self.grad_sync_precision,
             "pipelines": [
                 {
                     "num_microbatches": p.num_microbatches,
@@ -216,7 +219,11 @@ class _PlanReader:
             raise self._fail("version", f"unsupported plan version {version!r} (this hgopt reads {PLAN_VERSION})")
         pipes = self._list(obj.get("pipelines"), "pipelines")
         meta = self._obj(obj.get("meta", {}), "meta")
+        gsp = obj.get("grad_sync_precision", "native")
+        if gsp not in get_args(LinkPrecision):
+            raise self._fail("grad_sync_precision", f"must be one of {', '.join(get_args(LinkPrecision))}, got {gsp!r}")
         return Plan(
+            grad_sync_precision=gsp,
             pipelines=tuple(self.pipeline(p, f"pipelines[{i}]") for i, p in enumerate(pipes)),
             planner=str(obj.get("planner", "manual")),
             instance=str(obj.get("instance", "")),
@@ -296,6 +303,11 @@ def validate(plan: Plan, instance: Instance) -> list[Violation]:
                 problem=f"samples per iteration add up to {total}, the job's global batch is {instance.job.global_batch}",
             )
         )
+    gsp = plan.grad_sync_precision
+    if gsp != "native" and DTYPE_BYTES[gsp] > DTYPE_BYTES[instance.model.dtype]:
+        out.append(Violation(where="grad_sync_precision", problem=f"{gsp} is wider than the training dtype {instance.model.dtype}"))
+    if gsp == "fp8":
+        out.append(Violation(where="grad_sync_precision", problem="fp8 gradient all-reduce is not supported (collectives cannot sum fp8); use bf16 or fp16"))
     for name, used in plan.gpus_by_cluster().items():
         try:
             have = instance.topology.cluster(name).num_gpus

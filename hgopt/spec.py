@@ -158,6 +158,9 @@ class Cluster:
     intra_node: Bandwidth
     inter_node: Bandwidth
     cost_per_gpu_hour: float | None = None
+    memory_bandwidth_gbyte_s: float = 900.0
+    """GPU memory (HBM/GDDR) bandwidth; prices the (de)quantisation of compressed link traffic.
+    Default 900 GB/s (V100-class) when a topology does not say."""
 
     @property
     def num_gpus(self) -> int:
@@ -469,7 +472,7 @@ def bandwidth_to_dict(b: Bandwidth) -> dict[str, Any]:
 
 _CLUSTER_KEYS = {
     "name", "region", "gpu", "gpu_memory_gb", "nodes", "gpus_per_node", "intra_node", "inter_node",
-    "cost_per_gpu_hour",
+    "cost_per_gpu_hour", "memory_bandwidth_gbyte_s",
 }
 
 
@@ -486,6 +489,7 @@ def _cluster(at: _At) -> Cluster:
         intra_node=bandwidth_from_dict(at.get("intra_node")),
         inter_node=bandwidth_from_dict(at.get("inter_node")),
         cost_per_gpu_hour=cost.number(minimum=0.0) if cost else None,
+        memory_bandwidth_gbyte_s=mbw.number(positive=True) if (mbw := at.opt("memory_bandwidth_gbyte_s")) else 900.0,
     )
 
 
@@ -556,6 +560,7 @@ def topology_to_dict(t: Topology) -> dict[str, Any]:
                 "intra_node": bandwidth_to_dict(c.intra_node),
                 "inter_node": bandwidth_to_dict(c.inter_node),
                 **({"cost_per_gpu_hour": c.cost_per_gpu_hour} if c.cost_per_gpu_hour is not None else {}),
+                "memory_bandwidth_gbyte_s": c.memory_bandwidth_gbyte_s,
             }
             for c in t.clusters
         ],

@@ -125,9 +125,23 @@ def test_compressed_boundary_sends_fewer_bytes() -> None:
     stages = (Stage(start=0, end=2, groups=(g("a", mbs=2),)), Stage(start=2, end=4, groups=(g("b", mbs=2),)))
     plain = evaluate(one_pipeline(4, *stages), inst)
     bf = evaluate(one_pipeline(4, *stages, boundaries=(Boundary(fwd="bf16", bwd="fp8"),)), inst)
-    assert bf.stages[0].send_fwd_s == pytest.approx(WAN_LAT + 2 * 1e6 * 0.5 / WAN_BPS)
-    assert bf.stages[0].send_bwd_s == pytest.approx(WAN_LAT + 2 * 1e6 * 0.25 / WAN_BPS)
+    hbm = 900e9  # default memory bandwidth of a cluster
+    # bf16: sender reads 4 B and writes 2 B per value, receiver reads 2 B and writes 4 B
+    quant_bf16 = 2e6 * (1 + 0.5) / hbm + 2e6 * (0.5 + 1) / hbm
+    # fp8: one more read of the native tensor for the per-tensor scale
+    quant_fp8 = 2e6 * (2 + 0.25) / hbm + 2e6 * (0.25 + 1) / hbm
+    assert bf.stages[0].send_fwd_s == pytest.approx(WAN_LAT + 2 * 1e6 * 0.5 / WAN_BPS + quant_bf16)
+    assert bf.stages[0].send_bwd_s == pytest.approx(WAN_LAT + 2 * 1e6 * 0.25 / WAN_BPS + quant_fp8)
     assert plain.stages[0].send_fwd_s == pytest.approx(WAN_LAT + 2 * 1e6 / WAN_BPS)
+
+
+def test_bf16_gradient_sync_over_the_wan_halves_its_bytes() -> None:
+    inst = tiny_instance(global_batch=8)
+    pipes = tuple(Pipeline(stages=(Stage(start=0, end=4, groups=(g(c),)),), num_microbatches=4) for c in ("a", "b"))
+    native = evaluate(Plan(pipelines=pipes), inst)
+    bf16 = evaluate(Plan(pipelines=pipes, grad_sync_precision="bf16"), inst)
+    grad_bytes = 4 * 1e6 * 4
+    assert native.stages[0].sync_s - bf16.stages[0].sync_s == pytest.approx(grad_bytes / 2 / WAN_BPS)
 
 
 def test_heterogeneous_replicas_split_samples_by_block() -> None:

@@ -203,32 +203,53 @@ def stage_boundary_time(inst: Instance, tables: CostTables, pipe: Pipeline, si: 
     """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
     ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica; the
     bytes between two different clusters share their link; inside one cluster each sender uses its own
-    inter-node bandwidth."""
+    inter-node bandwidth. A compressed boundary adds its (de)quantisation time [C4q]."""
     src, dst = pipe.stages[si], pipe.stages[si + 1]
     per_sample = float(tables.activation_bytes[src.end - 1])
     bound = pipe.boundary(si)
-    native = inst.model.dtype
     cross: dict[tuple[str, str], int] = {}
     local: dict[str, int] = {}
+    pieces: list[tuple[str, str, int]] = []
     for a_cluster, a_lo, a_hi, a_mbs in _sample_blocks(src):
         for b_cluster, b_lo, b_hi, b_mbs in _sample_blocks(dst):
             n = min(a_hi, b_hi) - max(a_lo, b_lo)
             if n <= 0:
                 continue
+            piece = min(a_mbs, b_mbs, n)  # largest block one replica sends to one replica
+            pieces.append((a_cluster, b_cluster, piece))
             if a_cluster == b_cluster:
-                local[a_cluster] = max(local.get(a_cluster, 0), min(a_mbs, b_mbs, n))
+                local[a_cluster] = max(local.get(a_cluster, 0), piece)
             else:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
     out = []
-    for prec in (bound.fwd, bound.bwd):
-        factor = link_bytes_factor(native, prec)
+    for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
+        factor = link_bytes_factor(inst.model.dtype, prec)
         t = 0.0
         for c, n in local.items():
             t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * per_sample * factor))
         for (a, b), n in cross.items():
             t = max(t, transfer_time(inst.topology.link(a, b), n * per_sample * factor))
-        out.append(t)
+        flows = [(b, a, n) for a, b, n in pieces] if backward else pieces
+        out.append(t + _quantisation_time(inst, prec, factor, per_sample, flows))
     return out[0], out[1]
+
+
+def _quantisation_time(
+    inst: Instance, prec: str, factor: float, per_sample: float, pieces: list[tuple[str, str, int]]
+) -> float:
+    """[C4q] Casting to a narrower precision is memory bound: the sender reads the native tensor
+    (twice for fp8: once for the per-tensor scale) and writes the packed one; the receiver reads the
+    packed tensor and writes the native one. ``pieces`` are (sender, receiver, samples)."""
+    if factor >= 1.0:
+        return 0.0
+    reads = 2.0 if prec == "fp8" else 1.0
+    worst = 0.0
+    for a, b, n in pieces:
+        nbytes = n * per_sample
+        send = nbytes * (reads + factor) / (inst.topology.cluster(a).memory_bandwidth_gbyte_s * 1e9)
+        recv = nbytes * (factor + 1.0) / (inst.topology.cluster(b).memory_bandwidth_gbyte_s * 1e9)
+        worst = max(worst, send + recv)
+    return worst
 
 
 def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
@@ -248,7 +269,7 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     seg_time: dict[tuple[int, int], float] = {}
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for p in plan.pipelines for s in p.stages if s.start <= lo and hi <= s.end]
-        seg_time[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi)
+        seg_time[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
     out: dict[tuple[int, int], float] = {}
     for pi, p in enumerate(plan.pipelines):
         for si, s in enumerate(p.stages):
@@ -256,9 +277,11 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     return out
 
 
-def _segment_allreduce(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int) -> float:
+def _segment_allreduce(
+    inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str
+) -> float:
     """Hierarchical all-reduce: a ring inside each cluster (per tp shard), then a ring across the
-    clusters over the WAN carrying the whole gradient."""
+    clusters over the WAN carrying the whole gradient, in ``wan_precision``."""
     topo = inst.topology
     per_cluster: dict[str, list[tuple[int, int]]] = {}
     for s in holders:
@@ -279,5 +302,6 @@ def _segment_allreduce(inst: Instance, tables: CostTables, holders: list[Stage],
     k = len(names)
     inter = 0.0
     if k > 1:
-        inter = max(allreduce_time(topo.link(a, b), full_bytes, k) for a in names for b in names if a != b)
+        wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
+        inter = max(allreduce_time(topo.link(a, b), wan_bytes, k) for a in names for b in names if a != b)
     return intra + inter
