@@ -1,0 +1,1 @@
+"""Baseline planners, each implemented from its published description (see docs/planners.md)."""
