@@ -1,0 +1,81 @@
+"""Planners: every planner is a function ``(instance, options) -> PlanResult`` registered by name in
+:data:`PLANNERS` ("module:function", imported on first use so that ``hgopt plan`` loads only the
+planner it runs). Add a planner with a one-line edit of the mapping."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Mapping
+
+from hgopt.plan import Plan
+from hgopt.spec import Instance
+
+__all__ = ["PLANNERS", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner", "planner_names"]
+
+Status = Literal["optimal", "feasible", "heuristic", "infeasible", "error"]
+"""optimal: proven within ``gap`` of the lower bound over the planner's stated plan space;
+feasible: a plan and a lower bound, gap not closed at the time limit; heuristic: a plan without
+bound; infeasible: proven that no plan of the space fits; error: the search failed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanOptions:
+    """Settings shared by every planner; a planner ignores the ones it has no use for."""
+
+    time_limit_s: float = 60.0
+    """Wall-clock budget of the whole search."""
+    gap: float = 0.01
+    """Stop once (iteration time − lower bound) / iteration time <= gap."""
+    solver: str = "highs"
+    """MILP backend name (see ``hgopt.solvers.backend_names()``)."""
+    threads: int = 1
+    seed: int = 0
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """Planner-specific settings as strings (e.g. ``link_precision``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanResult:
+    """What a planner returns. ``lower_bound_s`` is a proven lower bound on the iteration time of
+    every plan in the planner's plan space (``None``: no bound)."""
+
+    planner: str
+    status: Status
+    plan: Plan | None
+    iteration_time_s: float = math.inf
+    """``evaluate(plan).iteration_time_s`` (inf without a plan)."""
+    lower_bound_s: float | None = None
+    search_time_s: float = 0.0
+    solver: str = ""
+    """Solver name and version, when one was used."""
+    plan_space: str = ""
+    """One line saying which plans the bound and 'optimal' refer to."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gap(self) -> float | None:
+        """(iteration time − lower bound) / iteration time, or None without both."""
+        if self.lower_bound_s is None or not math.isfinite(self.iteration_time_s):
+            return None
+        return max(0.0, (self.iteration_time_s - self.lower_bound_s) / self.iteration_time_s)
+
+
+Planner = Callable[[Instance, PlanOptions], PlanResult]
+
+PLANNERS: Mapping[str, str] = {
+    "milp": "hgopt.search.milp:plan_milp",
+}
+
+
+def planner_names() -> tuple[str, ...]:
+    return tuple(PLANNERS)
+
+
+def get_planner(name: str) -> Planner:
+    """The planner registered as ``name``; ValueError naming the choices otherwise."""
+    if name not in PLANNERS:
+        raise ValueError(f"--planner: unknown planner {name!r} (choices: {', '.join(PLANNERS)})")
+    module, func = PLANNERS[name].split(":")
+    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]

@@ -1,0 +1,626 @@
+"""Intra-cluster dynamic programme: the best local pipeline of one cluster for a layer range.
+
+The local plan space and its exactness are described in ``formulations/intra_dp.md``; the labels
+[I1]..[I6] below refer to it. In short: a cluster hosting layers [start, end) of every pipeline runs
+them as ``s`` local stages, each one :class:`~hgopt.plan.ReplicaGroup` of the same (tp, dp, mbs) with
+dp·mbs = microbatch and ZeRO-1 over its dp replicas; ``best_local_plan`` returns the one minimising
+
+    J = (m − 1)·bottleneck + fill + sync_opt                                            [I1]
+
+where every number is what ``hgopt.cost.evaluate`` computes for the same stages [I2]. Two exact
+searches are implemented: a closed form for ranges made of identical layers with at most one
+different layer at each end (transformer blocks between embedding and head) [I4], and a Pareto
+dynamic programme over layer positions for any range [I5]; the tests check both against brute force.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from hgopt.cost.tables import CostTables, GpuTpTable, allreduce_time, transfer_time
+from hgopt.plan import ReplicaGroup, Stage
+from hgopt.spec import Cluster, Instance
+
+__all__ = [
+    "LocalConfig",
+    "LocalPlan",
+    "best_local_plan",
+    "layer_classes",
+    "local_configs",
+    "local_plan_costs",
+]
+
+INF = math.inf
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalConfig:
+    """One local stage's layout: ``dp`` replicas of ``tp`` GPUs, each with ``mbs`` samples."""
+
+    tp: int
+    dp: int
+    mbs: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalPlan:
+    """A cluster's local pipeline for the layers [start, end) of one pipeline."""
+
+    cluster: str
+    start: int
+    end: int
+    stages: tuple[Stage, ...]
+    """The cluster's local pipeline stages, one ReplicaGroup each (ZeRO-1 over its replicas)."""
+    gpus: int
+    """GPUs used by this pipeline's copy of the block."""
+    bottleneck_s: float
+    """max over local stages of max(fwd+bwd, intra-cluster send to the next local stage) [C3]."""
+    fill_s: float
+    """Sum over local stages of fwd+bwd plus the intra-cluster sends forward and backward [C3]."""
+    sync_opt_s: float
+    """max over local stages of (intra-cluster gradient all-reduce + optimizer step) [C5, C6]."""
+    max_stages_after: float = INF
+    """Largest number of pipeline stages after this block for which every local stage fits in
+    memory (``inf``: any number) [C6]."""
+
+    def objective(self, num_microbatches: int) -> float:
+        """[I1] (m − 1)·bottleneck + fill + sync_opt."""
+        return (num_microbatches - 1) * self.bottleneck_s + self.fill_s + self.sync_opt_s
+
+
+# --------------------------------------------------------------------------------------------
+# The local plan space [I3]
+# --------------------------------------------------------------------------------------------
+def local_configs(instance: Instance, cluster: str, microbatch: int) -> tuple[LocalConfig, ...]:
+    """Every (tp, dp, mbs) a local stage of ``cluster`` may use: tp profiled for its GPU type and
+    dividing the node size, dp a divisor of the microbatch, mbs = microbatch / dp [I3]."""
+    c = instance.topology.cluster(cluster)
+    tps = [tp for tp in instance.model.tps(c.gpu) if c.gpus_per_node % tp == 0]
+    dps = [dp for dp in range(1, microbatch + 1) if microbatch % dp == 0]
+    return tuple(LocalConfig(tp=tp, dp=dp, mbs=microbatch // dp) for tp in tps for dp in dps)
+
+
+def layer_classes(instance: Instance) -> tuple[int, ...]:
+    """Class id per layer: layers with the same id have identical profile entries (timings,
+    parameters, activations, per-tp memory), so they cost the same wherever they sit."""
+    model = instance.model
+    ids: dict[tuple[object, ...], int] = {}
+    out = []
+    for i, layer in enumerate(model.layers):
+        key = (
+            layer.params,
+            layer.activation_bytes,
+            layer.act_mem_bytes,
+            tuple((t.gpu, t.tp, t.mbs, t.fwd[i], t.bwd[i], t.update[i]) for t in model.timings),
+            tuple((m.tp, m.params[i], m.act_mem_bytes[i]) for m in model.tp_memory),
+        )
+        out.append(ids.setdefault(key, len(ids)))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised stage costs of one (cluster, config) [I2]
+# --------------------------------------------------------------------------------------------
+class StageModel:
+    """Costs of local stages [lo, hi) of one cluster and config, as numpy arrays; every formula
+    mirrors ``hgopt.cost.evaluate`` operation by operation [I2]."""
+
+    def __init__(
+        self, instance: Instance, tables: CostTables, cluster: Cluster, cfg: LocalConfig, replicas: int
+    ) -> None:
+        self.cluster = cluster
+        self.cfg = cfg
+        self.tab: GpuTpTable = tables.table(cluster.gpu, cfg.tp)
+        self.dtype_bytes = tables.dtype_bytes
+        self.opt_bytes = tables.optimizer_bytes_per_param
+        self.workspace = instance.job.workspace_bytes
+        self.capacity = cluster.gpu_memory_bytes
+        self.act_bytes = tables.activation_bytes
+        n = replicas * cfg.dp
+        self.ring = n
+        self.ring_bw = cluster.intra_node if n * cfg.tp <= cluster.gpus_per_node else cluster.inter_node
+
+    def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """fwd + bwd seconds [C2]."""
+        t = self.tab
+        f = _interp_rows(t.mbs, t.fwd[:, hi] - t.fwd[:, lo], self.cfg.mbs)
+        b = _interp_rows(t.mbs, t.bwd[:, hi] - t.bwd[:, lo], self.cfg.mbs)
+        return f + b
+
+    def send(self, hi: np.ndarray) -> np.ndarray:
+        """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
+        local stage: mbs samples over the cluster's inter-node link [C4] (same both directions)."""
+        per_sample = self.act_bytes[np.asarray(hi) - 1]
+        return _vmap(lambda x: transfer_time(self.cluster.inter_node, self.cfg.mbs * x * 1.0), per_sample)
+
+    def sync_opt(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Intra-cluster all-reduce of the stage's gradients among all its replicas [C5] plus the
+        optimizer step sharded over the stage's dp replicas (ZeRO-1) [C6]."""
+        t = self.tab
+        shard = (t.params[hi] - t.params[lo]) * self.dtype_bytes
+        sync = _vmap(lambda x: allreduce_time(self.ring_bw, x, self.ring), shard)
+        opt = (t.update[hi] - t.update[lo]) / self.cfg.dp
+        return sync + opt
+
+    def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int) -> np.ndarray:
+        """Peak bytes per GPU with ``in_flight`` microbatches kept [C6]."""
+        t = self.tab
+        params = t.params[hi] - t.params[lo]
+        act = t.act_mem[hi] - t.act_mem[lo]
+        return (
+            2.0 * params * self.dtype_bytes
+            + params * self.opt_bytes / self.cfg.dp
+            + in_flight * self.cfg.mbs * act
+            + self.workspace
+        )
+
+    def max_in_flight(self, lo: int, hi: int) -> float:
+        """Largest in-flight count for which the stage fits (``inf`` when activations are free;
+        -1 when even the weights do not fit)."""
+        base = float(self.memory(np.array(lo), np.array(hi), 0))
+        if base > self.capacity:
+            return -1
+        act = float(self.memory(np.array(lo), np.array(hi), 1)) - base
+        if act <= 0:
+            return INF
+        k = int((self.capacity - base) // act)
+        while k >= 0 and float(self.memory(np.array(lo), np.array(hi), k)) > self.capacity:
+            k -= 1
+        while float(self.memory(np.array(lo), np.array(hi), k + 1)) <= self.capacity:
+            k += 1
+        return k
+
+
+def _interp_rows(xs: np.ndarray, rows: np.ndarray, x: float) -> np.ndarray:
+    """``hgopt.cost.tables._interp`` applied to every column of ``rows`` (same operations)."""
+    if x <= xs[0]:
+        return rows[0] * x / xs[0]
+    if x >= xs[-1]:
+        return rows[-1] * x / xs[-1]
+    j = int(np.searchsorted(xs, x, side="right")) - 1
+    if xs[j] == x:
+        return rows[j]
+    slope = (rows[j + 1] - rows[j]) / (xs[j + 1] - xs[j])
+    return slope * (x - xs[j]) + rows[j]
+
+
+def _vmap(fn: object, values: np.ndarray) -> np.ndarray:
+    """Apply a scalar cost function to every element, computing each distinct value once."""
+    arr = np.asarray(values, dtype=float)
+    uniq, inv = np.unique(arr, return_inverse=True)
+    out = np.array([fn(float(u)) for u in uniq], dtype=float)  # type: ignore[operator]
+    return out[inv].reshape(arr.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact numbers of a given local pipeline [I2]
+# --------------------------------------------------------------------------------------------
+def local_plan_costs(
+    instance: Instance,
+    tables: CostTables,
+    cluster: str,
+    stages: tuple[Stage, ...],
+    *,
+    replicas: int = 1,
+    num_microbatches: int | None = None,
+) -> LocalPlan:
+    """The LocalPlan numbers of ``stages`` (consecutive, one ReplicaGroup each, all in ``cluster``,
+    ZeRO-1), computed with the scalar functions ``evaluate`` uses [I2]. With ``num_microbatches``,
+    ``max_stages_after`` accounts for the in-flight cap m."""
+    c = instance.topology.cluster(cluster)
+    fill = bottleneck = sync_opt = 0.0
+    dmax: float = INF
+    for j, st in enumerate(stages):
+        g = st.groups[0]
+        assert len(st.groups) == 1 and g.cluster == cluster and st.zero == 1, st
+        sm = StageModel(instance, tables, c, LocalConfig(tp=g.tp, dp=g.dp, mbs=g.mbs), replicas)
+        f, b = sm.tab.times(g.mbs, st.start, st.end)
+        send = 0.0
+        if j + 1 < len(stages):
+            nxt = stages[j + 1].groups[0]
+            per_sample = float(tables.activation_bytes[st.end - 1])
+            send = transfer_time(c.inter_node, min(g.mbs, nxt.mbs, st.microbatch) * per_sample * 1.0)
+        fill += f + b + send + send
+        bottleneck = max(bottleneck, f + b, send)
+        shard = float(sm.tab.params[st.end] - sm.tab.params[st.start]) * tables.dtype_bytes
+        opt = float(sm.tab.update[st.end] - sm.tab.update[st.start]) / g.dp
+        sync_opt = max(sync_opt, allreduce_time(sm.ring_bw, shard, sm.ring) + opt)
+        k = sm.max_in_flight(st.start, st.end)
+        if num_microbatches is None or k < num_microbatches:
+            dmax = min(dmax, _stages_after_allowed(k, len(stages) - j))
+    return LocalPlan(
+        cluster=cluster,
+        start=stages[0].start,
+        end=stages[-1].end,
+        stages=stages,
+        gpus=sum(s.gpus for s in stages),
+        bottleneck_s=bottleneck,
+        fill_s=fill,
+        sync_opt_s=sync_opt,
+        max_stages_after=dmax,
+    )
+
+
+def _stages_after_allowed(max_in_flight: float, r: int) -> float:
+    """A stage with ``r`` stages from it to the block's end (itself included) keeps
+    min(r + d, m) microbatches in flight with d stages after the block; it fits for every
+    d <= max_in_flight − r (and always once the cap m is reached; see callers) [C6]."""
+    if max_in_flight == INF:
+        return INF
+    return max_in_flight - r
+
+
+# --------------------------------------------------------------------------------------------
+# The search [I4, I5]
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Choice:
+    """A candidate local pipeline found by a search: its objective and its stage bounds."""
+
+    value: float
+    cfg: LocalConfig
+    bounds: tuple[int, ...]
+
+
+def best_local_plan(
+    instance: Instance,
+    tables: CostTables,
+    cluster: str,
+    start: int,
+    end: int,
+    *,
+    microbatch: int,
+    num_microbatches: int,
+    gpu_budget: int,
+    stages_before: int = 0,
+    stages_after: int = 0,
+    replicas: int = 1,
+) -> LocalPlan | None:
+    """The local pipeline of ``cluster`` for layers [start, end) minimising [I1]
+    (m − 1)·bottleneck + fill + sync_opt, or ``None`` when nothing fits in ``gpu_budget`` GPUs
+    and the GPU memory.
+
+    ``stages_before``/``stages_after``: pipeline stages outside this cluster before/after the block
+    (1F1B keeps min(stages to the end, m) microbatches in flight, so only ``stages_after`` changes
+    memory). ``replicas``: identical pipelines whose copies of these stages sit in this cluster and
+    all-reduce their gradients together (the ring has replicas·dp members).
+    """
+    _check_args(instance, cluster, start, end, microbatch, num_microbatches, gpu_budget, stages_before,
+                stages_after, replicas)
+    best: _Choice | None = None
+    c = instance.topology.cluster(cluster)
+    classes = layer_classes(instance)
+    for cfg in local_configs(instance, cluster, microbatch):
+        if cfg.gpus > gpu_budget:
+            continue
+        sm = StageModel(instance, tables, c, cfg, replicas)
+        s_max = min(gpu_budget // cfg.gpus, end - start)
+        found = _search_range(classes, sm, start, end, s_max, stages_after, num_microbatches)
+        if found is not None and (best is None or found.value < best.value):
+            best = found
+    if best is None:
+        return None
+    return local_plan_costs(instance, tables, cluster, _stages(cluster, best.cfg, best.bounds), replicas=replicas,
+                            num_microbatches=num_microbatches)
+
+
+def _check_args(
+    instance: Instance, cluster: str, start: int, end: int, microbatch: int, m: int, budget: int,
+    before: int, after: int, replicas: int,
+) -> None:
+    names = [c.name for c in instance.topology.clusters]
+    if cluster not in names:
+        raise ValueError(f"cluster: unknown cluster {cluster!r} (clusters: {', '.join(names)})")
+    if not 0 <= start < end <= instance.model.num_layers:
+        raise ValueError(f"start/end: [{start}, {end}) is not a non-empty layer range of {instance.model.num_layers} layers")
+    for name, v, lo in (("microbatch", microbatch, 1), ("num_microbatches", m, 1), ("gpu_budget", budget, 0),
+                        ("stages_before", before, 0), ("stages_after", after, 0), ("replicas", replicas, 1)):
+        if v < lo:
+            raise ValueError(f"{name}: must be >= {lo}, got {v}")
+
+
+def _stages(cluster: str, cfg: LocalConfig, bounds: tuple[int, ...]) -> tuple[Stage, ...]:
+    group = ReplicaGroup(cluster=cluster, tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)
+    return tuple(Stage(start=lo, end=hi, groups=(group,), zero=1) for lo, hi in zip(bounds, bounds[1:]))
+
+
+def _search_range(
+    classes: tuple[int, ...], sm: StageModel, start: int, end: int, s_max: int, d: int, m: int
+) -> _Choice | None:
+    """Best partition of [start, end) for one config over every stage count <= s_max."""
+    geo = TrunkGeometry.for_range(classes, start, end)
+    if geo is None:
+        return _generic_best(sm, start, end, s_max, d, m)
+    tc = TrunkCosts(sm, geo, geo.trunk)
+    best: _Choice | None = None
+    for s in range(1, s_max + 1):
+        sol = solve_trunk(tc, s, d, m, np.array([geo.trunk]))
+        if sol is None or not sol.feasible[0]:
+            continue
+        if best is None or sol.value[0] < best.value:
+            best = _Choice(value=float(sol.value[0]), cfg=sm.cfg, bounds=sol.bounds(0))
+    return best
+
+
+# ---- [I4] closed form for identical layers between at most one special layer at each end ----------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrunkGeometry:
+    """Where a block's layers are: an optional special first layer ``first`` (p = 1), a run of
+    identical trunk layers starting at ``t0``, an optional special last layer ``last`` (q = 1).
+    ``whole(n)`` is the block's layer range when it holds n trunk layers."""
+
+    p: int
+    q: int
+    first: int
+    t0: int
+    last_end: int
+    trunk: int
+    """Trunk layers of the range (for a single range) or the largest count considered."""
+    anchor: str = "start"
+    """How ``whole(n)`` places the block: at ``first``/``t0`` ('start') or ending at ``last_end`` ('end')."""
+
+    def whole(self, n: int) -> tuple[int, int]:
+        if self.anchor == "start":
+            lo = self.first if self.p else self.t0
+            return lo, lo + self.p + n + self.q
+        return self.last_end - self.q - n - self.p, self.last_end
+
+    @staticmethod
+    def for_range(classes: tuple[int, ...], start: int, end: int) -> TrunkGeometry | None:
+        """The geometry of [start, end) when it is trunk-shaped, else None (use [I5])."""
+        n = end - start
+        if n < 3:
+            return None
+        inner = set(classes[start + 1 : end - 1])
+        if len(inner) != 1:
+            return None
+        k = next(iter(inner))
+        p = int(classes[start] != k)
+        q = int(classes[end - 1] != k)
+        return TrunkGeometry(p=p, q=q, first=start, t0=start + p, last_end=end, trunk=n - p - q)
+
+
+class TrunkCosts:
+    """Cost arrays of the stage kinds of a trunk-shaped block for one config: trunk stages of x
+    layers, the special first stage with x0 trunk layers, the special last stage with xl."""
+
+    def __init__(self, sm: StageModel, geo: TrunkGeometry, xmax: int) -> None:
+        self.sm, self.geo, self.xmax = sm, geo, xmax
+        x = np.arange(xmax + 1)
+        lo_t, hi_t = np.full_like(x, geo.t0), geo.t0 + x
+        self.t_comp = sm.compute(lo_t, hi_t)
+        self.t_so = sm.sync_opt(lo_t, hi_t)
+        self.t_send = float(sm.send(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
+        self.t_lo, self.t_hi = lo_t, hi_t
+        if geo.p:
+            lo0, hi0 = np.full_like(x, geo.first), geo.first + 1 + x
+            self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.sync_opt(lo0, hi0), sm.send(hi0)
+            self.f_lo, self.f_hi = lo0, hi0
+        if geo.q:
+            lol, hil = geo.last_end - 1 - x, np.full_like(x, geo.last_end)
+            self.l_comp, self.l_so = sm.compute(lol, hil), sm.sync_opt(lol, hil)
+            self.l_lo, self.l_hi = lol, hil
+
+    def cap(self, kind: str, in_flight: int) -> np.ndarray:
+        """Feasibility mask over x of a stage of ``kind`` ('t', 'f', 'l') at ``in_flight``."""
+        lo, hi = getattr(self, f"{kind}_lo"), getattr(self, f"{kind}_hi")
+        ok = self.sm.memory(lo, hi, in_flight) <= self.sm.capacity
+        if kind == "t":
+            ok[0] = False  # a trunk stage holds at least one layer
+        return ok
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrunkSolution:
+    """Per trunk count n (arrays): the best partition's objective and shape."""
+
+    feasible: np.ndarray
+    value: np.ndarray
+    bottleneck: np.ndarray
+    fill: np.ndarray
+    sync_opt: np.ndarray
+    x0: np.ndarray
+    xl: np.ndarray
+    counts: tuple[np.ndarray, ...]
+    """Trunk layers of each trunk stage, front to back (arrays over n)."""
+    geo: TrunkGeometry
+    ns: np.ndarray
+    s: int
+
+    def bounds(self, i: int) -> tuple[int, ...]:
+        """Layer boundaries of the partition for ns[i]."""
+        lo, _ = self.geo.whole(int(self.ns[i]))
+        out = [lo]
+        s, p, q = self.s, self.geo.p, self.geo.q
+        if s == 1:
+            return (lo, lo + p + int(self.ns[i]) + q)
+        if p:
+            out.append(out[-1] + 1 + int(self.x0[i]))
+        for cnt in self.counts:
+            out.append(out[-1] + int(cnt[i]))
+        if q:
+            out.append(out[-1] + int(self.xl[i]) + 1)
+        return tuple(out)
+
+
+def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray) -> TrunkSolution | None:
+    """[I4] For every trunk count in ``ns``: the partition of the block into ``s`` stages minimising
+    [I1] with ``d`` stages after the block. Trunk stages only matter through their largest layer
+    count (costs grow with it), which memory caps per position make a small covering problem."""
+    geo, w = tc.geo, float(m - 1)
+    infl = [min(s - i + d, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
+    if s == 1:
+        return _solve_single(tc, infl[0], w, ns)
+    has_f, has_l = bool(geo.p), bool(geo.q)
+    t_idx = list(range(int(has_f), s - int(has_l)))
+    kt = len(t_idx)
+    X = tc.xmax
+    caps = [_leading_true(tc.cap("t", infl[i])) for i in t_idx]
+    if kt and min(caps) < 1:
+        return None
+    xs = np.arange(X + 1)
+    g = np.zeros(X + 1, dtype=np.int64)
+    for cp in caps:
+        g += np.minimum(cp, xs)
+    # choose the special stages' trunk layers on a grid: axis 0 = x0, axis 1 = xl, axis 2 = n
+    x0 = np.arange(X + 1) if has_f else np.zeros(1, dtype=np.int64)
+    xl = np.arange(X + 1) if has_l else np.zeros(1, dtype=np.int64)
+    X0, XL, N = np.meshgrid(x0, xl, ns, indexing="ij")
+    mid = N - X0 - XL
+    ok = mid >= kt
+    if kt == 0:
+        ok &= mid == 0
+    midc = np.clip(mid, 0, X)
+    xm = np.searchsorted(g, midc, side="left") if kt else np.zeros_like(midc)
+    ok &= xm <= X
+    xm = np.minimum(xm, X)
+    T = np.zeros(mid.shape)
+    S = np.zeros(mid.shape)
+    F = np.zeros(mid.shape)
+    sends = np.zeros(mid.shape)
+    if kt:
+        T = np.maximum(T, tc.t_comp[xm])
+        if kt >= 2 or has_l:
+            T = np.maximum(T, tc.t_send)
+        S = np.maximum(S, tc.t_so[xm])
+        F = F + tc.t_comp[midc]
+        sends = sends + tc.t_send * (s - 1 - int(has_f))
+    if has_f:
+        okf = tc.cap("f", infl[0])
+        ok &= okf[X0]
+        T = np.maximum(T, np.maximum(tc.f_comp[X0], tc.f_send[X0]))
+        S = np.maximum(S, tc.f_so[X0])
+        F = F + tc.f_comp[X0]
+        sends = sends + tc.f_send[X0]
+    if has_l:
+        okl = tc.cap("l", infl[-1])
+        ok &= okl[XL]
+        T = np.maximum(T, tc.l_comp[XL])
+        S = np.maximum(S, tc.l_so[XL])
+        F = F + tc.l_comp[XL]
+    F = F + 2.0 * sends
+    J = np.where(ok, w * T + F + S, INF)
+    flat = J.reshape(-1, J.shape[2])
+    arg = np.argmin(flat, axis=0)
+    cols = np.arange(J.shape[2])
+    pick = lambda a: a.reshape(-1, a.shape[2])[arg, cols]  # noqa: E731
+    best_mid, best_xm = pick(midc), pick(xm)
+    counts = _trunk_counts(caps, best_mid, best_xm)
+    return TrunkSolution(
+        feasible=np.isfinite(pick(J)), value=pick(J), bottleneck=pick(T), fill=pick(F), sync_opt=pick(S),
+        x0=pick(X0), xl=pick(XL), counts=counts, geo=geo, ns=ns, s=s,
+    )
+
+
+def _solve_single(tc: TrunkCosts, in_flight: int, w: float, ns: np.ndarray) -> TrunkSolution:
+    """One stage holding the whole block, for every n."""
+    sm, geo = tc.sm, tc.geo
+    lo = np.array([geo.whole(int(n))[0] for n in ns])
+    hi = np.array([geo.whole(int(n))[1] for n in ns])
+    ok = (sm.memory(lo, hi, in_flight) <= sm.capacity) & (hi > lo)
+    T = sm.compute(lo, hi)
+    S = sm.sync_opt(lo, hi)
+    J = np.where(ok, w * T + T + S, INF)
+    z = np.zeros(len(ns), dtype=np.int64)
+    return TrunkSolution(feasible=ok, value=J, bottleneck=T, fill=T, sync_opt=S, x0=z, xl=z, counts=(),
+                         geo=geo, ns=ns, s=1)
+
+
+def _leading_true(mask: np.ndarray) -> int:
+    """Largest x such that mask[1..x] are all True (0 when mask[1] is False)."""
+    bad = np.flatnonzero(~mask[1:])
+    return int(bad[0]) if bad.size else len(mask) - 1
+
+
+def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Trunk layers per trunk stage: one each, the rest filled from the back up to
+    min(cap, xm) (later stages keep fewer microbatches in flight)."""
+    kt = len(caps)
+    counts = [np.ones_like(mid) for _ in range(kt)]
+    left = mid - kt
+    for i in reversed(range(kt)):
+        add = np.clip(np.minimum(caps[i], xm) - 1, 0, None)
+        add = np.minimum(add, np.clip(left, 0, None))
+        counts[i] = counts[i] + add
+        left = left - add
+    return tuple(counts)
+
+
+# ---- [I5] Pareto dynamic programme over layer positions, any range --------------------------------
+def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int) -> _Choice | None:
+    """Exact [I1] for any layers: suffixes [l, end) split into r stages keep their Pareto set of
+    (bottleneck, sync_opt, sends); fill = compute of the range (additive) + 2·sends."""
+    n = end - start
+    los, his = np.triu_indices(n + 1, 1)
+    los, his = los + start, his + start
+    comp = dict(zip(zip(los.tolist(), his.tolist()), sm.compute(los, his).tolist()))
+    so = dict(zip(zip(los.tolist(), his.tolist()), sm.sync_opt(los, his).tolist()))
+    snd = dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist()))
+    fit: dict[tuple[int, int], float] = {}
+    for lo, hi in zip(los.tolist(), his.tolist()):
+        fit[(lo, hi)] = sm.max_in_flight(lo, hi)
+    # front[r][l] = list of (T, S, sends, h, index into front[r-1][h])
+    front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
+    front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
+                  for lo in range(start, end) if fit[(lo, end)] >= min(1 + d, m)})
+    best: _Choice | None = None
+    for r in range(1, s_max + 1):
+        if r > 1:
+            front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
+        for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
+            val = (m - 1) * t + comp[(start, end)] + 2.0 * sd + sv
+            if best is None or val < best.value:
+                best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
+    return best
+
+
+def _extend(
+    prev: dict[int, list[tuple[float, float, float, int, int]]], r: int, start: int, end: int, d: int, m: int,
+    comp: dict[tuple[int, int], float], so: dict[tuple[int, int], float], snd: dict[int, float],
+    fit: dict[tuple[int, int], float],
+) -> dict[int, list[tuple[float, float, float, int, int]]]:
+    out: dict[int, list[tuple[float, float, float, int, int]]] = {}
+    need = min(r + d, m)
+    for lo in range(start, end - r + 1):
+        cands = []
+        for h, entries in prev.items():
+            if h <= lo or fit[(lo, h)] < need:
+                continue
+            e1 = max(comp[(lo, h)], snd[h])
+            for i, (t, sv, sd, _, _) in enumerate(entries):
+                cands.append((max(e1, t), max(so[(lo, h)], sv), sd + snd[h], h, i))
+        if cands:
+            out[lo] = _pareto(cands)
+    return out
+
+
+def _pareto(cands: list[tuple[float, float, float, int, int]]) -> list[tuple[float, float, float, int, int]]:
+    """Points not dominated in (T, S, sends), lowest T first."""
+    cands.sort()
+    kept: list[tuple[float, float, float, int, int]] = []
+    for c in cands:
+        if not any(k[0] <= c[0] and k[1] <= c[1] and k[2] <= c[2] for k in kept):
+            kept.append(c)
+    return kept
+
+
+def _walk(front: list[dict[int, list[tuple[float, float, float, int, int]]]], r: int, lo: int, i: int) -> tuple[int, ...]:
+    out = [lo]
+    while r >= 1:
+        _, _, _, h, j = front[r][lo][i]
+        out.append(h)
+        lo, i, r = h, j, r - 1
+    return tuple(out)
+
+
+def iter_stage_counts(budget: int, cfg: LocalConfig, layers: int) -> Iterable[int]:
+    """Local stage counts to consider for a config: 1 .. min(budget // gpus, layers)."""
+    return range(1, min(budget // cfg.gpus, layers) + 1)

@@ -1,0 +1,178 @@
+"""The intra-cluster DP against brute force over every local plan, scored by ``evaluate``."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search.intra import (
+    StageModel,
+    _generic_best,
+    _search_range,
+    best_local_plan,
+    layer_classes,
+    local_configs,
+    local_plan_costs,
+)
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+
+def special_model(num_layers: int, emb_params: float = 2e7, head_factor: float = 3.0, **kw: Any) -> dict[str, Any]:
+    """tiny_model with a heavy-parameter first layer (embedding) and a slow last layer (head)."""
+    m = tiny_model(num_layers=num_layers, **kw)
+    m["layers"][0]["params"] = emb_params
+    m["layers"][0]["kind"] = "embedding"
+    m["layers"][-1]["kind"] = "head"
+    m["layers"][-1]["act_mem_bytes"] = 3e7
+    for t in m["timings"]:
+        t["fwd"][-1] *= head_factor
+        t["bwd"][-1] *= head_factor
+    return m
+
+
+def irregular_model(num_layers: int, seed: int) -> dict[str, Any]:
+    """Every layer different (forces the generic Pareto DP)."""
+    rng = random.Random(seed)
+    m = tiny_model(num_layers=num_layers)
+    for layer in m["layers"]:
+        layer["params"] = rng.uniform(0.2e6, 3e6)
+        layer["act_mem_bytes"] = rng.uniform(0.3e7, 2e7)
+        layer["activation_bytes"] = rng.uniform(0.5e6, 2e6)
+    for t in m["timings"]:
+        scale = [rng.uniform(0.5, 2.0) for _ in range(num_layers)]
+        t["fwd"] = [f * s for f, s in zip(t["fwd"], scale)]
+        t["bwd"] = [b * s for b, s in zip(t["bwd"], scale)]
+    return m
+
+
+def _instance(model: dict[str, Any], mem_gb: float = 1.2, batch: int = 8, gpn: int = 2) -> Instance:
+    topo = tiny_topology(clusters=(("a", "A", 2, gpn, mem_gb), ("b", "B", 8, 2, 40.0)))
+    return tiny_instance(global_batch=batch, model=model, topology=topo)
+
+
+def _compositions(n: int, s: int) -> list[tuple[int, ...]]:
+    return [tuple(c) for c in itertools.combinations(range(1, n), s - 1)]
+
+
+def _brute_force(inst: Instance, start: int, end: int, microbatch: int, m: int, budget: int, after: int) -> float:
+    """min J over every (tp, dp, s, partition) of [start, end) in cluster a that fits in memory, with
+    memory judged by evaluate on a full plan whose remaining layers follow in cluster b."""
+    tables = build_tables(inst)
+    L = inst.model.num_layers
+    assert start == 0 and end + after == L
+    best = np.inf
+    for cfg in local_configs(inst, "a", microbatch):
+        if cfg.gpus > budget:
+            continue
+        group = ReplicaGroup(cluster="a", tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)
+        tail = tuple(Stage(start=i, end=i + 1, groups=(ReplicaGroup(cluster="b", dp=microbatch),), zero=1)
+                     for i in range(end, L))
+        for s in range(1, min(budget // cfg.gpus, end - start) + 1):
+            for cuts in _compositions(end - start, s):
+                b = (start, *(start + c for c in cuts), end)
+                local = tuple(Stage(start=lo, end=hi, groups=(group,), zero=1) for lo, hi in zip(b, b[1:]))
+                plan = Plan(pipelines=(Pipeline(stages=local + tail, num_microbatches=m),))
+                ev = evaluate(plan, inst, tables)
+                assert ev.stages, ev.violations
+                if any(st.oom for st in ev.stages[: len(local)]):
+                    continue
+                lp = local_plan_costs(inst, tables, "a", local)
+                best = min(best, lp.objective(m))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_local_plan_equals_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    L = rng.randint(4, 7)
+    after = rng.choice([0, 0, 1, 2])
+    model = special_model(L + after) if seed % 2 == 0 else irregular_model(L + after, seed)
+    microbatch, m, budget = rng.choice([1, 2, 4]), rng.choice([2, 4, 8]), rng.choice([2, 3, 4])
+    inst = _instance(model, mem_gb=rng.choice([1.13, 1.16, 1.2, 40.0]), batch=microbatch * m)
+    tables = build_tables(inst)
+    expect = _brute_force(inst, 0, L, microbatch, m, budget, after)
+    got = best_local_plan(inst, tables, "a", 0, L, microbatch=microbatch, num_microbatches=m, gpu_budget=budget,
+                          stages_after=after)
+    if not np.isfinite(expect):
+        assert got is None
+        return
+    assert got is not None
+    assert got.objective(m) == pytest.approx(expect, rel=1e-12)
+    assert got.gpus <= budget
+    assert all(st.microbatch == microbatch for st in got.stages)
+
+
+def test_local_plan_numbers_agree_with_evaluate() -> None:
+    """Single-cluster full plan: evaluate's iteration time = (m−1)·bottleneck + fill + sync_opt."""
+    inst = _instance(special_model(8), mem_gb=40.0, batch=16, gpn=4)
+    tables = build_tables(inst)
+    grp = ReplicaGroup(cluster="a", tp=1, dp=2, mbs=2)
+    stages = tuple(Stage(start=lo, end=hi, groups=(grp,), zero=1) for lo, hi in ((0, 3), (3, 6), (6, 8)))
+    lp = local_plan_costs(inst, tables, "a", stages)
+    ev = evaluate(Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=4),)), inst, tables)
+    assert ev.feasible
+    assert ev.pipelines[0].bottleneck_s == pytest.approx(lp.bottleneck_s, rel=1e-13)
+    assert ev.pipelines[0].fill_drain_s == pytest.approx(lp.fill_s, rel=1e-13)
+    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
+    assert ev.iteration_time_s == pytest.approx(lp.objective(4), rel=1e-13)
+
+
+def test_replicas_enter_the_gradient_ring_like_identical_pipelines_in_evaluate() -> None:
+    inst = _instance(special_model(6), mem_gb=40.0, batch=16, gpn=8)
+    tables = build_tables(inst)
+    lp = best_local_plan(inst, tables, "a", 0, 6, microbatch=2, num_microbatches=4, gpu_budget=4, replicas=2)
+    assert lp is not None
+    pipe = Pipeline(stages=lp.stages, num_microbatches=4)
+    ev = evaluate(Plan(pipelines=(pipe, pipe)), inst, tables)
+    assert ev.feasible
+    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
+    single = local_plan_costs(inst, tables, "a", lp.stages)
+    assert single.sync_opt_s != pytest.approx(lp.sync_opt_s)  # the ring size matters
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_closed_form_equals_pareto_dp_on_trunk_ranges(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    L = rng.randint(5, 12)
+    inst = _instance(special_model(L, emb_params=rng.choice([1e6, 3e7])), mem_gb=rng.choice([1.12, 1.15, 1.2]))
+    tables = build_tables(inst)
+    c = inst.topology.cluster("a")
+    classes = layer_classes(inst)
+    lo, hi = rng.choice([(0, L), (1, L), (0, L - 1), (1, L - 1)])
+    d, m = rng.choice([0, 1, 3]), rng.choice([2, 8])
+    for cfg in local_configs(inst, "a", 2):
+        sm = StageModel(inst, tables, c, cfg, 1)
+        fast = _search_range(classes, sm, lo, hi, hi - lo, d, m)
+        slow = _generic_best(sm, lo, hi, hi - lo, d, m)
+        assert (fast is None) == (slow is None)
+        if fast is not None and slow is not None:
+            assert fast.value == pytest.approx(slow.value, rel=1e-12)
+
+
+def test_memory_limit_forces_more_stages_and_none_when_nothing_fits() -> None:
+    inst = _instance(special_model(6, emb_params=1e6), mem_gb=1.15)
+    tables = build_tables(inst)
+    lp = best_local_plan(inst, tables, "a", 0, 6, microbatch=1, num_microbatches=8, gpu_budget=4)
+    assert lp is not None and len(lp.stages) >= 2
+    ev = evaluate(Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=8),)), inst, tables)
+    assert ev.feasible
+    none = best_local_plan(inst, tables, "a", 0, 6, microbatch=1, num_microbatches=8, gpu_budget=1)
+    assert none is None
+
+
+def test_bad_arguments_raise_value_error_naming_the_setting() -> None:
+    inst = _instance(special_model(4))
+    tables = build_tables(inst)
+    with pytest.raises(ValueError, match="cluster"):
+        best_local_plan(inst, tables, "zz", 0, 4, microbatch=1, num_microbatches=1, gpu_budget=1)
+    with pytest.raises(ValueError, match="start/end"):
+        best_local_plan(inst, tables, "a", 3, 3, microbatch=1, num_microbatches=1, gpu_budget=1)
+    with pytest.raises(ValueError, match="microbatch"):
+        best_local_plan(inst, tables, "a", 0, 4, microbatch=0, num_microbatches=1, gpu_budget=1)
