@@ -200,11 +200,13 @@ def curve_bandwidth(entry: Any, source: Path, where: str) -> Bandwidth:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SailorCluster:
-    """``count`` GPUs of type ``gpu`` in Google Cloud zone ``zone``."""
+    """``count`` GPUs of type ``gpu`` in Google Cloud zone ``zone``, ``gpus_per_vm`` per VM (default:
+    Sailor's basic_cluster_config.json; its bandwidth fits exist for 1, 2, 4 and, for RTX types, 8)."""
 
     zone: str
     gpu: str
     count: int
+    gpus_per_vm: int | None = None
 
 
 def sailor_cluster_name(c: SailorCluster) -> str:
@@ -224,7 +226,8 @@ def sailor_topology(root: str | Path, clusters: Sequence[SailorCluster]) -> Topo
     Inside a cluster: ``intra_node`` from intra_node_bandwidths.json at the GPUs per VM,
     ``inter_node`` the same-zone curve of that GPU type at its GPUs per VM. Between clusters: the
     zone-to-zone curve (multizone_bandwidths.json for one GPU type, *_het.json for two). GPUs per VM
-    and memory come from basic_cluster_config.json. The region of a cluster is its zone."""
+    (unless given) and memory come from basic_cluster_config.json. The region of a cluster is its zone.
+    Note that :class:`Bandwidth` clamps a fit to its measured maximum (Sailor's ``max_bytes_per_s``)."""
     root = Path(root)
     prov = root / "providers"
     cfg_path = root / "simulations" / "configs" / "basic_cluster_config.json"
@@ -236,15 +239,16 @@ def sailor_topology(root: str | Path, clusters: Sequence[SailorCluster]) -> Topo
     names = [sailor_cluster_name(c) for c in clusters]
     if len(set(names)) != len(names):
         raise ValueError(f"clusters repeat a (zone, gpu) pair: {names}")
-    gpn = {c.gpu: int(_lookup(cfg, [c.gpu, "gpus_per_node"], cfg_path)) for c in clusters}
-    built = [_cluster(c, gpn[c.gpu], cfg, cfg_path, homo, homo_path, intra, intra_path) for c in clusters]
+    gpn = {sailor_cluster_name(c): c.gpus_per_vm or int(_lookup(cfg, [c.gpu, "gpus_per_node"], cfg_path)) for c in clusters}
+    built = [_cluster(c, gpn[sailor_cluster_name(c)], cfg, cfg_path, homo, homo_path, intra, intra_path) for c in clusters]
     links = []
     for a in clusters:
         for b in clusters:
             if a is b:
                 continue
             table, path = (homo, homo_path) if a.gpu == b.gpu else (het, het_path)
-            keys = [a.zone, a.gpu, str(gpn[a.gpu]), b.zone, b.gpu, str(gpn[b.gpu])]
+            na, nb = gpn[sailor_cluster_name(a)], gpn[sailor_cluster_name(b)]
+            keys = [a.zone, a.gpu, str(na), b.zone, b.gpu, str(nb)]
             bw = curve_bandwidth(_lookup(table, keys, path), path, ".".join(keys))
             links.append(Link(src=sailor_cluster_name(a), dst=sailor_cluster_name(b), bandwidth=bw))
     return Topology(clusters=tuple(built), links=tuple(links))
@@ -256,6 +260,9 @@ def _cluster(
     if c.count < 1 or c.count % gpn:
         raise ValueError(f"count {c.count} of {c.gpu} in {c.zone} must be a positive multiple of its {gpn} GPUs per VM")
     keys = [c.zone, c.gpu, str(gpn), c.zone, c.gpu, str(gpn)]
+    inter = curve_bandwidth(_lookup(homo, keys, homo_path), homo_path, ".".join(keys))
+    # One GPU per VM has no intra-node traffic (and Sailor no fit for it): reuse the inter-node curve.
+    intra = inter if gpn == 1 else curve_bandwidth(_lookup(intra, [c.gpu, str(gpn)], intra_path), intra_path, f"{c.gpu}.{gpn}")
     return Cluster(
         name=sailor_cluster_name(c),
         region=c.zone,
@@ -263,7 +270,7 @@ def _cluster(
         gpu_memory_bytes=float(_lookup(cfg, [c.gpu, "mem_per_gpu"], cfg_path)),
         nodes=c.count // gpn,
         gpus_per_node=gpn,
-        intra_node=curve_bandwidth(_lookup(intra, [c.gpu, str(gpn)], intra_path), intra_path, f"{c.gpu}.{gpn}"),
-        inter_node=curve_bandwidth(_lookup(homo, keys, homo_path), homo_path, ".".join(keys)),
+        intra_node=intra,
+        inter_node=inter,
         memory_bandwidth_gbyte_s=MEMORY_GBYTE_S.get(c.gpu, 900.0),
     )
