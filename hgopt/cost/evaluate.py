@@ -16,7 +16,7 @@ from hgopt.cost.tables import (
     transfer_time,
 )
 from hgopt.plan import Pipeline, Plan, Stage, validate
-from hgopt.spec import Instance
+from hgopt.spec import Cluster, Instance
 
 __all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "stage_boundary_time"]
 
@@ -177,9 +177,7 @@ def _stage_report(
     send_f = send_b = 0.0
     if si + 1 < n_stages:
         send_f, send_b = stage_boundary_time(inst, tables, pipe, si)
-    layout = ", ".join(
-        f"{g.dp}x[{topo.cluster(g.cluster).gpu}@{g.cluster} tp{g.tp} mbs{g.mbs}]" for g in stage.groups
-    )
+    layout = ", ".join(f"{g.dp}x[{_where(topo.cluster(g.cluster))} tp{g.tp} mbs{g.mbs}]" for g in stage.groups)
     return StageReport(
         pipeline=pi,
         stage=si,
@@ -197,6 +195,11 @@ def _stage_report(
         memory_capacity_bytes=cap,
         oom=oom,
     )
+
+
+def _where(cluster: Cluster) -> str:
+    """``GPU@cluster``, or just the cluster's name when it already names the GPU type."""
+    return cluster.name if cluster.gpu in cluster.name else f"{cluster.gpu}@{cluster.name}"
 
 
 def stage_boundary_time(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
