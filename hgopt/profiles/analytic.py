@@ -1,0 +1,292 @@
+"""Analytic model profile: per-layer times and sizes of a decoder-only transformer computed from its
+shape and the GPU table (:mod:`hgopt.profiles.gpus`), for when no measured profile exists.
+
+Layers: ``embedding``, ``layers`` identical ``block``\\ s, ``head`` (final norm + vocabulary
+projection + loss). The formulas are written out in ``docs/profiles-analytic.md``; in short, for a
+microbatch of ``b`` sequences of ``s`` tokens, hidden ``h``, ``a`` heads, FFN width ``f``,
+vocabulary ``V`` and tensor-parallel degree ``t``:
+
+* forward FLOPs of a block ``2bsh(h + 2h_kv) + 2bsh² + 4bs²h + k·2bshf`` with ``k = 2`` (GeLU MLP)
+  or ``3`` (gated MLP) and ``h_kv = h·kv_heads/a`` — ``24bsh² + 4bs²h`` for a GPT block with
+  ``f = 4h``; head ``2bshV``; the embedding is a memory-bound gather (read + write ``bsh`` values);
+* time = FLOPs / (t · peak · efficiency), backward = 2 × forward; with ``t > 1`` a block adds two ring
+  all-reduces of ``bsh`` values to its forward and two to its backward (Megatron-style tensor
+  parallelism) at the GPU's achievable intra-node bandwidth;
+* optimizer step = parameters per GPU × bytes touched per parameter / achievable memory bandwidth;
+* activation memory per sample: Korthikanti et al. 2022 (no sequence parallelism), generalised to
+  the FFN width, gated MLPs and grouped-query attention; ``10·s·h`` bytes are replicated on every
+  tensor-parallel rank, the rest is split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
+
+from hgopt.profiles.gpus import GpuSpec, gpu_spec
+from hgopt.spec import DTYPE_BYTES, LayerProfile, ModelProfile, TimingEntry, TpMemory, TrainDtype
+
+__all__ = [
+    "OPTIMIZER_BYTES_TOUCHED",
+    "TransformerConfig",
+    "block_act_mem_bytes",
+    "block_forward_flops",
+    "block_params",
+    "embedding_params",
+    "generate_profile",
+    "head_act_mem_bytes",
+    "head_forward_flops",
+    "head_params",
+    "layer_times",
+    "ring_allreduce_s",
+]
+
+Optimizer = Literal["adam", "sgd"]
+
+OPTIMIZER_BYTES_TOUCHED: Mapping[tuple[str, bool], float] = {
+    ("adam", False): 28.0,
+    ("adam", True): 30.0,
+    ("sgd", False): 20.0,
+    ("sgd", True): 22.0,
+}
+"""Bytes read + written per parameter by one optimizer step, keyed by (optimizer, 16-bit training).
+Adam reads weight, gradient, two moments and writes weight and moments, all fp32 (7 × 4 bytes); SGD
+with momentum reads weight, gradient, momentum and writes weight and momentum (5 × 4); 16-bit
+training also writes the 16-bit copy of the weight (+2)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransformerConfig:
+    """Shape of a decoder-only transformer."""
+
+    name: str
+    layers: int
+    """Number of transformer blocks (the embedding and the head come on top)."""
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    ffn: int | None = None
+    """FFN inner width; ``None``: 4 × hidden."""
+    kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); ``None``: ``heads``."""
+    glu: bool = False
+    """Gated MLP (SwiGLU, LLaMA style): three matrices instead of two, no biases, RMSNorm."""
+    flash_attention: bool = True
+    """Attention scores are not kept for backward (FlashAttention); False adds ``5·a·s²`` bytes."""
+    dtype: TrainDtype = "bf16"
+
+    @property
+    def ffn_width(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def kv_width(self) -> float:
+        return self.hidden * (self.kv_heads if self.kv_heads is not None else self.heads) / self.heads
+
+    @property
+    def bias(self) -> bool:
+        """GPT style (biases, LayerNorm, learned positions) unless ``glu`` (LLaMA style)."""
+        return not self.glu
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+def _norm_params(cfg: TransformerConfig) -> float:
+    """LayerNorm has a scale and a bias (2h), RMSNorm only a scale (h)."""
+    return 2.0 * cfg.hidden if cfg.bias else float(cfg.hidden)
+
+
+def _replicated_params(cfg: TransformerConfig) -> float:
+    """Block parameters every tensor-parallel rank holds whole: two norms, the two output biases."""
+    return 2 * _norm_params(cfg) + (2.0 * cfg.hidden if cfg.bias else 0.0)
+
+
+def block_params(cfg: TransformerConfig) -> float:
+    """Attention ``h(h + 2h_kv) + h²``, MLP ``k·h·f`` (k = 2, or 3 with ``glu``), two norms, and the
+    biases ``(h + 2h_kv) + h + f + h`` in GPT style."""
+    h, f, kv = cfg.hidden, cfg.ffn_width, cfg.kv_width
+    mats = 3 if cfg.glu else 2
+    weights = h * (h + 2 * kv) + h * h + mats * h * f
+    biases = (h + 2 * kv) + h + f + h if cfg.bias else 0.0
+    return float(weights + biases + 2 * _norm_params(cfg))
+
+
+def embedding_params(cfg: TransformerConfig) -> float:
+    """Token table ``V·h`` (+ learned positions ``s·h`` in GPT style)."""
+    return float(cfg.vocab * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.bias else 0))
+
+
+def head_params(cfg: TransformerConfig) -> float:
+    """Final norm + untied vocabulary projection ``V·h``."""
+    return float(cfg.vocab * cfg.hidden) + _norm_params(cfg)
+
+
+# ---- FLOPs -------------------------------------------------------------------------------------
+def block_forward_flops(cfg: TransformerConfig, mbs: int) -> float:
+    """Matmul FLOPs (2 per multiply-add) of one block's forward pass on ``mbs`` sequences."""
+    b, s, h, f, kv = mbs, cfg.seq_len, cfg.hidden, cfg.ffn_width, cfg.kv_width
+    qkv = 2.0 * b * s * h * (h + 2 * kv)
+    out_proj = 2.0 * b * s * h * h
+    scores_and_values = 4.0 * b * s * s * h
+    mlp = (3 if cfg.glu else 2) * 2.0 * b * s * h * f
+    return qkv + out_proj + scores_and_values + mlp
+
+
+def head_forward_flops(cfg: TransformerConfig, mbs: int) -> float:
+    """Vocabulary projection ``2·b·s·h·V``."""
+    return 2.0 * mbs * cfg.seq_len * cfg.hidden * cfg.vocab
+
+
+# ---- activation memory --------------------------------------------------------------------------
+def block_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
+    """Bytes one block keeps for backward, per sample, on one of ``tp`` tensor-parallel ranks.
+
+    In 16-bit training, in units of ``s·h`` bytes (Korthikanti et al. 2022, Sec. 4.1, generalised):
+    two norm inputs 4; attention ``7 + 4·h_kv/h`` (QKV input 2, Q 2, K and V ``2·h_kv/h`` each,
+    output-projection input 2, dropout mask 1); MLP ``3 + c·f/h`` (input 2, dropout mask 1; ``c = 4``:
+    GeLU input and output, ``c = 6``: gate and up outputs and the down-projection input). Without
+    FlashAttention add ``5·a·s²`` (softmax output 2, its dropout mask 1, dropout output 2 per score);
+    with it a 4-byte softmax statistic per head and token. For ``f = 4h``, ``h_kv = h``: 34·s·h +
+    5·a·s². ``10·s·h`` (norm inputs, QKV and MLP inputs, the two masks) is replicated on every rank,
+    the rest split over ``tp``. fp32 training doubles everything (masks included: a slight
+    over-estimate)."""
+    s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
+    r = cfg.kv_width / h
+    per_sh = 4 + (7 + 4 * r) + 3 + (6 if cfg.glu else 4) * cfg.ffn_width / h
+    scores = 4.0 * a * s if cfg.flash_attention else 5.0 * a * s * s
+    total = per_sh * s * h + scores
+    replicated = 10.0 * s * h
+    return DTYPE_BYTES[cfg.dtype] / 2.0 * (replicated + (total - replicated) / tp)
+
+
+def head_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
+    """Final-norm input and output (training dtype, replicated) + fp32 logits for the loss (split
+    over ``tp``, vocabulary-parallel)."""
+    s = cfg.seq_len
+    return DTYPE_BYTES[cfg.dtype] * 2 * s * cfg.hidden + 4.0 * s * cfg.vocab / tp
+
+
+def _embedding_act_mem_bytes(cfg: TransformerConfig) -> float:
+    """The embedding's output, as Sailor's measured profiles count it (the gather keeps only ids)."""
+    return DTYPE_BYTES[cfg.dtype] * cfg.seq_len * cfg.hidden
+
+
+# ---- times --------------------------------------------------------------------------------------
+def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float) -> float:
+    """Bandwidth term of a ring all-reduce among ``n`` ranks: ``2(n-1)/n · bytes / B``."""
+    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bytes_per_s
+
+
+def layer_times(
+    cfg: TransformerConfig, gpu: GpuSpec, tp: int, mbs: int, optimizer: Optimizer = "adam"
+) -> dict[str, tuple[float, float, float]]:
+    """``{kind: (forward s, backward s, optimizer-step s)}`` of the embedding, one block and the head
+    on ``gpu`` at tensor-parallel degree ``tp`` for a microbatch of ``mbs`` sequences."""
+    peak = gpu.peak_flops(cfg.dtype)
+    if peak is None:
+        raise ValueError(f"{gpu.name} cannot train in {cfg.dtype} (no {cfg.dtype} tensor cores): use dtype fp16 or drop {gpu.name}")
+    dt = DTYPE_BYTES[cfg.dtype]
+    speed = tp * peak * gpu.efficiency
+    mem_bw = gpu.memory_gbyte_s * 1e9 * gpu.memory_efficiency
+    act = mbs * cfg.seq_len * cfg.hidden * dt
+    ar = ring_allreduce_s(act, tp, gpu.intra_node_gbyte_s * 1e9)
+    per_param = OPTIMIZER_BYTES_TOUCHED[(optimizer, cfg.dtype != "fp32")] / mem_bw
+    block_f = block_forward_flops(cfg, mbs) / speed
+    head_f = head_forward_flops(cfg, mbs) / speed
+    emb_f = 2.0 * act / mem_bw
+    shard = _params_per_rank(cfg, tp)
+    return {
+        "embedding": (emb_f + ar, 2.0 * emb_f, shard["embedding"] * per_param),
+        "block": (block_f + 2 * ar, 2.0 * block_f + 2 * ar, shard["block"] * per_param),
+        "head": (head_f, 2.0 * head_f + ar, shard["head"] * per_param),
+    }
+
+
+def _params_per_rank(cfg: TransformerConfig, tp: int) -> dict[str, float]:
+    rep = _replicated_params(cfg)
+    return {
+        "embedding": embedding_params(cfg) / tp,
+        "block": (block_params(cfg) - rep) / tp + rep,
+        "head": cfg.vocab * cfg.hidden / tp + _norm_params(cfg),
+    }
+
+
+# ---- the profile --------------------------------------------------------------------------------
+def _kinds(cfg: TransformerConfig) -> list[str]:
+    return ["embedding"] + ["block"] * cfg.layers + ["head"]
+
+
+def _layers(cfg: TransformerConfig) -> tuple[LayerProfile, ...]:
+    boundary = DTYPE_BYTES[cfg.dtype] * cfg.seq_len * cfg.hidden
+    sizes = {
+        "embedding": (embedding_params(cfg), _embedding_act_mem_bytes(cfg)),
+        "block": (block_params(cfg), block_act_mem_bytes(cfg, 1)),
+        "head": (head_params(cfg), head_act_mem_bytes(cfg, 1)),
+    }
+    names = ["embedding"] + [f"block{i}" for i in range(cfg.layers)] + ["head"]
+    return tuple(
+        LayerProfile(name=n, kind=k, params=sizes[k][0], activation_bytes=boundary, act_mem_bytes=sizes[k][1])  # type: ignore[arg-type]
+        for n, k in zip(names, _kinds(cfg))
+    )
+
+
+def _tp_memory(cfg: TransformerConfig, tp: int) -> TpMemory:
+    params = _params_per_rank(cfg, tp)
+    act = {
+        "embedding": _embedding_act_mem_bytes(cfg),
+        "block": block_act_mem_bytes(cfg, tp),
+        "head": head_act_mem_bytes(cfg, tp),
+    }
+    kinds = _kinds(cfg)
+    return TpMemory(tp=tp, params=tuple(params[k] for k in kinds), act_mem_bytes=tuple(act[k] for k in kinds))
+
+
+def _check(cfg: TransformerConfig, tps: Sequence[int], mbss: Sequence[int]) -> None:
+    for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.hidden % cfg.heads:
+        raise ValueError(f"hidden {cfg.hidden} is not a multiple of heads={cfg.heads}")
+    for key, values in (("tps", tps), ("mbss", mbss)):
+        if not values or min(values) < 1 or len(set(values)) != len(values):
+            raise ValueError(f"{key} must list distinct integers >= 1, got {list(values)}")
+
+
+def generate_profile(
+    cfg: TransformerConfig,
+    gpus: Sequence[str | GpuSpec],
+    *,
+    tps: Sequence[int] = (1, 2, 4, 8),
+    mbss: Sequence[int] = (1, 2, 4, 8),
+    optimizer: Optimizer = "adam",
+) -> ModelProfile:
+    """Tabulate ``cfg`` on every (GPU type, tp, mbs). ``gpus`` are table names or your own
+    :class:`GpuSpec` (e.g. with other efficiency factors). ValueError for a GPU that cannot train
+    in ``cfg.dtype`` (bf16 on V100/T4) or a malformed shape."""
+    _check(cfg, tps, mbss)
+    specs = [g if isinstance(g, GpuSpec) else gpu_spec(g) for g in gpus]
+    kinds = _kinds(cfg)
+    timings: list[TimingEntry] = []
+    for gpu in specs:
+        for tp in sorted(tps):
+            for mbs in sorted(mbss):
+                t = layer_times(cfg, gpu, tp, mbs, optimizer)
+                timings.append(
+                    TimingEntry(
+                        gpu=gpu.name,
+                        tp=tp,
+                        mbs=mbs,
+                        fwd=tuple(t[k][0] for k in kinds),
+                        bwd=tuple(t[k][1] for k in kinds),
+                        update=tuple(t[k][2] for k in kinds),
+                    )
+                )
+    return ModelProfile(
+        name=cfg.name,
+        dtype=cfg.dtype,
+        seq_len=cfg.seq_len,
+        layers=_layers(cfg),
+        timings=tuple(timings),
+        tp_memory=tuple(_tp_memory(cfg, tp) for tp in sorted(tps) if tp > 1),
+        source="analytic: hgopt.profiles.analytic (formulas in docs/profiles-analytic.md), GPU figures from vendor datasheets (hgopt.profiles.gpus)",
+    )

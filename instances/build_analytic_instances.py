@@ -1,0 +1,211 @@
+"""Writes the analytic benchmark instances ``instances/geo-*.yaml`` and ``instances/scale-*.yaml``.
+
+Run from the repository root: ``.venv/bin/python instances/build_analytic_instances.py``. The output
+is deterministic; the YAML files are committed, this script documents how they were made.
+
+Topology rules (documented in docs/profiles-analytic.md):
+
+* every cluster's GPU memory, memory bandwidth and intra-node bandwidth come from the GPU table
+  (:mod:`hgopt.profiles.gpus`); inter-node bandwidth is InfiniBand NDR 400 Gbit/s for H100/H200
+  clusters, HDR 200 Gbit/s for A100 clusters and 100 Gbit/s Ethernet otherwise, 5 µs latency;
+* regions are public-cloud locations; the WAN link between two regions has one-way latency
+  ``5 ms + great-circle distance / (100 km/ms)`` (light in fibre covers ~200 km/ms, routes are
+  roughly twice the great circle), clamped to [10, 150] ms, and a bandwidth that falls with the
+  distance: < 1,500 km 25 Gbit/s, < 4,000 km 10, < 9,000 km 5, < 13,000 km 2, else 1.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hgopt.profiles.gpus import gpu_spec
+
+HERE = Path(__file__).resolve().parent
+
+# (latitude, longitude) of the data-centre city of each region.
+REGIONS: dict[str, tuple[float, float]] = {
+    "us-east": (38.9, -77.4),  # N. Virginia
+    "us-central": (41.3, -95.9),  # Iowa
+    "us-west": (45.6, -121.2),  # Oregon
+    "ca-central": (45.5, -73.6),  # Montreal
+    "sa-east": (-23.5, -46.6),  # Sao Paulo
+    "eu-west": (53.3, -6.3),  # Dublin
+    "eu-central": (50.1, 8.7),  # Frankfurt
+    "eu-north": (59.3, 18.1),  # Stockholm
+    "me-central": (25.2, 55.3),  # Dubai
+    "af-south": (-33.9, 18.4),  # Cape Town
+    "ap-south": (19.1, 72.9),  # Mumbai
+    "ap-southeast": (1.35, 103.8),  # Singapore
+    "ap-east": (22.3, 114.2),  # Hong Kong
+    "ap-northeast": (35.7, 139.7),  # Tokyo
+    "ap-northeast2": (37.6, 127.0),  # Seoul
+    "au-southeast": (-33.9, 151.2),  # Sydney
+}
+
+
+def distance_km(a: str, b: str) -> float:
+    """Great-circle distance between two regions (haversine, Earth radius 6,371 km)."""
+    (la1, lo1), (la2, lo2) = (tuple(map(math.radians, REGIONS[r])) for r in (a, b))
+    h = math.sin((la2 - la1) / 2) ** 2 + math.cos(la1) * math.cos(la2) * math.sin((lo2 - lo1) / 2) ** 2
+    return 2 * 6371.0 * math.asin(math.sqrt(h))
+
+
+def wan_link(a: str, b: str) -> dict[str, float]:
+    d = distance_km(a, b)
+    latency = min(max(5.0 + d / 100.0, 10.0), 150.0)
+    gbit = 25.0 if d < 1500 else 10.0 if d < 4000 else 5.0 if d < 9000 else 2.0 if d < 13000 else 1.0
+    return {"gbit_s": gbit, "latency_ms": round(latency, 1)}
+
+
+def inter_node_gbit(gpu: str) -> float:
+    return 400.0 if gpu.startswith(("H100", "H200")) else 200.0 if gpu.startswith("A100") else 100.0
+
+
+def cluster(region: str, gpu: str, gpus: int, gpus_per_node: int = 8) -> dict[str, Any]:
+    spec = gpu_spec(gpu)
+    assert gpus % gpus_per_node == 0, (region, gpu, gpus)
+    return {
+        "name": f"{region}-{gpu.lower()}",
+        "region": region,
+        "gpu": gpu,
+        "gpu_memory_gb": spec.memory_gb,
+        "memory_bandwidth_gbyte_s": spec.memory_gbyte_s,
+        "nodes": gpus // gpus_per_node,
+        "gpus_per_node": gpus_per_node,
+        "intra_node": {"gbyte_s": round(spec.intra_node_gbyte_s, 3), "latency_ms": 0.005},
+        "inter_node": {"gbit_s": inter_node_gbit(gpu), "latency_ms": 0.005},
+    }
+
+
+def topology(clusters: list[dict[str, Any]]) -> dict[str, Any]:
+    pairs = []
+    for i, a in enumerate(clusters):
+        for b in clusters[i + 1 :]:
+            pairs.append({"src": a["name"], "dst": b["name"], **wan_link(a["region"], b["region"])})
+    return {"clusters": clusters, "links": {"pairs": pairs}}
+
+
+# ---- model shapes -------------------------------------------------------------------------------
+GPT_1_3B = {"name": "gpt3-1.3b", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50257, "seq_len": 2048}
+GPT_2_7B = {"name": "gpt-2.7b", "layers": 32, "hidden": 2560, "heads": 32, "vocab": 50257, "seq_len": 2048}
+LLAMA_7B = {"name": "llama-7b", "layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096,
+            "ffn": 11008, "glu": True}
+LLAMA_13B = {"name": "llama-13b", "layers": 40, "hidden": 5120, "heads": 40, "vocab": 32000, "seq_len": 4096,
+             "ffn": 13824, "glu": True}
+LLAMA_70B = {"name": "llama-70b", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "vocab": 32000,
+             "seq_len": 4096, "ffn": 28672, "glu": True}
+GPT3_175B = {"name": "gpt3-175b", "layers": 96, "hidden": 12288, "heads": 96, "vocab": 50257, "seq_len": 2048}
+
+
+def instance(name: str, description: str, shape: dict[str, Any], dtype: str, clusters: list[dict[str, Any]],
+             global_batch: int) -> dict[str, Any]:
+    gpus = sorted({c["gpu"] for c in clusters})
+    topo = topology(clusters)
+    wan = [(p["gbit_s"], p["latency_ms"]) for p in topo["links"]["pairs"]]
+    if wan:
+        description += (f" WAN {min(w[0] for w in wan):g}-{max(w[0] for w in wan):g} Gbit/s,"
+                        f" {min(w[1] for w in wan):g}-{max(w[1] for w in wan):g} ms one way.")
+    return {
+        "name": name,
+        "description": description,
+        "model": {"generator": "analytic", **shape, "dtype": dtype, "gpus": gpus},
+        "topology": topo,
+        "job": {"global_batch": global_batch, "seq_len": shape["seq_len"], "precision": dtype, "optimizer": "adam"},
+    }
+
+
+def instances() -> list[dict[str, Any]]:
+    return [
+        instance(
+            "geo-3r-gpt1.3b",
+            "GPT-3 XL (1.4B, 26 layers) in bf16 on three continents: H100 in N. Virginia, A100-80 in "
+            "Dublin, A100-40 in Tokyo.",
+            GPT_1_3B, "bf16",
+            [cluster("us-east", "H100-80", 16), cluster("eu-west", "A100-80", 32), cluster("ap-northeast", "A100-40", 32)],
+            512,
+        ),
+        instance(
+            "geo-4r-llama7b",
+            "LLaMA-7B (34 layers, seq 4096) in bf16 over four regions of different GPU types (H100, "
+            "A100-80, L40S, A100-40), 64 GPUs each.",
+            LLAMA_7B, "bf16",
+            [cluster("us-east", "H100-80", 64), cluster("us-west", "A100-80", 64),
+             cluster("eu-central", "L40S", 64), cluster("ap-southeast", "A100-40", 64)],
+            1024,
+        ),
+        instance(
+            "geo-5r-fp16-gpt2.7b",
+            "GPT 2.7B (34 layers) in fp16 on an older fleet without bf16: V100-32, V100-16, T4, A100-40, "
+            "L40S in five regions.",
+            GPT_2_7B, "fp16",
+            [cluster("us-central", "V100-32", 64), cluster("eu-west", "V100-16", 64),
+             cluster("ap-south", "T4", 128, gpus_per_node=4), cluster("sa-east", "A100-40", 32),
+             cluster("eu-north", "L40S", 32)],
+            512,
+        ),
+        instance(
+            "geo-6r-llama13b",
+            "LLaMA-13B (42 layers, seq 4096) in bf16 over six regions: H100, H200, A100-80, A100-40, "
+            "L40S, A10 (704 GPUs).",
+            LLAMA_13B, "bf16",
+            [cluster("us-east", "H100-80", 128), cluster("us-west", "H200-141", 64),
+             cluster("eu-west", "A100-80", 128), cluster("eu-central", "A100-40", 128),
+             cluster("ap-northeast", "L40S", 128), cluster("ap-south", "A10-24", 128, gpus_per_node=4)],
+            1024,
+        ),
+        instance(
+            "geo-8r-llama70b",
+            "LLaMA-2-70B shape (82 layers, GQA, seq 4096) in bf16 over eight regions of H100, H200, "
+            "A100-80, A100-40 and L40S (768 GPUs).",
+            LLAMA_70B, "bf16",
+            [cluster("us-east", "H100-80", 128), cluster("us-central", "H200-141", 64),
+             cluster("us-west", "A100-80", 128), cluster("eu-west", "A100-40", 128),
+             cluster("eu-central", "H100-80", 64), cluster("eu-north", "L40S", 96),
+             cluster("ap-northeast", "A100-80", 96), cluster("ap-southeast", "L40S", 64)],
+            1024,
+        ),
+        instance(
+            "geo-3r-lowend-gpt1.3b",
+            "GPT-3 XL (1.4B) in fp16 on low-end GPUs far apart (T4 in Mumbai, V100-16 in Iowa, A10 in "
+            "Sao Paulo).",
+            GPT_1_3B, "fp16",
+            [cluster("ap-south", "T4", 64, gpus_per_node=4), cluster("us-central", "V100-16", 32),
+             cluster("sa-east", "A10-24", 32, gpus_per_node=4)],
+            256,
+        ),
+        instance(
+            "scale-8r-1024-llama70b",
+            "Scale test: LLaMA-2-70B shape (82 layers) in bf16 on 8 regions x 128 GPUs = 1,024 GPUs.",
+            LLAMA_70B, "bf16",
+            [cluster(r, g, 128) for r, g in (
+                ("us-east", "H100-80"), ("us-central", "H200-141"), ("us-west", "A100-80"), ("ca-central", "A100-40"),
+                ("eu-west", "L40S"), ("eu-central", "H100-80"), ("ap-northeast", "A100-80"), ("ap-southeast", "A100-40"))],
+            1024,
+        ),
+        instance(
+            "scale-16r-4096-gpt175b",
+            "Scale test: GPT-3 175B (98 layers) in bf16 on 16 regions x 256 GPUs = 4,096 GPUs.",
+            GPT3_175B, "bf16",
+            [cluster(r, g, 256) for r, g in zip(
+                REGIONS,
+                ("H100-80", "A100-80", "H200-141", "A100-40", "L40S", "H100-80", "A100-80", "A100-40",
+                 "H200-141", "L40S", "A100-80", "H100-80", "A100-40", "H100-80", "A100-80", "L40S"))],
+            1536,
+        ),
+    ]
+
+
+def main() -> None:
+    for inst in instances():
+        path = HERE / f"{inst['name']}.yaml"
+        text = yaml.safe_dump(inst, sort_keys=False, width=110)
+        path.write_text(f"# Generated by instances/build_analytic_instances.py; edit that script, not this file.\n{text}")
+        print(path.relative_to(HERE.parent))
+
+
+if __name__ == "__main__":
+    main()
