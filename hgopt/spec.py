@@ -503,9 +503,9 @@ def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> T
         raise at.get("clusters").fail("must list at least one cluster")
     clusters = tuple(_cluster(item) for item in items)
     names = [c.name for c in clusters]
-    for item, c in zip(items, clusters):
-        if names.count(c.name) > 1:
-            raise item.get("name").fail(f"duplicate cluster name {c.name!r}")
+    for i, (item, c) in enumerate(zip(items, clusters)):
+        if c.name in names[:i]:
+            raise item.get("name").fail(f"duplicate cluster name {c.name!r} (also clusters[{names.index(c.name)}])")
     explicit: dict[tuple[str, str], Bandwidth] = {}
     same_region: Bandwidth | None = None
     default: Bandwidth | None = None

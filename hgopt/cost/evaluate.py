@@ -39,7 +39,9 @@ class StageReport:
     sync_s: float
     optimizer_s: float
     peak_memory_bytes: float
+    """Peak per GPU of the replica group closest to its memory limit."""
     memory_capacity_bytes: float
+    """Memory per GPU of that group's cluster."""
     oom: bool
 
 
@@ -173,7 +175,8 @@ def _stage_report(
         )
         if mem > cluster.gpu_memory_bytes:
             oom = True
-        peak, cap = max(peak, mem), min(cap, cluster.gpu_memory_bytes)
+        if mem / cluster.gpu_memory_bytes > peak / cap:  # report the group closest to its limit
+            peak, cap = mem, cluster.gpu_memory_bytes
     send_f = send_b = 0.0
     if si + 1 < n_stages:
         send_f, send_b = stage_boundary_time(inst, tables, pipe, si)
