@@ -66,6 +66,10 @@ Planner = Callable[[Instance, PlanOptions], PlanResult]
 
 PLANNERS: Mapping[str, str] = {
     "milp": "hgopt.search.milp:plan_milp",
+    "heuristic": "hgopt.search.hierarchical:run_heuristic",
+    "metis": "hgopt.search.baselines:run_metis",
+    "uniform": "hgopt.search.baselines:run_uniform",
+    "dp-only": "hgopt.search.baselines:run_dp_only",
 }
 
 

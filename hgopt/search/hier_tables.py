@@ -1,0 +1,215 @@
+"""Fast estimates of what one cluster costs when it hosts n layers of every pipeline, for the
+hierarchical heuristic (formulations/hierarchical.md, [H2]).
+
+For a cluster, a role along the pipeline (``first`` holds the leading non-block layers, ``last`` the
+trailing ones, ``only`` both, ``middle`` neither), a microbatch B, m microbatches, a GPU budget per
+pipeline, k identical pipelines and d stages after the cluster, ``cluster_table`` returns for every
+layer count n the best local pipeline *estimate* over (tp, dp, local stages s): blocks spread evenly
+over the s local stages, the special layers counted as extra work. It mirrors the terms of
+``hgopt.cost.evaluate`` ([C2]–[C6]) without the exact partition, and is vectorised over (s, n).
+The heuristic only uses it to choose; the final plan's local pipelines come from the
+intra-cluster DP (``hgopt.search.intra.best_local_plan``) and its time from ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from hgopt.cost.tables import CostTables, transfer_time
+from hgopt.search.baselines._common import BlockLayout
+from hgopt.spec import Bandwidth, Cluster, Instance
+
+__all__ = ["ClusterTable", "Role", "cluster_table", "role_of"]
+
+Role = Literal["first", "middle", "last", "only"]
+
+
+def role_of(position: int, count: int) -> Role:
+    if count == 1:
+        return "only"
+    return "first" if position == 0 else ("last" if position == count - 1 else "middle")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTable:
+    """Arrays indexed by the cluster's layer count n = 0..L (inf where nothing fits)."""
+
+    bottleneck: np.ndarray
+    fill: np.ndarray
+    sync_opt: np.ndarray
+    stages: np.ndarray
+    """Local stages of the best estimate (0 where nothing fits)."""
+
+    def objective(self, m: int) -> np.ndarray:
+        ok = np.isfinite(self.fill)
+        return np.where(ok, (m - 1) * np.where(ok, self.bottleneck, 0.0) + self.fill + self.sync_opt, math.inf)
+
+
+_FIELDS = ("bottleneck", "fill", "sync_opt", "stages")
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """Per-GPU quantities of one (GPU type, tp, mbs): block average, leading and trailing layers."""
+
+    time: tuple[float, float, float]
+    params: tuple[float, float, float]
+    act: tuple[float, float, float]
+    update: tuple[float, float, float]
+
+
+def _parts(tables: CostTables, layout: BlockLayout, gpu: str, tp: int, mbs: int) -> _Parts:
+    tab = tables.table(gpu, tp)
+    pre, nb = layout.pre, layout.blocks
+    spans = ((pre, pre + nb), (0, pre), (pre + nb, pre + nb + layout.post))
+
+    def per(arr: np.ndarray) -> tuple[float, float, float]:
+        vals = [float(arr[hi] - arr[lo]) for lo, hi in spans]
+        return vals[0] / max(nb, 1), vals[1], vals[2]
+
+    times = []
+    for lo, hi in spans:
+        f, b = tab.times(mbs, lo, hi) if hi > lo else (0.0, 0.0)
+        times.append(f + b)
+    return _Parts(
+        time=(times[0] / max(nb, 1), times[1], times[2]),
+        params=per(tab.params),
+        act=per(tab.act_mem),
+        update=per(tab.update),
+    )
+
+
+def cluster_table(
+    instance: Instance,
+    tables: CostTables,
+    layout: BlockLayout,
+    cluster: Cluster,
+    role: Role,
+    *,
+    microbatch: int,
+    num_microbatches: int,
+    gpu_budget: int,
+    replicas: int,
+    stages_after: int,
+    cache: dict[tuple[str, int, int], _Parts] | None = None,
+) -> ClusterTable:
+    """[H2] Best estimated local pipeline per layer count n (see the module docstring)."""
+    L = tables.num_layers
+    has_pre = role in ("first", "only")
+    has_post = role in ("last", "only")
+    n = np.arange(L + 1)
+    nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
+    valid = (nb >= 0) & (n >= 1)
+    if role == "only":
+        valid &= n == L
+    best = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
+    best_j = np.full(L + 1, math.inf)
+    m = num_microbatches
+    cache = {} if cache is None else cache
+    for tp in instance.model.tps(cluster.gpu):
+        if cluster.gpus_per_node % tp:
+            continue
+        top_mbs = max(instance.model.mbss(cluster.gpu, tp))
+        for dp in range(1, microbatch + 1):
+            # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
+            if microbatch % dp or tp * dp > gpu_budget or microbatch // dp > top_mbs:
+                continue
+            est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
+                                   replicas, stages_after, nb, has_pre, has_post, cache)
+            j = np.where(valid, est.objective(m), math.inf)
+            better = j < best_j
+            if better.any():
+                best_j = np.where(better, j, best_j)
+                best = ClusterTable(*(np.where(better, getattr(est, f), getattr(best, f)) for f in _FIELDS))
+    return best
+
+
+def _stage_grid(top: int) -> np.ndarray:
+    """Local stage counts tried: every count up to 12, then about 15 % apart (an estimate only needs
+    the shape of the cost curve; the intra-cluster DP later tries every count)."""
+    vals = list(range(1, min(top, 12) + 1))
+    v = 12
+    while v < top:
+        v = min(top, max(v + 1, int(v * 1.15)))
+        vals.append(v)
+    return np.array(vals, dtype=np.int64)
+
+
+def _allreduce(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
+    """``hgopt.cost.tables.allreduce_time`` over an array of message sizes ([C1], [C5])."""
+    if n <= 1:
+        return np.zeros_like(nbytes)
+    chunk = np.maximum(nbytes / n, 1.0)
+    if bw.curve is None:
+        rate = np.full_like(nbytes, bw.gbyte_s * 1e9)
+    else:
+        c0, c1, c2 = bw.curve
+        u = np.clip(np.log2(chunk / 1e6), -10.0, 14.0)
+        rate = np.clip(c0 * u * u + c1 * u + c2, 0.01 * bw.gbyte_s, bw.gbyte_s) * 1e9
+    t = 2.0 * (n - 1) / n * nbytes / rate + 2.0 * (n - 1) * bw.latency_s
+    return np.where(nbytes > 0, t, 0.0)
+
+
+def _config_estimate(
+    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
+    budget: int, replicas: int, d: int, nb: np.ndarray, has_pre: bool, has_post: bool,
+    cache: dict[tuple[str, int, int], _Parts],
+) -> ClusterTable:
+    """Best over s of one (tp, dp) config, for every n (rows: s = 1..s_max, columns: n)."""
+    key = (c.gpu, tp, mbs)
+    if key not in cache:
+        cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
+    P = cache[key]
+    L = len(nb) - 1
+    s = _stage_grid(min(budget // (tp * dp), L))[:, None]
+    nbc = np.maximum(nb, 0)[None, :]
+    t_b, t_pre, t_post = P.time
+    extra_t = (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0)
+    work = nbc * t_b + extra_t
+    per_stage_blocks = np.ceil(nbc / s)
+    # compute: the heaviest stage holds ceil(nb/s) blocks or a special layer with its share
+    bott = np.maximum(per_stage_blocks * t_b, np.maximum(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
+    bott = np.maximum(bott, work / s)
+    act_bytes = float(np.mean(tables.activation_bytes))
+    send = transfer_time(c.inter_node, mbs * act_bytes)
+    bott = np.where(s > 1, np.maximum(bott, send), bott)
+    fill = work + 2.0 * (s - 1) * send
+    # gradient sync + optimizer of the stage with most parameters [C5, C6]
+    p_b, p_pre, p_post = P.params
+    lower = np.floor(nbc / s) * p_b
+    stage_params = np.maximum(per_stage_blocks * p_b,
+                              lower + max(p_pre if has_pre else 0.0, p_post if has_post else 0.0))
+    stage_params = np.where(s == 1, nbc * p_b + (p_pre if has_pre else 0.0) + (p_post if has_post else 0.0), stage_params)
+    u_b = P.update[0]
+    stage_update = stage_params / max(p_b, 1e-30) * u_b if p_b > 0 else np.zeros_like(stage_params)
+    ring = replicas * dp
+    bw = c.intra_node if ring * tp <= c.gpus_per_node else c.inter_node
+    shard = stage_params * tables.dtype_bytes
+    sync = _allreduce(bw, shard, ring) + stage_update / dp
+    # memory of the first local stage (most microbatches in flight) [C6]
+    a_b, a_pre, _ = P.act
+    first_params = np.where(s == 1, stage_params, np.floor(nbc / s) * p_b + (p_pre if has_pre else 0.0))
+    first_act = np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (P.act[2] if has_post else 0.0),
+                         np.floor(nbc / s) * a_b + (a_pre if has_pre else 0.0))
+    in_flight = np.minimum(s + d, m)
+    mem = (2.0 * first_params * tables.dtype_bytes + first_params * tables.optimizer_bytes_per_param / dp
+           + in_flight * mbs * first_act + instance.job.workspace_bytes)
+    trunk_mem = (2.0 * per_stage_blocks * p_b * tables.dtype_bytes
+                 + per_stage_blocks * p_b * tables.optimizer_bytes_per_param / dp
+                 + np.minimum(s - 1 + d, m) * mbs * per_stage_blocks * a_b + instance.job.workspace_bytes)
+    ok = (mem <= c.gpu_memory_bytes) & ((s == 1) | (trunk_mem <= c.gpu_memory_bytes))
+    ok &= s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
+    j = np.where(ok, (m - 1) * bott + fill + sync, math.inf)
+    pick = np.argmin(j, axis=0)
+    cols = np.arange(j.shape[1])
+    feasible = np.isfinite(j[pick, cols])
+
+    def take(a: np.ndarray) -> np.ndarray:
+        full = np.broadcast_to(a, j.shape)
+        return np.where(feasible, full[pick, cols], math.inf)
+
+    return ClusterTable(take(bott), take(fill), take(sync), np.where(feasible, s[pick, 0], 0))

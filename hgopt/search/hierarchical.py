@@ -1,0 +1,593 @@
+"""The hierarchical heuristic (``--planner heuristic``): a fast search in the cluster-level plan
+space — k identical pipelines, each crossing an ordered subset of clusters, every cluster hosting one
+contiguous layer range as a local pipeline chosen by the intra-cluster DP. The design and its labels
+[H1]..[H6] are in ``formulations/hierarchical.md``:
+
+1. [H1] for each number of identical pipelines k and per-pipeline microbatch B (k·B·m = global batch);
+2. [H3] order the clusters along the pipeline over the WAN matrix (bottleneck path, then total);
+3. [H4] split the layers between the clusters by greedy marginal allocation on fast per-cluster
+   estimates ([H2], ``hier_tables``), then pairwise layer moves; drop clusters while that helps;
+4. [H5] realise the best few skeletons with ``best_local_plan`` (exact local pipelines) and score
+   them with ``evaluate``; [H6] refine the best by moving single layers across cluster boundaries
+   with exact local plans while the time budget lasts.
+
+``heuristic_incumbent`` is the entry point for the exact planner's warm start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from hgopt.cost import evaluate
+from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.tables import CostTables, build_tables
+from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search import PlanOptions, PlanResult
+from hgopt.search.baselines._common import BlockLayout, block_layout
+from hgopt.search.hier_tables import ClusterTable, cluster_table, role_of
+from hgopt.search.intra import LocalPlan, best_local_plan
+from hgopt.spec import Instance
+
+__all__ = [
+    "HeuristicOptions",
+    "HeuristicResult",
+    "Skeleton",
+    "heuristic_incumbent",
+    "plan_heuristic",
+    "realize",
+    "run_heuristic",
+]
+
+log = logging.getLogger(__name__)
+INF = math.inf
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeuristicOptions:
+    time_limit_s: float | None = 10.0
+    """Wall-clock cap; the fixed search usually ends far earlier (the refinement stops at it)."""
+    finalists: int = 6
+    """Skeletons realised with the exact intra-cluster DP [H5]."""
+    refine_rounds: int = 3
+    """Rounds of single-layer moves with exact local plans [H6]."""
+    max_pipelines: int = 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Skeleton:
+    """A cluster-level decision: k identical pipelines of microbatch B crossing ``order`` with
+    ``layers[i]`` layers on cluster ``order[i]``."""
+
+    pipelines: int
+    microbatch: int
+    order: tuple[str, ...]
+    layers: tuple[int, ...]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        cuts = list(itertools.accumulate(self.layers, initial=0))
+        return list(zip(cuts, cuts[1:]))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeuristicResult:
+    plan: Plan | None
+    skeleton: Skeleton | None
+    iteration_time_s: float = INF
+    """``evaluate(plan).iteration_time_s``."""
+    search_time_s: float = 0.0
+    realized: int = 0
+    """Skeletons realised with exact local plans."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Ctx:
+    """Per-search caches (one search; never shared between calls)."""
+
+    instance: Instance
+    tables: CostTables
+    layout: BlockLayout
+    start: float
+    tabs: dict[tuple[object, ...], ClusterTable] = field(default_factory=dict)
+    links: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
+    local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
+    parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+# ---- public entry points ----------------------------------------------------------------------
+def plan_heuristic(
+    instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions()
+) -> HeuristicResult:
+    """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
+    ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
+               start=time.perf_counter())
+    estimates = _skeleton_candidates(ctx, options)
+    realized = 0
+    done: list[tuple[float, Skeleton, Plan]] = []
+    for i, (est, sk) in enumerate(estimates):
+        if i >= options.finalists and (done or _out_of_time(ctx, options)):
+            break  # past the finalists, walk on only while nothing could be realised
+        got = _realize_and_score(ctx, sk)
+        realized += 1
+        log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got[0], 4), sk)
+        if got is not None:
+            done.append(got)
+    done.sort(key=lambda x: x[0])
+    best: tuple[float, Skeleton, Plan] | None = None
+    for got in done:
+        best = _checked(ctx, _refine(ctx, got, options))
+        if best is not None:
+            break
+    if best is None:
+        return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
+    t, sk, plan = best
+    plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
+                meta=(("skeleton", _describe(sk)),))
+    return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
+
+
+def heuristic_incumbent(
+    instance: Instance, tables: CostTables | None = None, time_limit_s: float | None = 10.0
+) -> HeuristicResult:
+    """Warm start for the exact planner: the heuristic's plan and its cluster-level skeleton (k, B,
+    cluster order, layers per cluster), whose local pipelines come from ``best_local_plan``."""
+    return plan_heuristic(instance, tables=tables, options=HeuristicOptions(time_limit_s=time_limit_s))
+
+
+def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None:
+    """The plan of a skeleton with exact local pipelines (``None`` when a cluster cannot host its
+    range); ``meta['decomposed_s']`` holds the iteration time the heuristic computes for it from the
+    local plans and the WAN boundaries (equal to ``evaluate``'s)."""
+    ctx = _Ctx(instance=instance, tables=tables, layout=block_layout(instance), start=time.perf_counter())
+    got = _realize_and_score(ctx, sk)
+    if got is None:
+        return None
+    return Plan(pipelines=got[2].pipelines, planner="heuristic", instance=instance.name,
+                meta=(("skeleton", _describe(sk)), ("decomposed_s", repr(got[0]))))
+
+
+def _describe(sk: Skeleton) -> str:
+    parts = ", ".join(f"{c}:{n}" for c, n in zip(sk.order, sk.layers))
+    return f"k={sk.pipelines} B={sk.microbatch} [{parts}]"
+
+
+def _out_of_time(ctx: _Ctx, options: HeuristicOptions) -> bool:
+    return options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s
+
+
+# ---- [H1] pipelines and microbatch --------------------------------------------------------------
+def _pipeline_counts(instance: Instance, options: HeuristicOptions) -> list[int]:
+    """Powers of two k dividing the global batch with at least one cluster giving each pipeline a GPU."""
+    G = instance.job.global_batch
+    most = max(c.num_gpus for c in instance.topology.clusters)
+    out, k = [], 1
+    while k <= min(most, options.max_pipelines, G):
+        if G % k == 0:
+            out.append(k)
+        k *= 2
+    return out
+
+
+def _microbatches(instance: Instance, k: int) -> list[int]:
+    """Divisors B of the samples per pipeline, from 1 up to what the biggest cluster's share of GPUs
+    can hold at the largest profiled microbatch size per replica."""
+    per_pipe = instance.job.global_batch // k
+    top = max((c.num_gpus // k) * max(max(instance.model.mbss(c.gpu, t)) for t in instance.model.tps(c.gpu))
+              for c in instance.topology.clusters)
+    return [b for b in range(1, min(per_pipe, max(top, 1)) + 1) if per_pipe % b == 0]
+
+
+def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
+    """[H1]-[H4] estimated skeletons, best first. Coarse pass: every (k, B) on all usable clusters
+    and on each cluster alone. Then, for the (k, B) of the best coarse skeletons, the full split on
+    all clusters and greedy cluster dropping."""
+    inst = ctx.instance
+    coarse: list[tuple[float, Skeleton]] = []
+    for k in _pipeline_counts(inst, options):
+        names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
+        for B in _microbatches(inst, k):
+            subsets = [names] + ([(n,) for n in names] if len(names) > 1 else [])
+            for sub in subsets:
+                got = _best_for_subset(ctx, k, B, sub, passes=1)
+                if got is not None:
+                    coarse.append(got)
+    coarse.sort(key=lambda x: x[0])
+    out = list(coarse)
+    kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.finalists]
+    for k, B in kbs:
+        names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
+        got = _best_for_subset(ctx, k, B, names)
+        if got is not None:
+            out.append(got)
+            out.extend(_drop_clusters(ctx, got[1], got[0]))
+    out.sort(key=lambda x: x[0])
+    unique: dict[Skeleton, float] = {}
+    for est, sk in out:
+        unique.setdefault(sk, est)
+    return [(e, s) for s, e in unique.items()]
+
+
+def _drop_clusters(ctx: _Ctx, sk: Skeleton, est: float) -> list[tuple[float, Skeleton]]:
+    """[H4] Remove clusters one at a time while the estimate improves."""
+    out: list[tuple[float, Skeleton]] = []
+    names = sk.order
+    while len(names) > 1:
+        trials = []
+        for drop in names:
+            got = _best_for_subset(ctx, sk.pipelines, sk.microbatch, tuple(n for n in names if n != drop), passes=1)
+            if got is not None:
+                trials.append(got)
+        if not trials:
+            break
+        best = _best_for_subset(ctx, sk.pipelines, sk.microbatch, min(trials, key=lambda x: x[0])[1].order)
+        if best is None:
+            break
+        out.append(best)
+        if best[0] >= est:
+            break
+        est, names = best[0], best[1].order
+    return out
+
+
+# ---- [H3] cluster order --------------------------------------------------------------------------
+def _link_times(ctx: _Ctx, a: str, b: str, B: int, cut: int) -> tuple[float, float]:
+    """(forward, backward) seconds for one microbatch of B samples crossing a → b after layer cut−1,
+    as ``evaluate`` computes them [C4]."""
+    key = (a, b, B, cut)
+    if key not in ctx.links:
+        one = lambda c, lo, hi: Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster=c, dp=B),))  # noqa: E731
+        pipe = Pipeline(stages=(one(a, 0, cut), one(b, cut, ctx.tables.num_layers)), num_microbatches=1,
+                        boundaries=(Boundary(),))
+        ctx.links[key] = stage_boundary_time(ctx.instance, ctx.tables, pipe, 0)
+    return ctx.links[key]
+
+
+def _order(ctx: _Ctx, names: tuple[str, ...], B: int, m: int) -> tuple[str, ...]:
+    """Cluster order minimising (m − 1)·slowest WAN boundary + sum of WAN boundary times, at the
+    block boundary's activation size: exhaustive up to 5 clusters, else greedy + 2-opt."""
+    if len(names) <= 5:
+        return _best_of(ctx, list(itertools.permutations(names)), B, m)
+    return _two_opt(ctx, _greedy_path(ctx, names, B, m), B, m)
+
+
+def _path_cost(ctx: _Ctx, order: Sequence[str], B: int, m: int) -> float:
+    cut = ctx.layout.pre + max(ctx.layout.blocks // 2, 1)  # a block boundary
+    cut = min(max(cut, 1), ctx.tables.num_layers - 1) if ctx.tables.num_layers > 1 else 1
+    worst = total = 0.0
+    for a, b in zip(order, order[1:]):
+        f, bw = _link_times(ctx, a, b, B, cut)
+        worst, total = max(worst, f, bw), total + f + bw
+    return (m - 1) * worst + total
+
+
+def _best_of(ctx: _Ctx, orders: Sequence[tuple[str, ...]], B: int, m: int) -> tuple[str, ...]:
+    return min(orders, key=lambda o: (_path_cost(ctx, o, B, m), o))
+
+
+def _greedy_path(ctx: _Ctx, names: tuple[str, ...], B: int, m: int) -> tuple[str, ...]:
+    best: tuple[float, tuple[str, ...]] | None = None
+    pair = {(a, b): _path_cost(ctx, (a, b), B, m) for a in names for b in names if a != b}
+    for start in names:
+        path, left = [start], set(names) - {start}
+        while left:
+            nxt = min(sorted(left), key=lambda n: pair[(path[-1], n)])
+            path.append(nxt)
+            left.remove(nxt)
+        cost = _path_cost(ctx, path, B, m)
+        if best is None or cost < best[0]:
+            best = (cost, tuple(path))
+    assert best is not None
+    return best[1]
+
+
+def _two_opt(ctx: _Ctx, order: tuple[str, ...], B: int, m: int) -> tuple[str, ...]:
+    best, cost = order, _path_cost(ctx, order, B, m)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(best) - 1):
+            for j in range(i + 2, len(best) + 1):
+                cand = best[:i] + best[i:j][::-1] + best[j:]
+                c = _path_cost(ctx, cand, B, m)
+                if c < cost - 1e-12:
+                    best, cost, improved = cand, c, True
+    return best
+
+
+# ---- [H2, H4] layer split on the estimates ------------------------------------------------------
+def _table(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> ClusterTable:
+    key = (name, role, k, B, after)
+    if key not in ctx.tabs:
+        c = ctx.instance.topology.cluster(name)
+        ctx.tabs[key] = cluster_table(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
+                                      microbatch=B, num_microbatches=m, gpu_budget=c.num_gpus // k,
+                                      replicas=k, stages_after=after, cache=ctx.parts)  # type: ignore[arg-type]
+    return ctx.tabs[key]
+
+
+def _best_for_subset(
+    ctx: _Ctx, k: int, B: int, names: tuple[str, ...], passes: int = 2
+) -> tuple[float, Skeleton] | None:
+    """Order ``names``, split the layers on the estimates (with ``passes`` = 2 a second time with
+    the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
+    m = ctx.instance.job.global_batch // (k * B)
+    order = _order(ctx, names, B, m)
+    after = [_round_up(len(order) - 1 - i) for i in range(len(order))]
+    got = None
+    for _ in range(passes):
+        tabs = [_table(ctx, n, role_of(i, len(order)), k, B, m, after[i]) for i, n in enumerate(order)]
+        split = _split(ctx, order, tabs, B, m)
+        if split is None:
+            return got
+        est, layers = split
+        got = (est, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers))
+        stages = [int(t.stages[n]) for t, n in zip(tabs, layers)]
+        new_after = [_round_up(sum(stages[i + 1 :])) for i in range(len(order))]
+        if new_after == after:
+            break
+        after = new_after
+    return got
+
+
+def _round_up(d: int) -> int:
+    """Stages after a cluster, rounded up to a power of two for the estimates (more stages after
+    means more microbatches in flight, so rounding up is the cautious side) — keeps tables shared."""
+    return 0 if d <= 0 else 1 << (d - 1).bit_length()
+
+
+def _wan(ctx: _Ctx, order: Sequence[str], B: int) -> tuple[float, float]:
+    """(slowest WAN send, sum of WAN sends both ways) of the pipeline at a block boundary's
+    activation size (the exact cut sizes are costed when the skeleton is realised)."""
+    cut = ctx.layout.pre + max(ctx.layout.blocks // 2, 1)
+    cut = min(max(cut, 1), max(ctx.tables.num_layers - 1, 1))
+    worst = total = 0.0
+    for a, b in zip(order, order[1:]):
+        f, bw = _link_times(ctx, a, b, B, cut)
+        worst, total = max(worst, f, bw), total + f + bw
+    return worst, total
+
+
+@dataclass(frozen=True, slots=True)
+class _Lists:
+    """A cluster table as Python lists (fast scalar access in the split loops)."""
+
+    bott: list[float]
+    fill: list[float]
+    sync: list[float]
+
+
+def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float]) -> float:
+    """[H4] (m − 1)·max(bottlenecks, WAN) + Σ fill + WAN trips + max sync_opt (the [C3], [C7] form)."""
+    bott, fill, sync = wan[0], wan[1], 0.0
+    for ti, ni in zip(t, n):
+        bott = max(bott, ti.bott[ni])
+        fill += ti.fill[ni]
+        sync = max(sync, ti.sync[ni])
+    return (m - 1) * bott + fill + sync
+
+
+def _split(
+    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int
+) -> tuple[float, tuple[int, ...]] | None:
+    """[H4] Layers per cluster: each starts at its smallest feasible count, layers are added one at a
+    time where the estimate grows least, then single layers move between any two clusters while
+    that lowers the estimate."""
+    L = ctx.tables.num_layers
+    t = [_Lists(tb.bottleneck.tolist(), tb.fill.tolist(), tb.sync_opt.tolist()) for tb in tabs]
+    lo = []
+    for ti in t:
+        ok = [n for n in range(1, L + 1) if math.isfinite(ti.fill[n])]
+        if not ok:
+            return None
+        lo.append(ok[0])
+    if sum(lo) > L:
+        return None
+    wan = _wan(ctx, order, B)
+    n = _cap_start(t, lo, L)
+    while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
+        i = _cheapest_shrink(t, n, lo, m, wan)
+        if i is None:
+            return None
+        n[i] -= 1
+    for _ in range(L - sum(n)):
+        i = _cheapest_growth(t, n, m, wan, L)
+        if i is None:
+            return None
+        n[i] += 1
+    cur = _estimate(t, n, m, wan)
+    improved = True
+    while improved and math.isfinite(cur):
+        improved = False
+        for i, j in itertools.permutations(range(len(n)), 2):
+            if n[i] - 1 < lo[i]:
+                continue
+            n[i] -= 1
+            n[j] += 1
+            est = _estimate(t, n, m, wan)
+            if est < cur - 1e-12:
+                cur, improved = est, True
+            else:
+                n[i] += 1
+                n[j] -= 1
+    return (cur, tuple(n)) if math.isfinite(cur) else None
+
+
+def _cheapest_growth(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float], L: int) -> int | None:
+    """The cluster whose one more layer raises the estimate least (maxima of the others kept by a
+    top-two scan, so each step is O(clusters))."""
+    bott = [ti.bott[ni] for ti, ni in zip(t, n)]
+    sync = [ti.sync[ni] for ti, ni in zip(t, n)]
+    fill = sum(ti.fill[ni] for ti, ni in zip(t, n)) + wan[1]
+    b1, b2 = _top_two(bott)
+    s1, s2 = _top_two(sync)
+    best: tuple[float, int] | None = None
+    for i, ti in enumerate(t):
+        if n[i] + 1 > L:
+            continue
+        ob = b2 if bott[i] == b1 else b1
+        os_ = s2 if sync[i] == s1 else s1
+        est = ((m - 1) * max(ob, ti.bott[n[i] + 1], wan[0]) + fill - ti.fill[n[i]] + ti.fill[n[i] + 1]
+               + max(os_, ti.sync[n[i] + 1]))
+        if math.isfinite(est) and (best is None or est < best[0]):
+            best = (est, i)
+    return None if best is None else best[1]
+
+
+def _cap_start(t: Sequence[_Lists], lo: Sequence[int], L: int) -> list[int]:
+    """Smallest bottleneck cap at which the clusters can hold every layer (binary search over the
+    estimated bottleneck values), and each cluster's largest layer count under it."""
+    caps = sorted({v for ti in t for v in ti.bott if math.isfinite(v)})
+
+    def counts(cap: float) -> list[int]:
+        out = []
+        for ti, low in zip(t, lo):
+            ok = [n for n in range(low, L + 1) if ti.bott[n] <= cap and math.isfinite(ti.fill[n])]
+            out.append(max(ok) if ok else low)
+        return out
+
+    a, b = 0, len(caps) - 1
+    if not caps or sum(counts(caps[b])) < L:
+        return list(lo)
+    while a < b:
+        mid = (a + b) // 2
+        if sum(counts(caps[mid])) >= L:
+            b = mid
+        else:
+            a = mid + 1
+    return counts(caps[a])
+
+
+def _cheapest_shrink(
+    t: Sequence[_Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: tuple[float, float]
+) -> int | None:
+    best: tuple[float, int] | None = None
+    for i in range(len(n)):
+        if n[i] - 1 < lo[i]:
+            continue
+        trial = list(n)
+        trial[i] -= 1
+        est = _estimate(t, trial, m, wan)
+        if best is None or est < best[0]:
+            best = (est, i)
+    return None if best is None else best[1]
+
+
+def _top_two(values: Sequence[float]) -> tuple[float, float]:
+    a = b = 0.0
+    for v in values:
+        if v > a:
+            a, b = v, a
+        elif v > b:
+            b = v
+    return a, b
+
+
+# ---- [H5] exact local pipelines ----------------------------------------------------------------
+def _local(ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int) -> LocalPlan | None:
+    name = sk.order[i]
+    key = (name, lo, hi, sk.pipelines, sk.microbatch, after)
+    if key not in ctx.local:
+        c = ctx.instance.topology.cluster(name)
+        m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+        ctx.local[key] = best_local_plan(
+            ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=m,
+            gpu_budget=c.num_gpus // sk.pipelines, stages_before=i, stages_after=after, replicas=sk.pipelines)
+    return ctx.local[key]
+
+
+def _local_plans(ctx: _Ctx, sk: Skeleton) -> list[LocalPlan] | None:
+    """Exact local pipelines back to front (the stages after a cluster set its memory)."""
+    ranges = sk.ranges()
+    out: list[LocalPlan] = []
+    after = 0
+    for i in reversed(range(len(sk.order))):
+        lp = _local(ctx, sk, i, *ranges[i], after)
+        if lp is None:
+            return None
+        out.append(lp)
+        after += len(lp.stages)
+    return out[::-1]
+
+
+def _assemble(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Plan:
+    stages = tuple(s for lp in locals_ for s in lp.stages)
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    pipe = Pipeline(stages=stages, num_microbatches=m)
+    return Plan(pipelines=(pipe,) * sk.pipelines, planner="heuristic", instance=ctx.instance.name)
+
+
+def _realize_and_score(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None:
+    """Exact local pipelines for ``sk`` and the plan's iteration time by the [C3]/[C7] decomposition
+    (local bottlenecks, fills and sync from the intra-cluster DP, WAN boundaries as ``evaluate``
+    costs them); the final plan is checked with ``evaluate`` itself."""
+    locals_ = _local_plans(ctx, sk)
+    if locals_ is None:
+        return None
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    worst = total = 0.0
+    for (a, b), (_, end) in zip(zip(sk.order, sk.order[1:]), sk.ranges()):
+        f, bw = _link_times(ctx, a, b, sk.microbatch, end)
+        worst, total = max(worst, f, bw), total + f + bw
+    bott = max(worst, max(lp.bottleneck_s for lp in locals_))
+    t = (m - 1) * bott + sum(lp.fill_s for lp in locals_) + total + max(lp.sync_opt_s for lp in locals_)
+    return t, sk, _assemble(ctx, sk, locals_)
+
+
+def _checked(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan] | None:
+    """The realised plan scored by ``evaluate`` (None when it is infeasible there)."""
+    ev = evaluate(got[2], ctx.instance, ctx.tables)
+    if not ev.feasible:
+        log.warning("heuristic: realised plan infeasible by evaluate: %s", "; ".join(ev.violations[:2]))
+        return None
+    if abs(ev.iteration_time_s - got[0]) > 1e-9 * max(1.0, ev.iteration_time_s):
+        log.debug("heuristic: decomposition %.9g s, evaluate %.9g s", got[0], ev.iteration_time_s)
+    return ev.iteration_time_s, got[1], got[2]
+
+
+# ---- [H6] refinement with exact local plans ----------------------------------------------------
+def _refine(
+    ctx: _Ctx, best: tuple[float, Skeleton, Plan], options: HeuristicOptions
+) -> tuple[float, Skeleton, Plan]:
+    """Move one layer across each cluster boundary (both ways) while that lowers ``evaluate``."""
+    for _ in range(options.refine_rounds):
+        improved = False
+        sk = best[1]
+        for i in range(len(sk.order) - 1):
+            for step in (1, -1):
+                layers = list(best[1].layers)
+                layers[i] += step
+                layers[i + 1] -= step
+                if min(layers) < 1:
+                    continue
+                cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers))
+                got = _realize_and_score(ctx, cand)
+                if got is not None and got[0] < best[0] - 1e-12:
+                    best, improved = got, True
+                if _out_of_time(ctx, options):
+                    return best
+        if not improved:
+            break
+    return best
+
+
+# ---- registry adapter ------------------------------------------------------------------------------
+def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
+    """``heuristic`` for the planner registry: a plan without a bound."""
+    t0 = time.perf_counter()
+    res = plan_heuristic(instance, options=HeuristicOptions(time_limit_s=options.time_limit_s))
+    elapsed = time.perf_counter() - t0
+    space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
+             "cluster, local pipelines by the intra-cluster DP")
+    if res.plan is None:
+        return PlanResult(planner="heuristic", status="infeasible", plan=None, search_time_s=elapsed,
+                          plan_space=space, notes=("no skeleton could be realised",))
+    return PlanResult(planner="heuristic", status="heuristic", plan=res.plan, iteration_time_s=res.iteration_time_s,
+                      search_time_s=elapsed, plan_space=space, notes=(f"skeleton: {_describe(res.skeleton)}",)
+                      if res.skeleton else ())

@@ -1,0 +1,155 @@
+"""The hierarchical heuristic: valid plans everywhere, brute-force cross-check of its plan space on
+tiny instances, and the decomposition it ranks skeletons by equals ``evaluate``."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.instances import list_instances, load_instance
+from hgopt.plan import validate
+from hgopt.search import PlanOptions, get_planner
+from hgopt.search.baselines._common import block_layout
+from hgopt.search.hier_tables import cluster_table
+from hgopt.search.hierarchical import HeuristicOptions, Skeleton, plan_heuristic, realize
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+
+def _random_instance(seed: int) -> Instance:
+    rng = random.Random(seed)
+    gpus = {"A": rng.choice([0.01, 0.02]), "B": rng.choice([0.01, 0.03])}
+    names = (("a", "A"), ("b", "B"), ("c", "A"))[: rng.choice([2, 3])]
+    clusters = tuple((n, g, rng.choice([1, 2]), rng.choice([2, 4]), rng.choice([16.0, 40.0])) for n, g in names)
+    return tiny_instance(
+        global_batch=rng.choice([8, 16]),
+        model=tiny_model(num_layers=rng.choice([4, 5, 6]), gpus=gpus, activation_bytes=rng.choice([1e6, 3e7])),
+        topology=tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([1.0, 10.0]),
+                               wan_latency_ms=rng.choice([1.0, 50.0])),
+    )
+
+
+def _compositions(L: int, parts: int) -> list[tuple[int, ...]]:
+    out = []
+    for cuts in itertools.combinations(range(1, L), parts - 1):
+        c = (0, *cuts, L)
+        out.append(tuple(b - a for a, b in zip(c, c[1:])))
+    return out
+
+
+def _brute_force(inst: Instance) -> float:
+    """Best iteration time over the heuristic's whole plan space: k identical pipelines (powers of
+    two), every microbatch, every ordered subset of clusters, every layer split."""
+    tables = build_tables(inst)
+    G, L = inst.job.global_batch, inst.model.num_layers
+    names = [c.name for c in inst.topology.clusters]
+    best = math.inf
+    k = 1
+    while k <= G:
+        for B in (b for b in range(1, G // k + 1) if (G // k) % b == 0):
+            for r in range(1, len(names) + 1):
+                for order in itertools.permutations(names, r):
+                    for layers in _compositions(L, r):
+                        plan = realize(inst, tables, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers))
+                        if plan is not None:
+                            best = min(best, evaluate(plan, inst, tables).iteration_time_s)
+        k *= 2
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_heuristic_matches_brute_force_on_tiny_instances(seed: int) -> None:
+    inst = _random_instance(seed)
+    res = plan_heuristic(inst)
+    assert res.plan is not None
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible and ev.iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-12)
+    best = _brute_force(inst)
+    assert res.iteration_time_s >= best * (1 - 1e-12)  # the brute force covers the heuristic's space
+    assert res.iteration_time_s <= best * 1.02  # and the heuristic is within 2 % of its optimum
+
+
+def test_decomposition_equals_evaluate() -> None:
+    """The time the heuristic ranks realised skeletons by is evaluate's, for assorted skeletons."""
+    inst = tiny_instance(global_batch=16, model=tiny_model(num_layers=6, activation_bytes=2e7),
+                         topology=tiny_topology(clusters=(("a", "A", 2, 2, 40.0), ("b", "B", 2, 2, 16.0),
+                                                          ("c", "A", 1, 4, 40.0)), wan_gbit_s=2.0))
+    tables = build_tables(inst)
+    checked = 0
+    for k, B, order, layers in [(1, 2, ("a", "b", "c"), (2, 2, 2)), (2, 4, ("c", "a"), (1, 5)),
+                                (4, 1, ("b", "c", "a"), (3, 1, 2)), (1, 16, ("a",), (6,))]:
+        plan = realize(inst, tables, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers))
+        if plan is None:
+            continue
+        checked += 1
+        assert validate(plan, inst) == []
+        assert float(dict(plan.meta)["decomposed_s"]) == pytest.approx(evaluate(plan, inst, tables).iteration_time_s,
+                                                                      rel=1e-9)
+    assert checked >= 3
+
+
+def test_order_avoids_the_slow_link() -> None:
+    """a–c is 1000× slower than a–b and b–c, and activations are big: a, b, c all take part and a
+    and c are never neighbours."""
+    topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0), ("c", "A", 1, 4, 40.0)),
+                         wan_gbit_s=100.0, wan_latency_ms=0.1)
+    topo["links"]["pairs"] = [{"src": "a", "dst": "c", "gbit_s": 0.1, "latency_ms": 100.0}]
+    inst = tiny_instance(global_batch=64, model=tiny_model(num_layers=12, activation_bytes=1e7, gpus={"A": 0.05}),
+                         topology=topo)
+    res = plan_heuristic(inst)
+    assert res.skeleton is not None
+    order = res.skeleton.order
+    for x, y in zip(order, order[1:]):
+        assert {x, y} != {"a", "c"}
+
+
+def test_cluster_table_estimate_is_exact_for_one_stage_one_replica() -> None:
+    """With one GPU per pipeline and one local stage the estimate has no approximation left: it
+    equals evaluate's numbers for that stage (hand-checkable: 4 layers of 0.01 s fwd + 0.02 s bwd
+    per sample at mbs 1)."""
+    inst = tiny_instance(global_batch=4, model=tiny_model(num_layers=4),
+                         topology=tiny_topology(clusters=(("a", "A", 1, 1, 40.0),)))
+    tables = build_tables(inst)
+    tab = cluster_table(inst, tables, block_layout(inst), inst.topology.cluster("a"), "only", microbatch=1,
+                        num_microbatches=4, gpu_budget=1, replicas=1, stages_after=0)
+    assert tab.bottleneck[4] == pytest.approx(4 * 0.03)
+    assert tab.fill[4] == pytest.approx(4 * 0.03)
+    assert tab.sync_opt[4] == pytest.approx(4 * 0.001)  # optimizer only, no all-reduce partner
+    assert np.isinf(tab.fill[:4]).all()  # 'only' hosts the whole model or nothing
+    res = plan_heuristic(inst)
+    assert res.iteration_time_s == pytest.approx(3 * 0.12 + 0.12 + 0.004)
+
+
+def test_nothing_fits_gives_no_plan() -> None:
+    model = tiny_model(num_layers=2, params=5e9, act_mem_bytes=1e6, tps=(1,))
+    inst = tiny_instance(global_batch=4, model=model, topology=tiny_topology(clusters=(("a", "A", 1, 1, 16.0),)))
+    res = plan_heuristic(inst)
+    assert res.plan is None and res.skeleton is None
+
+
+def test_registry_adapter_reports_a_heuristic_result() -> None:
+    inst = _random_instance(3)
+    res = get_planner("heuristic")(inst, PlanOptions(time_limit_s=10))
+    assert res.status == "heuristic" and res.lower_bound_s is None and res.plan is not None
+    assert res.iteration_time_s == pytest.approx(evaluate(res.plan, inst).iteration_time_s)
+
+
+def test_time_limit_is_respected_loosely() -> None:
+    inst = _random_instance(1)
+    res = plan_heuristic(inst, options=HeuristicOptions(time_limit_s=0.0))
+    assert res.plan is not None  # the fixed first steps still produce a plan
+
+
+@pytest.mark.parametrize("name", [e.name for e in list_instances()])
+def test_valid_plan_on_every_shipped_instance(name: str) -> None:
+    inst = load_instance(name)
+    res = plan_heuristic(inst)
+    assert res.plan is not None, name
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible, ev.violations
+    assert ev.iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-9)
