@@ -84,33 +84,48 @@ def simulate_1f1b(
     return ops
 
 
-def timeline_ops(plan: Plan, ev: Evaluation) -> list[Op]:
-    """Every pipeline's simulated schedule plus each stage's sync + optimizer after the slowest
-    pipeline drains (as in [C7])."""
+def timeline_ops(plan: Plan, ev: Evaluation, pipelines: Sequence[int] | None = None) -> list[Op]:
+    """The simulated schedule of the given pipelines (default: all) plus each of their stages' sync +
+    optimizer, which starts after the slowest pipeline drains (as in [C7])."""
+    keep = set(range(len(ev.pipelines)) if pipelines is None else pipelines)
     ops: list[Op] = []
+    ends = []
     for pr in ev.pipelines:
         st = [s for s in ev.stages if s.pipeline == pr.index]
-        ops += simulate_1f1b(
+        sim = simulate_1f1b(
             [s.fwd_s for s in st], [s.bwd_s for s in st], [s.send_fwd_s for s in st], [s.send_bwd_s for s in st],
             pr.num_microbatches, pr.index,
         )
-    end = max(op.end for op in ops)
+        ends.append(max(op.end for op in sim))
+        if pr.index in keep:
+            ops += sim
+    end = max(ends)
     for s in ev.stages:
-        ops.append(Op(pipeline=s.pipeline, stage=s.stage, kind="sync", microbatch=-1, start=end,
-                      end=end + s.sync_s + s.optimizer_s))
+        if s.pipeline in keep:
+            ops.append(Op(pipeline=s.pipeline, stage=s.stage, kind="sync", microbatch=-1, start=end,
+                          end=end + s.sync_s + s.optimizer_s))
     return ops
+
+
+_MAX_ROWS = 48
 
 
 def plot_timeline(plan: Plan, instance: Instance, path: str | Path, tables: CostTables | None = None) -> Path:
     """Write a PNG of the plan's 1F1B timeline: one row per stage (forward, backward, the transfers
-    it sends, then gradient sync + optimizer), and the iteration time ``evaluate`` predicts."""
+    it sends, then gradient sync + optimizer), and the iteration time ``evaluate`` predicts. Identical
+    pipelines are drawn once (labelled ×k); at most 48 rows are drawn."""
     ev = evaluate(plan, instance, tables)
     if not ev.pipelines:
         raise ValueError(f"cannot draw an invalid plan: {'; '.join(ev.violations)}")
-    ops = timeline_ops(plan, ev)
+    first: dict[object, int] = {}
+    copies: dict[int, int] = {}
+    for i, p in enumerate(plan.pipelines):
+        j = first.setdefault(p, i)
+        copies[j] = copies.get(j, 0) + 1
+    rows = [(s.pipeline, s.stage) for s in ev.stages if s.pipeline in copies][:_MAX_ROWS]
+    ops = [op for op in timeline_ops(plan, ev, sorted(copies)) if (op.pipeline, op.stage) in set(rows)]
     plt = _pyplot()
-    rows = [(s.pipeline, s.stage) for s in ev.stages]
-    fig, ax = plt.subplots(figsize=(12, 0.55 * len(rows) + 1.8))
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 2.2))
     y_of = {r: len(rows) - 1 - k for k, r in enumerate(rows)}
     for op in ops:
         y = y_of[(op.pipeline, op.stage)]
@@ -118,16 +133,18 @@ def plot_timeline(plan: Plan, instance: Instance, path: str | Path, tables: Cost
         ax.broken_barh([(op.start, max(op.end - op.start, 0.0))], lane, facecolors=_COLORS[op.kind],
                        edgecolor="white" if op.kind in ("F", "B") else "none", linewidth=0.3)
     ax.axvline(ev.iteration_time_s, color="black", linestyle="--", linewidth=1)
+    by_key = {(s.pipeline, s.stage): s for s in ev.stages}
     ax.set_yticks([y_of[r] + 0.2 for r in rows])
-    ax.set_yticklabels([f"p{p}.s{s} {'/'.join(ev.stages[k].clusters)}" for k, (p, s) in enumerate(rows)], fontsize=7)
+    ax.set_yticklabels([f"p{p}{f' (x{copies[p]})' if copies[p] > 1 else ''}.s{s} {'/'.join(by_key[(p, s)].clusters)}"
+                        for p, s in rows], fontsize=7)
     ax.set_xlabel("seconds (rows: compute; thin lanes below: activations sent on, gradients sent back)", fontsize=8)
     ax.set_title(
         f"{instance.name} — {plan.planner}: iteration {ev.iteration_time_s:.3f} s by evaluate (dashed), "
         f"simulated 1F1B ends {max(o.end for o in ops):.3f} s", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-    ax.legend(handles, ["forward", "backward", "send activations", "send gradients", "grad sync + optimizer"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=5, fontsize=7, frameon=False)
-    fig.tight_layout()
+    fig.legend(handles, ["forward", "backward", "send activations", "send gradients", "grad sync + optimizer"],
+               loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0.0, 0.05, 1.0, 1.0))
     out = Path(path)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -193,11 +193,11 @@ def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[flo
     for k in _pipeline_counts(inst, options):
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         for B in _microbatches(inst, k):
-            subsets = [names] + ([(n,) for n in names] if len(names) > 1 else [])
-            for sub in subsets:
-                got = _best_for_subset(ctx, k, B, sub, passes=1)
-                if got is not None:
-                    coarse.append(got)
+            got = _best_for_subset(ctx, k, B, names, passes=1)
+            if got is not None:
+                coarse.append(got)
+            if len(names) > 1:
+                coarse.extend(_add_clusters(ctx, k, B, names))
     coarse.sort(key=lambda x: x[0])
     out = list(coarse)
     kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.finalists]
@@ -207,11 +207,49 @@ def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[flo
         if got is not None:
             out.append(got)
             out.extend(_drop_clusters(ctx, got[1], got[0]))
+    out.extend(_cross(ctx, out, options))
     out.sort(key=lambda x: x[0])
     unique: dict[Skeleton, float] = {}
     for est, sk in out:
         unique.setdefault(sk, est)
     return [(e, s) for s, e in unique.items()]
+
+
+def _cross(ctx: _Ctx, found: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
+    """[H4] The best cluster subsets found for some (k, B), tried with every other (k, B)."""
+    found = sorted(found, key=lambda x: x[0])
+    subsets = list(dict.fromkeys(frozenset(sk.order) for _, sk in found))[: options.finalists]
+    kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in found))
+    out = []
+    for sub in subsets:
+        for k, B in kbs:
+            names = tuple(c.name for c in ctx.instance.topology.clusters if c.name in sub)
+            if any(ctx.instance.topology.cluster(n).num_gpus // k < 1 for n in names):
+                continue
+            got = _best_for_subset(ctx, k, B, names, passes=1)
+            if got is not None:
+                out.append(got)
+    return out
+
+
+def _add_clusters(ctx: _Ctx, k: int, B: int, names: tuple[str, ...]) -> list[tuple[float, Skeleton]]:
+    """[H4] From the best single cluster, add the cluster that lowers the estimate most, while one does."""
+    singles = [got for n in names if (got := _best_for_subset(ctx, k, B, (n,), passes=1)) is not None]
+    if not singles:
+        return []
+    out = list(singles)
+    est, sk = min(singles, key=lambda x: x[0])
+    while len(sk.order) < len(names):
+        trials = [got for n in names if n not in sk.order
+                  if (got := _best_for_subset(ctx, k, B, (*sk.order, n), passes=1)) is not None]
+        if not trials:
+            break
+        best = min(trials, key=lambda x: x[0])
+        if best[0] >= est:
+            break
+        out.append(best)
+        est, sk = best
+    return out
 
 
 def _drop_clusters(ctx: _Ctx, sk: Skeleton, est: float) -> list[tuple[float, Skeleton]]:

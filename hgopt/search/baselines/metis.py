@@ -122,7 +122,7 @@ def plan_metis(
         if budget.exhausted():
             complete = False
             break
-    log.info("metis: %d candidates in %.2f s (%s)", tried, budget.elapsed(), "complete" if complete else "time limit")
+    log.debug("metis: %d candidates in %.2f s (%s)", tried, budget.elapsed(), "complete" if complete else "time limit")
     if best is None:
         return None
     meta = (

@@ -1,0 +1,164 @@
+"""``hgopt compare INSTANCE``: run several planners on one instance and compare their plans, all
+scored by the one cost model (``evaluate``).
+
+Columns: planner, status, iteration time and throughput by ``evaluate``, throughput relative to the
+best plan, gap to the MILP's proven lower bound ((T − bound) / T; the bound holds for the MILP's plan
+space, so a plan outside it — a Metis stage mixing GPU types — can beat it: the gap is then
+negative), search time and GPUs used. Exit status 0 when at least one planner found a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.instances import load_instance
+from hgopt.plan import Plan
+from hgopt.search import PlanOptions, PlanResult, get_planner, planner_names
+from hgopt.spec import Instance
+from hgopt.table import format_table
+
+__all__ = ["CompareRow", "compare", "register"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompareRow:
+    planner: str
+    status: str
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    vs_best: float
+    """Throughput / the best throughput of the comparison (1.0 for the best plan)."""
+    gap_to_bound: float | None
+    """(T − the MILP's proven lower bound) / T; None without a bound."""
+    lower_bound_s: float | None
+    search_time_s: float
+    gpus: int
+    plan: Plan | None
+    note: str = ""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="run several planners on one instance and compare their plans")
+    p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
+    p.add_argument("--planners", nargs="+", default=None, metavar="NAME",
+                   help=f"planners to run, space- or comma-separated (default: all: {', '.join(planner_names())})")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget per planner (seconds)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="FILE.png", help="bar chart of the throughputs")
+    p.add_argument("--timeline", metavar="FILE.png", help="1F1B timeline picture of the best plan")
+    p.set_defaults(func=run)
+
+
+def _planner_list(arg: list[str] | None) -> list[str]:
+    if not arg:
+        return list(planner_names())
+    names = [n for a in arg for n in a.split(",") if n]
+    known = planner_names()
+    for n in names:
+        if n not in known:
+            raise ValueError(f"--planners: unknown planner {n!r} (choices: {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
+def compare(instance: Instance, planners: list[str], time_limit_s: float) -> list[CompareRow]:
+    """Run ``planners`` (registry names) and score every plan with ``evaluate``."""
+    if time_limit_s <= 0:
+        raise ValueError(f"--time-limit: must be > 0 seconds, got {time_limit_s}")
+    tables = build_tables(instance)
+    results: list[tuple[str, PlanResult | None, str, float]] = []
+    for name in planners:
+        t0 = time.perf_counter()
+        try:
+            res: PlanResult | None = get_planner(name)(instance, PlanOptions(time_limit_s=time_limit_s))
+            note = ""
+        except ValueError as exc:  # a planner that cannot handle this instance says why
+            res, note = None, str(exc)
+        results.append((name, res, note, time.perf_counter() - t0))
+    bound = next((r.lower_bound_s for n, r, _, _ in results if n == "milp" and r and r.lower_bound_s), None)
+    scored = []
+    for name, res, note, wall in results:
+        plan = res.plan if res else None
+        ev = evaluate(plan, instance, tables) if plan is not None else None
+        t = ev.iteration_time_s if ev is not None and ev.feasible else math.inf
+        scored.append((name, res, note, wall, plan, t, ev.gpus_used if ev else 0))
+    best = min((t for *_, t, _ in scored), default=math.inf)
+    rows = []
+    for name, res, note, wall, plan, t, gpus in scored:
+        rows.append(CompareRow(
+            planner=name,
+            status=res.status if res else "error",
+            iteration_time_s=t,
+            throughput_samples_per_s=instance.job.global_batch / t if math.isfinite(t) else 0.0,
+            vs_best=best / t if math.isfinite(t) else 0.0,
+            gap_to_bound=(t - bound) / t if bound is not None and math.isfinite(t) else None,
+            lower_bound_s=res.lower_bound_s if res else None,
+            search_time_s=res.search_time_s if res and res.search_time_s else wall,
+            gpus=gpus,
+            plan=plan,
+            note=note or (("; ".join(res.notes[:1])) if res and res.notes else ""),
+        ))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    rows = compare(inst, _planner_list(args.planners), args.time_limit)
+    if args.json:
+        print(json.dumps([_row_dict(r) for r in rows], indent=2))
+    else:
+        print(render(inst, rows))
+    if args.plot:
+        from hgopt.report import plot_comparison
+
+        plot_comparison(inst.name, [(r.planner, r.throughput_samples_per_s) for r in rows], args.plot)
+        log.info("bar chart written to %s", args.plot)
+    found = [r for r in rows if r.plan is not None and math.isfinite(r.iteration_time_s)]
+    if args.timeline and found:
+        from hgopt.report import plot_timeline
+
+        top = min(found, key=lambda r: r.iteration_time_s)
+        plot_timeline(top.plan, inst, args.timeline)  # type: ignore[arg-type]
+    return 0 if found else 1
+
+
+def render(inst: Instance, rows: list[CompareRow]) -> str:
+    table = format_table(
+        ["planner", "status", "iteration", "samples/s", "vs best", "gap to bound", "search", "GPUs"],
+        [[r.planner, r.status, _secs(r.iteration_time_s), _num(r.throughput_samples_per_s), _ratio(r.vs_best),
+          "-" if r.gap_to_bound is None else f"{100 * r.gap_to_bound:.2f} %", f"{r.search_time_s:.2f} s", r.gpus]
+         for r in rows])
+    lines = [f"{inst.name}: {inst.topology.num_gpus()} GPUs in {len(inst.topology.clusters)} clusters, "
+             f"global batch {inst.job.global_batch}; every plan scored by evaluate", "", table]
+    notes = [f"  {r.planner}: {r.note}" for r in rows if r.note]
+    if notes:
+        lines += ["", "notes:", *notes]
+    return "\n".join(lines)
+
+
+def _secs(t: float) -> str:
+    return f"{t:.4f} s" if math.isfinite(t) else "-"
+
+
+def _num(v: float) -> str:
+    return f"{v:.2f}" if v else "-"
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.3f}x" if v else "-"
+
+
+def _row_dict(r: CompareRow) -> dict[str, object]:
+    fin = lambda v: v if isinstance(v, (int, float)) and math.isfinite(v) else None  # noqa: E731
+    return {
+        "planner": r.planner, "status": r.status, "iteration_time_s": fin(r.iteration_time_s),
+        "throughput_samples_per_s": r.throughput_samples_per_s, "vs_best": r.vs_best,
+        "gap_to_bound": r.gap_to_bound, "lower_bound_s": r.lower_bound_s, "search_time_s": r.search_time_s,
+        "gpus": r.gpus, "note": r.note, "plan": r.plan.to_dict() if r.plan else None,
+    }
