@@ -1,0 +1,75 @@
+"""``hgopt export PLAN --instance INSTANCE -o DIR``: the runner plan and per-node torchrun commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from hgopt.export import ExportOptions, build_runner_plan, write_export
+from hgopt.instances import load_instance
+from hgopt.plan import load_plan
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write the runner plan and the torchrun command of every node",
+                       description="Export a plan for the PyTorch runner (python -m hgopt.runner).")
+    p.add_argument("plan", help="plan JSON (from `hgopt plan` or written by hand)")
+    p.add_argument("--instance", required=True, help="instance name (see `hgopt instances`) or path")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="folder to write plan.json and node scripts to")
+    p.add_argument("--local", action="store_true", help="run every rank on this machine (rendezvous 127.0.0.1)")
+    p.add_argument("--emulate-links", choices=("off", "delay", "netns", "auto"), default="off",
+                   help="shape cross-cluster traffic like the topology's links: netns (namespaces + tc tbf, root), "
+                        "delay (sleep bytes/bandwidth + latency), auto (netns when possible)")
+    p.add_argument("--link-scale", type=float, default=1.0, help="multiply emulated link bandwidths by this")
+    m = p.add_argument_group("runner model (small CPU-friendly defaults)")
+    m.add_argument("--hidden", type=int, default=64)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--vocab", type=int, default=256)
+    m.add_argument("--seq", type=int, default=32, help="tokens per sample")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=3)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="default: the instance job's")
+    t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype")
+    t.add_argument("--data", choices=("corpus", "random"), default="corpus")
+    t.add_argument("--mbs-unit", type=int, default=None, metavar="N",
+                   help="runner samples per gcd of the plan's microbatch sizes (scales the batch, keeps the ratios)")
+    t.add_argument("--microbatches", type=int, default=None, help="microbatches per pipeline (default: the plan's)")
+    t.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
+    c = p.add_argument_group("communication")
+    c.add_argument("--master-addr", default="", help="rendezvous host (node 0); default $MASTER_ADDR, 127.0.0.1 with --local")
+    c.add_argument("--master-port", type=int, default=29500)
+    c.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective or receive gives up")
+    c.add_argument("--heartbeat-timeout", type=float, default=15.0, help="seconds without a heartbeat before a rank is declared dead")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
+    opts = ExportOptions(
+        hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq, steps=args.steps, lr=args.lr,
+        seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, mbs_unit=args.mbs_unit,
+        microbatches=args.microbatches, checkpoint_every=args.checkpoint_every, local=args.local,
+        emulate_links=args.emulate_links, link_scale=args.link_scale, master_addr=args.master_addr,
+        master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout,
+    )
+    rp = build_runner_plan(plan, instance, opts)
+    files = write_export(rp, args.out)
+    print(f"runner plan: {files.plan}  ({rp.world_size} ranks on {len(rp.nodes)} nodes, "
+          f"{len(rp.pipelines)} pipeline(s), global batch {rp.global_batch} x {rp.model.seq} tokens)")
+    for r in rp.ranks():
+        p = rp.pipelines[r.pipeline]
+        s = p.stages[r.stage]
+        rep = s.replicas[r.replica]
+        print(f"  rank {r.rank:>3}  node {r.node}  {r.cluster:<12} pipeline {r.pipeline} stage {r.stage} "
+              f"layers [{s.start},{s.end})  tp {r.tp_rank}/{rep.tp}  rows [{rep.offset},{rep.offset + rep.mbs}) "
+              f"x {p.num_microbatches} microbatches")
+    print("per-node commands:")
+    for script, cmd in zip(files.node_scripts, files.commands):
+        print(f"  {script.name}: {cmd}")
+    if files.local_script is not None:
+        print(f"run everything here: {files.local_script}   (or: python -m hgopt.runner --plan {files.plan})")
+    return 0

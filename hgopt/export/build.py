@@ -1,0 +1,237 @@
+"""Plan + instance -> runner plan: rank placement on the topology's nodes, replica row ranges,
+gradient-sync groups and emulated links. Pure Python; never imports torch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import reduce
+from typing import Literal
+
+from hgopt.cost.tables import bandwidth_bytes_per_s
+from hgopt.export.runner_plan import (
+    BoundarySpec,
+    Emulation,
+    LinkSpec,
+    ModelConfig,
+    NodeSpec,
+    ReplicaSpec,
+    RunnerPipeline,
+    RunnerPlan,
+    RunnerStage,
+    SyncGroup,
+    TrainConfig,
+    check_runner_plan,
+)
+from hgopt.plan import Plan, ReplicaGroup, validate
+from hgopt.spec import Instance
+
+__all__ = ["ExportOptions", "build_runner_plan"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportOptions:
+    """Settings of ``hgopt export`` that are not in the plan. Defaults give a model small enough to
+    train on a laptop CPU."""
+
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 256
+    seq: int = 32
+    """Tokens per sample of the runner (not the instance's sequence length)."""
+    steps: int = 3
+    lr: float = 1e-3
+    seed: int = 0
+    optimizer: Literal["adam", "sgd"] | None = None
+    """``None``: the instance job's optimizer."""
+    dtype: Literal["float32", "float64"] = "float32"
+    data: Literal["corpus", "random"] = "corpus"
+    mbs_unit: int | None = None
+    """Runner samples per unit of the greatest common divisor of the plan's microbatch sizes
+    (``None``: the plan's sizes as they are). Keeps the ratios between replicas."""
+    microbatches: int | None = None
+    """Microbatches per pipeline (``None``: the plan's counts)."""
+    checkpoint_every: int = 0
+    local: bool = False
+    emulate_links: Emulation = "off"
+    link_scale: float = 1.0
+    """Multiplies every emulated inter-cluster bandwidth (latency unchanged)."""
+    master_addr: str = ""
+    """Rendezvous host (node 0); empty: ``127.0.0.1`` with ``local``, else taken from $MASTER_ADDR."""
+    master_port: int = 29500
+    timeout_s: float = 120.0
+    heartbeat_timeout_s: float = 15.0
+
+
+def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> RunnerPlan:
+    """The runner plan for ``plan`` on ``instance``; raises ValueError for an invalid plan or option."""
+    _check_inputs(plan, instance, opts)
+    model = ModelConfig(layers=tuple(layer.kind for layer in instance.model.layers), hidden=opts.hidden,
+                        heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
+    train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
+                        optimizer=opts.optimizer or instance.job.optimizer, dtype=opts.dtype, data=opts.data,
+                        checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision)
+    slots = _place(plan, instance)
+    nodes = _nodes(slots, instance)
+    rank_of = _rank_of(slots, nodes)
+    pipelines = _pipelines(plan, opts, rank_of)
+    rp = RunnerPlan(
+        model=model, train=train, pipelines=pipelines, nodes=nodes,
+        clusters=tuple(c.name for c in instance.topology.clusters if any(n.cluster == c.name for n in nodes)),
+        emulate_links=opts.emulate_links, local=opts.local,
+        master_addr=opts.master_addr or ("127.0.0.1" if opts.local else ""), master_port=opts.master_port,
+        timeout_s=opts.timeout_s, heartbeat_timeout_s=opts.heartbeat_timeout_s,
+        instance=instance.name, planner=plan.planner, meta=plan.meta,
+    )
+    rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
+    check_runner_plan(rp, "<export>")
+    return rp
+
+
+# ---- checks ---------------------------------------------------------------------------------
+def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
+    problems = validate(plan, instance)
+    if problems:
+        raise ValueError("the plan is not valid for this instance: " + "; ".join(str(p) for p in problems))
+    for name, v in (("--hidden", opts.hidden), ("--heads", opts.heads), ("--vocab", opts.vocab),
+                    ("--seq", opts.seq), ("--steps", opts.steps)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if opts.hidden % opts.heads:
+        raise ValueError(f"--hidden {opts.hidden} must be a multiple of --heads {opts.heads}")
+    if opts.data == "corpus" and opts.vocab < 256:
+        raise ValueError(f"--vocab {opts.vocab} is too small for byte-level text (needs 256); or use --data random")
+    for pi, p in enumerate(plan.pipelines):
+        for s in p.stages:
+            for g in s.groups:
+                if opts.heads % g.tp:
+                    raise ValueError(f"--heads {opts.heads} is not divisible by tp {g.tp} of pipeline {pi}; choose a multiple")
+    if opts.mbs_unit is not None and opts.mbs_unit < 1:
+        raise ValueError(f"--mbs-unit must be >= 1, got {opts.mbs_unit}")
+    if opts.microbatches is not None and opts.microbatches < 1:
+        raise ValueError(f"--microbatches must be >= 1, got {opts.microbatches}")
+    if opts.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0, got {opts.checkpoint_every}")
+    if opts.link_scale <= 0:
+        raise ValueError(f"--link-scale must be > 0, got {opts.link_scale}")
+    if opts.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {opts.lr}")
+
+
+# ---- placement ------------------------------------------------------------------------------
+_Key = tuple[int, int, int, int, int]
+"""(pipeline, stage, group, replica within group, tp rank)."""
+
+
+def _place(plan: Plan, instance: Instance) -> dict[_Key, tuple[str, int, int]]:
+    """Each GPU of the plan -> (cluster, node, GPU slot). A tensor-parallel group never straddles nodes:
+    inside each cluster the widest groups are placed first, and a group that would not fit in the rest
+    of a node starts on the next one."""
+    wanted: dict[str, list[tuple[int, _Key]]] = {}
+    for pi, p in enumerate(plan.pipelines):
+        for si, s in enumerate(p.stages):
+            for gi, g in enumerate(s.groups):
+                for d in range(g.dp):
+                    wanted.setdefault(g.cluster, []).append((g.tp, (pi, si, gi, d, 0)))
+    out: dict[_Key, tuple[str, int, int]] = {}
+    for name, reps in wanted.items():
+        c = instance.topology.cluster(name)
+        node, slot = 0, 0
+        for tp, key in sorted(reps, key=lambda x: -x[0]):  # stable: plan order among equal tp
+            if slot + tp > c.gpus_per_node:
+                node, slot = node + 1, 0
+            if node >= c.nodes:
+                raise ValueError(f"cannot place the plan's tensor-parallel groups on cluster {name} "
+                                 f"({c.nodes} nodes x {c.gpus_per_node} GPUs) without splitting a group across nodes")
+            for t in range(tp):
+                out[key[:4] + (t,)] = (name, node, slot + t)
+            slot += tp
+    return out
+
+
+def _nodes(slots: dict[_Key, tuple[str, int, int]], instance: Instance) -> tuple[NodeSpec, ...]:
+    """Nodes that hold at least one rank, in topology order; ranks numbered node after node."""
+    used = sorted({(instance.topology.cluster_index(c), c, n) for c, n, _ in slots.values()})
+    out, rank = [], 0
+    for index, (_, cluster, node) in enumerate(used):
+        count = sum(1 for c, n, _ in slots.values() if (c, n) == (cluster, node))
+        out.append(NodeSpec(index=index, cluster=cluster, cluster_node=node, ranks=tuple(range(rank, rank + count))))
+        rank += count
+    return tuple(out)
+
+
+def _rank_of(slots: dict[_Key, tuple[str, int, int]], nodes: tuple[NodeSpec, ...]) -> dict[_Key, int]:
+    """Ranks inside a node follow the GPU slot order."""
+    out: dict[_Key, int] = {}
+    for n in nodes:
+        keys = sorted((k for k, v in slots.items() if v[:2] == (n.cluster, n.cluster_node)), key=lambda k: slots[k][2])
+        out.update(zip(keys, n.ranks))
+    return out
+
+
+def _pipelines(plan: Plan, opts: ExportOptions, rank_of: dict[_Key, int]) -> tuple[RunnerPipeline, ...]:
+    unit = reduce(math.gcd, (g.mbs for p in plan.pipelines for s in p.stages for g in s.groups))
+    out, sample_offset = [], 0
+    for pi, p in enumerate(plan.pipelines):
+        stages = []
+        for si, s in enumerate(p.stages):
+            reps, row = [], 0
+            for gi, g in enumerate(s.groups):
+                mbs = _runner_mbs(g, unit, opts)
+                for d in range(g.dp):
+                    ranks = tuple(rank_of[(pi, si, gi, d, t)] for t in range(g.tp))
+                    reps.append(ReplicaSpec(ranks=ranks, cluster=g.cluster, mbs=mbs, offset=row, group=gi))
+                    row += mbs
+            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps)))
+        bounds = tuple(BoundarySpec(fwd=p.boundary(k).fwd, bwd=p.boundary(k).bwd) for k in range(len(p.stages) - 1))
+        rp = RunnerPipeline(stages=tuple(stages), num_microbatches=opts.microbatches or p.num_microbatches,
+                            boundaries=bounds, schedule=p.schedule, sample_offset=sample_offset)
+        sample_offset += rp.samples
+        out.append(rp)
+    return tuple(out)
+
+
+def _runner_mbs(g: ReplicaGroup, unit: int, opts: ExportOptions) -> int:
+    return g.mbs if opts.mbs_unit is None else g.mbs // unit * opts.mbs_unit
+
+
+# ---- links and gradient-sync groups -----------------------------------------------------------
+def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[LinkSpec, ...]:
+    """Every ordered pair of used clusters. The bandwidth is the topology's achieved rate for one
+    microbatch of the runner's activations (curve links depend on message size), times ``link_scale``."""
+    itemsize = 8 if opts.dtype == "float64" else 4
+    message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
+    out = []
+    for a in rp.clusters:
+        for b in rp.clusters:
+            if a != b:
+                bw = instance.topology.link(a, b)
+                out.append(LinkSpec(src=a, dst=b, bytes_per_s=bandwidth_bytes_per_s(bw, message) * opts.link_scale,
+                                    latency_s=bw.latency_s))
+    return tuple(out)
+
+
+def _sync_groups(rp: RunnerPlan) -> tuple[SyncGroup, ...]:
+    """Layers are cut at every stage start of every pipeline; each piece's holders (replicas of all
+    pipelines) all-reduce its gradients. Adjacent pieces with the same holders are merged."""
+    cuts = sorted({s.start for p in rp.pipelines for s in p.stages} | {rp.model.num_layers})
+    merged: list[tuple[int, int, tuple[ReplicaSpec, ...]]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = tuple(rep for p in rp.pipelines for s in p.stages if s.start <= lo and hi <= s.end for rep in s.replicas)
+        if merged and merged[-1][2] == holders:
+            merged[-1] = (merged[-1][0], hi, holders)
+        else:
+            merged.append((lo, hi, holders))
+    out = []
+    for lo, hi, holders in merged:
+        if len(holders) < 2:
+            continue
+        clusters = tuple(dict.fromkeys(h.cluster for h in holders))
+        tps = {h.tp for h in holders}
+        if len(tps) == 1:
+            out.extend(SyncGroup(start=lo, end=hi, ranks=tuple(h.ranks[t] for h in holders), mode="shard", clusters=clusters)
+                       for t in range(tps.pop()))
+        else:
+            out.append(SyncGroup(start=lo, end=hi, ranks=tuple(sorted(r for h in holders for r in h.ranks)),
+                                 mode="full", clusters=clusters))
+    return tuple(out)

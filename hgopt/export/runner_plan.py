@@ -1,0 +1,503 @@
+"""The runner plan: everything a rank of ``hgopt.runner`` needs, as frozen dataclasses with a versioned
+JSON form. Written by :mod:`hgopt.export`, read by the runner. Pure Python (no torch), so the planning
+side can write it and tests can check it without torch.
+
+A *replica* is one data-parallel copy of a stage: ``tp`` ranks (a tensor-parallel group) that process
+rows ``[offset, offset + mbs)`` of every microbatch of its pipeline. Replicas of a stage are ordered
+group after group, so their row ranges tile the microbatch; a boundary between two stages whose replicas
+split the microbatch differently is re-sharded row range by row range (see :meth:`Pipeline.pieces`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+__all__ = [
+    "RUNNER_PLAN_FORMAT",
+    "RUNNER_PLAN_VERSION",
+    "Emulation",
+    "LinkSpec",
+    "ModelConfig",
+    "NodeSpec",
+    "Piece",
+    "RankInfo",
+    "ReplicaSpec",
+    "BoundarySpec",
+    "RunnerPipeline",
+    "RunnerPlan",
+    "RunnerStage",
+    "SyncGroup",
+    "TrainConfig",
+    "check_runner_plan",
+    "load_runner_plan",
+]
+
+RUNNER_PLAN_FORMAT = "hgopt-runner-plan"
+RUNNER_PLAN_VERSION = 1
+Precision = Literal["native", "fp32", "bf16", "fp16", "fp8"]
+Emulation = Literal["off", "delay", "netns", "auto"]
+ComputeDtype = Literal["float32", "float64"]
+LayerKind = Literal["embedding", "block", "head"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """The runner's GPT-style decoder. ``layers`` follows the instance's layer list, so plan layer
+    ranges apply unchanged; when the list has no embedding (head) layer, token embedding (final norm
+    and output projection) is folded into the first (last) layer."""
+
+    layers: tuple[LayerKind, ...]
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 256
+    """Byte-level tokens need 256."""
+    seq: int = 32
+    """Tokens per sample."""
+    ffn_mult: int = 4
+    """MLP width = ffn_mult × hidden."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    steps: int = 3
+    lr: float = 1e-3
+    seed: int = 0
+    optimizer: Literal["adam", "sgd"] = "adam"
+    dtype: ComputeDtype = "float32"
+    """Compute dtype; ``native`` boundaries send this dtype."""
+    data: Literal["corpus", "random"] = "corpus"
+    """``corpus``: the shipped text, byte-level, documents padded with ignored targets; ``random``:
+    uniformly random tokens, every target counted."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only after the last step)."""
+    grad_sync_precision: Precision = "native"
+    """Precision of gradient all-reduces whose replicas span more than one cluster."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkSpec:
+    """One direction of an inter-cluster link (after the export's ``link_scale``)."""
+
+    src: str
+    dst: str
+    bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicaSpec:
+    ranks: tuple[int, ...]
+    """Global ranks of the tensor-parallel group, tp rank order; ``ranks[0]`` is the leader that sends
+    and receives the stage's boundary tensors."""
+    cluster: str
+    mbs: int
+    """Rows of every microbatch this replica processes (runner samples)."""
+    offset: int
+    """First row of the microbatch this replica processes."""
+    group: int
+    """Index of the plan's replica group this replica belongs to."""
+
+    @property
+    def tp(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunnerStage:
+    start: int
+    end: int
+    replicas: tuple[ReplicaSpec, ...]
+
+    @property
+    def microbatch(self) -> int:
+        return sum(r.mbs for r in self.replicas)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Piece:
+    """Rows ``[lo, hi)`` of a microbatch that replica ``src`` of one stage hands to replica ``dst`` of
+    the next (indices into the stages' replica lists)."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BoundarySpec:
+    fwd: Precision = "native"
+    bwd: Precision = "native"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunnerPipeline:
+    stages: tuple[RunnerStage, ...]
+    num_microbatches: int
+    boundaries: tuple[BoundarySpec, ...]
+    """One per pair of consecutive stages."""
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    sample_offset: int = 0
+    """Global index of this pipeline's first sample in a step (pipelines are laid out one after the
+    other, microbatch after microbatch)."""
+
+    @property
+    def microbatch(self) -> int:
+        return self.stages[0].microbatch
+
+    @property
+    def samples(self) -> int:
+        return self.microbatch * self.num_microbatches
+
+    def pieces(self, boundary: int) -> tuple[Piece, ...]:
+        """Row ranges exchanged across boundary ``boundary`` (between stage ``boundary`` and the next)."""
+        a, b = self.stages[boundary].replicas, self.stages[boundary + 1].replicas
+        out = []
+        for i, ra in enumerate(a):
+            for j, rb in enumerate(b):
+                lo, hi = max(ra.offset, rb.offset), min(ra.offset + ra.mbs, rb.offset + rb.mbs)
+                if lo < hi:
+                    out.append(Piece(src=i, dst=j, lo=lo, hi=hi))
+        return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncGroup:
+    """Ranks that all-reduce (SUM) the gradients of layers ``[start, end)`` after every step.
+
+    ``mode`` ``shard``: every member holds the same tensor-parallel shard (one group per tp rank);
+    ``full``: members hold different tp degrees, so each adds its shard into a zero full-size buffer
+    (replicated parameters from tp rank 0 only) and takes its slice back after the all-reduce."""
+
+    start: int
+    end: int
+    ranks: tuple[int, ...]
+    mode: Literal["shard", "full"] = "shard"
+    clusters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeSpec:
+    """One torchrun node: the ranks started there (local rank = position in ``ranks``)."""
+
+    index: int
+    cluster: str
+    cluster_node: int
+    """Index of the node inside its cluster."""
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankInfo:
+    """Everything about one rank, derived from the pipelines (also written to the JSON for people)."""
+
+    rank: int
+    pipeline: int
+    stage: int
+    replica: int
+    tp_rank: int
+    cluster: str
+    node: int
+    local_rank: int
+
+    def describe(self) -> str:
+        return f"rank {self.rank} (cluster {self.cluster}, pipeline {self.pipeline} stage {self.stage} replica {self.replica} tp rank {self.tp_rank})"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunnerPlan:
+    model: ModelConfig
+    train: TrainConfig
+    pipelines: tuple[RunnerPipeline, ...]
+    nodes: tuple[NodeSpec, ...]
+    clusters: tuple[str, ...]
+    links: tuple[LinkSpec, ...] = ()
+    sync_groups: tuple[SyncGroup, ...] = ()
+    emulate_links: Emulation = "off"
+    local: bool = False
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    timeout_s: float = 120.0
+    """Timeout of every collective and point-to-point wait."""
+    heartbeat_timeout_s: float = 15.0
+    """A rank whose heartbeat stops for this long is reported dead and the others exit."""
+    instance: str = ""
+    planner: str = ""
+    meta: tuple[tuple[str, str], ...] = field(default=())
+
+    # ---- derived ------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return sum(len(n.ranks) for n in self.nodes)
+
+    @property
+    def global_batch(self) -> int:
+        return sum(p.samples for p in self.pipelines)
+
+    def ranks(self) -> tuple[RankInfo, ...]:
+        where = {r: (n.index, k) for n in self.nodes for k, r in enumerate(n.ranks)}
+        out = []
+        for pi, p in enumerate(self.pipelines):
+            for si, s in enumerate(p.stages):
+                for ri, rep in enumerate(s.replicas):
+                    for t, r in enumerate(rep.ranks):
+                        node, local = where[r]
+                        out.append(RankInfo(rank=r, pipeline=pi, stage=si, replica=ri, tp_rank=t,
+                                            cluster=rep.cluster, node=node, local_rank=local))
+        return tuple(sorted(out, key=lambda x: x.rank))
+
+    def rank_info(self, rank: int) -> RankInfo:
+        info = self.ranks()
+        if not 0 <= rank < len(info):
+            raise ValueError(f"rank {rank} is not in this plan (ranks 0..{len(info) - 1})")
+        return info[rank]
+
+    def link(self, src: str, dst: str) -> LinkSpec | None:
+        for lk in self.links:
+            if lk.src == src and lk.dst == dst:
+                return lk
+        return None
+
+    def boundary_names(self) -> tuple[str, ...]:
+        """``p{pipeline}.b{boundary}`` for every stage boundary, the keys of the byte counters."""
+        return tuple(f"p{pi}.b{k}" for pi, p in enumerate(self.pipelines) for k in range(len(p.stages) - 1))
+
+    # ---- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @staticmethod
+    def from_dict(data: Any, source: str = "<inline>") -> RunnerPlan:
+        return _from_dict(data, source)
+
+
+def load_runner_plan(path: str | Path) -> RunnerPlan:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read the runner plan: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: the runner plan is not valid JSON: {exc}") from None
+    return RunnerPlan.from_dict(data, str(p))
+
+
+# ---------------------------------------------------------------------------------------------
+def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
+    m, t = rp.model, rp.train
+    return {
+        "format": RUNNER_PLAN_FORMAT,
+        "version": RUNNER_PLAN_VERSION,
+        "instance": rp.instance,
+        "planner": rp.planner,
+        "meta": dict(rp.meta),
+        "model": {"layers": list(m.layers), "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab,
+                  "seq": m.seq, "ffn_mult": m.ffn_mult},
+        "train": {"steps": t.steps, "lr": t.lr, "seed": t.seed, "optimizer": t.optimizer, "dtype": t.dtype,
+                  "data": t.data, "checkpoint_every": t.checkpoint_every,
+                  "grad_sync_precision": t.grad_sync_precision},
+        "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
+                 "master_port": rp.master_port, "timeout_s": rp.timeout_s,
+                 "heartbeat_timeout_s": rp.heartbeat_timeout_s},
+        "clusters": list(rp.clusters),
+        "links": [{"src": lk.src, "dst": lk.dst, "bytes_per_s": lk.bytes_per_s, "latency_s": lk.latency_s}
+                  for lk in rp.links],
+        "nodes": [{"index": n.index, "cluster": n.cluster, "cluster_node": n.cluster_node, "ranks": list(n.ranks)}
+                  for n in rp.nodes],
+        "pipelines": [_pipeline_dict(p) for p in rp.pipelines],
+        "sync_groups": [{"layers": [g.start, g.end], "ranks": list(g.ranks), "mode": g.mode,
+                         "clusters": list(g.clusters)} for g in rp.sync_groups],
+        "ranks": [_rank_dict(rp, r) for r in rp.ranks()],
+    }
+
+
+def _pipeline_dict(p: RunnerPipeline) -> dict[str, Any]:
+    return {
+        "num_microbatches": p.num_microbatches,
+        "schedule": p.schedule,
+        "sample_offset": p.sample_offset,
+        "boundaries": [{"fwd": b.fwd, "bwd": b.bwd} for b in p.boundaries],
+        "stages": [
+            {"layers": [s.start, s.end],
+             "replicas": [{"ranks": list(r.ranks), "cluster": r.cluster, "mbs": r.mbs, "offset": r.offset,
+                           "group": r.group} for r in s.replicas]}
+            for s in p.stages
+        ],
+    }
+
+
+def _rank_dict(rp: RunnerPlan, r: RankInfo) -> dict[str, Any]:
+    """The per-rank view asked for by people reading the file; the runner derives it again."""
+    p = rp.pipelines[r.pipeline]
+    s = p.stages[r.stage]
+    rep = s.replicas[r.replica]
+    return {
+        "rank": r.rank, "node": r.node, "local_rank": r.local_rank, "cluster": r.cluster,
+        "pipeline": r.pipeline, "stage": r.stage, "layers": [s.start, s.end], "replica": r.replica,
+        "tp_rank": r.tp_rank, "tp_group": list(rep.ranks),
+        "dp_groups": [list(g.ranks) for g in rp.sync_groups if r.rank in g.ranks],
+        "mbs": rep.mbs, "rows": [rep.offset, rep.offset + rep.mbs], "num_microbatches": p.num_microbatches,
+        "boundary_in": _bdict(p.boundaries[r.stage - 1]) if r.stage > 0 else None,
+        "boundary_out": _bdict(p.boundaries[r.stage]) if r.stage < len(p.stages) - 1 else None,
+    }
+
+
+def _bdict(b: BoundarySpec) -> dict[str, str]:
+    return {"fwd": b.fwd, "bwd": b.bwd}
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, problem: str) -> ValueError:
+        return ValueError(f"{self.source}: {where}: {problem}")
+
+    def obj(self, v: Any, where: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.fail(where, f"expected an object, got {type(v).__name__}")
+        return v
+
+    def get(self, obj: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+        if key not in obj:
+            raise self.fail(f"{where}.{key}", "is required but missing")
+        v = obj[key]
+        if isinstance(v, bool) and kind is not bool or not isinstance(v, kind):
+            raise self.fail(f"{where}.{key}", f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
+        return v
+
+    def choice(self, obj: dict[str, Any], key: str, where: str, options: tuple[str, ...], default: str) -> str:
+        v = obj.get(key, default)
+        if v not in options:
+            raise self.fail(f"{where}.{key}", f"must be one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+
+def _from_dict(data: Any, source: str) -> RunnerPlan:
+    rd = _Reader(source)
+    top = rd.obj(data, "<top>")
+    if top.get("format") != RUNNER_PLAN_FORMAT or top.get("version") != RUNNER_PLAN_VERSION:
+        raise rd.fail("format", f"expected format {RUNNER_PLAN_FORMAT!r} version {RUNNER_PLAN_VERSION}, got "
+                                f"{top.get('format')!r} version {top.get('version')!r} (export the plan again)")
+    m = rd.obj(top.get("model"), "model")
+    model = ModelConfig(
+        layers=tuple(rd.choice({"k": k}, "k", "model.layers", get_args(LayerKind), "") for k in m.get("layers", [])),
+        hidden=rd.get(m, "hidden", "model", int), heads=rd.get(m, "heads", "model", int),
+        vocab=rd.get(m, "vocab", "model", int), seq=rd.get(m, "seq", "model", int),
+        ffn_mult=rd.get(m, "ffn_mult", "model", int),
+    )
+    t = rd.obj(top.get("train"), "train")
+    train = TrainConfig(
+        steps=rd.get(t, "steps", "train", int), lr=float(rd.get(t, "lr", "train", (int, float))),
+        seed=rd.get(t, "seed", "train", int),
+        optimizer=rd.choice(t, "optimizer", "train", ("adam", "sgd"), "adam"),  # type: ignore[arg-type]
+        dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
+        data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
+        checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
+        grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
+    )
+    c = rd.obj(top.get("comm"), "comm")
+    pipelines = tuple(_read_pipeline(rd, p, f"pipelines[{i}]")
+                      for i, p in enumerate(rd.get(top, "pipelines", "<top>", list)))
+    plan = RunnerPlan(
+        model=model, train=train, pipelines=pipelines,
+        nodes=tuple(NodeSpec(index=rd.get(n, "index", f"nodes[{i}]", int), cluster=rd.get(n, "cluster", f"nodes[{i}]", str),
+                             cluster_node=rd.get(n, "cluster_node", f"nodes[{i}]", int),
+                             ranks=tuple(rd.get(n, "ranks", f"nodes[{i}]", list)))
+                    for i, n in enumerate(rd.get(top, "nodes", "<top>", list))),
+        clusters=tuple(rd.get(top, "clusters", "<top>", list)),
+        links=tuple(LinkSpec(src=lk["src"], dst=lk["dst"], bytes_per_s=float(lk["bytes_per_s"]),
+                             latency_s=float(lk["latency_s"])) for lk in top.get("links", [])),
+        sync_groups=tuple(SyncGroup(start=g["layers"][0], end=g["layers"][1], ranks=tuple(g["ranks"]),
+                                    mode=g.get("mode", "shard"), clusters=tuple(g.get("clusters", ())))
+                          for g in top.get("sync_groups", [])),
+        emulate_links=rd.choice(c, "emulate_links", "comm", get_args(Emulation), "off"),  # type: ignore[arg-type]
+        local=bool(c.get("local", False)),
+        master_addr=str(c.get("master_addr", "127.0.0.1")),
+        master_port=int(c.get("master_port", 29500)),
+        timeout_s=float(c.get("timeout_s", 120.0)),
+        heartbeat_timeout_s=float(c.get("heartbeat_timeout_s", 15.0)),
+        instance=str(top.get("instance", "")), planner=str(top.get("planner", "")),
+        meta=tuple((str(k), str(v)) for k, v in rd.obj(top.get("meta", {}), "meta").items()),
+    )
+    check_runner_plan(plan, source)
+    return plan
+
+
+def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
+    p = rd.obj(p, where)
+    stages = []
+    for k, s in enumerate(rd.get(p, "stages", where, list)):
+        sw = f"{where}.stages[{k}]"
+        s = rd.obj(s, sw)
+        layers = rd.get(s, "layers", sw, list)
+        reps = tuple(ReplicaSpec(ranks=tuple(r["ranks"]), cluster=str(r["cluster"]), mbs=int(r["mbs"]),
+                                 offset=int(r["offset"]), group=int(r.get("group", 0)))
+                     for r in (rd.obj(x, f"{sw}.replicas[]") for x in rd.get(s, "replicas", sw, list)))
+        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps))
+    bounds = tuple(
+        BoundarySpec(fwd=rd.choice(b, "fwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"),  # type: ignore[arg-type]
+                     bwd=rd.choice(b, "bwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"))  # type: ignore[arg-type]
+        for j, b in enumerate(p.get("boundaries", []))
+    )
+    return RunnerPipeline(
+        stages=tuple(stages), num_microbatches=rd.get(p, "num_microbatches", where, int), boundaries=bounds,
+        schedule=rd.choice(p, "schedule", where, ("1f1b", "gpipe"), "1f1b"),  # type: ignore[arg-type]
+        sample_offset=int(p.get("sample_offset", 0)),
+    )
+
+
+def check_runner_plan(rp: RunnerPlan, source: str = "<inline>") -> None:
+    """Structural checks a hand-edited runner plan could break; raises ValueError naming the field."""
+    def fail(where: str, problem: str) -> ValueError:
+        return ValueError(f"{source}: {where}: {problem}")
+
+    m = rp.model
+    if m.hidden % m.heads:
+        raise fail("model.hidden", f"{m.hidden} is not a multiple of model.heads {m.heads}")
+    ranks = sorted(r for n in rp.nodes for r in n.ranks)
+    if ranks != list(range(len(ranks))):
+        raise fail("nodes", "the nodes' ranks must be 0..N-1, each once")
+    seen: list[int] = []
+    offset = 0
+    for pi, p in enumerate(rp.pipelines):
+        w = f"pipelines[{pi}]"
+        if p.sample_offset != offset:
+            raise fail(f"{w}.sample_offset", f"is {p.sample_offset}, expected {offset}")
+        offset += p.samples
+        if len(p.boundaries) != len(p.stages) - 1:
+            raise fail(f"{w}.boundaries", f"has {len(p.boundaries)} entries, expected {len(p.stages) - 1}")
+        start = 0
+        for si, s in enumerate(p.stages):
+            sw = f"{w}.stages[{si}]"
+            if s.start != start or s.end <= s.start:
+                raise fail(f"{sw}.layers", f"[{s.start}, {s.end}) does not continue at layer {start}")
+            start = s.end
+            row = 0
+            for ri, rep in enumerate(s.replicas):
+                if rep.offset != row or rep.mbs < 1:
+                    raise fail(f"{sw}.replicas[{ri}]", f"rows [{rep.offset}, {rep.offset + rep.mbs}) do not continue at row {row}")
+                row += rep.mbs
+                if m.heads % rep.tp or (m.ffn_mult * m.hidden) % rep.tp:
+                    raise fail(f"{sw}.replicas[{ri}]", f"tp {rep.tp} must divide model.heads {m.heads} and the MLP width")
+                seen.extend(rep.ranks)
+            if s.microbatch != p.microbatch:
+                raise fail(sw, f"processes {s.microbatch} rows per microbatch, stage 0 processes {p.microbatch}")
+        if start != m.num_layers:
+            raise fail(f"{w}.stages", f"cover layers up to {start}, the model has {m.num_layers}")
+    if sorted(seen) != ranks:
+        raise fail("pipelines", "every rank must appear in exactly one replica")

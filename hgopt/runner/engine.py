@@ -1,0 +1,262 @@
+"""One rank's share of a training step: its stage's forwards and backwards in schedule order, boundary
+tensors exchanged (and re-sharded) with the neighbouring stages' replicas, gradients all-reduced with
+the layer's other holders, optimizer step.
+
+Why not ``torch.distributed.pipelining``: a plan may give stages different data-parallel degrees and
+replicas different microbatch sizes, so one boundary can connect several replicas on each side with
+row ranges that do not line up; ``PipelineStage`` connects exactly one stage to one stage. The schedule
+here is the same 1F1B (or GPipe) order, with explicit ``isend``/``irecv`` per row range.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hgopt.export.runner_plan import Piece, RunnerPlan, SyncGroup
+from hgopt.runner.codec import decode, encode, wire_specs
+from hgopt.runner.comm import Pending, Wire
+from hgopt.runner.data import IGNORE, Dataset
+from hgopt.runner.model import DTYPES, StageModel, layer_of
+from hgopt.runner.schedule import Op, stage_ops
+from hgopt.runner.tp import TpGroup, shard, split_dims
+
+__all__ = ["Groups", "StageWorker", "StepStats", "make_groups", "make_optimizer"]
+
+log = logging.getLogger(__name__)
+_LOOKAHEAD = 2
+"""Receives are posted this many ops ahead of the op that needs them."""
+_LOW = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Groups:
+    tp: TpGroup
+    sync: tuple[tuple[SyncGroup, Any], ...]
+    """The gradient-sync groups this rank is in, with their process groups."""
+
+
+def make_groups(rp: RunnerPlan, rank: int, timeout: Any) -> Groups:
+    """Create every process group, in the same order on every rank (gloo needs all ranks to call)."""
+    tp = TpGroup()
+    for p in rp.pipelines:
+        for s in p.stages:
+            for rep in s.replicas:
+                if rep.tp > 1:
+                    g = dist.new_group(list(rep.ranks), timeout=timeout)
+                    if rank in rep.ranks:
+                        tp = TpGroup(size=rep.tp, rank=rep.ranks.index(rank), group=g)
+    sync = []
+    for sg in rp.sync_groups:
+        g = dist.new_group(list(sg.ranks), timeout=timeout)
+        if rank in sg.ranks:
+            sync.append((sg, g))
+    return Groups(tp=tp, sync=tuple(sync))
+
+
+def make_optimizer(rp: RunnerPlan, model: nn.Module) -> torch.optim.Optimizer:
+    if rp.train.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=rp.train.lr, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=rp.train.lr)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepStats:
+    loss: float
+    """This rank's part of the global loss (0 except on last-stage tp leaders)."""
+    time_s: float
+    sent: dict[str, int]
+
+
+@dataclass(kw_only=True, slots=True)
+class _Saved:
+    x_ref: torch.Tensor | None
+    out: torch.Tensor
+
+
+class StageWorker:
+    def __init__(self, rp: RunnerPlan, rank: int, model: StageModel, groups: Groups, wire: Wire,
+                 optimizer: torch.optim.Optimizer) -> None:
+        info = rp.rank_info(rank)
+        self.rp, self.rank, self.model, self.groups, self.wire, self.opt = rp, rank, model, groups, wire, optimizer
+        self.pi, self.si = info.pipeline, info.stage
+        self.pipe = rp.pipelines[info.pipeline]
+        self.rep = self.pipe.stages[self.si].replicas[info.replica]
+        self.leader = self.rep.leader == rank
+        self.first, self.last = self.si == 0, self.si == len(self.pipe.stages) - 1
+        self.compute = DTYPES[rp.train.dtype]
+        self.data = Dataset(rp.model, rp.train)
+        self.ops = stage_ops(self.pipe.schedule, self.si, len(self.pipe.stages), self.pipe.num_microbatches)
+        self.in_pieces = () if self.first else tuple(pc for pc in self.pipe.pieces(self.si - 1) if pc.dst == info.replica)
+        self.out_pieces = () if self.last else tuple(pc for pc in self.pipe.pieces(self.si) if pc.src == info.replica)
+        self.b_in = None if self.first else self.pipe.boundaries[self.si - 1]
+        self.b_out = None if self.last else self.pipe.boundaries[self.si]
+        self.sync_params = [(sg, pg, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end])
+                            for sg, pg in groups.sync]
+        self.dims = split_dims(model)
+        self._recvs: dict[tuple[str, int], list[Pending]] = {}
+        self._global_tokens = 1
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self, step: int) -> StepStats:
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        self._global_tokens = self.data.global_tokens(step, self.rp.global_batch) if self.last else 1
+        saved: dict[int, _Saved] = {}
+        loss = 0.0
+        for i, op in enumerate(self.ops):
+            self._post_recvs(i)
+            if op.kind == "F":
+                saved[op.microbatch] = self._forward(step, op.microbatch)
+                if self.last and self.leader:
+                    loss += float(saved[op.microbatch].out.detach())
+            else:
+                self._backward(saved.pop(op.microbatch), op.microbatch)
+        self.wire.wait_sends()
+        self._sync_grads()
+        self.opt.step()
+        sent = dict(self.wire.sent)
+        self.wire.sent.clear()
+        return StepStats(loss=loss, time_s=time.perf_counter() - t0, sent=sent)
+
+    # ---- receives ---------------------------------------------------------------------------------
+    def _specs(self, pc: Piece, precision: str, direction: str) -> list[Any]:
+        shape = (pc.hi - pc.lo, self.rp.model.seq, self.rp.model.hidden)
+        return wire_specs(precision, direction, shape, self.compute)  # type: ignore[arg-type]
+
+    def _post_recvs(self, i: int) -> None:
+        if not self.leader:
+            return
+        for op in self.ops[i : i + _LOOKAHEAD]:
+            key = (op.kind, op.microbatch)
+            if key in self._recvs:
+                continue
+            if op.kind == "F" and not self.first:
+                prev = self.pipe.stages[self.si - 1].replicas
+                self._recvs[key] = [self.wire.recv(self._specs(pc, self.b_in.fwd, "fwd"), self.rank, prev[pc.src].leader,
+                                                   op.microbatch, "fwd") for pc in self.in_pieces]
+            elif op.kind == "B" and not self.last:
+                nxt = self.pipe.stages[self.si + 1].replicas
+                self._recvs[key] = [self.wire.recv(self._specs(pc, self.b_out.bwd, "bwd"), self.rank, nxt[pc.dst].leader,
+                                                   op.microbatch, "bwd") for pc in self.out_pieces]
+
+    def _receive(self, op: Op, pieces: tuple[Piece, ...], precision: str, direction: str) -> torch.Tensor:
+        """The received pieces, broadcast over the tp group and decoded, stacked in row order."""
+        if self.leader:
+            wires = [p.wait() for p in self._recvs.pop((op.kind, op.microbatch))]
+        else:
+            wires = [[torch.empty(s.shape, dtype=s.dtype) for s in self._specs(pc, precision, direction)] for pc in pieces]
+        if self.groups.tp.size > 1:
+            for wire in wires:
+                for t in wire:
+                    dist.broadcast(t, src=self.rep.leader, group=self.groups.tp.group)
+        parts = [decode(w, precision, direction, self.compute) for w in wires]  # type: ignore[arg-type]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _send(self, t: torch.Tensor, pieces: tuple[Piece, ...], replicas: Any, precision: str, direction: str,
+              microbatch: int, key: str) -> None:
+        for pc in pieces:
+            part = t[pc.lo - self.rep.offset : pc.hi - self.rep.offset]
+            dst = replicas[pc.dst if direction == "fwd" else pc.src].leader
+            self.wire.send(encode(part, precision, direction), self.rank, dst, microbatch, direction, key)  # type: ignore[arg-type]
+
+    # ---- forward and backward -------------------------------------------------------------------
+    def _rows(self, microbatch: int) -> range:
+        base = self.pipe.sample_offset + microbatch * self.pipe.microbatch + self.rep.offset
+        return range(base, base + self.rep.mbs)
+
+    def _forward(self, step: int, m: int) -> _Saved:
+        x_ref = None
+        if self.first:
+            x = self.data.batch(step, self._rows(m))[0]
+        else:
+            x_ref = self._receive(Op(kind="F", microbatch=m), self.in_pieces, self.b_in.fwd, "fwd")
+            x = x_ref.requires_grad_(self.leader)
+        y = self.model(x)
+        if self.last:
+            targets = self.data.batch(step, self._rows(m))[1]
+            loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
+                                               reduction="sum") / self._global_tokens
+            return _Saved(x_ref=x_ref, out=loss)
+        if self.leader:
+            self._send(y, self.out_pieces, self.pipe.stages[self.si + 1].replicas, self.b_out.fwd, "fwd", m,
+                       f"p{self.pi}.b{self.si}")
+        return _Saved(x_ref=x_ref, out=y)
+
+    def _backward(self, saved: _Saved, m: int) -> None:
+        if self.last:
+            saved.out.backward()
+        else:
+            grad = self._receive(Op(kind="B", microbatch=m), self.out_pieces, self.b_out.bwd, "bwd")
+            saved.out.backward(grad)
+        if not self.first and self.leader:
+            assert saved.x_ref is not None and saved.x_ref.grad is not None
+            self._send(saved.x_ref.grad, self.in_pieces, self.pipe.stages[self.si - 1].replicas, self.b_in.bwd, "bwd",
+                       m, f"p{self.pi}.b{self.si - 1}")
+
+    # ---- gradient all-reduce ----------------------------------------------------------------------
+    def _sync_grads(self) -> None:
+        for sg, pg, params in self.sync_params:
+            t0 = time.perf_counter()
+            nbytes = self._sync_shard(sg, pg, params) if sg.mode == "shard" else self._sync_full(sg, pg, params)
+            self._emulate_allreduce(sg, nbytes, time.perf_counter() - t0)
+
+    def _all_reduce(self, flat: torch.Tensor, sg: SyncGroup, pg: Any) -> torch.Tensor:
+        prec = self.rp.train.grad_sync_precision
+        if len(sg.clusters) > 1 and prec in _LOW and _LOW[prec] != flat.dtype:
+            low = flat.to(_LOW[prec])
+            dist.all_reduce(low, group=pg)
+            return low.to(flat.dtype)
+        dist.all_reduce(flat, group=pg)
+        return flat
+
+    def _sync_shard(self, sg: SyncGroup, pg: Any, params: list[tuple[str, nn.Parameter]]) -> int:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params]
+        flat = self._all_reduce(torch.cat([g.reshape(-1) for g in grads]), sg, pg)
+        self._scatter(flat, [p for _, p in params], [p.shape for _, p in params])
+        return flat.numel() * flat.element_size()
+
+    def _sync_full(self, sg: SyncGroup, pg: Any, params: list[tuple[str, nn.Parameter]]) -> int:
+        """Holders with different tp degrees: sum full-size gradients (each rank adds its shard at its
+        place; replicated tensors only from tp rank 0), then take the own shard back."""
+        tp = self.groups.tp
+        fulls = []
+        for name, p in params:
+            dim = self.dims[name]
+            shape = list(p.shape)
+            if dim is not None:
+                shape[dim] *= tp.size
+            full = torch.zeros(shape, dtype=p.dtype)
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            if dim is not None:
+                full.chunk(tp.size, dim=dim)[tp.rank].copy_(g)
+            elif tp.rank == 0:
+                full.copy_(g)
+            fulls.append(full)
+        flat = self._all_reduce(torch.cat([f.reshape(-1) for f in fulls]), sg, pg)
+        for (name, p), chunk, full in zip(params, torch.split(flat, [f.numel() for f in fulls]), fulls):
+            p.grad = shard(chunk.view(full.shape), self.dims[name], tp.size, tp.rank).contiguous().clone()
+        return flat.numel() * flat.element_size()
+
+    @staticmethod
+    def _scatter(flat: torch.Tensor, params: list[nn.Parameter], shapes: list[torch.Size]) -> None:
+        for p, chunk in zip(params, torch.split(flat, [s.numel() for s in shapes])):
+            p.grad = chunk.view(p.shape).clone()
+
+    def _emulate_allreduce(self, sg: SyncGroup, nbytes: int, elapsed: float) -> None:
+        """``delay`` mode: a ring all-reduce over the slowest link among the group's clusters takes
+        2(n-1)/n · bytes / bandwidth + 2(n-1) · latency (the cost model's [C5])."""
+        if self.wire.mode != "delay" or len(sg.clusters) < 2:
+            return
+        links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
+        n = len(sg.ranks)
+        bw, lat = min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
+        wait = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat - elapsed
+        if wait > 0:
+            time.sleep(wait)

@@ -1,0 +1,187 @@
+"""Run every rank of a (small) runner plan on this machine: host the rendezvous store, set up link
+emulation, start one process per rank, watch them, clean up. The store lives in this process (or,
+with network namespaces, in a helper process inside the first cluster's namespace), so it outlives
+any rank and the ranks' watchdogs can name the one that died."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hgopt.export import netns
+from hgopt.export.runner_plan import RunnerPlan
+
+__all__ = ["LaunchOptions", "launch_local", "resolve_emulation", "run_forked"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchOptions:
+    out_dir: Path
+    steps: int | None = None
+    resume: bool = False
+    threads: int | None = None
+    """Torch threads per rank (default: cores / ranks, at least 1)."""
+    emulation: str | None = None
+    """Override the plan's ``emulate_links``."""
+    port: int | None = None
+    """Rendezvous port (default: the plan's; 0 picks a free one)."""
+    python: str = sys.executable
+
+
+def resolve_emulation(mode: str, rp: RunnerPlan) -> str:
+    if len(rp.clusters) < 2 or mode == "off":
+        return "off"
+    if mode == "auto":
+        return "netns" if netns.available() else "delay"
+    if mode == "netns" and not netns.available():
+        raise ValueError("--emulate-links netns needs root and the `ip`/`tc` tools; use delay instead")
+    return mode
+
+
+def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
+    mode = resolve_emulation(opts.emulation or rp.emulate_links, rp)
+    port = rp.master_port if opts.port is None else opts.port
+    threads = opts.threads or max(1, (os.cpu_count() or 1) // rp.world_size)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    helper: subprocess.Popen[str] | None = None
+    lay = None
+    try:
+        if mode == "netns":
+            import socket
+
+            with socket.socket() as s:  # a port number for the store inside the namespace
+                s.bind(("127.0.0.1", port))
+                port = s.getsockname()[1]
+            lay = netns.layout(rp, tag=str(port))
+            netns.setup(rp, lay)
+            host = lay.addr_of(rp, rp.rank_info(0).cluster)
+            helper = _store_helper(opts.python, lay.namespace_of(rp, rp.rank_info(0).cluster), host, port)
+        else:
+            import torch.distributed as dist
+
+            store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+            host, port = "127.0.0.1", store.port
+        log.info("launching %d ranks (store %s:%d, links: %s, %d thread(s) each)", rp.world_size, host, port, mode, threads)
+        for r in range(rp.world_size):
+            procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay)
+        (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
+        return _watch(rp, procs)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if helper is not None:
+            helper.kill()
+            helper.wait()
+        if lay is not None:
+            netns.teardown(lay)
+
+
+def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resume: bool = False,
+               emulation: str = "off", threads: int = 1, timeout_s: float = 300.0) -> dict[int, int]:
+    """Every rank as a child of a fork server that has imported the runner once (no interpreter and
+    torch start-up per rank: for tests and benchmarks). Forking from a clean single-threaded server, not
+    from this process, avoids inheriting locks held by this process's threads. Returns each rank's exit
+    code (-9: killed after ``timeout_s``)."""
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mode = resolve_emulation(emulation, rp)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["hgopt.runner.worker"])
+    procs = {r: ctx.Process(target=_forked_rank, args=(rp, r, out_dir, store.port, steps, resume, mode, threads))
+             for r in range(rp.world_size)}
+    for p in procs.values():
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs.values():
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs.values():
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return {r: int(p.exitcode if p.exitcode is not None else -9) for r, p in procs.items()}
+
+
+def _forked_rank(rp: RunnerPlan, rank: int, out_dir: Path, port: int, steps: int | None, resume: bool, mode: str,
+                 threads: int) -> None:
+    from hgopt.runner.worker import RankOptions, run_rank
+
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s", stream=sys.stderr, force=True)
+    code = run_rank(rp, rank, RankOptions(out_dir=out_dir, store_host="127.0.0.1", store_port=port, steps=steps,
+                                          resume=resume, emulation=mode, threads=threads))
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _store_helper(python: str, ns: str, host: str, port: int) -> subprocess.Popen[str]:
+    p = subprocess.Popen(["ip", "netns", "exec", ns, python, "-m", "hgopt.runner.store", host, str(port)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if "ready" not in line:
+        p.kill()
+        raise RuntimeError(f"the rendezvous store in namespace {ns} did not start ({line.strip()!r})")
+    return p
+
+
+def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions, mode: str, host: str, port: int,
+                threads: int, lay: netns.NetnsLayout | None) -> subprocess.Popen[bytes]:
+    cmd = [opts.python, "-m", "hgopt.runner", "--plan", str(plan_path), "--rank", str(rank), "--out", str(opts.out_dir),
+           "--emulation", mode, "--threads", str(threads), "--store", f"{host}:{port}"]
+    if opts.steps is not None:
+        cmd += ["--steps", str(opts.steps)]
+    if opts.resume:
+        cmd.append("--resume")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if lay is not None:
+        cluster = rp.rank_info(rank).cluster
+        cmd = ["ip", "netns", "exec", lay.namespace_of(rp, cluster), *cmd]
+        env["GLOO_SOCKET_IFNAME"] = lay.ifname_of(rp, cluster)
+    return subprocess.Popen(cmd, env=env)
+
+
+def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]]) -> int:
+    """Wait for every rank. After the first failure the others get the heartbeat timeout (plus slack)
+    to notice and exit on their own; whoever is left then is killed."""
+    first: tuple[int, int] | None = None
+    deadline = float("inf")
+    prev_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while True:
+            codes = {r: p.poll() for r, p in procs.items()}
+            if first is None:
+                bad = [(r, c) for r, c in codes.items() if c not in (None, 0)]
+                if bad:
+                    first = bad[0]
+                    deadline = time.monotonic() + rp.heartbeat_timeout_s + 10.0
+                    log.error("%s exited with status %d; waiting for the others to stop",
+                              rp.rank_info(first[0]).describe(), first[1])
+            if all(c is not None for c in codes.values()):
+                break
+            if time.monotonic() > deadline:
+                left = [r for r, c in codes.items() if c is None]
+                log.error("ranks %s still running after the grace period: killing them", left)
+                for r in left:
+                    procs[r].kill()
+                deadline = float("inf")
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGTERM, prev_term)
+    if first is None:
+        return 0
+    log.error("run failed: %s exited first (status %d)", rp.rank_info(first[0]).describe(), first[1])
+    return 1

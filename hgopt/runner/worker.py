@@ -1,0 +1,107 @@
+"""One rank from start to finish: rendezvous, process groups, its stage's model, the training loop,
+metrics, checkpoints, and a clear exit when anything (here or on another rank) fails."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hgopt.export.runner_plan import RunnerPlan
+from hgopt.runner import checkpoint
+from hgopt.runner.comm import Wire
+from hgopt.runner.engine import StageWorker, StepStats, make_groups, make_optimizer
+from hgopt.runner.model import build_stage
+from hgopt.runner.watchdog import Watchdog
+
+__all__ = ["RankOptions", "metric_keys", "run_rank"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankOptions:
+    out_dir: Path
+    """Metrics (rank 0) and checkpoints go here."""
+    store_host: str
+    store_port: int
+    steps: int | None = None
+    """Train until this many steps are done (default: the plan's)."""
+    resume: bool = False
+    emulation: str = "off"
+    """Resolved link emulation: ``off``, ``delay`` or ``netns``."""
+    threads: int = 1
+
+
+def metric_keys(rp: RunnerPlan) -> list[str]:
+    return [f"{b}.{d}{w}" for b in rp.boundary_names() for d in ("fwd", "bwd") for w in ("", ".wan")]
+
+
+def run_rank(rp: RunnerPlan, rank: int, opts: RankOptions) -> int:
+    """Train; returns 0, or exits the process with status 1 and a message naming the failed rank."""
+    torch.set_num_threads(opts.threads)
+    timeout = timedelta(seconds=rp.timeout_s)
+    watchdog = Watchdog(opts.store_host, opts.store_port, rank, rp.world_size,
+                        lambda r: rp.rank_info(r).describe(), rp.heartbeat_timeout_s).start()
+    try:
+        _train(rp, rank, opts, timeout)
+        dist.barrier()
+        watchdog.done()
+        dist.destroy_process_group()
+        return 0
+    except Exception as exc:  # report, name the rank, exit: never hang
+        log.debug("rank %d failed", rank, exc_info=True)
+        watchdog.fail(f"{type(exc).__name__}: {exc}")
+        raise  # not reached: fail() exits
+
+
+def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta) -> None:
+    store = dist.TCPStore(opts.store_host, opts.store_port, is_master=False, timeout=timeout, wait_for_workers=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("hgopt/pg", store), rank=rank,
+                            world_size=rp.world_size, timeout=timeout)
+    groups = make_groups(rp, rank, timeout)
+    info = rp.rank_info(rank)
+    stage = rp.pipelines[info.pipeline].stages[info.stage]
+    model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype)
+    opt = make_optimizer(rp, model)
+    done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir) if opts.resume else 0
+    wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation)
+    worker = StageWorker(rp, rank, model, groups, wire, opt)
+    steps = rp.train.steps if opts.steps is None else opts.steps
+    if rank == 0:
+        log.info("%d ranks, %d pipeline(s), global batch %d x %d tokens, steps %d..%d, links: %s",
+                 rp.world_size, len(rp.pipelines), rp.global_batch, rp.model.seq, done + 1, steps, opts.emulation)
+    every = rp.train.checkpoint_every
+    for step in range(done, steps):
+        _report(rp, rank, step, worker.step(step), opts.out_dir)
+        if (every and (step + 1) % every == 0) or step + 1 == steps:
+            checkpoint.save(rp, rank, model, opt, groups.tp, opts.out_dir, step + 1)
+
+
+def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path) -> None:
+    """Sum the loss parts and byte counters, take the slowest rank's step time; rank 0 logs and appends
+    a line to ``metrics.jsonl``. (Outside the timed part of the step.)"""
+    keys = metric_keys(rp)
+    vec = torch.tensor([st.loss] + [float(st.sent.get(k, 0)) for k in keys], dtype=torch.float64)
+    dist.all_reduce(vec)
+    t = torch.tensor([st.time_s], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if rank != 0:
+        return
+    tokens = rp.global_batch * rp.model.seq
+    rec = {"step": step + 1, "loss": float(vec[0]), "time_s": float(t[0]), "tokens_per_s": tokens / float(t[0]),
+           "samples": rp.global_batch, "bytes": {k: int(v) for k, v in zip(keys, vec[1:].tolist())},
+           "wall": time.time()}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    sent = "  ".join(f"{b} {rec['bytes'][b + '.fwd'] / 1e3:.1f}/{rec['bytes'][b + '.bwd'] / 1e3:.1f} kB"
+                     for b in rp.boundary_names())
+    log.info("step %d  loss %.4f  %.3f s  %.0f tokens/s%s", step + 1, rec["loss"], rec["time_s"], rec["tokens_per_s"],
+             f"  fwd/bwd {sent}" if sent else "")

@@ -1,0 +1,152 @@
+"""The PyTorch runner on CPU/gloo: every parameter after 3 steps equals single-process training, for
+plans with 2-4 stages, unequal replicas, tp 2, re-sharded boundaries, two pipelines and compressed
+boundaries; bytes per boundary as logged; checkpoint and resume.
+
+Ranks are forked from this process (no interpreter start-up per rank); ``torch.set_num_threads(1)``
+below keeps OpenMP out of the parent so that forking is safe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+from hgopt.export import ExportOptions, build_runner_plan  # noqa: E402
+from hgopt.export.runner_plan import RunnerPlan  # noqa: E402
+from hgopt.plan import Plan  # noqa: E402
+from hgopt.runner.checkpoint import load_full_state  # noqa: E402
+from hgopt.runner.codec import RoundTrip, decode, encode, quantize  # noqa: E402
+from hgopt.runner.launch import run_forked  # noqa: E402
+from hgopt.runner.reference import train_reference  # noqa: E402
+from hgopt.runner.schedule import stage_ops  # noqa: E402
+from hgopt.runner.summary import read_metrics, summarize  # noqa: E402
+from tests.runner_plans import plan_dp_tp, plan_four_stages, plan_reshard, plan_two_pipelines, runner_instance  # noqa: E402
+
+COMPRESSED = [("native", "native"), ("bf16", "bf16"), ("fp8", "fp8")]
+CASES: dict[str, tuple[Plan, Any, ExportOptions]] = {
+    "dp-unequal+tp2": (plan_dp_tp(), runner_instance(), ExportOptions(dtype="float64")),
+    "4-stage-gpipe-compressed": (plan_four_stages(COMPRESSED), runner_instance(6, 6, embed_head=True),
+                                 ExportOptions(dtype="float64")),
+    "reshard-3-stage": (plan_reshard(), runner_instance(), ExportOptions(dtype="float64")),
+    "two-pipelines-mixed-tp": (plan_two_pipelines(), runner_instance(), ExportOptions(dtype="float64")),
+    "fp8-fwd-bf16-bwd": (plan_dp_tp(("fp8", "bf16")), runner_instance(), ExportOptions(dtype="float64")),
+    "fp32-sgd": (plan_dp_tp(), runner_instance(), ExportOptions(dtype="float32", optimizer="sgd")),
+}
+
+
+def _run(rp: RunnerPlan, out: Path, **kw: Any) -> None:
+    codes = run_forked(rp, out, timeout_s=120, **kw)
+    assert codes == {r: 0 for r in range(rp.world_size)}, f"rank exit codes {codes}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[RunnerPlan, Path]]:
+    """Each case trained once (3 steps), shared by the tests below."""
+    out = {}
+    for name, (plan, inst, opts) in CASES.items():
+        rp = build_runner_plan(plan, inst, opts)
+        d = tmp_path_factory.mktemp(name)
+        _run(rp, d)
+        out[name] = (rp, d)
+    return out
+
+
+def _worst_relative(rp: RunnerPlan, out: Path, steps: int = 3) -> tuple[float, str]:
+    ref, _ = train_reference(rp, steps)
+    got = load_full_state(out)
+    assert set(got) == {n for n, _ in ref.named_parameters()}
+    worst = max(((float((p.detach() - got[n]).norm() / p.detach().norm()), n) for n, p in ref.named_parameters()))
+    return worst
+
+
+# ---- schedule and codec ----------------------------------------------------------------------------
+def test_1f1b_warmup_and_order() -> None:
+    ops = stage_ops("1f1b", 0, 4, 6)
+    kinds = "".join(o.kind for o in ops)
+    assert kinds == "FFF" + "FB" * 3 + "BBB"
+    assert "".join(o.kind for o in stage_ops("1f1b", 3, 4, 6)) == "FB" * 6
+    for s in range(4):
+        ops = stage_ops("1f1b", s, 4, 6)
+        pos = {(o.kind, o.microbatch): i for i, o in enumerate(ops)}
+        assert all(pos[("F", m)] < pos[("B", m)] for m in range(6))
+        assert [o.microbatch for o in ops if o.kind == "B"] == list(range(6))
+    assert "".join(o.kind for o in stage_ops("gpipe", 1, 4, 3)) == "FFFBBB"
+
+
+def test_codec_sizes_and_errors() -> None:
+    x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(0))
+    assert [t.dtype for t in encode(x, "bf16", "fwd")] == [torch.bfloat16]
+    payload, scale = encode(x, "fp8", "fwd")
+    assert payload.dtype == torch.uint8 and payload.shape == x.shape and scale.shape == (1,)
+    # per-tensor scale: the largest magnitude maps onto the format's largest value
+    assert float(scale) == pytest.approx(float(x.abs().max()) / 448.0)
+    for prec, direction, bound in (("bf16", "fwd", 4e-3), ("fp8", "fwd", 7e-2), ("fp8", "bwd", 1.3e-1)):
+        err = float(((quantize(x, prec, direction) - x).abs() / x.abs().clamp_min(1e-3)).median())
+        assert 0 < err < bound, (prec, direction, err)
+    back = decode(encode(x, "fp8", "bwd"), "fp8", "bwd", torch.float32)
+    assert torch.equal(back, quantize(x, "fp8", "bwd"))
+
+
+def test_roundtrip_quantises_the_gradient_with_the_backward_precision() -> None:
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 5, dtype=torch.float64)
+    RoundTrip.apply(x, "bf16", "fp8").backward(g)
+    assert torch.equal(x.grad, quantize(g, "fp8", "bwd"))
+    assert not torch.equal(x.grad, g)
+
+
+# ---- end to end ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", list(CASES))
+def test_parameters_match_single_process_training(runs: dict[str, tuple[RunnerPlan, Path]], case: str) -> None:
+    rp, out = runs[case]
+    worst, name = _worst_relative(rp, out)
+    assert worst <= 1e-5, f"{name} differs by {worst:.2e} (relative)"
+
+
+def test_losses_match_and_fall(runs: dict[str, tuple[RunnerPlan, Path]]) -> None:
+    rp, out = runs["dp-unequal+tp2"]
+    _, ref_losses = train_reference(rp, 3)
+    logged = [r["loss"] for r in read_metrics(out)]
+    assert logged == pytest.approx(ref_losses, rel=1e-9)
+    assert logged[-1] < logged[0]
+
+
+def test_bytes_per_boundary_from_logs(runs: dict[str, tuple[RunnerPlan, Path]]) -> None:
+    """Boundaries native, bf16 and fp8 of one run carry the same tensors (6 microbatches-worth of
+    2 x 32 x 64 float64 activations per step): the logged bytes show 1/4 (bf16 vs float64) and 1/8 + scales."""
+    rp, out = runs["4-stage-gpipe-compressed"]
+    b = read_metrics(out)[-1]["bytes"]
+    native, bf16, fp8 = (b[f"p0.b{k}.fwd"] for k in range(3))
+    assert native == 3 * 2 * 32 * 64 * 8  # 3 microbatches of 2 samples in float64
+    assert bf16 * 4 == native
+    assert fp8 == native // 8 + 3 * 4  # one byte per value plus a float32 scale per message
+    assert [b[f"p0.b{k}.bwd"] for k in range(3)] == [native, bf16, fp8]
+    assert b["p0.b1.fwd.wan"] == bf16 and b["p0.b0.fwd.wan"] == 0  # stage 1 -> 2 crosses a -> b
+
+
+def test_precision_round_trips_through_export(runs: dict[str, tuple[RunnerPlan, Path]]) -> None:
+    plan, _, _ = CASES["fp8-fwd-bf16-bwd"]
+    rp, out = runs["fp8-fwd-bf16-bwd"]
+    assert summarize(rp, out)["boundaries"] == {"p0.b0": {"fwd": "fp8", "bwd": "bf16"}}
+    assert json.loads(plan.to_json())["pipelines"][0]["boundaries"] == [{"fwd": "fp8", "bwd": "bf16"}]
+    b = read_metrics(out)[-1]["bytes"]
+    assert b["p0.b0.fwd"] == 8 * 32 * 64 + 2 * 2 * 4  # 2 senders x 2 microbatches, each with a scale
+    assert b["p0.b0.bwd"] == 8 * 32 * 64 * 2
+
+
+def test_checkpoint_resume_equals_uninterrupted(runs: dict[str, tuple[RunnerPlan, Path]], tmp_path: Path) -> None:
+    rp, full = runs["reshard-3-stage"]
+    _run(rp, tmp_path, steps=1)
+    _run(rp, tmp_path, steps=3, resume=True)
+    a, b = load_full_state(full), load_full_state(tmp_path)
+    assert max(float((a[n] - b[n]).abs().max()) for n in a) <= 1e-12
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    # and the resumed run really started from the checkpoint, not from scratch
+    _run(rp, tmp_path / "fresh", steps=2)
+    c = load_full_state(tmp_path / "fresh")
+    assert max(float((a[n] - c[n]).abs().max()) for n in a) > 1e-6
