@@ -40,13 +40,15 @@ def cgroup_root() -> Path:
                      "run without --cpu-slice")
 
 
-def _set_quota(path: Path, cores: float, period_us: int) -> None:
+def _set_quota(path: Path, cores: float, period_us: int, weight: float) -> None:
     quota = max(1000, int(round(cores * period_us)))
     if (path / "cpu.cfs_quota_us").exists():
         (path / "cpu.cfs_period_us").write_text(str(period_us))
         (path / "cpu.cfs_quota_us").write_text(str(quota))
+        (path / "cpu.shares").write_text(str(int(1024 * weight)))
     else:
         (path / "cpu.max").write_text(f"{quota} {period_us}")
+        (path / "cpu.weight").write_text(str(min(10000, int(100 * weight))))
 
 
 def _remove(path: Path) -> None:
@@ -67,20 +69,36 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def cpu_slices(names: list[str], cores: float, period_us: int = 10_000) -> Iterator[list[Path]]:
-    """One cgroup per name, each capped at ``cores`` CPUs; removed again on exit."""
+def cpu_slices(names: list[str], cores: float, period_us: int | None = None, weight: float = 1.0) -> Iterator[list[Path]]:
+    """One cgroup per name, each capped at ``cores`` CPUs; removed again on exit.
+
+    The throttle is not a uniform slow-down: within each period a slice runs at full speed until its
+    quota is spent, then stops. A process that was idle therefore gets up to one quota of work done at
+    full speed, and an operation much shorter than the period can run several times faster than the
+    slice's average rate. The default period keeps the quota at the kernel's minimum of 1 ms
+    (``period = 1 ms / cores``), so that operations of tens of milliseconds see the average rate to
+    within a few percent.
+
+    ``weight``: the slice's CPU weight relative to one ordinary process (``cpu.shares`` = 1024·weight).
+    Above 1 the slice gets its ``cores`` first when other processes compete for the machine; the quota
+    still caps it, so the others keep what the slices leave."""
     if cores <= 0:
         raise ValueError(f"--cpu-slice must be > 0 cores, got {cores}")
+    if period_us is None:
+        period_us = max(1000, int(round(1000 / cores)))
     if not 1000 <= period_us <= 1_000_000:
         raise ValueError(f"cpu slice period must be in [1000, 1000000] us, got {period_us}")
-    root = cgroup_root()
     made: list[Path] = []
+    if not names:
+        yield made
+        return
+    root = cgroup_root()
     try:
         for name in names:
             path = root / f"hgopt-{os.getpid()}-{name}"
             path.mkdir(exist_ok=False)
             made.append(path)
-            _set_quota(path, cores, period_us)
+            _set_quota(path, cores, period_us, weight)
         yield made
     finally:
         for path in made:

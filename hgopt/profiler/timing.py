@@ -1,7 +1,9 @@
 """Timing one layer at a time: forward, backward and optimizer step, with warm-up and repeats.
 
 On CUDA the clock is a pair of CUDA events around each phase (synchronised); on CPU it is the wall
-clock (``time.perf_counter``) with torch's intra-op thread count fixed to ``threads``. Repeats are
+clock (``time.perf_counter``) with torch's intra-op thread count fixed to ``threads``, or, with
+``pace`` set, the thread's CPU time divided by ``pace``: the device time of a paced device
+(:mod:`hgopt.profiler.paced`), which the machine's other load does not stretch. Repeats are
 interleaved over the layers (rep 1 of every layer, then rep 2, ...) so that a slow spell of a shared
 machine spreads over all layers instead of landing on one; the reported figure is the median.
 
@@ -52,8 +54,15 @@ class TimingSettings:
     warmup: int = 3
     repeat: int = 10
     tp: int = 1
+    pace: float | None = None
+    """CPU only: report thread CPU seconds / ``pace`` (a paced device of ``pace`` cores) instead of
+    wall seconds."""
 
     def check(self) -> None:
+        if self.pace is not None and not 0 < self.pace <= 1:
+            raise ValueError(f"pace must be in (0, 1], got {self.pace}")
+        if self.pace is not None and (self.device != "cpu" or self.threads != 1):
+            raise ValueError("pace applies to --device cpu with --threads 1 (the paced main thread)")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.repeat < 1:
@@ -65,9 +74,10 @@ class TimingSettings:
 class _Clock:
     """Seconds between ``start()`` and ``stop()``: CUDA events on a GPU, perf_counter on CPU."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pace: float | None = None) -> None:
         import torch
 
+        self.pace = pace
         self.cuda = device.type == "cuda"
         self.torch = torch
         if self.cuda:
@@ -78,6 +88,8 @@ class _Clock:
         if self.cuda:
             self.torch.cuda.synchronize()
             self.a.record()
+        elif self.pace is not None:
+            self.t0 = time.thread_time()
         else:
             self.t0 = time.perf_counter()
 
@@ -86,6 +98,8 @@ class _Clock:
             self.b.record()
             self.torch.cuda.synchronize()
             return self.a.elapsed_time(self.b) / 1e3
+        if self.pace is not None:
+            return (time.thread_time() - self.t0) / self.pace
         return time.perf_counter() - self.t0
 
 
@@ -111,7 +125,7 @@ def measure_layers(
         torch.set_num_threads(settings.threads)
     for c in cases:
         c.module.to(device).train()
-    clock = _Clock(device)
+    clock = _Clock(device, settings.pace)
     update = tuple(_update_seconds(c.module, settings, clock) for c in cases)
     timings: list[TimingMeasurement] = []
     sizes: list[LayerMeasurement] = []

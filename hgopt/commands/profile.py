@@ -1,0 +1,194 @@
+"""``hgopt profile``: measure the runner's model layer by layer on this device and write a model
+profile; ``hgopt profile --links``: measure point-to-point and all-reduce bandwidth/latency between
+ranks (loopback, or a link emulated with network namespaces + tc tbf) and write the link figures.
+
+torch is imported only when a measurement runs (planning never needs it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="measure the runner's model per layer (or links between ranks) and write a profile",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("instance", nargs="?", help="take the layer list (kinds and names) from this instance's model")
+    p.add_argument("-o", "--out", required=True, metavar="FILE", help="JSON file to write")
+    p.add_argument("--cpu-slice", type=float, metavar="CORES",
+                   help="run each measuring process in a cgroup capped at CORES CPUs (emulated device; root)")
+    p.add_argument("--cpu-weight", type=float, default=1.0, metavar="W",
+                   help="CPU weight of the slices relative to an ordinary process (>1: served first on a busy host)")
+    m = p.add_argument_group("model (the runner's GPT; same meaning as in `hgopt export`)")
+    m.add_argument("--blocks", type=int, help="embedding + BLOCKS transformer blocks + head (without an instance)")
+    m.add_argument("--hidden", type=int, default=64)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--vocab", type=int, default=256)
+    m.add_argument("--seq", type=int, default=32, help="tokens per sample")
+    m.add_argument("--ffn-mult", type=int, default=4)
+    t = p.add_argument_group("timing")
+    t.add_argument("--mbs", default="1,2,4", help="microbatch sizes, comma separated")
+    t.add_argument("--tp", default="1", help="tensor-parallel degrees, comma separated (tp > 1: one process per rank)")
+    t.add_argument("--gpu", default=None, help="device type name written into the profile (default: cpu / the CUDA name)")
+    t.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    t.add_argument("--threads", type=int, default=1, help="torch threads per process on CPU")
+    t.add_argument("--pace", type=float, metavar="SPEED",
+                   help="CPU: time in thread CPU seconds / SPEED, the device time of a rank paced at SPEED cores "
+                        "(python -m hgopt.profiler.paced); robust to other load on the machine")
+    t.add_argument("--warmup", type=int, default=3)
+    t.add_argument("--repeat", type=int, default=10)
+    lk = p.add_argument_group("links (--links)")
+    lk.add_argument("--links", action="store_true", help="measure links between ranks instead of the model")
+    lk.add_argument("--ranks", type=int, default=2, help="loopback: processes on this host")
+    lk.add_argument("--emulate", type=float, metavar="MBIT_S",
+                    help="two ranks in two network namespaces joined by a tc-tbf link of MBIT_S (root)")
+    lk.add_argument("--burst", type=int, metavar="BYTES",
+                    help="--emulate: token-bucket burst of the link (default: the runner's, 10 ms of traffic)")
+    lk.add_argument("--sizes", default=None, help="message sizes in bytes, comma separated (default 4 KiB..4 MiB)")
+    lk.add_argument("--topology", help="topology file to write the measured figures into (with --clusters)")
+    lk.add_argument("--clusters", help="loopback: the cluster whose intra/inter-node figures to set; "
+                                       "--emulate: SRC,DST, the pair whose link to set")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"{name} must list integers >= 1, got {text!r}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = _run_links(args) if args.links else _run_model(args)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+# ---- model --------------------------------------------------------------------------------------
+def _layers(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if args.instance and args.blocks is not None:
+        raise ValueError("give either an instance or --blocks, not both")
+    if args.instance:
+        from hgopt.instances import load_instance
+
+        layers = load_instance(args.instance).model.layers
+        return tuple(layer.kind for layer in layers), tuple(layer.name for layer in layers)
+    if args.blocks is None or args.blocks < 1:
+        raise ValueError("say which model to profile: an instance, or --blocks N (>= 1)")
+    kinds = ("embedding", *("block",) * args.blocks, "head")
+    return kinds, tuple(f"{k}{i}" if k == "block" else k for i, k in enumerate(kinds))
+
+
+def _run_model(args: argparse.Namespace) -> dict[str, Any]:
+    from hgopt.export.runner_plan import ModelConfig
+    from hgopt.profiler.run import ModelRequest, profile_model
+    from hgopt.profiler.timing import TimingSettings
+    from hgopt.spec import model_profile_to_dict
+
+    kinds, names = _layers(args)
+    for name, v in (("--hidden", args.hidden), ("--heads", args.heads), ("--vocab", args.vocab), ("--seq", args.seq),
+                    ("--ffn-mult", args.ffn_mult)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if args.hidden % args.heads:
+        raise ValueError(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
+    cfg = ModelConfig(layers=kinds, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
+                      ffn_mult=args.ffn_mult)
+    gpu = args.gpu or _device_name(args.device)
+    timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
+                            pace=args.pace)
+    req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
+                       timing=timing, cpu_slice=args.cpu_slice, cpu_weight=args.cpu_weight)
+    prof = profile_model(req)
+    for t in prof.timings:
+        print(f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
+              f"update {sum(t.update) * 1e3:.2f} ms over {len(t.fwd)} layers")
+    return model_profile_to_dict(prof)
+
+
+def _device_name(device: str) -> str:
+    if not device.startswith("cuda"):
+        if device != "cpu":
+            raise ValueError(f"--device must be cpu or cuda[:i], got {device!r}")
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available")
+    return torch.cuda.get_device_name(torch.device(device)).replace(" ", "-")
+
+
+# ---- links ----------------------------------------------------------------------------------------
+def _run_links(args: argparse.Namespace) -> dict[str, Any]:
+    from hgopt.profiler.links import DEFAULT_SIZES, LinkSettings
+    from hgopt.profiler.run import profile_links_emulated, profile_links_loopback
+
+    sizes = _ints(args.sizes, "--sizes") if args.sizes else DEFAULT_SIZES
+    settings = LinkSettings(sizes=sizes, warmup=min(args.warmup, 2), repeat=args.repeat, threads=args.threads)
+    if args.emulate is not None:
+        if args.emulate <= 0:
+            raise ValueError(f"--emulate must be > 0 Mbit/s, got {args.emulate}")
+        rep = profile_links_emulated(args.emulate / 1000.0, settings, args.cpu_slice, args.cpu_weight, args.burst)
+    else:
+        if args.ranks < 2:
+            raise ValueError(f"--ranks must be >= 2, got {args.ranks}")
+        rep = profile_links_loopback(args.ranks, settings, args.cpu_slice, args.cpu_weight)
+    p2p = rep.pairs[0].fit
+    print(f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
+          f"(worst fit residual {p2p.max_rel_residual:.0%})")
+    if rep.allreduce_fit is not None:
+        ar = rep.allreduce_fit
+        print(f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
+    doc: dict[str, Any] = {"version": 1, "kind": "hgopt-link-profile", "emulated_mbit_s": args.emulate,
+                           "burst_bytes": args.burst,
+                           "cpu_slice": args.cpu_slice, "measured": rep.to_dict(),
+                           "point_to_point": _bw(p2p.bytes_per_s, p2p.latency_s)}
+    if rep.allreduce_fit is not None:
+        doc["allreduce"] = _bw(rep.allreduce_fit.bytes_per_s, rep.allreduce_fit.latency_s)
+    if args.topology:
+        doc["topology"] = _with_figures(args, doc)
+    return doc
+
+
+def _bw(bytes_per_s: float, latency_s: float) -> dict[str, float]:
+    return {"gbyte_s": bytes_per_s / 1e9, "latency_ms": latency_s * 1e3}
+
+
+def _with_figures(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
+    """The topology with the measured figures written in: loopback sets one cluster's intra_node
+    (point to point) and inter_node (all-reduce) links; --emulate sets one link pair."""
+    from hgopt.spec import load_document, topology_from_dict, topology_to_dict
+
+    topo = topology_to_dict(topology_from_dict(load_document(args.topology), args.topology))
+    names = [c["name"] for c in topo["clusters"]]
+    wanted = [x for x in (args.clusters or "").split(",") if x]
+    for c in wanted:
+        if c not in names:
+            raise ValueError(f"--clusters: unknown cluster {c!r} (topology has {', '.join(names)})")
+    if args.emulate is not None:
+        if len(wanted) != 2:
+            raise ValueError("--emulate with --topology needs --clusters SRC,DST")
+        for pair in topo["links"]["pairs"]:
+            if {pair["src"], pair["dst"]} == set(wanted):
+                pair.pop("curve", None)
+                pair.pop("max_gbyte_s", None)
+                pair.update(doc["point_to_point"])
+    else:
+        if len(wanted) != 1:
+            raise ValueError("loopback --links with --topology needs --clusters NAME")
+        for c in topo["clusters"]:
+            if c["name"] == wanted[0]:
+                c["intra_node"] = doc["point_to_point"]
+                c["inter_node"] = doc.get("allreduce", doc["point_to_point"])
+    return topology_to_dict(topology_from_dict(topo, "<measured>"))

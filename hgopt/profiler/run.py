@@ -1,0 +1,202 @@
+"""The measurement runs behind ``hgopt profile``: the runner's model layer by layer (tp 1 in this
+process, tp > 1 in one worker process per tensor-parallel rank), and links between ranks on loopback
+or over emulated links (network namespaces + ``tc tbf`` from :mod:`hgopt.export.netns`).
+
+torch is imported only inside the functions that measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from hgopt.export.runner_plan import ModelConfig
+from hgopt.profiler.cpuslice import cpu_slices, join_slice, slice_prefix
+from hgopt.profiler.links import LinkReport, LinkSettings, RankLaunch, measure_links
+from hgopt.profiler.timing import TimingSettings
+from hgopt.profiler.writer import LayerMeasurement, TimingMeasurement
+from hgopt.spec import ModelProfile, TpMemory, model_profile_from_dict, model_profile_to_dict
+
+__all__ = ["ModelRequest", "emulated_pair", "free_port", "profile_model", "profile_links_loopback", "profile_links_emulated", "set_burst"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelRequest:
+    model: ModelConfig
+    names: tuple[str, ...]
+    mbss: tuple[int, ...]
+    tps: tuple[int, ...] = (1,)
+    timing: TimingSettings
+    cpu_slice: float | None = None
+    """Cores of the CPU slice each measuring process runs in (None: no slice)."""
+    cpu_weight: float = 1.0
+    """The slices' CPU weight relative to an ordinary process (see cpu_slices)."""
+    seed: int = 0
+    dtype: str = "float32"
+    profile_name: str = "runner-gpt"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def profile_model(req: ModelRequest) -> ModelProfile:
+    """Timings for every (tp, mbs) asked for; sizes from tp 1 (and per-tp shard sizes as tp_memory)."""
+    if req.dtype != "float32":
+        raise ValueError(f"--dtype {req.dtype}: profiles record fp32, bf16 or fp16 timings; the runner computes in float32")
+    for tp in req.tps:
+        if req.model.heads % tp or (req.model.ffn_mult * req.model.hidden) % tp:
+            raise ValueError(f"--tp {tp} must divide --heads {req.model.heads} and the MLP width")
+    per_tp: dict[int, tuple[list[LayerMeasurement], list[TimingMeasurement]]] = {}
+    for tp in sorted(set(req.tps) | {1}):
+        per_tp[tp] = _measure_tp1(req) if tp == 1 else _measure_tp_workers(req, tp)
+    layers = per_tp[1][0]
+    timings = [t for tp in sorted(req.tps) for t in per_tp[tp][1]]
+    tp_memory = [TpMemory(tp=tp, params=tuple(m.params for m in per_tp[tp][0]),
+                          act_mem_bytes=tuple(m.act_mem_bytes for m in per_tp[tp][0]))
+                 for tp in sorted(req.tps) if tp > 1]
+    return _assemble(req, layers, timings, tp_memory)
+
+
+def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[TimingMeasurement],
+              tp_memory: list[TpMemory]) -> ModelProfile:
+    from hgopt.profiler.writer import build_model_profile
+
+    m = req.model
+    source = (f"hgopt profile: runner GPT hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, "
+              f"ffn x{m.ffn_mult}, {req.dtype}; device {req.timing.device}"
+              + (f", {req.timing.threads} thread(s)" if req.timing.device == "cpu" else "")
+              + (f", CPU slice {req.cpu_slice:g} cores" if req.cpu_slice else "")
+              + (f", paced device of {req.timing.pace:g} core (thread CPU time / {req.timing.pace:g})"
+                 if req.timing.pace else "")
+              + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up")
+    prof = build_model_profile(name=req.profile_name, dtype="fp32",
+                               seq_len=m.seq, layers=layers, timings=timings, source=source)
+    if not tp_memory:
+        return prof
+    data = model_profile_to_dict(replace(prof, tp_memory=tuple(tp_memory)))
+    return model_profile_from_dict(data, source="<profiler>")
+
+
+@contextlib.contextmanager
+def _maybe_slice(cores: float | None, names: list[str], weight: float = 1.0) -> Iterator[list[Path]]:
+    if cores is None:
+        yield []
+        return
+    with cpu_slices(names, cores, weight=weight) as paths:
+        yield paths
+
+
+def _measure_tp1(req: ModelRequest) -> tuple[list[LayerMeasurement], list[TimingMeasurement]]:
+    from hgopt.profiler.runner_model import runner_layer_cases
+    from hgopt.profiler.timing import measure_layers
+
+    cases = runner_layer_cases(req.model, names=list(req.names), seed=req.seed, dtype=req.dtype)
+    with _maybe_slice(req.cpu_slice, ["profile"], req.cpu_weight) as paths:
+        if paths:
+            join_slice(paths[0])
+        sizes, timings = measure_layers(cases, list(req.mbss), replace(req.timing, tp=1))
+    return sizes, timings
+
+
+def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasurement], list[TimingMeasurement]]:
+    """One process per tp rank (gloo); rank 0's timings are reported (the ranks move in lock step)."""
+    payload = json.dumps({"model": asdict(req.model), "names": list(req.names), "mbss": list(req.mbss),
+                          "timing": asdict(replace(req.timing, tp=tp)), "seed": req.seed, "dtype": req.dtype})
+    init = f"tcp://127.0.0.1:{free_port()}"
+    with _maybe_slice(req.cpu_slice, [f"tp{r}" for r in range(tp)], req.cpu_weight) as paths:
+        procs = []
+        for r in range(tp):
+            cmd = [*_slice_cmd(paths, r), sys.executable, "-m", "hgopt.profiler.tpworker", str(r), str(tp), init, payload]
+            env = {**os.environ, "OMP_NUM_THREADS": str(req.timing.threads)}
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"tp profiling worker failed (exit {p.returncode}): {err.strip()[-2000:]}")
+    data = json.loads(outs[0][0].strip().splitlines()[-1])
+    sizes = [LayerMeasurement(**d) for d in data["sizes"]]
+    timings = [TimingMeasurement(**{**d, "fwd": tuple(d["fwd"]), "bwd": tuple(d["bwd"]), "update": tuple(d["update"])})
+               for d in data["timings"]]
+    return sizes, timings
+
+
+# ---- links ----------------------------------------------------------------------------------------
+def profile_links_loopback(ranks: int, settings: LinkSettings, cpu_slice: float | None,
+                           cpu_weight: float = 1.0) -> LinkReport:
+    """``ranks`` processes on this host (one cluster's ranks talking over loopback)."""
+    with _maybe_slice(cpu_slice, [f"link{r}" for r in range(ranks)], cpu_weight) as paths:
+        launches = [RankLaunch(prefix=_slice_cmd(paths, r)) for r in range(ranks)]
+        return measure_links(launches, settings, port=free_port())
+
+
+def _slice_cmd(paths: list[Path], r: int) -> tuple[str, ...]:
+    return slice_prefix(paths[r]) if paths else ()
+
+
+@contextlib.contextmanager
+def emulated_pair(gbit_s: float, tag: str, burst_bytes: int | None = None) -> Iterator[tuple[list[str], list[str], str]]:
+    """Two namespaces joined by one veth pair shaped to ``gbit_s`` each way (the runner's own link
+    emulation, :mod:`hgopt.export.netns`); yields (namespaces, interface names, rank 0's address)."""
+    from hgopt.export import netns
+    from hgopt.export.runner_plan import LinkSpec, NodeSpec, ReplicaSpec, RunnerPipeline, RunnerPlan, RunnerStage, TrainConfig
+
+    if not netns.available():
+        raise ValueError("--emulate needs root and the `ip`/`tc` tools (network namespaces)")
+    bps = gbit_s * 1e9 / 8
+    stages = tuple(RunnerStage(start=i, end=i + 1, replicas=(ReplicaSpec(ranks=(i,), cluster=c, mbs=1, offset=0, group=0),))
+                   for i, c in enumerate(("a", "b")))
+    from hgopt.export.runner_plan import BoundarySpec
+
+    rp = RunnerPlan(model=ModelConfig(layers=("block", "block")), train=TrainConfig(),
+                    pipelines=(RunnerPipeline(stages=stages, num_microbatches=1, boundaries=(BoundarySpec(),)),),
+                    nodes=(NodeSpec(index=0, cluster="a", cluster_node=0, ranks=(0,)),
+                           NodeSpec(index=1, cluster="b", cluster_node=0, ranks=(1,))),
+                    clusters=("a", "b"),
+                    links=(LinkSpec(src="a", dst="b", bytes_per_s=bps, latency_s=0.0),
+                           LinkSpec(src="b", dst="a", bytes_per_s=bps, latency_s=0.0)))
+    lay = netns.layout(rp, tag=tag)
+    netns.setup(rp, lay)
+    try:
+        if burst_bytes is not None:
+            for ns, dev in ((lay.namespaces[0], lay.veths[0].name), (lay.namespaces[1], lay.veths[0].peer)):
+                set_burst(ns, dev, bps, burst_bytes)
+        yield list(lay.namespaces), list(lay.primary_ifname), lay.primary_addr[0]
+    finally:
+        netns.teardown(lay)
+
+
+def profile_links_emulated(gbit_s: float, settings: LinkSettings, cpu_slice: float | None,
+                           cpu_weight: float = 1.0, burst_bytes: int | None = None) -> LinkReport:
+    """Rank 0 and rank 1 in two namespaces joined by a link shaped to ``gbit_s`` (token bucket burst
+    ``burst_bytes``; None: the runner's default)."""
+    port = free_port()
+    with emulated_pair(gbit_s, tag=str(port), burst_bytes=burst_bytes) as (spaces, ifnames, addr), \
+            _maybe_slice(cpu_slice, ["link0", "link1"], cpu_weight) as paths:
+        # the slice is joined before `ip netns exec`, which remounts /sys (hiding the cgroup tree)
+        launches = [RankLaunch(prefix=(*_slice_cmd(paths, r), "ip", "netns", "exec", spaces[r]),
+                               env=(("GLOO_SOCKET_IFNAME", ifnames[r]),)) for r in range(2)]
+        return measure_links(launches, settings, master_addr=addr, port=port)
+
+
+def set_burst(namespace: str, dev: str, bytes_per_s: float, burst_bytes: int) -> None:
+    """Re-parameterise an emulated link's tbf with burst ``burst_bytes`` (the runner's rate and queue
+    limit kept). A burst of a few packets makes the link serialise every message at its rate."""
+    if burst_bytes < 1600:
+        raise ValueError(f"--burst must be >= 1600 bytes (one full packet), got {burst_bytes}")
+    bits = max(int(bytes_per_s * 8), 8000)
+    limit = max(int(bytes_per_s * 2), 4 * 1024 * 1024)
+    subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "change", "dev", dev, "root", "tbf", "rate",
+                    f"{bits}bit", "burst", str(burst_bytes), "limit", str(limit)], check=True, capture_output=True)

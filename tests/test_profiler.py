@@ -1,0 +1,120 @@
+"""``hgopt profile`` on a tiny runner model: the output is a valid model profile, times are positive and
+grow with the microbatch size; link measurement on loopback; the paced device."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hgopt.cli import main  # noqa: E402
+from hgopt.spec import instance_from_dict, model_profile_from_dict  # noqa: E402
+
+TINY = ["--blocks", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--warmup", "2", "--repeat", "5"]
+
+
+def _profile(tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "profile.json"
+    assert main(["profile", *TINY, *extra, "-o", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_profile_loads_and_times_grow_with_microbatch_size(tmp_path: Path) -> None:
+    # thread CPU time (--pace 1): what the layers cost, not what the machine's other load adds
+    data = _profile(tmp_path, "--mbs", "1,4,32", "--pace", "1")
+    prof = model_profile_from_dict(data, source="profile.json")
+    assert [layer.kind for layer in prof.layers] == ["embedding", "block", "block", "head"]
+    assert prof.seq_len == 16 and prof.dtype == "fp32"
+    entries = sorted(prof.timings, key=lambda t: t.mbs)
+    assert [t.mbs for t in entries] == [1, 4, 32]
+    for t in entries:
+        assert all(x > 0 for x in t.fwd + t.bwd)
+        assert all(x > 0 for x in t.update)
+        assert t.update == entries[0].update  # the optimizer step does not depend on mbs
+    total = [sum(t.fwd) + sum(t.bwd) for t in entries]
+    assert total[0] < total[1] < total[2]
+    assert total[2] > 2 * total[0]  # 32x the samples
+    for i in (1, 2, 3):  # every block and the head take longer at mbs 32 than at mbs 1
+        assert entries[2].fwd[i] + entries[2].bwd[i] > entries[0].fwd[i] + entries[0].bwd[i]
+
+
+def test_profile_sizes_match_the_runner_model(tmp_path: Path) -> None:
+    from hgopt.export.runner_plan import ModelConfig
+    from hgopt.runner.model import build_stage
+
+    prof = model_profile_from_dict(_profile(tmp_path, "--mbs", "1"))
+    emb, block, _, head = prof.layers
+    h, seq, vocab = 32, 16, 256
+    cfg = ModelConfig(layers=("embedding", "block", "block", "head"), hidden=h, heads=2, vocab=vocab, seq=seq)
+    for i, layer in enumerate(prof.layers):  # the runner's own layer i
+        assert layer.params == sum(p.numel() for p in build_stage(cfg, i, i + 1).parameters())
+    assert emb.params == vocab * h + seq * h  # token + position embeddings
+    assert head.params == 2 * h + h * vocab + vocab  # final norm + output projection
+    assert block.activation_bytes == seq * h * 4  # one fp32 (seq, hidden) activation per sample
+    assert block.act_mem_bytes > block.activation_bytes  # attention/MLP intermediates are kept
+
+
+def test_profile_is_usable_in_an_instance_and_by_evaluate(tmp_path: Path) -> None:
+    from hgopt.cost import evaluate
+    from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+
+    data = _profile(tmp_path, "--mbs", "1,2")
+    topo = {"clusters": [{"name": "a", "region": "r", "gpu": "cpu", "gpu_memory_gb": 4, "nodes": 1,
+                          "gpus_per_node": 2, "intra_node": {"gbyte_s": 1}, "inter_node": {"gbyte_s": 1}}]}
+    inst = instance_from_dict({"name": "t", "model": data, "topology": topo,
+                               "job": {"global_batch": 4, "seq_len": 16, "precision": "fp32"}})
+    plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=2, groups=(ReplicaGroup(cluster="a", mbs=2),)),
+                                            Stage(start=2, end=4, groups=(ReplicaGroup(cluster="a", mbs=2),))),
+                                    num_microbatches=2),))
+    ev = evaluate(plan, inst)
+    assert ev.feasible and ev.iteration_time_s > 0
+
+
+def test_profile_rejects_bad_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "x.json")
+    assert main(["profile", "--blocks", "1", "--mbs", "0", "-o", out]) == 2
+    assert "--mbs" in capsys.readouterr().err
+    assert main(["profile", "--blocks", "1", "--hidden", "30", "--heads", "4", "-o", out]) == 2
+    assert "--heads" in capsys.readouterr().err
+    assert main(["profile", "-o", out]) == 2
+    assert "--blocks" in capsys.readouterr().err
+
+
+def test_links_on_loopback_write_positive_figures_and_a_topology(tmp_path: Path) -> None:
+    topo = tmp_path / "topo.json"
+    topo.write_text(json.dumps({"clusters": [{"name": "a", "region": "r", "gpu": "cpu", "gpu_memory_gb": 4,
+                                              "nodes": 1, "gpus_per_node": 2, "intra_node": {"gbyte_s": 1},
+                                              "inter_node": {"gbyte_s": 1}}]}))
+    out = tmp_path / "links.json"
+    assert main(["profile", "--links", "--ranks", "2", "--repeat", "3", "--sizes", "65536,1048576,4194304",
+                 "--topology", str(topo), "--clusters", "a", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    p2p = doc["point_to_point"]
+    assert p2p["gbyte_s"] > 0 and p2p["latency_ms"] >= 0
+    assert doc["allreduce"]["gbyte_s"] > 0
+    measured = doc["measured"]["pairs"][0]
+    assert measured["sizes"] == [65536, 1048576, 4194304]
+    assert measured["one_way_s"][2] > measured["one_way_s"][0]  # 64x the bytes take longer
+    assert doc["topology"]["clusters"][0]["intra_node"]["gbyte_s"] == pytest.approx(p2p["gbyte_s"])
+
+
+def test_paced_clock_turns_cpu_time_into_device_time() -> None:
+    from hgopt.profiler.paced import PacedClock
+
+    clock = PacedClock(0.5)
+    t0 = time.perf_counter()
+    c0 = time.thread_time()
+    x = 0
+    while time.thread_time() - c0 < 0.05:  # 50 ms of CPU work
+        x += 1
+    clock.settle()
+    wall = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
+    assert wall >= cpu / 0.5 * 0.98  # the settle waited until the device time (cpu / speed) had passed
+    assert clock.report()["device_s"] == pytest.approx(clock.report()["cpu_s"] / 0.5)
+    with pytest.raises(ValueError, match="speed"):
+        PacedClock(1.5)
