@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from hgopt.cost.tables import CostTables, transfer_time
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.spec import Bandwidth, Cluster, Instance
 
-__all__ = ["ClusterTable", "Role", "cluster_table", "role_of"]
+__all__ = ["ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
 
 Role = Literal["first", "middle", "last", "only"]
 
@@ -98,6 +98,30 @@ def cluster_table(
     cache: dict[tuple[str, int, int], _Parts] | None = None,
 ) -> ClusterTable:
     """[H2] Best estimated local pipeline per layer count n (see the module docstring)."""
+    return cluster_tables(instance, tables, layout, cluster, role, microbatch=microbatch,
+                          num_microbatches=num_microbatches, gpu_budget=gpu_budget, replicas=replicas,
+                          stages_after=stages_after, cache=cache)[num_microbatches]
+
+
+def cluster_tables(
+    instance: Instance,
+    tables: CostTables,
+    layout: BlockLayout,
+    cluster: Cluster,
+    role: Role,
+    *,
+    microbatch: int,
+    num_microbatches: int,
+    gpu_budget: int,
+    replicas: int,
+    stages_after: int,
+    weights: Sequence[int] = (),
+    cache: dict[tuple[str, int, int], _Parts] | None = None,
+) -> dict[int, ClusterTable]:
+    """[H2] For the real microbatch count m and every extra ``weight`` w: per layer count n, the
+    estimate minimising (w − 1)·bottleneck + fill + sync_opt (memory always checked at m). A small
+    w favours local pipelines with little fill and gradient sync, the right choice when the
+    pipeline's bottleneck is elsewhere."""
     L = tables.num_layers
     has_pre = role in ("first", "only")
     has_post = role in ("last", "only")
@@ -106,9 +130,10 @@ def cluster_table(
     valid = (nb >= 0) & (n >= 1)
     if role == "only":
         valid &= n == L
-    best = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
-    best_j = np.full(L + 1, math.inf)
     m = num_microbatches
+    ws = tuple(dict.fromkeys((m, *weights)))
+    best = {w: ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int)) for w in ws}
+    best_j = {w: np.full(L + 1, math.inf) for w in ws}
     cache = {} if cache is None else cache
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
@@ -118,13 +143,14 @@ def cluster_table(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > gpu_budget or microbatch // dp > top_mbs:
                 continue
-            est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
-                                   replicas, stages_after, nb, has_pre, has_post, cache)
-            j = np.where(valid, est.objective(m), math.inf)
-            better = j < best_j
-            if better.any():
-                best_j = np.where(better, j, best_j)
-                best = ClusterTable(*(np.where(better, getattr(est, f), getattr(best, f)) for f in _FIELDS))
+            ests = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
+                                    replicas, stages_after, nb, has_pre, has_post, cache, ws)
+            for w, est in zip(ws, ests):
+                j = np.where(valid, est.objective(w), math.inf)
+                better = j < best_j[w]
+                if better.any():
+                    best_j[w] = np.where(better, j, best_j[w])
+                    best[w] = ClusterTable(*(np.where(better, getattr(est, f), getattr(best[w], f)) for f in _FIELDS))
     return best
 
 
@@ -157,9 +183,9 @@ def _allreduce(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
 def _config_estimate(
     instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
     budget: int, replicas: int, d: int, nb: np.ndarray, has_pre: bool, has_post: bool,
-    cache: dict[tuple[str, int, int], _Parts],
-) -> ClusterTable:
-    """Best over s of one (tp, dp) config, for every n (rows: s = 1..s_max, columns: n)."""
+    cache: dict[tuple[str, int, int], _Parts], weights: Sequence[int],
+) -> list[ClusterTable]:
+    """Best over s of one (tp, dp) config, for every n (rows: s, columns: n), per weight."""
     key = (c.gpu, tp, mbs)
     if key not in cache:
         cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
@@ -203,13 +229,14 @@ def _config_estimate(
                  + np.minimum(s - 1 + d, m) * mbs * per_stage_blocks * a_b + instance.job.workspace_bytes)
     ok = (mem <= c.gpu_memory_bytes) & ((s == 1) | (trunk_mem <= c.gpu_memory_bytes))
     ok &= s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
-    j = np.where(ok, (m - 1) * bott + fill + sync, math.inf)
-    pick = np.argmin(j, axis=0)
-    cols = np.arange(j.shape[1])
-    feasible = np.isfinite(j[pick, cols])
-
-    def take(a: np.ndarray) -> np.ndarray:
-        full = np.broadcast_to(a, j.shape)
-        return np.where(feasible, full[pick, cols], math.inf)
-
-    return ClusterTable(take(bott), take(fill), take(sync), np.where(feasible, s[pick, 0], 0))
+    shape = np.broadcast_shapes(bott.shape, fill.shape, sync.shape, ok.shape)
+    bott, fill, sync = (np.broadcast_to(a, shape) for a in (bott, fill, sync))
+    cols = np.arange(shape[1])
+    out = []
+    for w in weights:
+        j = np.where(ok, (w - 1) * bott + fill + sync, math.inf)
+        pick = np.argmin(j, axis=0)
+        feasible = np.isfinite(j[pick, cols])
+        take = lambda a: np.where(feasible, a[pick, cols], math.inf)  # noqa: E731
+        out.append(ClusterTable(take(bott), take(fill), take(sync), np.where(feasible, s[pick, 0], 0)))
+    return out

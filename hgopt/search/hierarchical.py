@@ -29,7 +29,7 @@ from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.baselines._common import BlockLayout, block_layout
-from hgopt.search.hier_tables import ClusterTable, cluster_table, role_of
+from hgopt.search.hier_tables import ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan
 from hgopt.spec import Instance
 
@@ -56,6 +56,8 @@ class HeuristicOptions:
     refine_rounds: int = 3
     """Rounds of single-layer moves with exact local plans [H6]."""
     max_pipelines: int = 1024
+    polish_extra: int = 1
+    """Realised skeletons besides the best that also get their local plans polished [H6]."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +69,9 @@ class Skeleton:
     microbatch: int
     order: tuple[str, ...]
     layers: tuple[int, ...]
+    weights: tuple[int, ...] = ()
+    """Per cluster, the microbatch count the intra-cluster DP weighs its local bottleneck with
+    (empty: the real m everywhere) [H6]."""
 
     def ranges(self) -> list[tuple[int, int]]:
         cuts = list(itertools.accumulate(self.layers, initial=0))
@@ -121,9 +126,16 @@ def plan_heuristic(
             done.append(got)
     done.sort(key=lambda x: x[0])
     best: tuple[float, Skeleton, Plan] | None = None
-    for got in done:
+    for rank, got in enumerate(done):
         best = _checked(ctx, _refine(ctx, got, options))
         if best is not None:
+            best = _polish(ctx, best)
+            for other in done[rank + 1 : rank + 1 + options.polish_extra]:  # polishing may reorder them
+                alt = _checked(ctx, other)
+                if alt is not None:
+                    alt = _polish(ctx, alt)
+                    if alt[0] < best[0]:
+                        best = alt
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
@@ -155,7 +167,7 @@ def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None
 
 def _describe(sk: Skeleton) -> str:
     parts = ", ".join(f"{c}:{n}" for c, n in zip(sk.order, sk.layers))
-    return f"k={sk.pipelines} B={sk.microbatch} [{parts}]"
+    return f"k={sk.pipelines} B={sk.microbatch} [{parts}]" + (f" weights={list(sk.weights)}" if sk.weights else "")
 
 
 def _out_of_time(ctx: _Ctx, options: HeuristicOptions) -> bool:
@@ -340,14 +352,57 @@ def _two_opt(ctx: _Ctx, order: tuple[str, ...], B: int, m: int) -> tuple[str, ..
 
 
 # ---- [H2, H4] layer split on the estimates ------------------------------------------------------
-def _table(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> ClusterTable:
+def _weights(m: int) -> tuple[int, ...]:
+    """Bottleneck weights of the local alternatives [H6]: the real m; fill/sync-leaning ones (for a
+    cluster whose bottleneck is not the pipeline's); a bottleneck-leaning one (for a cluster whose
+    gradient sync hides under another cluster's)."""
+    return tuple(dict.fromkeys((m, max(1, m // 8), 1, 4 * m + 4)))
+
+
+def _tables(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> dict[int, ClusterTable]:
     key = (name, role, k, B, after)
     if key not in ctx.tabs:
         c = ctx.instance.topology.cluster(name)
-        ctx.tabs[key] = cluster_table(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
-                                      microbatch=B, num_microbatches=m, gpu_budget=c.num_gpus // k,
-                                      replicas=k, stages_after=after, cache=ctx.parts)  # type: ignore[arg-type]
-    return ctx.tabs[key]
+        ctx.tabs[key] = cluster_tables(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
+                                       microbatch=B, num_microbatches=m, gpu_budget=c.num_gpus // k,
+                                       replicas=k, stages_after=after, weights=_weights(m),
+                                       cache=ctx.parts)  # type: ignore[arg-type]
+    return ctx.tabs[key]  # type: ignore[return-value]
+
+
+def _table(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> ClusterTable:
+    return _tables(ctx, name, role, k, B, m, after)[m]
+
+
+def _choose_weights(
+    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[dict[int, ClusterTable]], layers: Sequence[int], B: int, m: int
+) -> tuple[float, tuple[int, ...]]:
+    """[H6] Per cluster, the local alternative (bottleneck weight) that lowers the pipeline's
+    estimate, by coordinate descent; returns (estimate, weights)."""
+    wan = _wan(ctx, order, B)
+    ws = [m] * len(order)
+
+    val = [{w: (float(t.bottleneck[n]), float(t.fill[n]), float(t.sync_opt[n])) for w, t in tb.items()}
+           for tb, n in zip(tabs, layers)]
+
+    def est(choice: Sequence[int]) -> float:
+        picked = [v[w] for v, w in zip(val, choice)]
+        return ((m - 1) * max(wan[0], max(p[0] for p in picked)) + wan[1] + sum(p[1] for p in picked)
+                + max(p[2] for p in picked))
+
+    cur = est(ws)
+    improved = True
+    while improved:
+        improved = False
+        for i, tb in enumerate(tabs):
+            for w in tb:
+                if w == ws[i]:
+                    continue
+                trial = ws[:i] + [w] + ws[i + 1 :]
+                t = est(trial)
+                if t < cur - 1e-12:
+                    ws, cur, improved = trial, t, True
+    return cur, tuple(ws)
 
 
 def _best_for_subset(
@@ -357,6 +412,15 @@ def _best_for_subset(
     the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
     m = ctx.instance.job.global_batch // (k * B)
     order = _order(ctx, names, B, m)
+    got = [g for o in dict.fromkeys((order, order[::-1])) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
+    return min(got, key=lambda x: x[0]) if got else None
+
+
+def _split_order(
+    ctx: _Ctx, k: int, B: int, m: int, order: tuple[str, ...], passes: int
+) -> tuple[float, Skeleton] | None:
+    """The layer split of one cluster order (both directions of a path cost the same on symmetric
+    links, but the first cluster also holds the embedding and the last the head)."""
     after = [_round_up(len(order) - 1 - i) for i in range(len(order))]
     got = None
     for _ in range(passes):
@@ -365,7 +429,10 @@ def _best_for_subset(
         if split is None:
             return got
         est, layers = split
-        got = (est, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers))
+        est2, ws = _choose_weights(ctx, order, [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])
+                                                for i, n in enumerate(order)], layers, B, m)
+        got = (est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
+                              weights=() if all(w == m for w in ws) else ws))
         stages = [int(t.stages[n]) for t, n in zip(tabs, layers)]
         new_after = [_round_up(sum(stages[i + 1 :])) for i in range(len(order))]
         if new_after == after:
@@ -528,14 +595,22 @@ def _top_two(values: Sequence[float]) -> tuple[float, float]:
 
 
 # ---- [H5] exact local pipelines ----------------------------------------------------------------
-def _local(ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int) -> LocalPlan | None:
+def _local(
+    ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int, weight: int | None = None
+) -> LocalPlan | None:
+    """The intra-cluster DP's local pipeline. ``weight``: the microbatch count the DP weighs the
+    local bottleneck with (default: the real m); a smaller weight asks for less fill and gradient
+    sync at the price of a slower local stage, which pays off when the pipeline's bottleneck is
+    elsewhere (a WAN link) [H6]. The DP then also checks memory at that count, so such plans are
+    kept only if ``evaluate`` finds them feasible."""
     name = sk.order[i]
-    key = (name, lo, hi, sk.pipelines, sk.microbatch, after)
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    w = m if weight is None else weight
+    key = (name, lo, hi, sk.pipelines, sk.microbatch, after, w)
     if key not in ctx.local:
         c = ctx.instance.topology.cluster(name)
-        m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
         ctx.local[key] = best_local_plan(
-            ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=m,
+            ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=w,
             gpu_budget=c.num_gpus // sk.pipelines, stages_before=i, stages_after=after, replicas=sk.pipelines)
     return ctx.local[key]
 
@@ -546,7 +621,7 @@ def _local_plans(ctx: _Ctx, sk: Skeleton) -> list[LocalPlan] | None:
     out: list[LocalPlan] = []
     after = 0
     for i in reversed(range(len(sk.order))):
-        lp = _local(ctx, sk, i, *ranges[i], after)
+        lp = _local(ctx, sk, i, *ranges[i], after, weight=sk.weights[i] if sk.weights else None)
         if lp is None:
             return None
         out.append(lp)
@@ -568,14 +643,61 @@ def _realize_and_score(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] 
     locals_ = _local_plans(ctx, sk)
     if locals_ is None:
         return None
+    plan = _assemble(ctx, sk, locals_)
+    if sk.weights and not evaluate(plan, ctx.instance, ctx.tables).feasible:
+        return None  # a fill-leaning local pipeline was checked for memory at its weight only
+    return _decomposed(ctx, sk, locals_), sk, plan
+
+
+def _decomposed(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
+    """[C3] + [C7] from the local plans and the WAN boundaries."""
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
     worst = total = 0.0
     for (a, b), (_, end) in zip(zip(sk.order, sk.order[1:]), sk.ranges()):
         f, bw = _link_times(ctx, a, b, sk.microbatch, end)
         worst, total = max(worst, f, bw), total + f + bw
     bott = max(worst, max(lp.bottleneck_s for lp in locals_))
-    t = (m - 1) * bott + sum(lp.fill_s for lp in locals_) + total + max(lp.sync_opt_s for lp in locals_)
-    return t, sk, _assemble(ctx, sk, locals_)
+    return (m - 1) * bott + sum(lp.fill_s for lp in locals_) + total + max(lp.sync_opt_s for lp in locals_)
+
+
+def _polish(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan]:
+    """[H6] Per cluster, local pipelines the DP finds when it weighs its bottleneck with fewer
+    microbatches; keep the combination with the lowest decomposed time that ``evaluate`` accepts."""
+    sk = got[1]
+    base = _local_plans(ctx, sk)
+    if base is None:
+        return got
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    ranges = sk.ranges()
+    alts: list[list[LocalPlan]] = []
+    after = 0
+    for i in reversed(range(len(sk.order))):
+        opts = [base[i]]
+        for w in sorted((set(_weights(m)) | {max(1, m // 4)}) - {m}):
+            lp = _local(ctx, sk, i, *ranges[i], after, weight=w)
+            if lp is not None and lp.stages != base[i].stages:
+                opts.append(lp)
+        alts.append(opts)
+        after += len(base[i].stages)
+    alts.reverse()
+    pick = list(base)
+    cur = _decomposed(ctx, sk, pick)
+    improved = True
+    while improved:
+        improved = False
+        for i, opts in enumerate(alts):
+            for lp in opts:
+                trial = pick[:i] + [lp] + pick[i + 1 :]
+                t = _decomposed(ctx, sk, trial)
+                if t < cur - 1e-12:
+                    pick, cur, improved = trial, t, True
+    if pick == base:
+        return got
+    plan = _assemble(ctx, sk, pick)
+    ev = evaluate(plan, ctx.instance, ctx.tables)
+    if ev.feasible and ev.iteration_time_s < got[0]:
+        return ev.iteration_time_s, sk, plan
+    return got
 
 
 def _checked(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan] | None:
@@ -604,7 +726,8 @@ def _refine(
                 layers[i + 1] -= step
                 if min(layers) < 1:
                     continue
-                cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers))
+                cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers),
+                                weights=sk.weights)
                 got = _realize_and_score(ctx, cand)
                 if got is not None and got[0] < best[0] - 1e-12:
                     best, improved = got, True
