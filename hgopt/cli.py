@@ -15,7 +15,7 @@ from hgopt.errors import PlanError, SpecError
 __all__ = ["main"]
 
 # Subcommand modules under hgopt.commands, in the order `hgopt --help` lists them.
-COMMANDS: tuple[str, ...] = ("instances", "show", "evaluate", "profile", "compare", "export")
+COMMANDS: tuple[str, ...] = ("instances", "show", "evaluate", "profile", "compare", "export", "plan", "export_model")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -162,6 +162,19 @@ class StageModel:
             + self.workspace
         )
 
+    def max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf)."""
+        base = self.memory(lo, hi, 0)
+        act = self.memory(lo, hi, 1) - base
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(act > 0, np.floor((self.capacity - base) / np.where(act > 0, act, 1.0)), 0.0)
+        k = np.maximum(k, 0.0)
+        for _ in range(2):  # the division may be one off the exact comparison evaluate makes
+            k = np.where((k > 0) & (self.memory(lo, hi, k) > self.capacity), k - 1, k)
+            k = np.where(self.memory(lo, hi, k + 1) <= self.capacity, k + 1, k)
+        k = np.where(act > 0, k, INF)
+        return np.where(base > self.capacity, -1.0, k)
+
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
         -1 when even the weights do not fit)."""
@@ -409,11 +422,20 @@ class TrunkCosts:
             self.l_comp, self.l_so = sm.compute(lol, hil), sm.sync_opt(lol, hil)
             self.l_lo, self.l_hi = lol, hil
 
+        self._kmax: dict[str, np.ndarray] = {}
+
+    def kmax(self, kind: str) -> np.ndarray:
+        """Most in-flight microbatches per x for a stage of ``kind`` ('t', 'f', 'l') [C6]."""
+        if kind not in self._kmax:
+            lo, hi = getattr(self, f"{kind}_lo"), getattr(self, f"{kind}_hi")
+            self._kmax[kind] = self.sm.max_in_flight_v(lo, hi)
+        return self._kmax[kind]
+
     def cap(self, kind: str, in_flight: int) -> np.ndarray:
         """Feasibility mask over x of a stage of ``kind`` ('t', 'f', 'l') at ``in_flight``."""
-        lo, hi = getattr(self, f"{kind}_lo"), getattr(self, f"{kind}_hi")
-        ok = self.sm.memory(lo, hi, in_flight) <= self.sm.capacity
+        ok = self.kmax(kind) >= in_flight
         if kind == "t":
+            ok = ok.copy()
             ok[0] = False  # a trunk stage holds at least one layer
         return ok
 

@@ -1,0 +1,485 @@
+"""Block options for the cluster-level MILP: what a cluster can do with n trunk layers.
+
+The model must be *trunk-shaped*: an optional special first layer (embedding), a run of identical
+layers (transformer blocks), an optional special last layer (head) — see ``model_shape``. A cluster
+that hosts a contiguous block of one pipeline plays one of four roles [B0]:
+
+- ``first``: the prefix layer (if any) and n trunk layers, pipeline stages follow it;
+- ``middle``: n >= 1 trunk layers, stages before and after it;
+- ``end``: n trunk layers and the suffix layer (if any), nothing after it;
+- ``only``: the whole model.
+
+For every role, n and local (tp, dp, s) this module computes with the intra-cluster closed form
+(``hgopt.search.intra.solve_trunk``) the partition minimising the block's own objective at d
+stages after it, for d on a ladder, and keeps the options not dominated in (bottleneck, fill,
+sync_opt, local stages s, tolerated stages after) [B1]. Labels refer to formulations/cluster_milp.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from hgopt.cost.tables import CostTables
+from hgopt.search.intra import (
+    LocalConfig,
+    StageModel,
+    TrunkCosts,
+    TrunkGeometry,
+    TrunkSolution,
+    layer_classes,
+    local_configs,
+    solve_trunk,
+)
+from hgopt.spec import Instance
+
+__all__ = ["BlockOption", "ModelShape", "Role", "block_options", "model_shape"]
+
+log = logging.getLogger(__name__)
+
+Role = Literal["first", "middle", "end", "only"]
+ROLES: tuple[Role, ...] = ("first", "middle", "end", "only")
+INF = math.inf
+D_STEPS = 12
+"""At most this many exact steps of the stages-after ladder per (role, config, s); then one jump to
+the cap (see formulations/cluster_milp.md, [B1])."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    """Layers [0, p) prefix, [p, p + trunk) identical trunk layers, [L − q, L) suffix."""
+
+    p: int
+    q: int
+    trunk: int
+    num_layers: int
+
+    def boundary_ok_after_prefix(self, act: np.ndarray) -> bool:
+        """A first block made of the prefix alone sends act[p−1] bytes; allowed only when that equals
+        the trunk's boundary bytes, so every WAN boundary carries the same bytes per sample."""
+        return self.p == 0 or float(act[self.p - 1]) == float(act[self.p])
+
+
+def model_shape(instance: Instance) -> ModelShape:
+    """The trunk shape of the model; ValueError when the exact planner cannot use it."""
+    classes = layer_classes(instance)
+    L = len(classes)
+    if L < 3:
+        return ModelShape(p=0, q=0, trunk=L, num_layers=L) if len(set(classes)) == 1 else _not_trunk(instance)
+    trunk_class = classes[L // 2]
+    p = 0 if classes[0] == trunk_class else 1
+    q = 0 if classes[-1] == trunk_class else 1
+    if any(c != trunk_class for c in classes[p : L - q]) or L - p - q < 1:
+        _not_trunk(instance)
+    return ModelShape(p=p, q=q, trunk=L - p - q, num_layers=L)
+
+
+def _not_trunk(instance: Instance) -> ModelShape:
+    raise ValueError(
+        f"--planner milp: model {instance.model.name!r} is not trunk-shaped (at most one special layer at each end "
+        "around identical layers); the exact planner needs that shape"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockOption:
+    """One way cluster ``cluster`` hosts its block (one pipeline's copy)."""
+
+    cluster: str
+    role: Role
+    n: int
+    """Trunk layers in the block."""
+    cfg: LocalConfig
+    bounds: tuple[int, ...]
+    """Layer boundaries of the local stages (absolute layer indices)."""
+    bottleneck: float
+    fill: float
+    sync_opt: float
+    dmax: float
+    """Most pipeline stages after the block for which every local stage fits (inf: any)."""
+
+    @property
+    def s(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def gpus(self) -> int:
+        return self.s * self.cfg.gpus
+
+
+def role_geometry(shape: ModelShape, role: Role) -> tuple[TrunkGeometry, range]:
+    """The block geometry of ``role`` and its trunk counts n [B0]."""
+    p, q, T, L = shape.p, shape.q, shape.trunk, shape.num_layers
+    if role == "first":
+        return TrunkGeometry(p=p, q=0, first=0, t0=p, last_end=L, trunk=T), range(0 if p else 1, T + q)
+    if role == "middle":
+        return TrunkGeometry(p=0, q=0, first=p, t0=p, last_end=L, trunk=T), range(1, T - 1 + (p > 0) + (q > 0))
+    if role == "end":
+        return TrunkGeometry(p=0, q=q, first=p, t0=p, last_end=L, trunk=T, anchor="end"), range(0 if q else 1, T + p)
+    return TrunkGeometry(p=p, q=q, first=0, t0=p, last_end=L, trunk=T), range(T, T + 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Window:
+    """Bounds that prune block options without losing an optimum [B2]: every plan of the space has
+    bottleneck >= t_lb and tail >= s_lb; options with bottleneck > t_cap are left out (the caller
+    accounts for plans above the cap in its lower bound)."""
+
+    t_lb: float = 0.0
+    s_lb: float = 0.0
+    t_cap: float = INF
+    weight: float = 1.0
+    """m − 1, the weight of the bottleneck in the objective."""
+
+
+def block_options(
+    instance: Instance,
+    tables: CostTables,
+    *,
+    replicas: int,
+    microbatch: int,
+    num_microbatches: int,
+    d_cap: int,
+    window: Window | None = None,
+    roles: tuple[Role, ...] = ROLES,
+) -> dict[tuple[str, Role, int], list[BlockOption]]:
+    """[B1] Non-dominated block options per (cluster, role, n) for ``replicas`` identical pipelines
+    with this microbatch and m. ``d_cap``: the most stages that can follow a block."""
+    shape = model_shape(instance)
+    win = window or Window(weight=float(num_microbatches - 1))
+    out: dict[tuple[str, Role, int], list[BlockOption]] = {}
+    for c in instance.topology.clusters:
+        budget = c.num_gpus // replicas
+        for role in roles:
+            cands = _cluster_role_candidates(instance, tables, c.name, role, shape, replicas, microbatch,
+                                             num_microbatches, budget, d_cap, win)
+            for n, opts in cands.items():
+                kept = _dominance_filter(opts, role, win)
+                if kept:
+                    out[(c.name, role, n)] = kept
+    return out
+
+
+def _cluster_role_candidates(
+    instance: Instance, tables: CostTables, cluster: str, role: Role, shape: ModelShape, replicas: int,
+    microbatch: int, m: int, budget: int, d_cap: int, win: Window,
+) -> dict[int, list[BlockOption]]:
+    geo, n_range = role_geometry(shape, role)
+    if role == "first" and not shape.boundary_ok_after_prefix(tables.activation_bytes):
+        n_range = range(max(1, n_range.start), n_range.stop)
+    if len(n_range) == 0:
+        return {}
+    c = instance.topology.cluster(cluster)
+    d_lo = 1 if role in ("first", "middle") else 0
+    cands: dict[int, list[BlockOption]] = {}
+    for cfg in local_configs(instance, cluster, microbatch):
+        if cfg.gpus > budget:
+            continue
+        sm = StageModel(instance, tables, c, cfg, replicas)
+        t1 = float(sm.compute(np.array([geo.t0]), np.array([geo.t0 + 1]))[0])
+        per_stage = int(win.t_cap // t1) if t1 > 0 and math.isfinite(win.t_cap) else 10**9
+        n_hi = min(n_range.stop - 1, (budget // cfg.gpus) * per_stage)
+        if per_stage < 1 or n_hi < n_range.start:
+            continue
+        ns = np.arange(n_range.start, n_hi + 1)
+        tc = TrunkCosts(sm, geo, int(ns.max()))
+        s_first = max(1, -(-int(ns.min()) // max(per_stage, 1)) - 1)
+        s_top = min(budget // cfg.gpus, geo.p + geo.q + int(ns.max()))
+        stop_at = np.full(len(ns), s_top)
+        min_send = 2.0 * min(tc.t_send, float(tc.f_send.min()) if geo.p else INF) * 0.999
+        for s in range(s_first, s_top + 1):
+            if s > stop_at.max():
+                break
+            for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns):
+                new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
+                dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
+                stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
+    return cands
+
+
+def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, d_need: int, win: Window,
+               min_send: float) -> np.ndarray:
+    """[B2] Once an option has bottleneck <= t_lb and fits for every d, a partition with more stages
+    of the same config only adds fill (one more boundary: >= min_send) and can lower the tail by at
+    most sync_opt − s_lb, so stage counts beyond s + (sync_opt − s_lb) / min_send are dominated."""
+    done = sol.feasible & (sol.bottleneck <= win.t_lb) & (dm >= d_need)
+    if min_send <= 0:
+        extra = np.where(done, 10**9, 0)
+    else:
+        extra = np.ceil(np.maximum(sol.sync_opt - win.s_lb, 0.0) / min_send)
+    return np.where(done, np.minimum(stop_at, s + extra), stop_at).astype(np.int64)
+
+
+def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray) -> list[tuple[TrunkSolution, np.ndarray]]:
+    """Solutions at d = d_lo, then at the next d where some n's best partition stops fitting, up to
+    D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new)."""
+    out: list[tuple[TrunkSolution, np.ndarray]] = []
+    d = d_lo
+    covered = np.full(len(ns), -1.0)  # largest d already covered per n
+    for step in range(D_STEPS + 2):
+        sol = solve_trunk(tc, s, d, m, ns)
+        if sol is None:
+            break
+        new = sol.feasible & (covered < d)
+        if not new.any() and not (sol.feasible & (covered < d_cap)).any():
+            break
+        dm = _dmax(tc, sol, m)
+        out.append((sol, new))
+        covered = np.where(new, np.minimum(dm, d_cap), covered)
+        todo = sol.feasible & (covered < d_cap)
+        if not todo.any() or d >= d_cap:
+            break
+        nxt = int(covered[todo].min()) + 1
+        d = nxt if step < D_STEPS else d_cap
+        d = min(max(d, d_lo), d_cap)
+    return out
+
+
+def _dmax(tc: TrunkCosts, sol: TrunkSolution, m: int) -> np.ndarray:
+    """Per n: the most stages after the block for which the chosen partition fits [C6]: a stage with
+    r stages from it to the block's end keeps min(r + d, m) microbatches, so it needs
+    d <= kmax − r unless kmax >= m."""
+    s, geo = sol.s, tc.geo
+    parts: list[tuple[np.ndarray, int]] = []
+    if s == 1:
+        lo = np.array([geo.whole(int(n))[0] for n in sol.ns])
+        hi = np.array([geo.whole(int(n))[1] for n in sol.ns])
+        parts.append((tc.sm.max_in_flight_v(lo, hi), 1))
+    else:
+        i = 0
+        if geo.p:
+            parts.append((tc.kmax("f")[sol.x0], s))
+            i = 1
+        for j, cnt in enumerate(sol.counts):
+            parts.append((tc.kmax("t")[cnt], s - i - j))
+        if geo.q:
+            parts.append((tc.kmax("l")[sol.xl], 1))
+    dm = np.full(len(sol.ns), INF)
+    for km, r in parts:
+        dm = np.minimum(dm, np.where(km < m, km - r, INF))
+    return dm
+
+
+def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.ndarray, cluster: str, role: Role,
+             cfg: LocalConfig, tc: TrunkCosts, m: int) -> np.ndarray:
+    dm = _dmax(tc, sol, m)
+    for i in np.flatnonzero(new):
+        n = int(sol.ns[i])
+        cands.setdefault(n, []).append(BlockOption(
+            cluster=cluster, role=role, n=n, cfg=cfg, bounds=sol.bounds(int(i)),
+            bottleneck=float(sol.bottleneck[i]), fill=float(sol.fill[i]), sync_opt=float(sol.sync_opt[i]),
+            dmax=float(dm[i]),
+        ))
+    return dm
+
+
+def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[BlockOption]:
+    """[B3] Drop options some other option of the same (cluster, role, n) beats in every plan:
+    o beats o' when swapping o' for o cannot raise the objective,
+    w·(T_o − T_o')⁺ + (F_o − F_o') + (S_o − S_o')⁺ <= 0 with T, S clamped below at t_lb, s_lb
+    (every plan's bottleneck and tail are at least that), s_o <= s_o' when stages come before the
+    block and dmax_o >= dmax_o' when stages follow it."""
+    if not opts:
+        return []
+    use_s = role in ("middle", "end")
+    use_d = role in ("first", "middle")
+    T = np.array([max(o.bottleneck, win.t_lb) for o in opts])
+    F = np.array([o.fill for o in opts])
+    S = np.array([max(o.sync_opt, win.s_lb) for o in opts])
+    st = np.array([o.s if use_s else 0 for o in opts])
+    dm = np.array([o.dmax if use_d else 0.0 for o in opts])
+    order = np.lexsort((st, S, F, T))
+    kept: list[int] = []
+    tol = 1e-12
+    for i in order:
+        if kept:
+            k = np.array(kept)
+            worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
+            beats = (worse <= tol * (abs(F[i]) + 1.0)) & (st[k] <= st[i]) & (dm[k] >= dm[i])
+            if beats.any():
+                continue
+        kept.append(int(i))
+    return [opts[i] for i in kept]
+
+
+# --------------------------------------------------------------------------------------------
+# Cheap bounds of a batch split [B4]
+# --------------------------------------------------------------------------------------------
+GRID_RATIO = 1.01
+"""Spacing of the bottleneck grid on which the cheap bound is evaluated."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheapBounds:
+    """Valid lower bounds for every plan of one batch split (k pipelines, microbatch, m) [B4]."""
+
+    t_lb: float
+    """Bottleneck: a cluster hosting n trunk layers in s stages of one config has a stage with
+    >= ceil(n / s) layers, and all layers must be hosted (fluid over clusters)."""
+    s_lb: float
+    """Tail: the cheapest sync+optimizer of any one layer (its stage holds at least that layer)."""
+    weight: float
+    grid: tuple[float, ...]
+    """Bottleneck values tau_0 = t_lb < tau_1 < ...; bound on plans with bottleneck in
+    [tau_i, tau_{i+1}): weight·tau_i + fill_lb(tau_{i+1}) + s_lb."""
+    fill_at: tuple[float, ...]
+    """fill_lb(tau_i): least fill of any plan whose bottleneck is at most tau_i (inf: none)."""
+    f_lb: float
+    """Least fill of any plan at all (fill_at of the largest grid point)."""
+
+    @property
+    def value(self) -> float:
+        return self.lb_above(self.t_lb)
+
+    def lb_above(self, t: float) -> float:
+        """Lower bound on every plan whose bottleneck is >= t."""
+        best = math.inf
+        for i, tau in enumerate(self.grid):
+            hi = self.grid[i + 1] if i + 1 < len(self.grid) else math.inf
+            if hi <= t:
+                continue
+            f = self.fill_at[i + 1] if i + 1 < len(self.grid) else self.f_lb
+            best = min(best, self.weight * max(tau, t) + f + self.s_lb)
+        return best
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Cfg:
+    stages: int
+    gpus: int
+    t1: float
+    jmax: int
+
+
+def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int,
+                 num_microbatches: int) -> CheapBounds:
+    """[B4] Bounds of the split from per-layer costs only (no partition search)."""
+    shape = model_shape(instance)
+    t0, L = shape.p, shape.num_layers
+    special = ([0] if shape.p else []) + ([L - 1] if shape.q else [])
+    rows: dict[str, list[_Cfg]] = {}
+    f_min = {l: INF for l in [t0, *special]}
+    s_min = dict(f_min)
+    for c in instance.topology.clusters:
+        budget = c.num_gpus // replicas
+        rows[c.name] = []
+        for cfg in local_configs(instance, c.name, microbatch):
+            if cfg.gpus > budget:
+                continue
+            sm = StageModel(instance, tables, c, cfg, replicas)
+            for l in f_min:
+                one = (np.array([l]), np.array([l + 1]))
+                f_min[l] = min(f_min[l], float(sm.compute(*one)[0]))
+                s_min[l] = min(s_min[l], float(sm.sync_opt(*one)[0]))
+            j = np.arange(1, shape.trunk + 1)
+            fits = sm.max_in_flight_v(np.full_like(j, t0), t0 + j) >= 1
+            jmax = int(np.argmin(fits)) if not fits.all() else shape.trunk
+            if jmax >= 1:
+                t1 = float(sm.compute(np.array([t0]), np.array([t0 + 1]))[0])
+                rows[c.name].append(_Cfg(stages=budget // cfg.gpus, gpus=cfg.gpus, t1=t1, jmax=jmax))
+    t_lb = _fluid(rows, shape.trunk)
+    wan = INF
+    if len(instance.topology.clusters) > 1:
+        wan = min(_wan_time(instance, tables, a.name, b.name, microbatch) for a in instance.topology.clusters
+                  for b in instance.topology.clusters if a.name != b.name)
+    extra = sum(f_min[l] for l in special)
+    budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
+    grid = _grid(t_lb, rows)
+    fill = tuple(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra) for tau in grid)
+    return CheapBounds(t_lb=t_lb, s_lb=max(s_min.values()), weight=float(num_microbatches - 1), grid=grid,
+                       fill_at=fill, f_lb=fill[-1] if fill else INF)
+
+
+def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
+    """Geometric grid from t_lb to the largest bottleneck any single stage can have."""
+    if not math.isfinite(t_lb):
+        return ()
+    top = max((r.t1 * r.jmax for rs in rows.values() for r in rs), default=t_lb)
+    out, tau = [t_lb], t_lb
+    while tau < top:
+        tau *= GRID_RATIO
+        out.append(tau)
+    return tuple(out)
+
+
+def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, tau: float, wan: float,
+             extra: float) -> float:
+    """[B4] Least fill of the trunk when every stage's compute is <= tau: a cluster spends a fraction
+    of its GPUs on each config; config i holds min(floor(tau/t1), jmax) layers per stage of g GPUs
+    at t1 fill per layer (a fractional, convex relaxation solved greedily over marginal costs).
+    A plan on one cluster needs no WAN; a plan on several pays two WAN sends in its fill and has
+    bottleneck >= the fastest WAN send, so below that only single-cluster plans count."""
+    marginals = []
+    single = INF
+    for name, rs in rows.items():
+        pts = [(r.gpus / min(int(tau / r.t1 + 1e-9), r.jmax), r.t1) for r in rs if min(int(tau / r.t1 + 1e-9), r.jmax) >= 1]
+        if not pts:
+            continue
+        rho, cost = _lower_hull(pts)
+        n = np.arange(1, trunk + 1)
+        per = budgets[name] / n  # GPUs per layer available when hosting n layers
+        ok = per >= rho[0] * (1 - 1e-12)
+        h = np.interp(per, rho, cost)  # cost per layer at that resource per layer (convex, decreasing)
+        g = np.where(ok, n * h, INF)
+        if ok[-1]:
+            single = min(single, float(g[-1]))
+        with np.errstate(invalid="ignore"):
+            marg = np.diff(np.concatenate(([0.0], g)))
+        marginals.append(np.where(ok, marg, INF))
+    multi = INF
+    if marginals and tau >= wan:
+        allm = np.sort(np.concatenate(marginals))
+        if len(allm) >= trunk and np.isfinite(allm[trunk - 1]):
+            multi = float(allm[:trunk].sum()) + 2.0 * wan
+    return min(single, multi) + extra
+
+
+def _lower_hull(pts: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lower convex envelope of (resource per layer, cost per layer) points, as arrays sorted by
+    resource, keeping only the part where cost decreases with resource."""
+    pts = sorted(set(pts))
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        if hull and p[1] >= hull[-1][1]:
+            continue  # more resource for no lower cost
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    return np.array([p[0] for p in hull]), np.array([p[1] for p in hull])
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+def _fluid(rows: dict[str, list[_Cfg]], trunk: int) -> float:
+    """Smallest t at which the clusters together can host ``trunk`` layers (inf: never)."""
+    points = sorted({j * r.t1 for rs in rows.values() for r in rs for j in range(1, min(r.jmax, trunk) + 1)})
+
+    def enough(t: float) -> bool:
+        return sum(min(trunk, max((r.stages * min(int(t / r.t1 + 1e-9), r.jmax) for r in rs), default=0))
+                   for rs in rows.values()) >= trunk
+
+    if not points or not enough(points[-1]):
+        return INF
+    lo, hi = 0, len(points) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if enough(points[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return points[lo]
+
+
+def _wan_time(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int) -> float:
+    """One microbatch's activations across the a→b link (same time for the gradients back) [C4]."""
+    from hgopt.cost.tables import transfer_time
+
+    shape = model_shape(instance)
+    per_sample = float(tables.activation_bytes[shape.p])
+    return transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)

@@ -1,0 +1,364 @@
+"""The exact planner: a cluster-level MILP over intra-cluster block options, one model per batch
+split, with a certified lower bound on the iteration time.
+
+Plan space (what "optimal" and "gap" refer to; formulations/cluster_milp.md):
+k identical pipelines, each a chain of distinct clusters; each cluster of the chain hosts one
+contiguous block of layers as a local pipeline of identical (tp, dp, mbs) stages with ZeRO-1 (the
+block options of hgopt.search.blocks); microbatch B and m = global_batch / (k·B) microbatches per
+pipeline; native precision on every boundary. Labels [M1]..[M11] refer to the formulation document.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.cost.tables import CostTables, transfer_time
+from hgopt.plan import Pipeline, Plan, Stage
+from hgopt.search import PlanOptions, PlanResult
+from hgopt.search.blocks import (
+    BlockOption,
+    CheapBounds,
+    Window,
+    block_options,
+    cheap_bounds,
+    model_shape,
+)
+from hgopt.solvers import SolveOptions, SolveResult, solve
+from hgopt.solvers.model import LinearModel
+from hgopt.spec import Instance
+
+__all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "SplitOutcome", "batch_splits", "build_milp", "decode",
+           "plan_milp", "solve_split"]
+
+log = logging.getLogger(__name__)
+
+PLAN_SPACE = (
+    "k identical pipelines; each a chain of distinct clusters, one contiguous layer block per cluster run as "
+    "uniform (tp, dp, mbs) local stages with ZeRO-1; cluster boundaries between identical layers; native "
+    "link precision; microbatch B and m = global_batch/(k*B) enumerated"
+)
+WIDEN = 1.6
+"""Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSplit:
+    """k pipelines, each with ``num_microbatches`` microbatches of ``microbatch`` samples."""
+
+    k: int
+    microbatch: int
+    num_microbatches: int
+
+    def __str__(self) -> str:
+        return f"k={self.k} B={self.microbatch} m={self.num_microbatches}"
+
+
+def batch_splits(instance: Instance) -> list[BatchSplit]:
+    """Every (k, B, m) with k·B·m = global batch and k at most the number of GPUs."""
+    g = instance.job.global_batch
+    kmax = instance.topology.num_gpus()
+    out = []
+    for k in range(1, min(g, kmax) + 1):
+        if g % k:
+            continue
+        for b in range(1, g // k + 1):
+            if (g // k) % b == 0:
+                out.append(BatchSplit(k=k, microbatch=b, num_microbatches=g // (k * b)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+@dataclass(kw_only=True, slots=True)
+class Formulation:
+    """The MILP of one split and what is needed to turn a solution back into a plan."""
+
+    split: BatchSplit
+    model: LinearModel
+    y: dict[int, BlockOption] = field(default_factory=dict)
+    z: dict[tuple[str, str], int] = field(default_factory=dict)
+    wan: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def build_milp(
+    instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
+    bounds: CheapBounds,
+) -> Formulation:
+    """data -> variables -> constraints [M1]..[M11] -> objective (formulations/cluster_milp.md)."""
+    shape = model_shape(instance)
+    names = [c.name for c in instance.topology.clusters]
+    lm = LinearModel(name=f"hgopt_{instance.name}_{split.k}x{split.microbatch}x{split.num_microbatches}")
+    form = Formulation(split=split, model=lm)
+    by_cluster: dict[str, list[int]] = {c: [] for c in names}
+    # variables: y[c,role,n,o] one binary per block option
+    for (c, role, n), opts in sorted(options.items()):
+        for i, o in enumerate(opts):
+            j = lm.add_binary(f"y[{c},{role},{n},{i}]")
+            form.y[j] = o
+            by_cluster[c].append(j)
+    hands = {c for c in names if any(form.y[j].role in ("first", "middle") for j in by_cluster[c])}
+    takes = {c for c in names if any(form.y[j].role in ("middle", "end") for j in by_cluster[c])}
+    # variables: z[c,c'] cluster c hands its last activations to c'
+    for a in names:
+        for b in names:
+            if a != b and a in hands and b in takes:
+                form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
+                form.wan[(a, b)] = transfer_time(instance.topology.link(a, b),
+                                                 split.microbatch * float(tables.activation_bytes[shape.p]) * 1.0)
+    t = lm.add_var("T", lb=bounds.t_lb, kind="time")
+    u = lm.add_var("U", lb=bounds.s_lb, kind="time")
+    w_max = float(sum(max((form.y[j].s for j in js), default=0) for js in by_cluster.values()))
+    w = {c: lm.add_var(f"W[{c}]", lb=0.0, ub=w_max) for c in names}
+    ys = form.y
+    start = {j: 1.0 for j in ys if ys[j].role in ("first", "only")}
+    end = {j: 1.0 for j in ys if ys[j].role in ("end", "only")}
+    lm.add_row("M2_start", start, 1.0, 1.0)  # [M2] one block starts the pipeline
+    lm.add_row("M3_end", end, 1.0, 1.0)  # [M3] one block ends it
+    lm.add_row("M4_cover", {j: float(ys[j].n) for j in ys}, shape.trunk, shape.trunk)  # [M4] trunk layers covered
+    for c in names:
+        js = by_cluster[c]
+        lm.add_row(f"M1_once[{c}]", {j: 1.0 for j in js}, ub=1.0)  # [M1] at most one block per cluster
+        out = {form.z[(c, b)]: 1.0 for b in names if (c, b) in form.z}
+        out.update({j: -1.0 for j in js if ys[j].role in ("first", "middle")})
+        lm.add_row(f"M5_out[{c}]", out, 0.0, 0.0)  # [M5] a first/middle block hands over once
+        inc = {form.z[(a, c)]: 1.0 for a in names if (a, c) in form.z}
+        inc.update({j: -1.0 for j in js if ys[j].role in ("middle", "end")})
+        lm.add_row(f"M6_in[{c}]", inc, 0.0, 0.0)  # [M6] a middle/end block is handed to once
+        lm.add_row(f"M7_bottleneck[{c}]", {t: 1.0, **{j: -ys[j].bottleneck for j in js}}, lb=0.0, kind="time")
+        wan_row = {form.z[(c, b)]: -form.wan[(c, b)] for b in names if (c, b) in form.z}
+        if wan_row:
+            lm.add_row(f"M8_wan[{c}]", {t: 1.0, **wan_row}, lb=0.0, kind="time")  # [M8] WAN send paces too
+        lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js}}, lb=0.0, kind="time")
+        # [M10] W[c] >= own stages (+ W of the next cluster when c hands over to it)
+        lm.add_row(f"M10_own[{c}]", {w[c]: 1.0, **{j: -float(ys[j].s) for j in js}}, lb=0.0)
+        for b in names:
+            if (c, b) in form.z:
+                row = {w[c]: 1.0, w[b]: -1.0, form.z[(c, b)]: -w_max, **{j: -float(ys[j].s) for j in js}}
+                lm.add_row(f"M10_chain[{c},{b}]", row, lb=-w_max)
+        # [M11] stages after the block <= what its option tolerates
+        if any(ys[j].dmax < w_max for j in js):
+            row = {w[c]: 1.0, **{j: -(float(ys[j].s) + min(ys[j].dmax, w_max) - w_max) for j in js}}
+            lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
+    obj = {t: float(split.num_microbatches - 1), u: 1.0}
+    obj.update({j: ys[j].fill for j in ys})
+    obj.update({form.z[e]: 2.0 * form.wan[e] for e in form.z})
+    lm.set_objective(obj)
+    return form
+
+
+def decode(instance: Instance, form: Formulation, values: object) -> Plan:
+    """The plan of a MILP solution: follow the z arcs from the starting block."""
+    shape = model_shape(instance)
+    chosen = {o.cluster: o for j, o in form.y.items() if values[j] > 0.5}  # type: ignore[index]
+    nxt = {a: b for (a, b), j in form.z.items() if values[j] > 0.5}  # type: ignore[index]
+    first = next(o for o in chosen.values() if o.role in ("first", "only"))
+    stages: list[Stage] = []
+    pos, cur = 0, first
+    while True:
+        stages.extend(_placed(cur, pos, shape.p))
+        pos = stages[-1].end
+        if cur.role in ("end", "only"):
+            break
+        cur = chosen[nxt[cur.cluster]]
+    pipe = Pipeline(stages=tuple(stages), num_microbatches=form.split.num_microbatches)
+    return Plan(pipelines=(pipe,) * form.split.k, planner="milp", instance=instance.name)
+
+
+def _placed(o: BlockOption, pos: int, p: int) -> list[Stage]:
+    """The option's stages shifted so the block starts at layer ``pos`` (trunk layers are identical,
+    so a middle block costs the same wherever it sits)."""
+    from hgopt.plan import ReplicaGroup
+
+    shift = pos - o.bounds[0]
+    assert o.role == "middle" or shift == 0, (o, pos)
+    g = ReplicaGroup(cluster=o.cluster, tp=o.cfg.tp, dp=o.cfg.dp, mbs=o.cfg.mbs)
+    return [Stage(start=lo + shift, end=hi + shift, groups=(g,), zero=1) for lo, hi in zip(o.bounds, o.bounds[1:])]
+
+
+# --------------------------------------------------------------------------------------------
+# One split: window loop [M0]
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SplitOutcome:
+    split: BatchSplit
+    plan: Plan | None
+    value: float
+    """evaluate(plan).iteration_time_s (inf without a plan)."""
+    lower_bound: float
+    """Valid lower bound on every plan of this split."""
+    solves: tuple[SolveResult, ...] = ()
+    variables: int = 0
+    rows: int = 0
+
+
+def solve_split(
+    instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
+    solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
+) -> SplitOutcome:
+    """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
+    the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb."""
+    w = bounds.weight
+    t_cap = _cap_for(bounds, incumbent)
+    if not math.isfinite(t_cap):
+        t_cap = bounds.t_lb * WIDEN if w > 0 else math.inf
+    best_plan, best_val, lb = None, math.inf, bounds.value
+    solves: list[SolveResult] = []
+    nv = nr = 0
+    while True:
+        cap_lb = bounds.lb_above(t_cap) if math.isfinite(t_cap) else math.inf
+        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w)
+        opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
+                             num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
+                             window=window)
+        form = build_milp(instance, tables, split, opts, bounds)
+        nv, nr = len(form.model.vars), len(form.model.rows)
+        limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
+        res = solve(form.model, solver, SolveOptions(time_limit_s=limit, relative_gap=solve_options.relative_gap,
+                                                     threads=solve_options.threads, seed=solve_options.seed,
+                                                     time_quantum_s=solve_options.time_quantum_s))
+        solves.append(res)
+        log.debug("split %s cap %.4g: %s, %s -> %s obj %.6g bound %.6g in %.2fs", split, t_cap, form.model.size(),
+                  res.solver, res.status, res.objective, res.bound, res.wall_s)
+        if res.values is not None:
+            plan = decode(instance, form, res.values)
+            ev = evaluate(plan, instance, tables)
+            if ev.feasible and ev.iteration_time_s < best_val:
+                best_plan, best_val = plan, ev.iteration_time_s
+        milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
+        lb = max(bounds.value, min(milp_lb, cap_lb))
+        capped = cap_lb <= min(milp_lb, best_val) * (1 + 1e-12) and math.isfinite(t_cap)
+        if not capped or time.perf_counter() >= deadline or res.status == "error":
+            break
+        t_cap = max(t_cap * WIDEN, _cap_for(bounds, best_val)) if math.isfinite(best_val) else t_cap * WIDEN
+    return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
+                        solves=tuple(solves), variables=nv, rows=nr)
+
+
+def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
+    """Smallest grid bottleneck above which no plan can beat ``incumbent`` [M0]."""
+    if not math.isfinite(incumbent) or bounds.weight <= 0:
+        return math.inf
+    for tau in bounds.grid:
+        if bounds.lb_above(tau) >= incumbent:
+            return tau
+    return math.inf
+
+
+# --------------------------------------------------------------------------------------------
+# The planner: all splits, best first, pruned by their bounds
+# --------------------------------------------------------------------------------------------
+def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
+    """Best plan of the space with a proven lower bound (registered as planner ``milp``)."""
+    t_start = time.perf_counter()
+    deadline = t_start + options.time_limit_s
+    tables = build_tables(instance)
+    model_shape(instance)  # fails early, naming the setting, when the model is not trunk-shaped
+    splits = batch_splits(instance)
+    cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
+                              num_microbatches=sp.num_microbatches) for sp in splits}
+    lbs = {sp: cheap[sp].value for sp in splits}
+    best = _warm_start(instance, tables, options, t_start)
+    first = best.split if best else None
+    order = sorted(splits, key=lambda sp: (sp != first, cheap[sp].value))
+    solver_name = ""
+    sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
+                         seed=options.seed)
+    for sp in order:
+        ub = best.value if best else math.inf
+        target = ub * (1 - options.gap / 2)
+        if lbs[sp] >= target or not math.isfinite(lbs[sp]):
+            continue
+        if time.perf_counter() >= deadline:
+            break
+        lbs[sp] = max(lbs[sp], _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline))
+        if lbs[sp] >= target:
+            log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
+            continue
+        out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
+                          incumbent=ub, deadline=deadline)
+        solver_name = out.solves[-1].version if out.solves else solver_name
+        lbs[sp] = max(lbs[sp], out.lower_bound)
+        if out.plan is not None and out.value < ub:
+            best = out
+        elif best is not None and out.split == best.split:
+            best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=out.lower_bound,
+                                solves=out.solves, variables=out.variables, rows=out.rows)
+        log.info("split %s: plan %.4g s, bound %.4g s; best %.4g s, global bound %.4g s (%.1f s)", sp, out.value,
+                 out.lower_bound, best.value if best else math.inf, _global_lb(lbs, best), time.perf_counter() - t_start)
+    return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start)
+
+
+def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
+                      deadline: float) -> float:
+    """[R4] The subset-DP relaxation bound of a split (the cheap bound when there are too many
+    clusters for it)."""
+    from hgopt.search.relax import relax_split, split_bound
+
+    rs = relax_split(instance, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                     cheap=cheap)
+    if rs is None:
+        return cheap.value
+    return split_bound(rs, cheap, target=target, deadline=deadline, single=_best_single(instance, tables, sp))
+
+
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> float:
+    """[R0] The exact best plan of the split on one cluster: the intra-cluster DP over all layers
+    (iteration time = (m − 1)·bottleneck + fill + sync_opt; no WAN)."""
+    from hgopt.search.intra import best_local_plan
+
+    best = math.inf
+    for c in instance.topology.clusters:
+        lp = best_local_plan(instance, tables, c.name, 0, instance.model.num_layers, microbatch=sp.microbatch,
+                             num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
+        if lp is not None:
+            best = min(best, lp.objective(sp.num_microbatches))
+    return best
+
+
+def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float) -> SplitOutcome | None:
+    """The hierarchical heuristic's plan as the first incumbent (its value prunes splits and
+    block options; it is a plan of the same space, scored by evaluate)."""
+    if options.extra.get("warm_start", "heuristic") != "heuristic":
+        return None
+    from hgopt.search.hierarchical import heuristic_incumbent
+
+    budget = min(10.0, 0.2 * options.time_limit_s)
+    try:
+        h = heuristic_incumbent(instance, tables, time_limit_s=budget)
+    except ValueError as exc:  # the heuristic declines some instances; the MILP still runs
+        log.info("warm start skipped: %s", exc)
+        return None
+    if h.plan is None or not math.isfinite(h.iteration_time_s):
+        return None
+    p0 = h.plan.pipelines[0]
+    split = BatchSplit(k=len(h.plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
+    log.info("warm start: heuristic plan %.4g s (%s) after %.1f s", h.iteration_time_s, split,
+             time.perf_counter() - t_start)
+    return SplitOutcome(split=split, plan=h.plan, value=h.iteration_time_s, lower_bound=-math.inf)
+
+
+def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float:
+    lb = min(lbs.values(), default=math.inf)
+    return min(lb, best.value) if best else lb
+
+
+def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit, float], options: PlanOptions,
+            solver: str, wall: float) -> PlanResult:
+    lb = _global_lb(lbs, best)
+    if best is None or best.plan is None:
+        status = "infeasible" if not math.isfinite(lb) else "error"
+        return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=lb if math.isfinite(lb) else None,
+                          search_time_s=wall, solver=solver, plan_space=PLAN_SPACE)
+    gap = (best.value - lb) / best.value
+    status = "optimal" if gap <= options.gap + 1e-12 else "feasible"
+    meta = (("solver", solver), ("lower_bound_s", repr(lb)), ("gap", f"{gap:.6f}"), ("status", status),
+            ("split", str(best.split)), ("plan_space", PLAN_SPACE))
+    plan = Plan(pipelines=best.plan.pipelines, planner="milp", instance=instance.name, meta=meta)
+    return PlanResult(planner="milp", status=status, plan=plan, iteration_time_s=best.value, lower_bound_s=lb,
+                      search_time_s=wall, solver=solver, plan_space=PLAN_SPACE,
+                      notes=(f"best split {best.split}: {best.variables} variables, {best.rows} rows",))

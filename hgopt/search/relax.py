@@ -1,0 +1,245 @@
+"""A combinatorial relaxation of one batch split's MILP: a lower bound on every plan of the split
+from a dynamic programme over subsets of clusters [R1]..[R5] (formulations/cluster_milp.md, §5).
+
+For a bottleneck cap tau the relaxation keeps, per cluster and trunk count n, the least fill of a
+trunk-only local pipeline whose stages all run within tau (memory checked with the fewest in-flight
+microbatches any position allows); every real block costs at least that plus its special layers.
+The clusters of a pipeline must then cover the trunk (a min-plus convolution over subsets) and be
+chained by WAN links no slower than tau (a Held-Karp path over the same subsets). The tail is bounded
+separately by the least achievable largest stage sync. Bottleneck values are taken on a geometric
+grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_lb(tau_{i+1}) + ...
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hgopt.cost.tables import CostTables, transfer_time
+from hgopt.search.blocks import CheapBounds, model_shape, role_geometry
+from hgopt.search.intra import StageModel, TrunkCosts, local_configs
+from hgopt.spec import Instance
+
+__all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
+
+INF = math.inf
+MAX_CLUSTERS = 12
+"""Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelaxedSplit:
+    """Per cluster, rows (config, stage count) × trunk count n of bottleneck, fill and tail."""
+
+    names: tuple[str, ...]
+    T: tuple[np.ndarray, ...]
+    F: tuple[np.ndarray, ...]
+    S: tuple[np.ndarray, ...]
+    wan: np.ndarray
+    """wan[a, b]: seconds of one microbatch's activations over a→b (inf on the diagonal)."""
+    extra_fill: float
+    trunk: int
+    weight: float
+    s_lb: float
+
+    def bound_at(self, tau: float) -> float:
+        """[R4] Least fill + tail of any plan on two or more clusters whose stages and WAN sends all
+        take <= tau (plans on one cluster are bounded exactly, see ``split_bound``)."""
+        N = self.trunk
+        fills = np.array([np.where(t <= tau, f, INF).min(axis=0) if len(t) else np.full(N, INF)
+                          for t, f in zip(self.T, self.F)])  # (C, N): index n-1
+        arcs = np.where(self.wan <= tau, 2.0 * self.wan, INF)
+        g = _subset_dp(fills, arcs, N)
+        if not math.isfinite(g):
+            return INF
+        return g + self.extra_fill + max(self.s_lb, self._tail_lb(tau))
+
+    def _tail_lb(self, tau: float) -> float:
+        """[R5] Least possible largest sync+optimizer: the clusters must host the trunk with every
+        stage within tau; cluster c can host n layers with tail >= smin_c(n)."""
+        N = self.trunk
+        smin = [np.where(t <= tau, s, INF).min(axis=0) if len(t) else np.full(N, INF) for t, s in zip(self.T, self.S)]
+        cands = np.unique(np.concatenate([x[np.isfinite(x)] for x in smin] + [np.array([INF])]))
+        lo, hi = 0, len(cands) - 1
+        if not _hosts(smin, cands[hi], N):
+            return INF
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _hosts(smin, cands[mid], N):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(cands[lo])
+
+
+def _hosts(smin: list[np.ndarray], sigma: float, N: int) -> bool:
+    total = 0
+    for s in smin:
+        ok = np.flatnonzero(s <= sigma)
+        total += int(ok.max()) + 1 if ok.size else 0
+    return total >= N
+
+
+def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int) -> float:
+    """[R3] min over non-empty cluster sets X of (cheapest WAN path through X) + (least fill of N
+    trunk layers over X, every member hosting >= 1)."""
+    C = fills.shape[0]
+    full = 1 << C
+    # A[X]: (N+1,) least fill of exactly n layers over the clusters of X, each >= 1 layer
+    A = np.full((full, N + 1), INF)
+    A[0, 0] = 0.0
+    f1 = np.concatenate([np.full((C, 1), INF), fills], axis=1)  # f1[c, n] for n = 0..N (n=0 not allowed)
+    for X in range(1, full):
+        c = (X & -X).bit_length() - 1
+        prev = A[X ^ (1 << c)]
+        if not np.isfinite(prev).any():
+            continue
+        # min-plus convolution prev ⊕ f1[c]
+        A[X] = np.min(prev[None, :] + _shift_matrix(f1[c], N), axis=1)
+    P = _paths(arcs, C)
+    vals = P + A[:, N]
+    singles = [1 << c for c in range(C)]
+    vals[[0, *singles]] = INF  # one-cluster plans are bounded exactly elsewhere
+    return float(vals.min())
+
+
+def _shift_matrix(f: np.ndarray, N: int) -> np.ndarray:
+    """M[n, j] = f[n − j] (inf where n − j < 0), so min_j (prev[j] + M[n, j]) is the convolution."""
+    idx = np.arange(N + 1)[:, None] - np.arange(N + 1)[None, :]
+    return np.where(idx >= 0, f[np.clip(idx, 0, N)], INF)
+
+
+def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
+    """Held-Karp: P[X] = cheapest Hamiltonian path through the clusters of X (0 for one cluster)."""
+    full = 1 << C
+    H = np.full((full, C), INF)
+    for c in range(C):
+        H[1 << c, c] = 0.0
+    for X in range(1, full):
+        row = H[X]
+        if not np.isfinite(row).any():
+            continue
+        for u in range(C):
+            if X >> u & 1:
+                continue
+            best = np.min(row + arcs[:, u])
+            Y = X | (1 << u)
+            if best < H[Y, u]:
+                H[Y, u] = best
+    return H.min(axis=1)
+
+
+def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int, num_microbatches: int,
+                cheap: CheapBounds) -> RelaxedSplit | None:
+    """[R1, R2] The relaxation tables of a split (None above MAX_CLUSTERS clusters)."""
+    if len(instance.topology.clusters) > MAX_CLUSTERS:
+        return None
+    shape = model_shape(instance)
+    N, m = shape.trunk, num_microbatches
+    geo, _ = role_geometry(shape, "middle")
+    names = tuple(c.name for c in instance.topology.clusters)
+    Ts, Fs, Ss = [], [], []
+    extra = {l: INF for l in ([0] if shape.p else []) + ([shape.num_layers - 1] if shape.q else [])}
+    for c in instance.topology.clusters:
+        budget = c.num_gpus // replicas
+        rows_t, rows_f, rows_s = [], [], []
+        for cfg in local_configs(instance, c.name, microbatch):
+            if cfg.gpus > budget:
+                continue
+            sm = StageModel(instance, tables, c, cfg, replicas)
+            for l in extra:
+                extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
+            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m)
+            rows_t.append(t), rows_f.append(f), rows_s.append(s)
+        Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
+        Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
+        Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
+    wan = np.full((len(names), len(names)), INF)
+    per_sample = float(tables.activation_bytes[shape.p])
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            if a != b:
+                wan[i, j] = transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)
+    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan,
+                        extra_fill=sum(extra.values()), trunk=N, weight=float(m - 1), s_lb=cheap.s_lb)
+
+
+def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
+    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail),
+    and the fill n·t1 + 2(s−1)·send."""
+    N = tc.xmax
+    km = tc.kmax("t")
+    xs = np.arange(N + 1)
+    caps = []
+    for r in range(1, s_max + 1):
+        ok = km[1:] >= min(r, m)
+        bad = np.flatnonzero(~ok)
+        caps.append(int(bad[0]) if bad.size else N)
+    caps_a = np.array(caps)
+    G = np.cumsum(np.minimum(caps_a[:, None], xs[None, :]), axis=0)  # G[s-1, x]
+    n = np.arange(1, N + 1)
+    T = np.full((s_max, N), INF)
+    F = np.full((s_max, N), INF)
+    S = np.full((s_max, N), INF)
+    for si in range(s_max):
+        s = si + 1
+        if caps_a[si] < 1:
+            break  # caps shrink with distance: no deeper pipeline fits either
+        xm = np.searchsorted(G[si], n, side="left")
+        ok = (xm <= N) & (n >= s)
+        xm = np.minimum(xm, N)
+        t = tc.t_comp[xm]
+        if s >= 2:
+            t = np.maximum(t, tc.t_send)
+        T[si] = np.where(ok, t, INF)
+        F[si] = np.where(ok, tc.t_comp[n] + 2.0 * (s - 1) * tc.t_send, INF)
+        S[si] = np.where(ok, tc.t_so[xm], INF)
+    return T, F, S
+
+
+def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: float, deadline: float = INF,
+                ratio: float = 1.0005) -> float:
+    """[R4] Lower bound on every plan of the split: ``single`` (the exact best one-cluster plan) or,
+    for plans on several clusters (bottleneck >= the fastest WAN send), min over bottleneck intervals
+    [tau_i, tau_{i+1}) of w·tau_i + bound_at(tau_{i+1}); intervals are refined (bisection in log
+    scale) only while their bound is below ``target`` and wider than ``ratio``."""
+    return min(single, _multi_bound(rs, cheap, target=target, deadline=deadline, ratio=ratio))
+
+
+def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float) -> float:
+    w = rs.weight
+    lo_t = max(cheap.t_lb, float(rs.wan.min()) if rs.wan.size > 1 else INF)
+    if not math.isfinite(lo_t):
+        return INF
+    hi_t = max(lo_t * 1.02, _tau_beyond(rs, target))
+    memo: dict[float, float] = {}
+
+    def at(tau: float) -> float:
+        if tau not in memo:
+            memo[tau] = rs.bound_at(tau)
+        return memo[tau]
+
+    # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
+    best_above = w * hi_t + at(INF)
+    intervals = [(lo_t, hi_t)]
+    result = best_above
+    while intervals:
+        a, b = intervals.pop()
+        val = w * a + at(b)
+        if val >= target or b <= a * ratio or time.perf_counter() > deadline:
+            result = min(result, val)
+            continue
+        mid = math.sqrt(a * b)
+        intervals.extend([(a, mid), (mid, b)])
+    return result
+
+
+def _tau_beyond(rs: RelaxedSplit, target: float) -> float:
+    """A bottleneck above which no plan can cost less than ``target``."""
+    if not math.isfinite(target):
+        return INF
+    return max(target - rs.extra_fill - rs.s_lb, 0.0) / max(rs.weight, 1e-12)

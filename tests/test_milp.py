@@ -1,0 +1,125 @@
+"""The exact planner against brute-force enumeration of its plan space, scored by ``evaluate``."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Any, Iterator
+
+import pytest
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search import PlanOptions
+from hgopt.search.milp import batch_splits, plan_milp
+from hgopt.solvers import available_backends
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+BACKENDS = available_backends()
+SEEDS = 8
+
+
+def _instance(seed: int) -> Instance:
+    """2-3 clusters of 1-2 nodes x 2 GPUs, 3-5 identical layers, memory from roomy to tight."""
+    rng = random.Random(seed)
+    n_clusters = rng.choice([2, 3])
+    names = ["a", "b", "c"][:n_clusters]
+    gpus = {"A": 0.01, "B": 0.02, "C": 0.013}
+    clusters = tuple((n, g, rng.choice([1, 2]), 2, rng.choice([1.14, 1.2, 40.0])) for n, g in zip(names, gpus))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([2.0, 8.0, 50.0]), wan_latency_ms=rng.choice([1.0, 10.0]))
+    topo["links"]["pairs"] = [
+        {"src": a, "dst": b, "directed": True, "gbit_s": rng.choice([1.0, 4.0, 20.0]), "latency_ms": rng.choice([2.0, 20.0])}
+        for a, b in itertools.permutations(names, 2) if rng.random() < 0.5]
+    model = tiny_model(num_layers=rng.randint(3, 5), gpus=dict(list(gpus.items())[:n_clusters]),
+                       activation_bytes=rng.choice([1e6, 2e7]))
+    for t in model["timings"]:  # tp 2 runs at 60 % of tp 1's time, not 50 %
+        if t["tp"] == 2:
+            t["fwd"] = [x * 1.2 for x in t["fwd"]]
+            t["bwd"] = [x * 1.2 for x in t["bwd"]]
+    return tiny_instance(global_batch=rng.choice([2, 4, 8]), model=model, topology=topo)
+
+
+def _local_choices(inst: Instance, cluster: str, lo: int, hi: int, microbatch: int, budget: int) -> Iterator[tuple[Stage, ...]]:
+    """Every local pipeline of [lo, hi) in ``cluster``: one (tp, dp, mbs) for all stages, any partition."""
+    c = inst.topology.cluster(cluster)
+    for tp in inst.model.tps(c.gpu):
+        if c.gpus_per_node % tp:
+            continue
+        for dp in range(1, microbatch + 1):
+            if microbatch % dp:
+                continue
+            g = ReplicaGroup(cluster=cluster, tp=tp, dp=dp, mbs=microbatch // dp)
+            for s in range(1, min(budget // (tp * dp), hi - lo) + 1):
+                for cuts in itertools.combinations(range(lo + 1, hi), s - 1):
+                    b = (lo, *cuts, hi)
+                    yield tuple(Stage(start=x, end=y, groups=(g,), zero=1) for x, y in zip(b, b[1:]))
+
+
+def brute_force(inst: Instance) -> float:
+    """Best evaluate() over every plan of the space: k identical pipelines, each an ordered chain of
+    distinct clusters with one contiguous block each, uniform local stages, any partition."""
+    tables = build_tables(inst)
+    L = inst.model.num_layers
+    names = [c.name for c in inst.topology.clusters]
+    best = math.inf
+    for sp in batch_splits(inst):
+        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
+        for r in range(1, len(names) + 1):
+            for chain in itertools.permutations(names, r):
+                for cuts in itertools.combinations(range(1, L), r - 1):
+                    b = (0, *cuts, L)
+                    blocks = [list(_local_choices(inst, c, lo, hi, sp.microbatch, budgets[c]))
+                              for c, lo, hi in zip(chain, b, b[1:])]
+                    for combo in itertools.product(*blocks):
+                        stages = tuple(st for blk in combo for st in blk)
+                        pipe = Pipeline(stages=stages, num_microbatches=sp.num_microbatches)
+                        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
+                        if ev.feasible:
+                            best = min(best, ev.iteration_time_s)
+    return best
+
+
+_CACHE: dict[int, float] = {}
+
+
+def _expected(seed: int) -> float:
+    if seed not in _CACHE:
+        _CACHE[seed] = brute_force(_instance(seed))
+    return _CACHE[seed]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_milp_optimum_equals_brute_force(seed: int, backend: str) -> None:
+    inst = _instance(seed)
+    expect = _expected(seed)
+    # CP-SAT sees times rounded to 1 µs: its bound carries that slack, so it proves a looser gap
+    tol = 1e-4 if backend == "cp-sat" else 1e-7
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-3 if backend == "cp-sat" else 1e-7, solver=backend))
+    if not math.isfinite(expect):
+        assert res.plan is None and res.status == "infeasible"
+        return
+    assert res.plan is not None, res
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible
+    assert ev.iteration_time_s == pytest.approx(expect, rel=tol)
+    assert res.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-12)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)
+    assert res.lower_bound_s >= expect * (1 - 10 * tol)
+    assert res.status == "optimal"
+
+
+def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
+    """The cross-check is meaningful: optima across the seeds use more than one cluster somewhere,
+    more than one pipeline somewhere, and memory rules some instances out of single stages."""
+    multi_cluster = multi_pipe = False
+    for seed in range(SEEDS):
+        res = plan_milp(_instance(seed), PlanOptions(time_limit_s=30, gap=1e-7))
+        if res.plan is None:
+            continue
+        multi_cluster |= len(res.plan.pipelines[0].stages[0].clusters() + res.plan.pipelines[0].stages[-1].clusters()) > 1 \
+            and res.plan.pipelines[0].stages[0].groups[0].cluster != res.plan.pipelines[0].stages[-1].groups[0].cluster
+        multi_pipe |= len(res.plan.pipelines) > 1
+    assert multi_cluster and multi_pipe
