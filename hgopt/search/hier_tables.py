@@ -125,16 +125,13 @@ def cluster_tables(
     L = tables.num_layers
     has_pre = role in ("first", "only")
     has_post = role in ("last", "only")
-    n = np.arange(L + 1)
+    n = np.array([L]) if role == "only" else np.arange(L + 1)  # 'only' hosts the whole model
     nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
     valid = (nb >= 0) & (n >= 1)
-    if role == "only":
-        valid &= n == L
     m = num_microbatches
     ws = tuple(dict.fromkeys((m, *weights)))
-    best = {w: ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int)) for w in ws}
-    best_j = {w: np.full(L + 1, math.inf) for w in ws}
     cache = {} if cache is None else cache
+    parts = []  # per config: (bottleneck, fill, sync, feasible, stage counts), rows = local stage counts
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
             continue
@@ -143,15 +140,22 @@ def cluster_tables(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > gpu_budget or microbatch // dp > top_mbs:
                 continue
-            ests = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
-                                    replicas, stages_after, nb, has_pre, has_post, cache, ws)
-            for w, est in zip(ws, ests):
-                j = np.where(valid, est.objective(w), math.inf)
-                better = j < best_j[w]
-                if better.any():
-                    best_j[w] = np.where(better, j, best_j[w])
-                    best[w] = ClusterTable(*(np.where(better, getattr(est, f), getattr(best[w], f)) for f in _FIELDS))
-    return best
+            parts.append(_config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
+                                          replicas, stages_after, nb, has_pre, has_post, cache))
+    out = {}
+    for w in ws:
+        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
+        if parts:
+            bott, fill, sync, ok, stages = (np.concatenate([p[i] for p in parts]) for i in range(5))
+            j = np.where(ok & valid[None, :], (w - 1) * bott + fill + sync, math.inf)
+            pick = np.argmin(j, axis=0)
+            cols = np.arange(len(n))
+            feasible = np.isfinite(j[pick, cols])
+            for f, a in zip(_FIELDS, (bott, fill, sync)):
+                getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
+            full.stages[n] = np.where(feasible, stages[pick, cols], 0)
+        out[w] = full
+    return out
 
 
 def _stage_grid(top: int) -> np.ndarray:
@@ -183,14 +187,15 @@ def _allreduce(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
 def _config_estimate(
     instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
     budget: int, replicas: int, d: int, nb: np.ndarray, has_pre: bool, has_post: bool,
-    cache: dict[tuple[str, int, int], _Parts], weights: Sequence[int],
-) -> list[ClusterTable]:
-    """Best over s of one (tp, dp) config, for every n (rows: s, columns: n), per weight."""
+    cache: dict[tuple[str, int, int], _Parts],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One (tp, dp) config's estimate for every (local stage count s, layer count n): rows s,
+    columns n; (bottleneck, fill, sync_opt, fits in memory, s)."""
     key = (c.gpu, tp, mbs)
     if key not in cache:
         cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
     P = cache[key]
-    L = len(nb) - 1
+    L = tables.num_layers
     s = _stage_grid(min(budget // (tp * dp), L))[:, None]
     nbc = np.maximum(nb, 0)[None, :]
     t_b, t_pre, t_post = P.time
@@ -230,13 +235,4 @@ def _config_estimate(
     ok = (mem <= c.gpu_memory_bytes) & ((s == 1) | (trunk_mem <= c.gpu_memory_bytes))
     ok &= s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     shape = np.broadcast_shapes(bott.shape, fill.shape, sync.shape, ok.shape)
-    bott, fill, sync = (np.broadcast_to(a, shape) for a in (bott, fill, sync))
-    cols = np.arange(shape[1])
-    out = []
-    for w in weights:
-        j = np.where(ok, (w - 1) * bott + fill + sync, math.inf)
-        pick = np.argmin(j, axis=0)
-        feasible = np.isfinite(j[pick, cols])
-        take = lambda a: np.where(feasible, a[pick, cols], math.inf)  # noqa: E731
-        out.append(ClusterTable(take(bott), take(fill), take(sync), np.where(feasible, s[pick, 0], 0)))
-    return out
+    return tuple(np.broadcast_to(a, shape) for a in (bott, fill, sync, ok, s))  # type: ignore[return-value]

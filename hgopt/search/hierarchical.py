@@ -16,6 +16,7 @@ contiguous layer range as a local pipeline chosen by the intra-cluster DP. The d
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import math
@@ -28,7 +29,7 @@ from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult
-from hgopt.search.baselines._common import BlockLayout, block_layout
+from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan
 from hgopt.spec import Instance
@@ -58,6 +59,10 @@ class HeuristicOptions:
     max_pipelines: int = 1024
     polish_extra: int = 1
     """Realised skeletons besides the best that also get their local plans polished [H6]."""
+    reorder: int = 2
+    patience: int = 2
+    """Per pipeline count, stop raising the microbatch after this many that did not improve."""
+    """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,7 +124,12 @@ def plan_heuristic(
     for i, (est, sk) in enumerate(estimates):
         if i >= options.finalists and (done or _out_of_time(ctx, options)):
             break  # past the finalists, walk on only while nothing could be realised
-        got = _realize_and_score(ctx, sk)
+        got = _realize_repaired(ctx, sk)
+        if sk.weights:  # the estimate's local alternatives may not carry over: also try without
+            plain = _realize_repaired(ctx, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch,
+                                                    order=sk.order, layers=sk.layers))
+            if plain is not None and (got is None or plain[0] < got[0]):
+                got = plain
         realized += 1
         log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got[0], 4), sk)
         if got is not None:
@@ -198,23 +208,31 @@ def _microbatches(instance: Instance, k: int) -> list[int]:
 
 def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
     """[H1]-[H4] estimated skeletons, best first. Coarse pass: every (k, B) on all usable clusters
-    and on each cluster alone. Then, for the (k, B) of the best coarse skeletons, the full split on
-    all clusters and greedy cluster dropping."""
+    (both directions of the path) and on each cluster alone. For the (k, B) of the best coarse
+    skeletons: greedy cluster adding and dropping, the best subsets tried with the other (k, B),
+    and order improvement of the leaders."""
     inst = ctx.instance
     coarse: list[tuple[float, Skeleton]] = []
     for k in _pipeline_counts(inst, options):
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
+        best_k, worse = math.inf, 0
         for B in _microbatches(inst, k):
-            got = _best_for_subset(ctx, k, B, names, passes=1)
-            if got is not None:
-                coarse.append(got)
-            if len(names) > 1:
-                coarse.extend(_add_clusters(ctx, k, B, names))
+            here = [got for sub in [names] + ([(n,) for n in names] if len(names) > 1 else [])
+                    if (got := _best_for_subset(ctx, k, B, sub, passes=1)) is not None]
+            coarse.extend(here)
+            top = min((e for e, _ in here), default=math.inf)
+            # larger microbatches only get worse once two in a row did not improve (early stop)
+            worse = 0 if top < best_k else worse + 1
+            best_k = min(best_k, top)
+            if worse >= options.patience:
+                break
     coarse.sort(key=lambda x: x[0])
     out = list(coarse)
     kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.finalists]
     for k, B in kbs:
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
+        if len(names) > 1:
+            out.extend(_add_clusters(ctx, k, B, names))
         got = _best_for_subset(ctx, k, B, names)
         if got is not None:
             out.append(got)
@@ -224,7 +242,34 @@ def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[flo
     unique: dict[Skeleton, float] = {}
     for est, sk in out:
         unique.setdefault(sk, est)
-    return [(e, s) for s, e in unique.items()]
+    ranked = [(e, s) for s, e in unique.items()]
+    for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[: options.reorder]]:
+        unique.setdefault(sk, e)
+    return sorted(((e, s) for s, e in unique.items()), key=lambda x: x[0])
+
+
+def _improve_order(ctx: _Ctx, est: float, sk: Skeleton, rounds: int = 2) -> tuple[float, Skeleton]:
+    """[H3] Reorder by 2-opt moves (reverse a run of clusters) judged by the full
+    split estimate, not the WAN path cost alone (a cluster's position also decides what it holds
+    and how many stages follow it)."""
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    best = (est, sk)
+    C = len(sk.order)
+    for _ in range(rounds):
+        order = best[1].order
+        moves = {order[:i] + order[i:j][::-1] + order[j:] for i in range(C - 1) for j in range(i + 2, C + 1)}
+        moves.discard(order)
+        moves.discard(order[::-1])  # the split already tries both directions
+        improved = False
+        for cand in sorted(moves):
+            got = _split_order(ctx, sk.pipelines, sk.microbatch, m, cand, passes=1)
+            if got is not None and got[0] < best[0] - 1e-12:
+                full = _split_order(ctx, sk.pipelines, sk.microbatch, m, cand, passes=2)
+                if full is not None and full[0] < best[0] - 1e-12:
+                    best, improved = full, True
+        if not improved:
+            break
+    return best
 
 
 def _cross(ctx: _Ctx, found: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
@@ -412,7 +457,8 @@ def _best_for_subset(
     the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
     m = ctx.instance.job.global_batch // (k * B)
     order = _order(ctx, names, B, m)
-    got = [g for o in dict.fromkeys((order, order[::-1])) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
+    orders = (order, order[::-1]) if passes > 1 else (order,)  # the coarse pass keeps one direction
+    got = [g for o in dict.fromkeys(orders) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
     return min(got, key=lambda x: x[0]) if got else None
 
 
@@ -547,15 +593,16 @@ def _cheapest_growth(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[f
 
 def _cap_start(t: Sequence[_Lists], lo: Sequence[int], L: int) -> list[int]:
     """Smallest bottleneck cap at which the clusters can hold every layer (binary search over the
-    estimated bottleneck values), and each cluster's largest layer count under it."""
-    caps = sorted({v for ti in t for v in ti.bott if math.isfinite(v)})
+    estimated bottleneck values), and each cluster's largest layer count under it (the bottleneck
+    taken as its running maximum over n, so that the count is monotone in the cap)."""
+    runs = []
+    for ti, low in zip(t, lo):
+        b = [ti.bott[n] if math.isfinite(ti.fill[n]) else math.inf for n in range(low, L + 1)]
+        runs.append((low, list(itertools.accumulate(b, max))))
+    caps = sorted({v for _, r in runs for v in r if math.isfinite(v)})
 
     def counts(cap: float) -> list[int]:
-        out = []
-        for ti, low in zip(t, lo):
-            ok = [n for n in range(low, L + 1) if ti.bott[n] <= cap and math.isfinite(ti.fill[n])]
-            out.append(max(ok) if ok else low)
-        return out
+        return [max(low, low + bisect.bisect_right(r, cap) - 1) for low, r in runs]
 
     a, b = 0, len(caps) - 1
     if not caps or sum(counts(caps[b])) < L:
@@ -607,11 +654,20 @@ def _local(
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
     w = m if weight is None else weight
     key = (name, lo, hi, sk.pipelines, sk.microbatch, after, w)
-    if key not in ctx.local:
-        c = ctx.instance.topology.cluster(name)
-        ctx.local[key] = best_local_plan(
-            ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=w,
-            gpu_budget=c.num_gpus // sk.pipelines, stages_before=i, stages_after=after, replicas=sk.pipelines)
+    if key in ctx.local:
+        return ctx.local[key]
+    if w == m:
+        # a plan found with fewer stages after it that still fits with ``after`` is optimal here too
+        # (more stages after only tighten memory)
+        for (n2, lo2, hi2, k2, b2, a2, w2), lp in ctx.local.items():
+            if (n2, lo2, hi2, k2, b2, w2) == (name, lo, hi, sk.pipelines, sk.microbatch, w) and a2 <= after \
+                    and lp is not None and lp.max_stages_after >= after:
+                ctx.local[key] = lp
+                return lp
+    c = ctx.instance.topology.cluster(name)
+    ctx.local[key] = best_local_plan(
+        ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=w,
+        gpu_budget=c.num_gpus // sk.pipelines, stages_before=i, stages_after=after, replicas=sk.pipelines)
     return ctx.local[key]
 
 
@@ -636,6 +692,53 @@ def _assemble(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Plan:
     return Plan(pipelines=(pipe,) * sk.pipelines, planner="heuristic", instance=ctx.instance.name)
 
 
+def _realize_repaired(ctx: _Ctx, sk: Skeleton, tries: int = 3) -> tuple[float, Skeleton, Plan] | None:
+    """Realise ``sk``; when a cluster cannot host its range (the estimates saw fewer stages after
+    it than the exact local plans make, so less memory in flight), move one layer at a time from
+    that cluster to a neighbour and try again."""
+    got = _realize_and_score(ctx, sk)
+    for _ in range(tries):
+        if got is not None:
+            return got
+        bad = _first_failing(ctx, sk)
+        if bad is None:
+            return None
+        options = []
+        for j in (bad + 1, bad - 1):
+            if 0 <= j < len(sk.order) and sk.layers[bad] > 1:
+                layers = list(sk.layers)
+                layers[bad] -= 1
+                layers[j] += 1
+                cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order,
+                                layers=tuple(layers), weights=sk.weights)
+                if (r := _realize_and_score(ctx, cand)) is not None:
+                    options.append(r)
+        if options:
+            return min(options, key=lambda x: x[0])
+        if len(sk.order) < 2 or sk.layers[bad] <= 1:
+            return None
+        j = bad + 1 if bad + 1 < len(sk.order) else bad - 1
+        layers = list(sk.layers)
+        layers[bad] -= 1
+        layers[j] += 1
+        sk = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers),
+                      weights=sk.weights)
+        got = _realize_and_score(ctx, sk)
+    return got
+
+
+def _first_failing(ctx: _Ctx, sk: Skeleton) -> int | None:
+    """The cluster (from the back) whose exact local plan does not fit."""
+    ranges = sk.ranges()
+    after = 0
+    for i in reversed(range(len(sk.order))):
+        lp = _local(ctx, sk, i, *ranges[i], after, weight=sk.weights[i] if sk.weights else None)
+        if lp is None:
+            return i
+        after += len(lp.stages)
+    return None
+
+
 def _realize_and_score(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None:
     """Exact local pipelines for ``sk`` and the plan's iteration time by the [C3]/[C7] decomposition
     (local bottlenecks, fills and sync from the intra-cluster DP, WAN boundaries as ``evaluate``
@@ -644,9 +747,22 @@ def _realize_and_score(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] 
     if locals_ is None:
         return None
     plan = _assemble(ctx, sk, locals_)
-    if sk.weights and not evaluate(plan, ctx.instance, ctx.tables).feasible:
+    if sk.weights and not _fits(ctx, plan):
         return None  # a fill-leaning local pipeline was checked for memory at its weight only
     return _decomposed(ctx, sk, locals_), sk, plan
+
+
+def _fits(ctx: _Ctx, plan: Plan) -> bool:
+    """[C6] memory of every stage of the (identical) pipelines, as ``evaluate`` checks it."""
+    pipe = plan.pipelines[0]
+    S, m = len(pipe.stages), pipe.num_microbatches
+    for si, st in enumerate(pipe.stages):
+        for g in st.groups:
+            c = ctx.instance.topology.cluster(g.cluster)
+            base, opt = stage_memory_parts(ctx.instance, ctx.tables, c, g.tp, st.start, st.end, g.mbs, min(S - si, m))
+            if base + opt / (st.replicas if st.zero else 1) > c.gpu_memory_bytes:
+                return False
+    return True
 
 
 def _decomposed(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
