@@ -90,7 +90,7 @@ def test_torchrun_commands(tmp_path: Path) -> None:
     assert [p.name for p in files.node_scripts] == ["node0.sh", "node1.sh"] and files.local_script is None
     cmd = files.commands[1]
     for part in ("torchrun", "--nnodes 2", "--node-rank 1", "--nproc-per-node 2", "--master-port 29611",
-                 "-m hgopt.runner", "--node 1", str(files.plan)):
+                 "-m hgopt.runner", "--node-index 1", str(files.plan)):
         assert part in cmd
     assert "MASTER_ADDR" in cmd  # no address given: taken from the environment
     local = build_runner_plan(plan_dp_tp(), runner_instance(), ExportOptions(local=True))

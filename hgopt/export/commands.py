@@ -35,7 +35,7 @@ def node_command(rp: RunnerPlan, node: NodeSpec, plan_path: str) -> str:
                   f"env GLOO_SOCKET_IFNAME={lay.ifname_of(rp, node.cluster)} ")
     return (f"{prefix}torchrun --nnodes {len(rp.nodes)} --node-rank {node.index} --nproc-per-node {len(node.ranks)} "
             f"--master-addr {master} --master-port {rp.master_port} "
-            f"-m hgopt.runner --plan {plan_path} --node {node.index}")
+            f"-m hgopt.runner --plan {plan_path} --node-index {node.index}")
 
 
 def write_export(rp: RunnerPlan, out_dir: str | Path) -> ExportFiles:

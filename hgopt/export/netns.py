@@ -129,7 +129,7 @@ def _add_veth(lay: NetnsLayout, v: _Veth) -> None:
         _ip("ip", "netns", "exec", name, "ip", "addr", "add", f"{addr}/30", "dev", dev)
         _ip("ip", "netns", "exec", name, "ip", "link", "set", dev, "up")
         bits = max(int(rate * 8), 8000)
-        burst = max(int(rate / 100), 32 * 1024)  # 10 ms worth of bytes, at least 32 KiB
+        burst = max(int(rate / 1000), 2 * 1514)  # 1 ms of traffic, at least two full frames
         limit = max(int(rate * 2), 4 * 1024 * 1024)  # queue up to 2 s of traffic instead of dropping
         _ip("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bits}bit",
             "burst", str(burst), "limit", str(limit))
@@ -139,3 +139,29 @@ def teardown(lay: NetnsLayout) -> None:
     """Delete the namespaces (their veths go with them). Never fails."""
     for ns in lay.namespaces:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hgopt.runner.netns up|down PLAN``: create or remove the namespaces of an exported plan
+    (for the per-node torchrun scripts; the local launcher does this itself)."""
+    import argparse
+
+    from hgopt.export.runner_plan import load_runner_plan
+
+    ap = argparse.ArgumentParser(prog="python -m hgopt.runner.netns", description="create (up) or remove (down) "
+                                 "the network namespaces that emulate an exported plan's links")
+    ap.add_argument("action", choices=("up", "down"))
+    ap.add_argument("plan", help="runner plan (plan.json written by hgopt export)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rp = load_runner_plan(args.plan)
+    lay = layout(rp)
+    if args.action == "down":
+        teardown(lay)
+        return 0
+    if not available():
+        raise SystemExit("network namespaces need root and the ip/tc tools")
+    setup(rp, lay)
+    for c in rp.clusters:
+        print(f"cluster {c}: namespace {lay.namespace_of(rp, c)}, address {lay.addr_of(rp, c)} ({lay.ifname_of(rp, c)})")
+    return 0

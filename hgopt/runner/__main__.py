@@ -1,7 +1,7 @@
 """``python -m hgopt.runner --plan DIR/plan.json``.
 
 * no ``--rank``/``--node`` and not under torchrun: start every rank on this machine (local launcher);
-* ``--node K`` under torchrun: this process is local rank ``$LOCAL_RANK`` of node ``K``;
+* ``--node-index K`` under torchrun: this process is local rank ``$LOCAL_RANK`` of node ``K``;
 * ``--rank R``: this process is rank ``R`` (store from ``--store`` or ``$MASTER_ADDR:$MASTER_PORT``).
 """
 
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, help="runner plan written by `hgopt export`")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--rank", type=int, help="run this one rank")
-    who.add_argument("--node", type=int, help="run local rank $LOCAL_RANK of this node (under torchrun)")
+    who.add_argument("--node-index", dest="node", type=int, help="run local rank $LOCAL_RANK of this node (under torchrun)")
     p.add_argument("--out", help="metrics and checkpoints (default: <plan folder>/run)")
     p.add_argument("--steps", type=int, help="train until this many steps are done (default: the plan's)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
@@ -58,9 +58,9 @@ def _my_rank(rp: RunnerPlan, args: argparse.Namespace) -> int | None:
     if args.node is None:
         return None
     if "LOCAL_RANK" not in os.environ:
-        raise ValueError("--node needs $LOCAL_RANK (start it with torchrun)")
+        raise ValueError("--node-index needs $LOCAL_RANK (start it with torchrun)")
     if not 0 <= args.node < len(rp.nodes):
-        raise ValueError(f"--node {args.node} is not in the plan (nodes 0..{len(rp.nodes) - 1})")
+        raise ValueError(f"--node-index {args.node} is not in the plan (nodes 0..{len(rp.nodes) - 1})")
     ranks = rp.nodes[args.node].ranks
     local = int(os.environ["LOCAL_RANK"])
     if local >= len(ranks):

@@ -71,6 +71,8 @@ class StepStats:
     loss: float
     """This rank's part of the global loss (0 except on last-stage tp leaders)."""
     time_s: float
+    cpu_s: float
+    """CPU seconds of this process (all its threads) during the step."""
     sent: dict[str, int]
 
 
@@ -105,7 +107,7 @@ class StageWorker:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, step: int) -> StepStats:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.opt.zero_grad(set_to_none=True)
         self._global_tokens = self.data.global_tokens(step, self.rp.global_batch) if self.last else 1
         saved: dict[int, _Saved] = {}
@@ -123,7 +125,7 @@ class StageWorker:
         self.opt.step()
         sent = dict(self.wire.sent)
         self.wire.sent.clear()
-        return StepStats(loss=loss, time_s=time.perf_counter() - t0, sent=sent)
+        return StepStats(loss=loss, time_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0, sent=sent)
 
     # ---- receives ---------------------------------------------------------------------------------
     def _specs(self, pc: Piece, precision: str, direction: str) -> list[Any]:

@@ -129,7 +129,7 @@ def _forked_rank(rp: RunnerPlan, rank: int, out_dir: Path, port: int, steps: int
 
 def _store_helper(python: str, ns: str, host: str, port: int) -> subprocess.Popen[str]:
     p = subprocess.Popen(["ip", "netns", "exec", ns, python, "-m", "hgopt.runner.store", host, str(port)],
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, text=True, env={"TORCH_CPP_LOG_LEVEL": "ERROR", **os.environ})
     assert p.stdout is not None
     line = p.stdout.readline()
     if "ready" not in line:
@@ -147,6 +147,7 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
     if opts.resume:
         cmd.append("--resume")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # namespaces have no reverse DNS: c10d warns on every connect
     if lay is not None:
         cluster = rp.rank_info(rank).cluster
         cmd = ["ip", "netns", "exec", lay.namespace_of(rp, cluster), *cmd]

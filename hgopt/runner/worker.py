@@ -70,6 +70,10 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta) -> 
     stage = rp.pipelines[info.pipeline].stages[info.stage]
     model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype)
     opt = make_optimizer(rp, model)
+    if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
+        for stale in ("metrics.jsonl", "summary.json", "checkpoints/latest.json"):
+            (opts.out_dir / stale).unlink(missing_ok=True)
+    dist.barrier()
     done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir) if opts.resume else 0
     wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation)
     worker = StageWorker(rp, rank, model, groups, wire, opt)
@@ -85,10 +89,10 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta) -> 
 
 
 def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path) -> None:
-    """Sum the loss parts and byte counters, take the slowest rank's step time; rank 0 logs and appends
+    """Sum the loss parts, CPU times and byte counters, take the slowest rank's step time; rank 0 logs and appends
     a line to ``metrics.jsonl``. (Outside the timed part of the step.)"""
     keys = metric_keys(rp)
-    vec = torch.tensor([st.loss] + [float(st.sent.get(k, 0)) for k in keys], dtype=torch.float64)
+    vec = torch.tensor([st.loss, st.cpu_s] + [float(st.sent.get(k, 0)) for k in keys], dtype=torch.float64)
     dist.all_reduce(vec)
     t = torch.tensor([st.time_s], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -96,7 +100,8 @@ def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path) -> N
         return
     tokens = rp.global_batch * rp.model.seq
     rec = {"step": step + 1, "loss": float(vec[0]), "time_s": float(t[0]), "tokens_per_s": tokens / float(t[0]),
-           "samples": rp.global_batch, "bytes": {k: int(v) for k, v in zip(keys, vec[1:].tolist())},
+           "cpu_s": float(vec[1]), "samples": rp.global_batch,
+           "bytes": {k: int(v) for k, v in zip(keys, vec[2:].tolist())},
            "wall": time.time()}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "metrics.jsonl", "a") as f:
