@@ -17,6 +17,7 @@ contiguous layer range as a local pipeline chosen by the intra-cluster DP. The d
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import logging
 import math
@@ -106,6 +107,7 @@ class _Ctx:
     links: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
+    one: dict[int, Instance] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -427,13 +429,11 @@ def _choose_weights(
     wan = _wan(ctx, order, B)
     ws = [m] * len(order)
 
-    val = [{w: (float(t.bottleneck[n]), float(t.fill[n]), float(t.sync_opt[n])) for w, t in tb.items()}
-           for tb, n in zip(tabs, layers)]
+    val = [{w: (float(t.bottleneck[n]), float(t.fill[n]), float(t.sync_opt[n]), int(t.stages[n]))
+            for w, t in tb.items()} for tb, n in zip(tabs, layers)]
 
     def est(choice: Sequence[int]) -> float:
-        picked = [v[w] for v, w in zip(val, choice)]
-        return ((m - 1) * max(wan[0], max(p[0] for p in picked)) + wan[1] + sum(p[1] for p in picked)
-                + max(p[2] for p in picked))
+        return _combine([v[w] for v, w in zip(val, choice)], m, wan)
 
     cur = est(ws)
     improved = True
@@ -479,7 +479,8 @@ def _split_order(
                                                 for i, n in enumerate(order)], layers, B, m)
         got = (est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
                               weights=() if all(w == m for w in ws) else ws))
-        stages = [int(t.stages[n]) for t, n in zip(tabs, layers)]
+        chosen = [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
+        stages = [int(t.stages[n]) for t, n in zip(chosen, layers)]
         new_after = [_round_up(sum(stages[i + 1 :])) for i in range(len(order))]
         if new_after == after:
             break
@@ -493,16 +494,18 @@ def _round_up(d: int) -> int:
     return 0 if d <= 0 else 1 << (d - 1).bit_length()
 
 
-def _wan(ctx: _Ctx, order: Sequence[str], B: int) -> tuple[float, float]:
-    """(slowest WAN send, sum of WAN sends both ways) of the pipeline at a block boundary's
-    activation size (the exact cut sizes are costed when the skeleton is realised)."""
+def _wan(ctx: _Ctx, order: Sequence[str], B: int) -> tuple[float, float, tuple[float, ...]]:
+    """(slowest WAN send, sum of WAN sends both ways, per boundary forward + backward) of the
+    pipeline at a block boundary's activation size (exact cut sizes are costed when realised)."""
     cut = ctx.layout.pre + max(ctx.layout.blocks // 2, 1)
     cut = min(max(cut, 1), max(ctx.tables.num_layers - 1, 1))
     worst = total = 0.0
+    per = []
     for a, b in zip(order, order[1:]):
         f, bw = _link_times(ctx, a, b, B, cut)
         worst, total = max(worst, f, bw), total + f + bw
-    return worst, total
+        per.append(f + bw)
+    return worst, total, tuple(per)
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,16 +515,33 @@ class _Lists:
     bott: list[float]
     fill: list[float]
     sync: list[float]
+    stages: list[int]
 
 
-def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float]) -> float:
-    """[H4] (m − 1)·max(bottlenecks, WAN) + Σ fill + WAN trips + max sync_opt (the [C3], [C7] form)."""
+def _lists(tb: ClusterTable) -> _Lists:
+    return _Lists(tb.bottleneck.tolist(), tb.fill.tolist(), tb.sync_opt.tolist(), tb.stages.tolist())
+
+
+def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
+    """[H4] The [C3]/[C7] form over clusters, from (bottleneck, fill, sync_opt, local stages) per
+    cluster: (m − 1)·pace + Σ fill + WAN trips + max sync_opt, the pace being the slowest stage or
+    link or the 1F1B round trip of a cluster suffix over the microbatches it can hold in flight."""
     bott, fill, sync = wan[0], wan[1], 0.0
-    for ti, ni in zip(t, n):
-        bott = max(bott, ti.bott[ni])
-        fill += ti.fill[ni]
-        sync = max(sync, ti.sync[ni])
+    trip, count = 0.0, 0
+    for i in range(len(vals) - 1, -1, -1):
+        b, f, s_, k = vals[i]
+        bott = max(bott, b)
+        fill += f
+        sync = max(sync, s_)
+        trip += f + (wan[2][i] if i < len(wan[2]) else 0.0)
+        count += k
+        if count:
+            bott = max(bott, trip / min(count, m))
     return (m - 1) * bott + fill + sync
+
+
+def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
+    return _combine([(ti.bott[ni], ti.fill[ni], ti.sync[ni], ti.stages[ni]) for ti, ni in zip(t, n)], m, wan)
 
 
 def _split(
@@ -531,7 +551,7 @@ def _split(
     time where the estimate grows least, then single layers move between any two clusters while
     that lowers the estimate."""
     L = ctx.tables.num_layers
-    t = [_Lists(tb.bottleneck.tolist(), tb.fill.tolist(), tb.sync_opt.tolist()) for tb in tabs]
+    t = [_lists(tb) for tb in tabs]
     lo = []
     for ti in t:
         ok = [n for n in range(1, L + 1) if math.isfinite(ti.fill[n])]
@@ -672,17 +692,35 @@ def _local(
 
 
 def _local_plans(ctx: _Ctx, sk: Skeleton) -> list[LocalPlan] | None:
-    """Exact local pipelines back to front (the stages after a cluster set its memory)."""
+    """Exact local pipelines back to front (the stages after a cluster set its memory). When a
+    cluster cannot fit with the stages the later clusters chose, the later clusters are redone
+    with as few local stages as the DP gives (bottleneck weight 1) and the cluster tried again."""
     ranges = sk.ranges()
     out: list[LocalPlan] = []
     after = 0
+    compact = False
     for i in reversed(range(len(sk.order))):
         lp = _local(ctx, sk, i, *ranges[i], after, weight=sk.weights[i] if sk.weights else None)
+        if lp is None and not compact and out:
+            compact = True
+            redo: list[LocalPlan] = []
+            after = 0
+            for j in reversed(range(i + 1, len(sk.order))):
+                few = _local(ctx, sk, j, *ranges[j], after, weight=1)
+                cur = out[len(sk.order) - 1 - j]
+                pick = few if few is not None and len(few.stages) < len(cur.stages) else cur
+                redo.append(pick)
+                after += len(pick.stages)
+            out = redo
+            lp = _local(ctx, sk, i, *ranges[i], after, weight=sk.weights[i] if sk.weights else None)
         if lp is None:
             return None
         out.append(lp)
         after += len(lp.stages)
-    return out[::-1]
+    plans = out[::-1]
+    if compact and not _fits(ctx, _assemble(ctx, sk, plans)):
+        return None  # weight-1 plans were checked for memory with one microbatch in flight only
+    return plans
 
 
 def _assemble(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Plan:
@@ -746,10 +784,10 @@ def _realize_and_score(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] 
     locals_ = _local_plans(ctx, sk)
     if locals_ is None:
         return None
-    plan = _assemble(ctx, sk, locals_)
-    if sk.weights and not _fits(ctx, plan):
-        return None  # a fill-leaning local pipeline was checked for memory at its weight only
-    return _decomposed(ctx, sk, locals_), sk, plan
+    t = _decomposed(ctx, sk, locals_)
+    if not math.isfinite(t):
+        return None  # out of memory: a fill-leaning local pipeline is checked at its weight only
+    return t, sk, _assemble(ctx, sk, locals_)
 
 
 def _fits(ctx: _Ctx, plan: Plan) -> bool:
@@ -766,19 +804,29 @@ def _fits(ctx: _Ctx, plan: Plan) -> bool:
 
 
 def _decomposed(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
-    """[C3] + [C7] from the local plans and the WAN boundaries."""
+    """[C3] + [C7]: one pipeline's time (all k are identical), scored by ``evaluate`` on the instance
+    with the global batch of one pipeline, plus the gradient sync + optimizer tail of the local plans
+    (their all-reduce rings span the k pipelines' replicas). inf when a stage is out of memory."""
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
-    worst = total = 0.0
-    for (a, b), (_, end) in zip(zip(sk.order, sk.order[1:]), sk.ranges()):
-        f, bw = _link_times(ctx, a, b, sk.microbatch, end)
-        worst, total = max(worst, f, bw), total + f + bw
-    bott = max(worst, max(lp.bottleneck_s for lp in locals_))
-    return (m - 1) * bott + sum(lp.fill_s for lp in locals_) + total + max(lp.sync_opt_s for lp in locals_)
+    one = _one_pipeline_instance(ctx, sk.microbatch * m)
+    pipe = Pipeline(stages=tuple(s for lp in locals_ for s in lp.stages), num_microbatches=m)
+    ev = evaluate(Plan(pipelines=(pipe,)), one, ctx.tables)
+    if not ev.feasible:
+        return INF
+    return ev.pipeline_time_s + max(lp.sync_opt_s for lp in locals_)
+
+
+def _one_pipeline_instance(ctx: _Ctx, samples: int) -> Instance:
+    if samples not in ctx.one:
+        job = dataclasses.replace(ctx.instance.job, global_batch=samples)
+        ctx.one[samples] = dataclasses.replace(ctx.instance, job=job)
+    return ctx.one[samples]
 
 
 def _polish(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan]:
-    """[H6] Per cluster, local pipelines the DP finds when it weighs its bottleneck with fewer
-    microbatches; keep the combination with the lowest decomposed time that ``evaluate`` accepts."""
+    """[H6] Per cluster, local pipelines the DP finds when it weighs its bottleneck differently;
+    coordinate descent over the combination (each step must fit in memory at the real m), kept if
+    ``evaluate`` confirms it."""
     sk = got[1]
     base = _local_plans(ctx, sk)
     if base is None:
