@@ -3,6 +3,7 @@ gradient-sync groups and emulated links. Pure Python; never imports torch."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
 from functools import reduce
@@ -27,6 +28,8 @@ from hgopt.plan import Plan, ReplicaGroup, validate
 from hgopt.spec import Instance
 
 __all__ = ["ExportOptions", "build_runner_plan"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,6 +88,8 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     )
     rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
     check_runner_plan(rp, "<export>")
+    if any(s.zero for p in plan.pipelines for s in p.stages):
+        log.warning("the plan shards optimizer state (zero 1); the runner keeps a full copy on every replica")
     return rp
 
 
