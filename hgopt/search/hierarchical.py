@@ -541,7 +541,26 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
 
 
 def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
-    return _combine([(ti.bott[ni], ti.fill[ni], ti.sync[ni], ti.stages[ni]) for ti, ni in zip(t, n)], m, wan)
+    """``_combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops)."""
+    bott, fill, sync = wan[0], wan[1], 0.0
+    trip, count = 0.0, 0
+    per = wan[2]
+    last = len(per)
+    for i in range(len(t) - 1, -1, -1):
+        ti, ni = t[i], n[i]
+        b, f, s_ = ti.bott[ni], ti.fill[ni], ti.sync[ni]
+        if b > bott:
+            bott = b
+        fill += f
+        if s_ > sync:
+            sync = s_
+        trip += f + (per[i] if i < last else 0.0)
+        count += ti.stages[ni]
+        if count:
+            pace = trip / (count if count < m else m)
+            if pace > bott:
+                bott = pace
+    return (m - 1) * bott + fill + sync
 
 
 def _split(
