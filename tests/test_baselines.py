@@ -294,3 +294,16 @@ def test_metis_view_leaves_the_instance_alone() -> None:
     inst = _three_clusters(wan_gbit_s=1.0)
     metis_view(inst)
     assert inst.topology.link("a", "b").gbyte_s == pytest.approx(1.0 / 8)
+
+
+def test_metis_slowest_link_view_uses_one_bandwidth_everywhere() -> None:
+    topo = tiny_topology(clusters=(("a", "A", 2, 4, 40.0), ("b", "B", 1, 4, 16.0), ("c", "A", 1, 2, 40.0)))
+    topo["links"]["pairs"] = [{"src": "a", "dst": "c", "gbit_s": 1.0, "latency_ms": 80.0}]
+    inst = tiny_instance(global_batch=24, model=tiny_model(num_layers=6), topology=topo)
+    view = metis_view(inst, "slowest-link")
+    assert {c.inter_node.gbyte_s for c in view.topology.clusters} == {1.0 / 8}
+    assert {(link.bandwidth.gbyte_s, link.bandwidth.latency_s) for link in view.topology.links} == {(1.0 / 8, 0.0)}
+    plan = plan_metis(inst, options=MetisOptions(bandwidth="slowest-link"))
+    assert plan is not None and evaluate(plan, inst).feasible
+    with pytest.raises(ValueError, match="bandwidth"):
+        metis_view(inst, "wan")

@@ -48,7 +48,7 @@ def run_dp_only(instance: Instance, options: PlanOptions) -> PlanResult:
 
 def run_metis(instance: Instance, options: PlanOptions) -> PlanResult:
     """``metis`` for the registry (see :mod:`hgopt.search.baselines.metis`); ``options.extra`` may
-    set max_stages, scale_variance, max_permute_len."""
+    set max_stages, scale_variance, max_permute_len and bandwidth ('node' or 'slowest-link')."""
     from hgopt.search.baselines.metis import MetisOptions, plan_metis
 
     t0 = time.perf_counter()
@@ -60,6 +60,7 @@ def run_metis(instance: Instance, options: PlanOptions) -> PlanResult:
             max_stages=int(extra.get("max_stages", 16)),
             scale_variance=int(extra.get("scale_variance", 1)),
             max_permute_len=int(extra.get("max_permute_len", 4)),
+            bandwidth=extra.get("bandwidth", "node"),
         )
     except ValueError:
         raise ValueError("metis: max_stages, scale_variance and max_permute_len must be integers") from None

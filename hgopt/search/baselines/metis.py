@@ -33,6 +33,7 @@ exceeds the largest profiled batch size (Metis's MAX_PROFILED_BATCH_SIZE); and a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -63,6 +64,8 @@ class MetisOptions:
     """Group sizes of one plan lie within a factor 2**scale_variance of each other."""
     max_permute_len: int = 4
     """Every ordering of the group sizes is tried up to this many stages; beyond, sorted only."""
+    bandwidth: str = "node"
+    """What Metis is told as each node's inter-node bandwidth (see :func:`metis_view`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,20 +74,33 @@ class _StageDraft:
     tp: int
 
 
-def metis_view(instance: Instance) -> Instance:
-    """The instance as Metis sees it: every inter-cluster link is the slower inter-node bandwidth of
-    its two ends, without latency (Metis's cluster file holds no matrix between regions)."""
+def metis_view(instance: Instance, bandwidth: str = "node") -> Instance:
+    """The instance as Metis sees it: one inter-node bandwidth per node and no matrix between regions.
+
+    ``bandwidth="node"`` (the default, Metis's cluster file as written for the machines): every
+    inter-cluster link is the slower inter-node bandwidth of its two ends, without latency.
+    ``bandwidth="slowest-link"`` (a user who knows the job spans regions and enters the slowest WAN
+    link as every node's inter-node bandwidth): every link between nodes — inside a cluster too — is
+    that slowest inter-cluster bandwidth, without latency. Either way Metis cannot tell a fast link
+    from a slow one."""
     topo = instance.topology
+    if bandwidth not in ("node", "slowest-link"):
+        raise ValueError(f"metis bandwidth: must be 'node' or 'slowest-link', got {bandwidth!r}")
+    clusters = topo.clusters
+    if bandwidth == "slowest-link" and topo.links:
+        slow = min((link.bandwidth for link in topo.links), key=lambda b: b.gbyte_s)
+        one = Bandwidth(gbyte_s=slow.gbyte_s, latency_s=0.0, curve=slow.curve)
+        clusters = tuple(dataclasses.replace(c, inter_node=one) for c in clusters)
     links = tuple(
         Link(src=a.name, dst=b.name, bandwidth=_slower(a.inter_node, b.inter_node))
-        for a in topo.clusters
-        for b in topo.clusters
+        for a in clusters
+        for b in clusters
         if a.name != b.name
     )
     return Instance(
         name=instance.name,
         model=instance.model,
-        topology=Topology(clusters=topo.clusters, links=links),
+        topology=Topology(clusters=clusters, links=links),
         job=instance.job,
         description=instance.description,
         source=instance.source,
@@ -103,7 +119,7 @@ def plan_metis(
     if options.max_stages < 1 or options.scale_variance < 0 or options.max_permute_len < 1:
         raise ValueError("metis options: max_stages and max_permute_len must be >= 1, scale_variance >= 0")
     tables = tables or build_tables(instance)
-    view = metis_view(instance)
+    view = metis_view(instance, options.bandwidth)
     budget = Budget(options.time_limit_s)
     best: tuple[float, Plan] | None = None
     tried, complete = 0, True
