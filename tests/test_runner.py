@@ -36,6 +36,8 @@ CASES: dict[str, tuple[Plan, Any, ExportOptions]] = {
     "two-pipelines-mixed-tp": (plan_two_pipelines(), runner_instance(), ExportOptions(dtype="float64")),
     "fp8-fwd-bf16-bwd": (plan_dp_tp(("fp8", "bf16")), runner_instance(), ExportOptions(dtype="float64")),
     "fp32-sgd": (plan_dp_tp(), runner_instance(), ExportOptions(dtype="float32", optimizer="sgd")),
+    "4-stage-compressed-fp32": (plan_four_stages(COMPRESSED, schedule="1f1b"), runner_instance(6, 6, embed_head=True),
+                                ExportOptions(dtype="float32", optimizer="sgd")),
 }
 
 
@@ -116,15 +118,17 @@ def test_losses_match_and_fall(runs: dict[str, tuple[RunnerPlan, Path]]) -> None
     assert logged[-1] < logged[0]
 
 
-def test_bytes_per_boundary_from_logs(runs: dict[str, tuple[RunnerPlan, Path]]) -> None:
-    """Boundaries native, bf16 and fp8 of one run carry the same tensors (6 microbatches-worth of
-    2 x 32 x 64 float64 activations per step): the logged bytes show 1/4 (bf16 vs float64) and 1/8 + scales."""
-    rp, out = runs["4-stage-gpipe-compressed"]
+@pytest.mark.parametrize("case, itemsize", [("4-stage-compressed-fp32", 4), ("4-stage-gpipe-compressed", 8)])
+def test_bytes_per_boundary_from_logs(runs: dict[str, tuple[RunnerPlan, Path]], case: str, itemsize: int) -> None:
+    """Boundaries native, bf16 and fp8 of one run carry the same tensors (3 microbatches of
+    2 x 32 x 64 activations per step): the logged bytes of bf16 are 2/itemsize of native, fp8 1/itemsize
+    plus one float32 scale per message."""
+    rp, out = runs[case]
     b = read_metrics(out)[-1]["bytes"]
     native, bf16, fp8 = (b[f"p0.b{k}.fwd"] for k in range(3))
-    assert native == 3 * 2 * 32 * 64 * 8  # 3 microbatches of 2 samples in float64
-    assert bf16 * 4 == native
-    assert fp8 == native // 8 + 3 * 4  # one byte per value plus a float32 scale per message
+    assert native == 3 * 2 * 32 * 64 * itemsize
+    assert bf16 * itemsize == native * 2
+    assert fp8 == native // itemsize + 3 * 4
     assert [b[f"p0.b{k}.bwd"] for k in range(3)] == [native, bf16, fp8]
     assert b["p0.b1.fwd.wan"] == bf16 and b["p0.b0.fwd.wan"] == 0  # stage 1 -> 2 crosses a -> b
 
