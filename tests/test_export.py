@@ -124,6 +124,10 @@ def test_hand_edited_runner_plan_is_checked(tmp_path: Path) -> None:
     data["pipelines"][0]["stages"][0]["replicas"][1]["mbs"] = 2
     with pytest.raises(ValueError, match=r"stages\[1\]: processes 4 rows per microbatch, stage 0 processes 5"):
         RunnerPlan.from_dict(data)
+    data = rp.to_dict()
+    data["ranks"][2]["tp_group"] = [2]
+    with pytest.raises(ValueError, match="ranks: the per-rank view does not match the pipelines"):
+        RunnerPlan.from_dict(data)
 
 
 def test_export_cli_writes_files_without_importing_torch(tmp_path: Path) -> None:

@@ -393,32 +393,12 @@ def _from_dict(data: Any, source: str) -> RunnerPlan:
     if top.get("format") != RUNNER_PLAN_FORMAT or top.get("version") != RUNNER_PLAN_VERSION:
         raise rd.fail("format", f"expected format {RUNNER_PLAN_FORMAT!r} version {RUNNER_PLAN_VERSION}, got "
                                 f"{top.get('format')!r} version {top.get('version')!r} (export the plan again)")
-    m = rd.obj(top.get("model"), "model")
-    model = ModelConfig(
-        layers=tuple(rd.choice({"k": k}, "k", "model.layers", get_args(LayerKind), "") for k in m.get("layers", [])),
-        hidden=rd.get(m, "hidden", "model", int), heads=rd.get(m, "heads", "model", int),
-        vocab=rd.get(m, "vocab", "model", int), seq=rd.get(m, "seq", "model", int),
-        ffn_mult=rd.get(m, "ffn_mult", "model", int),
-    )
-    t = rd.obj(top.get("train"), "train")
-    train = TrainConfig(
-        steps=rd.get(t, "steps", "train", int), lr=float(rd.get(t, "lr", "train", (int, float))),
-        seed=rd.get(t, "seed", "train", int),
-        optimizer=rd.choice(t, "optimizer", "train", ("adam", "sgd"), "adam"),  # type: ignore[arg-type]
-        dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
-        data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
-        checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
-        grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
-    )
     c = rd.obj(top.get("comm"), "comm")
-    pipelines = tuple(_read_pipeline(rd, p, f"pipelines[{i}]")
-                      for i, p in enumerate(rd.get(top, "pipelines", "<top>", list)))
     plan = RunnerPlan(
-        model=model, train=train, pipelines=pipelines,
-        nodes=tuple(NodeSpec(index=rd.get(n, "index", f"nodes[{i}]", int), cluster=rd.get(n, "cluster", f"nodes[{i}]", str),
-                             cluster_node=rd.get(n, "cluster_node", f"nodes[{i}]", int),
-                             ranks=tuple(rd.get(n, "ranks", f"nodes[{i}]", list)))
-                    for i, n in enumerate(rd.get(top, "nodes", "<top>", list))),
+        model=_read_model(rd, rd.obj(top.get("model"), "model")),
+        train=_read_train(rd, rd.obj(top.get("train"), "train")),
+        pipelines=tuple(_read_pipeline(rd, p, f"pipelines[{i}]") for i, p in enumerate(rd.get(top, "pipelines", "<top>", list))),
+        nodes=tuple(_read_node(rd, n, f"nodes[{i}]") for i, n in enumerate(rd.get(top, "nodes", "<top>", list))),
         clusters=tuple(rd.get(top, "clusters", "<top>", list)),
         links=tuple(LinkSpec(src=lk["src"], dst=lk["dst"], bytes_per_s=float(lk["bytes_per_s"]),
                              latency_s=float(lk["latency_s"])) for lk in top.get("links", [])),
@@ -435,7 +415,36 @@ def _from_dict(data: Any, source: str) -> RunnerPlan:
         meta=tuple((str(k), str(v)) for k, v in rd.obj(top.get("meta", {}), "meta").items()),
     )
     check_runner_plan(plan, source)
+    if "ranks" in top and top["ranks"] != [_rank_dict(plan, r) for r in plan.ranks()]:
+        raise rd.fail("ranks", "the per-rank view does not match the pipelines (edit pipelines, or export again)")
     return plan
+
+
+def _read_model(rd: _Reader, m: dict[str, Any]) -> ModelConfig:
+    return ModelConfig(
+        layers=tuple(rd.choice({"k": k}, "k", "model.layers", get_args(LayerKind), "") for k in m.get("layers", [])),
+        hidden=rd.get(m, "hidden", "model", int), heads=rd.get(m, "heads", "model", int),
+        vocab=rd.get(m, "vocab", "model", int), seq=rd.get(m, "seq", "model", int),
+        ffn_mult=rd.get(m, "ffn_mult", "model", int),
+    )
+
+
+def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
+    return TrainConfig(
+        steps=rd.get(t, "steps", "train", int), lr=float(rd.get(t, "lr", "train", (int, float))),
+        seed=rd.get(t, "seed", "train", int),
+        optimizer=rd.choice(t, "optimizer", "train", ("adam", "sgd"), "adam"),  # type: ignore[arg-type]
+        dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
+        data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
+        checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
+        grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
+    )
+
+
+def _read_node(rd: _Reader, n: Any, where: str) -> NodeSpec:
+    n = rd.obj(n, where)
+    return NodeSpec(index=rd.get(n, "index", where, int), cluster=rd.get(n, "cluster", where, str),
+                    cluster_node=rd.get(n, "cluster_node", where, int), ranks=tuple(rd.get(n, "ranks", where, list)))
 
 
 def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
@@ -463,41 +472,43 @@ def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
 
 def check_runner_plan(rp: RunnerPlan, source: str = "<inline>") -> None:
     """Structural checks a hand-edited runner plan could break; raises ValueError naming the field."""
-    def fail(where: str, problem: str) -> ValueError:
-        return ValueError(f"{source}: {where}: {problem}")
-
-    m = rp.model
-    if m.hidden % m.heads:
-        raise fail("model.hidden", f"{m.hidden} is not a multiple of model.heads {m.heads}")
+    if rp.model.hidden % rp.model.heads:
+        raise ValueError(f"{source}: model.hidden: {rp.model.hidden} is not a multiple of model.heads {rp.model.heads}")
     ranks = sorted(r for n in rp.nodes for r in n.ranks)
     if ranks != list(range(len(ranks))):
-        raise fail("nodes", "the nodes' ranks must be 0..N-1, each once")
+        raise ValueError(f"{source}: nodes: the nodes' ranks must be 0..N-1, each once")
     seen: list[int] = []
     offset = 0
     for pi, p in enumerate(rp.pipelines):
-        w = f"pipelines[{pi}]"
         if p.sample_offset != offset:
-            raise fail(f"{w}.sample_offset", f"is {p.sample_offset}, expected {offset}")
+            raise ValueError(f"{source}: pipelines[{pi}].sample_offset: is {p.sample_offset}, expected {offset}")
         offset += p.samples
-        if len(p.boundaries) != len(p.stages) - 1:
-            raise fail(f"{w}.boundaries", f"has {len(p.boundaries)} entries, expected {len(p.stages) - 1}")
-        start = 0
-        for si, s in enumerate(p.stages):
-            sw = f"{w}.stages[{si}]"
-            if s.start != start or s.end <= s.start:
-                raise fail(f"{sw}.layers", f"[{s.start}, {s.end}) does not continue at layer {start}")
-            start = s.end
-            row = 0
-            for ri, rep in enumerate(s.replicas):
-                if rep.offset != row or rep.mbs < 1:
-                    raise fail(f"{sw}.replicas[{ri}]", f"rows [{rep.offset}, {rep.offset + rep.mbs}) do not continue at row {row}")
-                row += rep.mbs
-                if m.heads % rep.tp or (m.ffn_mult * m.hidden) % rep.tp:
-                    raise fail(f"{sw}.replicas[{ri}]", f"tp {rep.tp} must divide model.heads {m.heads} and the MLP width")
-                seen.extend(rep.ranks)
-            if s.microbatch != p.microbatch:
-                raise fail(sw, f"processes {s.microbatch} rows per microbatch, stage 0 processes {p.microbatch}")
-        if start != m.num_layers:
-            raise fail(f"{w}.stages", f"cover layers up to {start}, the model has {m.num_layers}")
+        seen.extend(_check_pipeline(rp.model, p, f"{source}: pipelines[{pi}]"))
     if sorted(seen) != ranks:
-        raise fail("pipelines", "every rank must appear in exactly one replica")
+        raise ValueError(f"{source}: pipelines: every rank must appear in exactly one replica")
+
+
+def _check_pipeline(m: ModelConfig, p: RunnerPipeline, w: str) -> list[int]:
+    """The ranks of ``p`` after checking its stages tile the layers and its replicas the microbatch."""
+    if len(p.boundaries) != len(p.stages) - 1:
+        raise ValueError(f"{w}.boundaries: has {len(p.boundaries)} entries, expected {len(p.stages) - 1}")
+    seen: list[int] = []
+    start = 0
+    for si, s in enumerate(p.stages):
+        sw = f"{w}.stages[{si}]"
+        if s.start != start or s.end <= s.start:
+            raise ValueError(f"{sw}.layers: [{s.start}, {s.end}) does not continue at layer {start}")
+        start = s.end
+        row = 0
+        for ri, rep in enumerate(s.replicas):
+            if rep.offset != row or rep.mbs < 1:
+                raise ValueError(f"{sw}.replicas[{ri}]: rows [{rep.offset}, {rep.offset + rep.mbs}) do not continue at row {row}")
+            row += rep.mbs
+            if m.heads % rep.tp or (m.ffn_mult * m.hidden) % rep.tp:
+                raise ValueError(f"{sw}.replicas[{ri}]: tp {rep.tp} must divide model.heads {m.heads} and the MLP width")
+            seen.extend(rep.ranks)
+        if s.microbatch != p.microbatch:
+            raise ValueError(f"{sw}: processes {s.microbatch} rows per microbatch, stage 0 processes {p.microbatch}")
+    if start != m.num_layers:
+        raise ValueError(f"{w}.stages: cover layers up to {start}, the model has {m.num_layers}")
+    return seen

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hgopt.export import netns
 from hgopt.export.runner_plan import RunnerPlan
@@ -48,29 +49,15 @@ def resolve_emulation(mode: str, rp: RunnerPlan) -> str:
 
 
 def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
+    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded."""
     mode = resolve_emulation(opts.emulation or rp.emulate_links, rp)
     port = rp.master_port if opts.port is None else opts.port
     threads = opts.threads or max(1, (os.cpu_count() or 1) // rp.world_size)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     procs: dict[int, subprocess.Popen[bytes]] = {}
-    helper: subprocess.Popen[str] | None = None
-    lay = None
+    keep: list[Any] = []  # the store (or its helper process) and the namespaces, released in `finally`
     try:
-        if mode == "netns":
-            import socket
-
-            with socket.socket() as s:  # a port number for the store inside the namespace
-                s.bind(("127.0.0.1", port))
-                port = s.getsockname()[1]
-            lay = netns.layout(rp, tag=str(port))
-            netns.setup(rp, lay)
-            host = lay.addr_of(rp, rp.rank_info(0).cluster)
-            helper = _store_helper(opts.python, lay.namespace_of(rp, rp.rank_info(0).cluster), host, port)
-        else:
-            import torch.distributed as dist
-
-            store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-            host, port = "127.0.0.1", store.port
+        host, port, lay = _rendezvous(rp, mode, port, opts.python, keep)
         log.info("launching %d ranks (store %s:%d, links: %s, %d thread(s) each)", rp.world_size, host, port, mode, threads)
         for r in range(rp.world_size):
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay)
@@ -81,11 +68,35 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if helper is not None:
-            helper.kill()
-            helper.wait()
-        if lay is not None:
-            netns.teardown(lay)
+        for k in reversed(keep):
+            if isinstance(k, subprocess.Popen):
+                k.kill()
+                k.wait()
+            elif isinstance(k, netns.NetnsLayout):
+                netns.teardown(k)
+
+
+def _rendezvous(rp: RunnerPlan, mode: str, port: int, python: str, keep: list[Any]) -> tuple[str, int, netns.NetnsLayout | None]:
+    """Host the store: here, or (netns) in a helper process inside rank 0's namespace."""
+    import socket
+
+    try:
+        with socket.socket() as s:  # fails early, with a clear message, when the port is taken
+            s.bind(("127.0.0.1", port))
+            port = s.getsockname()[1]
+    except OSError as exc:
+        raise ValueError(f"rendezvous port {port} is not free ({exc.strerror}); pass --port 0 for any free port") from None
+    if mode != "netns":
+        import torch.distributed as dist
+
+        keep.append(dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False))
+        return "127.0.0.1", port, None
+    lay = netns.layout(rp, tag=str(port))
+    keep.append(lay)
+    netns.setup(rp, lay)
+    host = lay.addr_of(rp, rp.rank_info(0).cluster)
+    keep.append(_store_helper(python, lay.namespace_of(rp, rp.rank_info(0).cluster), host, port))
+    return host, port, lay
 
 
 def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resume: bool = False,
