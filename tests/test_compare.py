@@ -88,3 +88,23 @@ def test_cli_table_and_unknown_planner(capsys: pytest.CaptureFixture[str]) -> No
     assert "dp-only" in out and "samples/s" in out
     assert main(["compare", "default", "--planners", "nope"]) == 2
     assert "--planners" in capsys.readouterr().err
+
+
+def test_variants_set_the_planner_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def planner(name: str):  # type: ignore[no-untyped-def]
+        def run(instance: Instance, options: PlanOptions) -> PlanResult:
+            seen.append((name, dict(options.extra)))
+            return PlanResult(planner=name, status="heuristic", plan=_plan(4, 1, 2))
+        return run
+
+    monkeypatch.setattr(compare_mod, "get_planner", planner)
+    monkeypatch.setattr(compare_mod, "planner_names", lambda: ("heuristic", "metis"))
+    rows = compare_mod.compare(tiny_instance(global_batch=8), ["heuristic", "heuristic:fp8", "metis:slowest-link"],
+                               5.0, {"max_compressed_links": "1"})
+    assert [r.planner for r in rows] == ["heuristic", "heuristic:fp8", "metis:slowest-link"]
+    assert seen == [("heuristic", {"max_compressed_links": "1"}),
+                    ("heuristic", {"max_compressed_links": "1", "link_precision": "fp8"}),
+                    ("metis", {"max_compressed_links": "1", "bandwidth": "slowest-link"})]
+    assert compare_mod._default_planners()[-1] == "heuristic:auto"

@@ -48,7 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run several planners on one instance and compare their plans")
     p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
     p.add_argument("--planners", nargs="+", default=None, metavar="NAME",
-                   help=f"planners to run, space- or comma-separated (default: all: {', '.join(planner_names())})")
+                   help="planners to run, space- or comma-separated; NAME:VARIANT runs a variant (heuristic:auto, "
+                        "heuristic:fp8 = link precision; metis:slowest-link = what Metis is told) "
+                        f"(default: {', '.join(_default_planners())})")
+    p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
+                   help="inter-cluster boundary precision for planners without a variant (default: native)")
+    p.add_argument("--max-compressed-links", type=int, default=None, metavar="N",
+                   help="at most N compressed inter-cluster boundaries per pipeline")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget per planner (seconds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of the throughputs")
@@ -56,27 +62,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+_VARIANT_KEY = {"metis": "bandwidth"}
+"""Which PlanOptions.extra key a NAME:VARIANT sets (default: link_precision)."""
+
+
+def _default_planners() -> list[str]:
+    """Every registered planner, plus the heuristic with compressed links (auto precision)."""
+    names = list(planner_names())
+    return names + (["heuristic:auto"] if "heuristic" in names else [])
+
+
 def _planner_list(arg: list[str] | None) -> list[str]:
     if not arg:
-        return list(planner_names())
+        return _default_planners()
     names = [n for a in arg for n in a.split(",") if n]
     known = planner_names()
     for n in names:
-        if n not in known:
-            raise ValueError(f"--planners: unknown planner {n!r} (choices: {', '.join(known)})")
+        if n.partition(":")[0] not in known:
+            raise ValueError(f"--planners: unknown planner {n!r} (choices: {', '.join(known)}, optionally NAME:VARIANT)")
     return list(dict.fromkeys(names))
 
 
-def compare(instance: Instance, planners: list[str], time_limit_s: float) -> list[CompareRow]:
-    """Run ``planners`` (registry names) and score every plan with ``evaluate``."""
+def _options(name: str, time_limit_s: float, extra: dict[str, str]) -> tuple[str, PlanOptions]:
+    base, _, variant = name.partition(":")
+    ex = dict(extra)
+    if variant:
+        ex[_VARIANT_KEY.get(base, "link_precision")] = variant
+    return base, PlanOptions(time_limit_s=time_limit_s, extra=ex)
+
+
+def compare(
+    instance: Instance, planners: list[str], time_limit_s: float, extra: dict[str, str] | None = None
+) -> list[CompareRow]:
+    """Run ``planners`` (registry names, optionally NAME:VARIANT) and score every plan with
+    ``evaluate``. ``extra``: PlanOptions.extra for every planner (a variant overrides its key)."""
     if time_limit_s <= 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {time_limit_s}")
     tables = build_tables(instance)
     results: list[tuple[str, PlanResult | None, str, float]] = []
     for name in planners:
         t0 = time.perf_counter()
+        base, opts = _options(name, time_limit_s, extra or {})
         try:
-            res: PlanResult | None = get_planner(name)(instance, PlanOptions(time_limit_s=time_limit_s))
+            res: PlanResult | None = get_planner(base)(instance, opts)
             note = ""
         except ValueError as exc:  # a planner that cannot handle this instance says why
             res, note = None, str(exc)
@@ -109,7 +137,14 @@ def compare(instance: Instance, planners: list[str], time_limit_s: float) -> lis
 
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    rows = compare(inst, _planner_list(args.planners), args.time_limit)
+    extra = {}
+    if args.link_precision:
+        extra["link_precision"] = args.link_precision
+    if args.max_compressed_links is not None:
+        if args.max_compressed_links < 0:
+            raise ValueError(f"--max-compressed-links: must be >= 0, got {args.max_compressed_links}")
+        extra["max_compressed_links"] = str(args.max_compressed_links)
+    rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
     if args.json:
         print(json.dumps([_row_dict(r) for r in rows], indent=2))
     else:

@@ -33,13 +33,15 @@ from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan
-from hgopt.spec import Instance
+from hgopt.spec import DTYPE_BYTES, Instance
 
 __all__ = [
+    "LINK_PRECISIONS",
     "HeuristicOptions",
     "HeuristicResult",
     "Skeleton",
     "heuristic_incumbent",
+    "allowed_link_precisions",
     "plan_heuristic",
     "realize",
     "run_heuristic",
@@ -61,6 +63,11 @@ class HeuristicOptions:
     polish_extra: int = 1
     """Realised skeletons besides the best that also get their local plans polished [H6]."""
     reorder: int = 2
+    link_precision: str = "native"
+    """Inter-cluster boundaries: 'native'/'fp32' (no compression), 'bf16', 'fp16' or 'fp8' (every
+    such boundary compressed), or 'auto' (per boundary the fastest of native, bf16 and fp8) [H7]."""
+    max_compressed_links: int | None = None
+    """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
     patience: int = 2
     """Per pipeline count, stop raising the microbatch after this many that did not improve."""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
@@ -78,6 +85,8 @@ class Skeleton:
     weights: tuple[int, ...] = ()
     """Per cluster, the microbatch count the intra-cluster DP weighs its local bottleneck with
     (empty: the real m everywhere) [H6]."""
+    links: tuple[str, ...] = ()
+    """Precision of each inter-cluster boundary, forward and backward (empty: native) [H7]."""
 
     def ranges(self) -> list[tuple[int, int]]:
         cuts = list(itertools.accumulate(self.layers, initial=0))
@@ -108,6 +117,10 @@ class _Ctx:
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
     one: dict[int, Instance] = field(default_factory=dict)
+    allowed: tuple[str, ...] = ("native",)
+    """Precisions an inter-cluster boundary may use (mixed-precision links)."""
+    max_links: int | None = None
+    """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -119,7 +132,8 @@ def plan_heuristic(
 ) -> HeuristicResult:
     """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
     ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
-               start=time.perf_counter())
+               start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
+               max_links=_check_max_links(options.max_compressed_links))
     estimates = _skeleton_candidates(ctx, options)
     realized = 0
     done: list[tuple[float, Skeleton, Plan]] = []
@@ -129,7 +143,7 @@ def plan_heuristic(
         got = _realize_repaired(ctx, sk)
         if sk.weights:  # the estimate's local alternatives may not carry over: also try without
             plain = _realize_repaired(ctx, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch,
-                                                    order=sk.order, layers=sk.layers))
+                                                    order=sk.order, layers=sk.layers, links=sk.links))
             if plain is not None and (got is None or plain[0] < got[0]):
                 got = plain
         realized += 1
@@ -158,11 +172,14 @@ def plan_heuristic(
 
 
 def heuristic_incumbent(
-    instance: Instance, tables: CostTables | None = None, time_limit_s: float | None = 10.0
+    instance: Instance, tables: CostTables | None = None, time_limit_s: float | None = 10.0,
+    link_precision: str = "native", max_compressed_links: int | None = None,
 ) -> HeuristicResult:
     """Warm start for the exact planner: the heuristic's plan and its cluster-level skeleton (k, B,
-    cluster order, layers per cluster), whose local pipelines come from ``best_local_plan``."""
-    return plan_heuristic(instance, tables=tables, options=HeuristicOptions(time_limit_s=time_limit_s))
+    cluster order, layers per cluster, local weights, link precisions), whose local pipelines come
+    from ``best_local_plan``."""
+    return plan_heuristic(instance, tables=tables, options=HeuristicOptions(
+        time_limit_s=time_limit_s, link_precision=link_precision, max_compressed_links=max_compressed_links))
 
 
 def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None:
@@ -177,9 +194,32 @@ def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None
                 meta=(("skeleton", _describe(sk)), ("decomposed_s", repr(got[0]))))
 
 
+LINK_PRECISIONS = ("native", "fp32", "bf16", "fp16", "fp8", "auto")
+
+
+def allowed_link_precisions(instance: Instance, link_precision: str) -> tuple[str, ...]:
+    """[H7] What an inter-cluster boundary may use under ``--link-precision``; precisions that are
+    not narrower than the training dtype compress nothing and are dropped."""
+    if link_precision not in LINK_PRECISIONS:
+        raise ValueError(f"--link-precision: must be one of {', '.join(LINK_PRECISIONS)}, got {link_precision!r}")
+    native = DTYPE_BYTES[instance.model.dtype]
+    wanted = {"native": (), "fp32": (), "auto": ("bf16", "fp8")}.get(link_precision, (link_precision,))
+    narrower = tuple(p for p in wanted if DTYPE_BYTES[p] < native)
+    if link_precision == "auto":
+        return ("native", *narrower)
+    return narrower or ("native",)
+
+
+def _check_max_links(n: int | None) -> int | None:
+    if n is not None and n < 0:
+        raise ValueError(f"--max-compressed-links: must be >= 0, got {n}")
+    return n
+
+
 def _describe(sk: Skeleton) -> str:
     parts = ", ".join(f"{c}:{n}" for c, n in zip(sk.order, sk.layers))
-    return f"k={sk.pipelines} B={sk.microbatch} [{parts}]" + (f" weights={list(sk.weights)}" if sk.weights else "")
+    return (f"k={sk.pipelines} B={sk.microbatch} [{parts}]" + (f" weights={list(sk.weights)}" if sk.weights else "")
+            + (f" links={list(sk.links)}" if sk.links else ""))
 
 
 def _out_of_time(ctx: _Ctx, options: HeuristicOptions) -> bool:
@@ -334,16 +374,47 @@ def _drop_clusters(ctx: _Ctx, sk: Skeleton, est: float) -> list[tuple[float, Ske
 
 
 # ---- [H3] cluster order --------------------------------------------------------------------------
-def _link_times(ctx: _Ctx, a: str, b: str, B: int, cut: int) -> tuple[float, float]:
-    """(forward, backward) seconds for one microbatch of B samples crossing a → b after layer cut−1,
-    as ``evaluate`` computes them [C4]."""
-    key = (a, b, B, cut)
+def _link_times(ctx: _Ctx, a: str, b: str, B: int, cut: int, prec: str = "native") -> tuple[float, float]:
+    """(forward, backward) seconds for one microbatch of B samples crossing a → b after layer cut−1
+    in precision ``prec``, as ``evaluate`` computes them ([C4], with [C4q] (de)quantisation)."""
+    key = (a, b, B, cut, prec)
     if key not in ctx.links:
         one = lambda c, lo, hi: Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster=c, dp=B),))  # noqa: E731
         pipe = Pipeline(stages=(one(a, 0, cut), one(b, cut, ctx.tables.num_layers)), num_microbatches=1,
-                        boundaries=(Boundary(),))
+                        boundaries=(Boundary(fwd=prec, bwd=prec),))  # type: ignore[arg-type]
         ctx.links[key] = stage_boundary_time(ctx.instance, ctx.tables, pipe, 0)
     return ctx.links[key]
+
+
+def _best_link(ctx: _Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str, float, float]:
+    """[H7] The allowed precision with the smallest (m − 1)·max(fwd, bwd) + fwd + bwd on a → b."""
+    best: tuple[float, str, float, float] | None = None
+    for prec in ctx.allowed:
+        f, bw = _link_times(ctx, a, b, B, cut, prec)
+        score = (m - 1) * max(f, bw) + f + bw
+        if best is None or score < best[0] - 1e-15:
+            best = (score, prec, f, bw)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def _link_choice(ctx: _Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence[int]) -> tuple[str, ...]:
+    """[H7] Precision per inter-cluster boundary: each boundary's best allowed one; with a limit on
+    compressed links, only the boundaries where compression gains most keep it."""
+    if ctx.allowed == ("native",):
+        return ()
+    picks = []
+    for a, b, cut in zip(order, order[1:], cuts):
+        prec, f, bw = _best_link(ctx, a, b, B, cut, m)
+        nf, nb = _link_times(ctx, a, b, B, cut, "native")
+        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw)
+        picks.append((prec, gain))
+    if ctx.max_links is not None:
+        keep = {i for i, _ in sorted(((i, g) for i, (p, g) in enumerate(picks) if p != "native"),
+                                     key=lambda x: -x[1])[: ctx.max_links]}
+        picks = [(p if i in keep else "native", g) for i, (p, g) in enumerate(picks)]
+    out = tuple(p for p, _ in picks)
+    return () if all(p == "native" for p in out) else out
 
 
 def _order(ctx: _Ctx, names: tuple[str, ...], B: int, m: int) -> tuple[str, ...]:
@@ -359,7 +430,7 @@ def _path_cost(ctx: _Ctx, order: Sequence[str], B: int, m: int) -> float:
     cut = min(max(cut, 1), ctx.tables.num_layers - 1) if ctx.tables.num_layers > 1 else 1
     worst = total = 0.0
     for a, b in zip(order, order[1:]):
-        f, bw = _link_times(ctx, a, b, B, cut)
+        _, f, bw = _best_link(ctx, a, b, B, cut, m)
         worst, total = max(worst, f, bw), total + f + bw
     return (m - 1) * worst + total
 
@@ -422,11 +493,12 @@ def _table(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) 
 
 
 def _choose_weights(
-    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[dict[int, ClusterTable]], layers: Sequence[int], B: int, m: int
+    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[dict[int, ClusterTable]], layers: Sequence[int], B: int, m: int,
+    links: Sequence[str] = (),
 ) -> tuple[float, tuple[int, ...]]:
     """[H6] Per cluster, the local alternative (bottleneck weight) that lowers the pipeline's
     estimate, by coordinate descent; returns (estimate, weights)."""
-    wan = _wan(ctx, order, B)
+    wan = _wan(ctx, order, B, links)
     ws = [m] * len(order)
 
     val = [{w: (float(t.bottleneck[n]), float(t.fill[n]), float(t.sync_opt[n]), int(t.stages[n]))
@@ -468,17 +540,18 @@ def _split_order(
     """The layer split of one cluster order (both directions of a path cost the same on symmetric
     links, but the first cluster also holds the embedding and the last the head)."""
     after = [_round_up(len(order) - 1 - i) for i in range(len(order))]
+    links = _link_choice(ctx, order, B, m, [_block_cut(ctx)] * (len(order) - 1))
     got = None
     for _ in range(passes):
         tabs = [_table(ctx, n, role_of(i, len(order)), k, B, m, after[i]) for i, n in enumerate(order)]
-        split = _split(ctx, order, tabs, B, m)
+        split = _split(ctx, order, tabs, B, m, links)
         if split is None:
             return got
         est, layers = split
         est2, ws = _choose_weights(ctx, order, [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])
-                                                for i, n in enumerate(order)], layers, B, m)
+                                                for i, n in enumerate(order)], layers, B, m, links)
         got = (est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
-                              weights=() if all(w == m for w in ws) else ws))
+                              weights=() if all(w == m for w in ws) else ws, links=links))
         chosen = [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
         stages = [int(t.stages[n]) for t, n in zip(chosen, layers)]
         new_after = [_round_up(sum(stages[i + 1 :])) for i in range(len(order))]
@@ -494,15 +567,23 @@ def _round_up(d: int) -> int:
     return 0 if d <= 0 else 1 << (d - 1).bit_length()
 
 
-def _wan(ctx: _Ctx, order: Sequence[str], B: int) -> tuple[float, float, tuple[float, ...]]:
-    """(slowest WAN send, sum of WAN sends both ways, per boundary forward + backward) of the
-    pipeline at a block boundary's activation size (exact cut sizes are costed when realised)."""
+def _block_cut(ctx: _Ctx) -> int:
+    """A layer boundary inside the blocks (where the estimates cost WAN transfers)."""
     cut = ctx.layout.pre + max(ctx.layout.blocks // 2, 1)
-    cut = min(max(cut, 1), max(ctx.tables.num_layers - 1, 1))
+    return min(max(cut, 1), max(ctx.tables.num_layers - 1, 1))
+
+
+def _wan(
+    ctx: _Ctx, order: Sequence[str], B: int, links: Sequence[str] = ()
+) -> tuple[float, float, tuple[float, ...]]:
+    """(slowest WAN send, sum of WAN sends both ways, per boundary forward + backward) of the
+    pipeline at a block boundary's activation size (exact cut sizes are costed when realised), with
+    the boundaries' precisions ``links`` (empty: native)."""
+    cut = _block_cut(ctx)
     worst = total = 0.0
     per = []
-    for a, b in zip(order, order[1:]):
-        f, bw = _link_times(ctx, a, b, B, cut)
+    for i, (a, b) in enumerate(zip(order, order[1:])):
+        f, bw = _link_times(ctx, a, b, B, cut, links[i] if links else "native")
         worst, total = max(worst, f, bw), total + f + bw
         per.append(f + bw)
     return worst, total, tuple(per)
@@ -564,7 +645,7 @@ def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, f
 
 
 def _split(
-    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int
+    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int, links: Sequence[str] = ()
 ) -> tuple[float, tuple[int, ...]] | None:
     """[H4] Layers per cluster: each starts at its smallest feasible count, layers are added one at a
     time where the estimate grows least, then single layers move between any two clusters while
@@ -579,7 +660,7 @@ def _split(
         lo.append(ok[0])
     if sum(lo) > L:
         return None
-    wan = _wan(ctx, order, B)
+    wan = _wan(ctx, order, B, links)
     n = _cap_start(t, lo, L)
     while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
         i = _cheapest_shrink(t, n, lo, m, wan)
@@ -742,10 +823,22 @@ def _local_plans(ctx: _Ctx, sk: Skeleton) -> list[LocalPlan] | None:
     return plans
 
 
-def _assemble(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Plan:
+def _pipeline(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Pipeline:
+    """One pipeline: the local stages in cluster order, inter-cluster boundaries in ``sk.links``."""
     stages = tuple(s for lp in locals_ for s in lp.stages)
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
-    pipe = Pipeline(stages=stages, num_microbatches=m)
+    if not sk.links:
+        return Pipeline(stages=stages, num_microbatches=m)
+    bounds = []
+    for i, lp in enumerate(locals_):
+        bounds += [Boundary()] * (len(lp.stages) - 1)
+        if i + 1 < len(locals_):
+            bounds.append(Boundary(fwd=sk.links[i], bwd=sk.links[i]))  # type: ignore[arg-type]
+    return Pipeline(stages=stages, num_microbatches=m, boundaries=tuple(bounds))
+
+
+def _assemble(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> Plan:
+    pipe = _pipeline(ctx, sk, locals_)
     return Plan(pipelines=(pipe,) * sk.pipelines, planner="heuristic", instance=ctx.instance.name)
 
 
@@ -767,7 +860,7 @@ def _realize_repaired(ctx: _Ctx, sk: Skeleton, tries: int = 3) -> tuple[float, S
                 layers[bad] -= 1
                 layers[j] += 1
                 cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order,
-                                layers=tuple(layers), weights=sk.weights)
+                                layers=tuple(layers), weights=sk.weights, links=sk.links)
                 if (r := _realize_and_score(ctx, cand)) is not None:
                     options.append(r)
         if options:
@@ -779,7 +872,7 @@ def _realize_repaired(ctx: _Ctx, sk: Skeleton, tries: int = 3) -> tuple[float, S
         layers[bad] -= 1
         layers[j] += 1
         sk = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers),
-                      weights=sk.weights)
+                      weights=sk.weights, links=sk.links)
         got = _realize_and_score(ctx, sk)
     return got
 
@@ -828,8 +921,7 @@ def _decomposed(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
     (their all-reduce rings span the k pipelines' replicas). inf when a stage is out of memory."""
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
     one = _one_pipeline_instance(ctx, sk.microbatch * m)
-    pipe = Pipeline(stages=tuple(s for lp in locals_ for s in lp.stages), num_microbatches=m)
-    ev = evaluate(Plan(pipelines=(pipe,)), one, ctx.tables)
+    ev = evaluate(Plan(pipelines=(_pipeline(ctx, sk, locals_),)), one, ctx.tables)
     if not ev.feasible:
         return INF
     return ev.pipeline_time_s + max(lp.sync_opt_s for lp in locals_)
@@ -910,7 +1002,7 @@ def _refine(
                 if min(layers) < 1:
                     continue
                 cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers),
-                                weights=sk.weights)
+                                weights=sk.weights, links=sk.links)
                 got = _realize_and_score(ctx, cand)
                 if got is not None and got[0] < best[0] - 1e-12:
                     best, improved = got, True
@@ -925,7 +1017,15 @@ def _refine(
 def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
     """``heuristic`` for the planner registry: a plan without a bound."""
     t0 = time.perf_counter()
-    res = plan_heuristic(instance, options=HeuristicOptions(time_limit_s=options.time_limit_s))
+    extra = dict(options.extra)
+    links = extra.get("max_compressed_links")
+    try:
+        max_links = None if links in (None, "") else int(links)
+    except ValueError:
+        raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
+    res = plan_heuristic(instance, options=HeuristicOptions(
+        time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
+        max_compressed_links=max_links))
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP")
