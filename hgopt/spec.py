@@ -376,7 +376,7 @@ def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "")
         timings=timings,
         tp_memory=tp_memory,
         optimizer_bytes_per_param=opt_bytes,
-        source=src.string() if src else "",
+        source=src.string() if src and src.value != "" else "",
     )
 
 

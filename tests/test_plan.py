@@ -63,3 +63,12 @@ def test_wider_link_precision_than_training_dtype_is_rejected() -> None:
         num_microbatches=4, boundaries=(Boundary(fwd="fp32", bwd="fp8"),)),))
     problems = [str(v) for v in validate(plan, inst)]
     assert problems == ["pipelines[0].boundaries[0].fwd: fp32 is wider than the training dtype bf16"]
+
+
+def test_model_profile_round_trip_with_empty_source() -> None:
+    from hgopt.spec import model_profile_from_dict, model_profile_to_dict
+
+    inst = tiny_instance()
+    d = model_profile_to_dict(inst.model)
+    assert d["source"] == ""
+    assert model_profile_from_dict(d) == inst.model
