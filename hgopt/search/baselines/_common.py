@@ -16,6 +16,7 @@ __all__ = [
     "block_layout",
     "min_shards_to_fit",
     "powers_of_two_upto",
+    "split_capped",
     "split_proportional",
     "stage_memory_parts",
 ]
@@ -106,6 +107,31 @@ def split_proportional(total: int, weights: list[float]) -> list[int] | None:
     out = [b + 1 for b in base]
     assert sum(out) == total, (out, total)
     return out
+
+
+def split_capped(total: int, weights: list[float], caps: list[int]) -> list[int] | None:
+    """Like :func:`split_proportional`, but no share above its cap: shares that would exceed it are
+    fixed at the cap and the rest split again (water filling). ``None`` when ``total`` is below one
+    each or above the caps' sum."""
+    n = len(weights)
+    if n == 0 or total < n or total > sum(caps):
+        return None
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(n) if i not in fixed]
+        share = split_proportional(total - sum(fixed.values()), [weights[i] for i in free])
+        if share is None:
+            return None
+        over = [i for i, x in zip(free, share) if x > caps[i]]
+        if not over:
+            out = [0] * n
+            for i, x in zip(free, share):
+                out[i] = x
+            for i, x in fixed.items():
+                out[i] = x
+            return out
+        for i in over:
+            fixed[i] = caps[i]
 
 
 class Budget:

@@ -43,7 +43,7 @@ from typing import Iterator, Sequence
 from hgopt.cost import evaluate
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.search.baselines._common import Budget, split_proportional, stage_memory_parts
+from hgopt.search.baselines._common import Budget, split_capped, stage_memory_parts
 from hgopt.spec import Bandwidth, Cluster, Instance, Link, Topology
 
 __all__ = ["MetisOptions", "metis_view", "plan_metis"]
@@ -123,8 +123,9 @@ def plan_metis(
     budget = Budget(options.time_limit_s)
     best: tuple[float, Plan] | None = None
     tried, complete = 0, True
-    for groups in _device_groups(instance, options):
+    for groups in _device_groups(instance, tables, options):
         stages = _intra_stage(instance, groups)
+        stages = None if stages is None else _resolve_tp(instance, tables, stages)
         if stages is None:
             continue
         for B in _microbatches(instance, stages):
@@ -150,18 +151,42 @@ def plan_metis(
 
 
 # ---- inter-stage: device-type orderings and power-of-two device groups ---------------------------
-def _device_groups(instance: Instance, opt: MetisOptions) -> Iterator[tuple[tuple[Segment, ...], ...]]:
-    """Every (device-type ordering, group-size sequence) as stages' device segments."""
+def _device_groups(
+    instance: Instance, tables: CostTables, opt: MetisOptions
+) -> Iterator[tuple[tuple[Segment, ...], ...]]:
+    """Every (device-type ordering, group-size sequence) as stages' device segments; pipelines too
+    short to hold the model's weights, gradients and optimizer state are skipped."""
     clusters = instance.topology.clusters
     types = tuple(dict.fromkeys(c.gpu for c in clusters))
     total = sum(c.num_gpus for c in clusters)
     max_stages = min(opt.max_stages, instance.model.num_layers)
-    size_seqs = [seq for ms in _size_multisets(total, max_stages, opt.scale_variance) for seq in _orderings(ms, opt)]
+    fewest = min_stages(instance, tables)
+    size_seqs = [seq for ms in _size_multisets(total, max_stages, opt.scale_variance) if len(ms) >= fewest
+                 for seq in _orderings(ms, opt)]
     size_seqs.sort(key=lambda seq: (len(seq), seq))
     for order in itertools.permutations(types):
         devices = [(c, c.num_gpus) for t in order for c in clusters if c.gpu == t]
         for seq in size_seqs:
             yield _cut(devices, seq)
+
+
+def min_stages(instance: Instance, tables: CostTables) -> int:
+    """A lower bound on the stages of any plan that fits (Metis keeps the whole optimizer state on
+    every replica): each layer needs at least its weights + gradients + optimizer state per GPU at
+    the best (GPU type, tp) over the room a GPU of that type has; the stages together hold them all."""
+    L = tables.num_layers
+    need = [math.inf] * L
+    per_param = 2.0 * tables.dtype_bytes + tables.optimizer_bytes_per_param
+    for c in instance.topology.clusters:
+        room = c.gpu_memory_bytes - instance.job.workspace_bytes
+        if room <= 0:
+            continue
+        for tp in instance.model.tps(c.gpu):
+            params = tables.table(c.gpu, tp).params
+            for layer in range(L):
+                need[layer] = min(need[layer], float(params[layer + 1] - params[layer]) * per_param / room)
+    total = sum(need)
+    return max(1, math.ceil(total - 1e-9)) if math.isfinite(total) else L + 1
 
 
 def _size_multisets(total: int, max_stages: int, variance: int) -> Iterator[tuple[int, ...]]:
@@ -253,7 +278,8 @@ def _split_batch(
     dp = sum(r for _, r in reps)
     guess = max(1, B // dp)
     speeds = [_replica_speed(instance, tables, c.gpu, stage.tp, guess) for c, _ in reps]
-    split = split_proportional(B, [v for v, (_, r) in zip(speeds, reps) for _ in range(r)])
+    caps = [max(instance.model.mbss(c.gpu, stage.tp)) for c, r in reps for _ in range(r)]
+    split = split_capped(B, [v for v, (_, r) in zip(speeds, reps) for _ in range(r)], caps)
     if split is None:
         return None
     groups: list[ReplicaGroup] = []
@@ -261,36 +287,49 @@ def _split_batch(
     for c, r in reps:
         mine = split[i : i + r]
         i += r
-        if max(mine) > max(instance.model.mbss(c.gpu, stage.tp)):
-            return None
         for mbs in sorted(set(mine), reverse=True):
             groups.append(ReplicaGroup(cluster=c.name, tp=stage.tp, dp=mine.count(mbs), mbs=mbs))
     return tuple(groups), sum(v * r for v, (_, r) in zip(speeds, reps))
 
 
-def _balanced_plan(instance: Instance, tables: CostTables, drafts: list[_StageDraft], B: int) -> Plan | None:
-    """Layer load balancer with memory repair: raise tp of stages out of memory, then move layers."""
+def _resolve_tp(instance: Instance, tables: CostTables, drafts: list[_StageDraft]) -> list[_StageDraft] | None:
+    """Metis prefers data parallelism: raise the tp of a stage only while it is out of memory with
+    its compute-proportional layers at one sample per replica (more samples only add activations)."""
     drafts = list(drafts)
-    for _ in range(8):
+    while True:
+        B = max(sum(n for _, n in d.segments) // d.tp for d in drafts)
         split = [_split_batch(instance, tables, d, B) for d in drafts]
         if any(s is None for s in split):
-            return None
-        groups = [s[0] for s in split if s is not None]
-        power = [s[1] for s in split if s is not None]
-        cuts = _proportional_cuts(tables, power)
+            return drafts
+        cuts = _proportional_cuts(tables, [s[1] for s in split if s is not None])
         if cuts is None:
             return None
-        m = instance.job.global_batch // B
-        cuts = _repair_memory(instance, tables, groups, cuts, m)
-        over = _oom_stages(instance, tables, groups, cuts, m)
+        over = _oom_stages(instance, tables, [s[0] for s in split if s is not None], cuts,
+                           instance.job.global_batch // B)
         if not over:
-            stages = tuple(Stage(start=a, end=b, groups=g) for (a, b), g in zip(zip(cuts, cuts[1:]), groups))
-            return Plan(pipelines=(Pipeline(stages=stages, num_microbatches=m),), planner="metis", instance=instance.name)
+            return drafts
         raised = _raise_tp(instance, drafts, over)
         if raised is None:
-            return None
+            return drafts  # the layer balancer may still move layers out of the full stages
         drafts = raised
-    return None
+
+
+def _balanced_plan(instance: Instance, tables: CostTables, drafts: list[_StageDraft], B: int) -> Plan | None:
+    """Data and layer load balancers for microbatch B, then layers moved out of stages that are out
+    of memory; ``None`` when that does not make every stage fit."""
+    split = [_split_batch(instance, tables, d, B) for d in drafts]
+    if any(s is None for s in split):
+        return None
+    groups = [s[0] for s in split if s is not None]
+    cuts = _proportional_cuts(tables, [s[1] for s in split if s is not None])
+    if cuts is None:
+        return None
+    m = instance.job.global_batch // B
+    cuts = _repair_memory(instance, tables, groups, cuts, m)
+    if _oom_stages(instance, tables, groups, cuts, m):
+        return None
+    stages = tuple(Stage(start=a, end=b, groups=g) for (a, b), g in zip(zip(cuts, cuts[1:]), groups))
+    return Plan(pipelines=(Pipeline(stages=stages, num_microbatches=m),), planner="metis", instance=instance.name)
 
 
 def _proportional_cuts(tables: CostTables, power: Sequence[float]) -> list[int] | None:
