@@ -95,7 +95,7 @@ def cluster_table(
     gpu_budget: int,
     replicas: int,
     stages_after: int,
-    cache: dict[tuple[str, int, int], _Parts] | None = None,
+    cache: dict[tuple[object, ...], object] | None = None,
 ) -> ClusterTable:
     """[H2] Best estimated local pipeline per layer count n (see the module docstring)."""
     return cluster_tables(instance, tables, layout, cluster, role, microbatch=microbatch,
@@ -116,46 +116,83 @@ def cluster_tables(
     replicas: int,
     stages_after: int,
     weights: Sequence[int] = (),
-    cache: dict[tuple[str, int, int], _Parts] | None = None,
+    cache: dict[tuple[object, ...], object] | None = None,
 ) -> dict[int, ClusterTable]:
     """[H2] For the real microbatch count m and every extra ``weight`` w: per layer count n, the
     estimate minimising (w − 1)·bottleneck + fill + sync_opt (memory always checked at m). A small
     w favours local pipelines with little fill and gradient sync, the right choice when the
     pipeline's bottleneck is elsewhere."""
     L = tables.num_layers
-    has_pre = role in ("first", "only")
-    has_post = role in ("last", "only")
     n = np.array([L]) if role == "only" else np.arange(L + 1)  # 'only' hosts the whole model
-    nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
-    valid = (nb >= 0) & (n >= 1)
     m = num_microbatches
     ws = tuple(dict.fromkeys((m, *weights)))
     cache = {} if cache is None else cache
-    parts = []  # per config: (bottleneck, fill, sync, feasible, stage counts), rows = local stage counts
+    key = ("block", cluster.name, role, microbatch, m, gpu_budget, replicas)
+    if key not in cache:
+        cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
+    blk: _Block | None = cache[key]  # type: ignore[assignment]
+    out = {}
+    for w in ws:
+        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
+        if blk is not None:
+            ok = blk.fits(stages_after, m, cluster.gpu_memory_bytes)
+            j = np.where(ok, (w - 1) * blk.bott + blk.fill + blk.sync, math.inf)
+            pick = np.argmin(j, axis=0)
+            cols = np.arange(len(n))
+            feasible = np.isfinite(j[pick, cols])
+            for f, a in zip(_FIELDS, (blk.bott, blk.fill, blk.sync)):
+                getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
+            full.stages[n] = np.where(feasible, blk.s[pick, cols], 0)
+        out[w] = full
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Every config's estimate stacked (rows: config × local stage count, columns: n); memory kept
+    as base + in-flight · activations so that any number of stages after the cluster is cheap."""
+
+    bott: np.ndarray
+    fill: np.ndarray
+    sync: np.ndarray
+    s: np.ndarray
+    shape_ok: np.ndarray
+    first_base: np.ndarray
+    first_act: np.ndarray
+    trunk_base: np.ndarray
+    trunk_act: np.ndarray
+
+    def fits(self, d: int, m: int, capacity: float) -> np.ndarray:
+        """[C6] the first local stage keeps min(s + d, m) microbatches, a trunk stage min(s − 1 + d, m)."""
+        first = self.first_base + np.minimum(self.s + d, m) * self.first_act <= capacity
+        trunk = (self.s == 1) | (self.trunk_base + np.minimum(self.s - 1 + d, m) * self.trunk_act <= capacity)
+        return self.shape_ok & first & trunk
+
+
+def _block(
+    instance: Instance, tables: CostTables, layout: BlockLayout, cluster: Cluster, role: Role, n: np.ndarray,
+    microbatch: int, m: int, budget: int, replicas: int, cache: dict[tuple[object, ...], object],
+) -> _Block | None:
+    has_pre = role in ("first", "only")
+    has_post = role in ("last", "only")
+    nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
+    valid = (nb >= 0) & (n >= 1)
+    parts = []
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
             continue
         top_mbs = max(instance.model.mbss(cluster.gpu, tp))
         for dp in range(1, microbatch + 1):
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
-            if microbatch % dp or tp * dp > gpu_budget or microbatch // dp > top_mbs:
+            if microbatch % dp or tp * dp > budget or microbatch // dp > top_mbs:
                 continue
-            parts.append(_config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, gpu_budget,
-                                          replicas, stages_after, nb, has_pre, has_post, cache))
-    out = {}
-    for w in ws:
-        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
-        if parts:
-            bott, fill, sync, ok, stages = (np.concatenate([p[i] for p in parts]) for i in range(5))
-            j = np.where(ok & valid[None, :], (w - 1) * bott + fill + sync, math.inf)
-            pick = np.argmin(j, axis=0)
-            cols = np.arange(len(n))
-            feasible = np.isfinite(j[pick, cols])
-            for f, a in zip(_FIELDS, (bott, fill, sync)):
-                getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
-            full.stages[n] = np.where(feasible, stages[pick, cols], 0)
-        out[w] = full
-    return out
+            parts.append(_config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
+                                          replicas, nb, has_pre, has_post, cache))
+    if not parts:
+        return None
+    arrays = [np.concatenate([p[i] for p in parts]) for i in range(9)]
+    arrays[4] = arrays[4] & valid[None, :]
+    return _Block(*arrays)
 
 
 def _stage_grid(top: int) -> np.ndarray:
@@ -186,15 +223,16 @@ def _allreduce(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
 
 def _config_estimate(
     instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
-    budget: int, replicas: int, d: int, nb: np.ndarray, has_pre: bool, has_post: bool,
-    cache: dict[tuple[str, int, int], _Parts],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
+    cache: dict[tuple[object, ...], object],
+) -> tuple[np.ndarray, ...]:
     """One (tp, dp) config's estimate for every (local stage count s, layer count n): rows s,
-    columns n; (bottleneck, fill, sync_opt, fits in memory, s)."""
-    key = (c.gpu, tp, mbs)
+    columns n; (bottleneck, fill, sync_opt, s, shape ok, first-stage memory base and activations
+    per microbatch in flight, trunk-stage memory base and activations per microbatch)."""
+    key = ("parts", c.gpu, tp, mbs)
     if key not in cache:
         cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
-    P = cache[key]
+    P: _Parts = cache[key]  # type: ignore[assignment]
     L = tables.num_layers
     s = _stage_grid(min(budget // (tp * dp), L))[:, None]
     nbc = np.maximum(nb, 0)[None, :]
@@ -202,8 +240,9 @@ def _config_estimate(
     extra_t = (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0)
     work = nbc * t_b + extra_t
     per_stage_blocks = np.ceil(nbc / s)
+    low_blocks = np.floor(nbc / s)
     # compute: the heaviest stage holds ceil(nb/s) blocks or a special layer with its share
-    bott = np.maximum(per_stage_blocks * t_b, np.maximum(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
+    bott = np.maximum(per_stage_blocks * t_b, max(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
     bott = np.maximum(bott, work / s)
     act_bytes = float(np.mean(tables.activation_bytes))
     send = transfer_time(c.inter_node, mbs * act_bytes)
@@ -211,28 +250,24 @@ def _config_estimate(
     fill = work + 2.0 * (s - 1) * send
     # gradient sync + optimizer of the stage with most parameters [C5, C6]
     p_b, p_pre, p_post = P.params
-    lower = np.floor(nbc / s) * p_b
-    stage_params = np.maximum(per_stage_blocks * p_b,
-                              lower + max(p_pre if has_pre else 0.0, p_post if has_post else 0.0))
-    stage_params = np.where(s == 1, nbc * p_b + (p_pre if has_pre else 0.0) + (p_post if has_post else 0.0), stage_params)
+    pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
+    stage_params = np.maximum(per_stage_blocks * p_b, low_blocks * p_b + max(pre_p, post_p))
+    stage_params = np.where(s == 1, nbc * p_b + pre_p + post_p, stage_params)
     u_b = P.update[0]
-    stage_update = stage_params / max(p_b, 1e-30) * u_b if p_b > 0 else np.zeros_like(stage_params)
+    stage_update = stage_params / p_b * u_b if p_b > 0 else np.zeros_like(stage_params)
     ring = replicas * dp
     bw = c.intra_node if ring * tp <= c.gpus_per_node else c.inter_node
-    shard = stage_params * tables.dtype_bytes
-    sync = _allreduce(bw, shard, ring) + stage_update / dp
-    # memory of the first local stage (most microbatches in flight) [C6]
-    a_b, a_pre, _ = P.act
-    first_params = np.where(s == 1, stage_params, np.floor(nbc / s) * p_b + (p_pre if has_pre else 0.0))
-    first_act = np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (P.act[2] if has_post else 0.0),
-                         np.floor(nbc / s) * a_b + (a_pre if has_pre else 0.0))
-    in_flight = np.minimum(s + d, m)
-    mem = (2.0 * first_params * tables.dtype_bytes + first_params * tables.optimizer_bytes_per_param / dp
-           + in_flight * mbs * first_act + instance.job.workspace_bytes)
-    trunk_mem = (2.0 * per_stage_blocks * p_b * tables.dtype_bytes
-                 + per_stage_blocks * p_b * tables.optimizer_bytes_per_param / dp
-                 + np.minimum(s - 1 + d, m) * mbs * per_stage_blocks * a_b + instance.job.workspace_bytes)
-    ok = (mem <= c.gpu_memory_bytes) & ((s == 1) | (trunk_mem <= c.gpu_memory_bytes))
-    ok &= s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
-    shape = np.broadcast_shapes(bott.shape, fill.shape, sync.shape, ok.shape)
-    return tuple(np.broadcast_to(a, shape) for a in (bott, fill, sync, ok, s))  # type: ignore[return-value]
+    sync = _allreduce(bw, stage_params * tables.dtype_bytes, ring) + stage_update / dp
+    # memory of the first local stage (most microbatches in flight) and of a trunk stage [C6]
+    a_b, a_pre, a_post = P.act
+    per_param = 2.0 * tables.dtype_bytes + tables.optimizer_bytes_per_param / dp
+    ws = instance.job.workspace_bytes
+    first_params = np.where(s == 1, stage_params, low_blocks * p_b + pre_p)
+    first_act = mbs * np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (a_post if has_post else 0.0),
+                               low_blocks * a_b + (a_pre if has_pre else 0.0))
+    trunk_base = per_stage_blocks * p_b * per_param + ws
+    trunk_act = mbs * per_stage_blocks * a_b
+    shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
+    out = (bott, fill, sync, s, shape_ok, first_params * per_param + ws, first_act, trunk_base, trunk_act)
+    shape = np.broadcast_shapes(*(np.shape(a) for a in out))
+    return tuple(np.broadcast_to(a, shape) for a in out)
