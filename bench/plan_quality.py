@@ -29,14 +29,16 @@ from hgopt.search import PlanOptions, get_planner, planner_names
 from hgopt.search.hierarchical import plan_heuristic
 from hgopt.spec import Instance, Topology
 
-PLANNERS = ("milp", "heuristic", "metis", "uniform", "dp-only")
+PLANNERS = ("milp", "heuristic", "metis", "metis:slowest-link", "uniform", "dp-only")
 
 
 def run_one(inst: Instance, planner: str, time_limit: float) -> dict[str, Any]:
     load = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
+    name, _, variant = planner.partition(":")  # "metis:slowest-link" = metis told the slowest WAN link
+    extra = {"bandwidth": variant} if variant else {}
     try:
-        res = get_planner(planner)(inst, PlanOptions(time_limit_s=time_limit))
+        res = get_planner(name)(inst, PlanOptions(time_limit_s=time_limit, extra=extra))
     except ValueError as exc:  # e.g. the exact planner refuses a model that is not trunk-shaped
         return {"instance": inst.name, "planner": planner, "status": "error", "note": str(exc)[:200],
                 "iteration_time_s": None, "wall_s": time.perf_counter() - t0, "load": load}
@@ -105,6 +107,49 @@ def speed(repeats: int = 5) -> dict[str, Any]:
             "median_cpu_s": statistics.median(cpus), "load": loads, "iteration_time_s": res.iteration_time_s}
 
 
+def breakdown(inst: Instance, plan_dict: dict[str, Any]) -> dict[str, Any]:
+    """Where a plan's time goes: pipeline vs gradient sync + optimizer, stages whose replicas span
+    regions, the slowest boundary transfer."""
+    from hgopt.plan import Plan
+
+    plan = Plan.from_dict(plan_dict)
+    ev = evaluate(plan, inst)
+    region = {c.name: c.region for c in inst.topology.clusters}
+    spans = [st for st in ev.stages if len({region[c] for c in st.clusters}) > 1]
+    return {
+        "T": ev.iteration_time_s, "pipeline_s": ev.pipeline_time_s, "tail_s": ev.sync_optimizer_time_s,
+        "stages": len(plan.pipelines[0].stages), "pipelines": len(plan.pipelines), "gpus": ev.gpus_used,
+        "regions_used": len({region[c] for c in plan.gpus_by_cluster()}),
+        "stages_spanning_regions": len({(s.pipeline, s.stage) for s in spans}),
+        "max_sync_spanning_s": max((s.sync_s for s in spans), default=0.0),
+        "max_send_s": max((max(s.send_fwd_s, s.send_bwd_s) for s in ev.stages), default=0.0),
+        "estimate_s": float(dict(plan.meta).get("metis_estimate_s", "nan")),
+    }
+
+
+def explain(rows: list[dict[str, Any]]) -> str:
+    """Metis vs hgopt's best plan on the geo-* instances, term by term."""
+    t = {(r["instance"], r["planner"]): r for r in rows}
+    lines = ["| instance | plan | iteration (s) | Metis's own estimate (s) | pipeline (s) | sync+opt (s) | GPUs | "
+             "regions | stages × pipelines | stages spanning regions | their sync (s) | slowest transfer (s) |",
+             "|" + "---|" * 12]
+    for n in dict.fromkeys(r["instance"] for r in rows):
+        if not n.startswith("geo-"):
+            continue
+        inst = load_instance(n)
+        best = min((t[(n, p)] for p in ("milp", "heuristic") if (n, p) in t and t[(n, p)]["iteration_time_s"]),
+                   key=lambda r: r["iteration_time_s"], default=None)
+        for label, r in (("metis", t.get((n, "metis"))), ("hgopt", best)):
+            if r is None or not r.get("plan"):
+                continue
+            b = breakdown(inst, r["plan"])
+            est = f"{b['estimate_s']:.2f}" if math.isfinite(b["estimate_s"]) else "—"
+            lines.append(f"| {n} | {label} | {b['T']:.2f} | {est} | {b['pipeline_s']:.2f} | {b['tail_s']:.2f} | "
+                         f"{b['gpus']} | {b['regions_used']} | {b['stages']} × {b['pipelines']} | "
+                         f"{b['stages_spanning_regions']} | {b['max_sync_spanning_s']:.2f} | {b['max_send_s']:.3f} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict[str, Any]], planners: list[str]) -> str:
     names = list(dict.fromkeys(r["instance"] for r in rows))
     t = {(r["instance"], r["planner"]): r for r in rows}
@@ -146,9 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planners", nargs="*", default=list(PLANNERS))
     ap.add_argument("--out", default="bench/plan_quality.json")
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier run's JSON and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        data = json.loads(Path(args.report).read_text())
+        print(markdown(data["rows"], args.planners))
+        print()
+        print(explain(data["rows"]))
+        return 0
     for p in args.planners:
-        if p not in planner_names():
+        if p.partition(":")[0] not in planner_names():
             raise SystemExit(f"--planners: unknown planner {p!r} (choices: {', '.join(planner_names())})")
     sp = speed()
     print(f"heuristic on {sp['instance']} ({sp['gpus']} GPUs, {sp['clusters']} clusters): median wall "
@@ -170,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  indent=1))
     print()
     print(markdown(rows, args.planners))
+    print()
+    print(explain(rows))
     return 0
 
 
