@@ -23,7 +23,7 @@ from hgopt.cost.tables import CostTables, transfer_time
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.spec import Bandwidth, Cluster, Instance
 
-__all__ = ["ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
+__all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
 
 Role = Literal["first", "middle", "last", "only"]
 
@@ -43,6 +43,9 @@ class ClusterTable:
     sync_opt: np.ndarray
     stages: np.ndarray
     """Local stages of the best estimate (0 where nothing fits)."""
+    tp: np.ndarray | None = None
+    dp: np.ndarray | None = None
+    """The estimate's config per n (0 where nothing fits)."""
 
     def objective(self, m: int) -> np.ndarray:
         ok = np.isfinite(self.fill)
@@ -50,6 +53,9 @@ class ClusterTable:
 
 
 _FIELDS = ("bottleneck", "fill", "sync_opt", "stages")
+MOST_STAGES = 0
+"""The weight key of the alternative with the most local stages (more stages hold more microbatches
+in flight, which lowers the 1F1B round-trip pace of [C3])."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,17 +138,21 @@ def cluster_tables(
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
     out = {}
+    ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
     for w in ws:
-        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), np.zeros(L + 1, dtype=int))
-        if blk is not None:
-            ok = blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-            j = np.where(ok, (w - 1) * blk.bott + blk.fill + blk.sync, math.inf)
+        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(3)))
+        if blk is not None and ok is not None:
+            j = np.where(ok, (max(w, 1) - 1) * blk.bott + blk.fill + blk.sync, math.inf)
+            if w == MOST_STAGES:  # the most local stages that fit, then the lowest objective at m
+                j = np.where(ok, -blk.s * 1e12 + (m - 1) * blk.bott + blk.fill + blk.sync, math.inf)
             pick = np.argmin(j, axis=0)
             cols = np.arange(len(n))
             feasible = np.isfinite(j[pick, cols])
             for f, a in zip(_FIELDS, (blk.bott, blk.fill, blk.sync)):
                 getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
             full.stages[n] = np.where(feasible, blk.s[pick, cols], 0)
+            full.tp[n] = np.where(feasible, blk.tp[pick, cols], 0)  # type: ignore[index]
+            full.dp[n] = np.where(feasible, blk.dp[pick, cols], 0)  # type: ignore[index]
         out[w] = full
     return out
 
@@ -161,6 +171,8 @@ class _Block:
     first_act: np.ndarray
     trunk_base: np.ndarray
     trunk_act: np.ndarray
+    tp: np.ndarray
+    dp: np.ndarray
 
     def fits(self, d: int, m: int, capacity: float) -> np.ndarray:
         """[C6] the first local stage keeps min(s + d, m) microbatches, a trunk stage min(s − 1 + d, m)."""
@@ -186,11 +198,12 @@ def _block(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > budget or microbatch // dp > top_mbs:
                 continue
-            parts.append(_config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
-                                          replicas, nb, has_pre, has_post, cache))
+            est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
+                                   replicas, nb, has_pre, has_post, cache)
+            parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp)))
     if not parts:
         return None
-    arrays = [np.concatenate([p[i] for p in parts]) for i in range(9)]
+    arrays = [np.concatenate([p[i] for p in parts]) for i in range(11)]
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
 

@@ -31,8 +31,8 @@ from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
-from hgopt.search.hier_tables import ClusterTable, cluster_tables, role_of
-from hgopt.search.intra import LocalPlan, best_local_plan
+from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
+from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
 from hgopt.spec import DTYPE_BYTES, Instance
 
 __all__ = [
@@ -62,6 +62,8 @@ class HeuristicOptions:
     max_pipelines: int = 1024
     polish_extra: int = 1
     """Realised skeletons besides the best that also get their local plans polished [H6]."""
+    screen: int = 32
+    """Leading estimated skeletons re-ranked by an exact but DP-free realisation [H5]."""
     reorder: int = 2
     link_precision: str = "native"
     """Inter-cluster boundaries: 'native'/'fp32' (no compression), 'bf16', 'fp16' or 'fp8' (every
@@ -134,11 +136,16 @@ def plan_heuristic(
     ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
                max_links=_check_max_links(options.max_compressed_links))
-    estimates = _skeleton_candidates(ctx, options)
+    raw = _skeleton_candidates(ctx, options)
+    screened = _screen(ctx, raw, options)
+    # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
+    lead = list(dict.fromkeys([sk for _, sk in screened[: options.finalists]] + [sk for _, sk in raw[:2]]))
+    est_of = {sk: e for e, sk in raw}
+    estimates = [(est_of[sk], sk) for sk in lead] + [(e, sk) for e, sk in screened if sk not in set(lead)]
     realized = 0
     done: list[tuple[float, Skeleton, Plan]] = []
     for i, (est, sk) in enumerate(estimates):
-        if i >= options.finalists and (done or _out_of_time(ctx, options)):
+        if i >= len(lead) and (done or _out_of_time(ctx, options)):
             break  # past the finalists, walk on only while nothing could be realised
         got = _realize_repaired(ctx, sk)
         if sk.weights:  # the estimate's local alternatives may not carry over: also try without
@@ -146,6 +153,9 @@ def plan_heuristic(
                                                     order=sk.order, layers=sk.layers, links=sk.links))
             if plain is not None and (got is None or plain[0] < got[0]):
                 got = plain
+        table = _realize_table(ctx, sk)  # what the estimate itself describes, exactly costed
+        if table is not None and (got is None or table[0] < got[0]):
+            got = table
         realized += 1
         log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got[0], 4), sk)
         if got is not None:
@@ -169,6 +179,43 @@ def plan_heuristic(
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", _describe(sk)),))
     return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
+
+
+def _screen(ctx: _Ctx, estimates: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
+    """[H5] Exact screening: the leading `screen` estimated skeletons realised cheaply — each
+    cluster's local pipeline as the estimate has it (config, stage count, even layers), costed
+    exactly — and re-ranked by that exact time; the rest keep their estimates behind them."""
+    head, tail = estimates[: options.screen], estimates[options.screen :]
+    scored = []
+    for est, sk in head:
+        got = _realize_fast(ctx, sk)
+        scored.append((min(got, est) if got is not None else est + 1e9, est, sk))
+    scored.sort(key=lambda x: (x[0], x[1]))
+    return [(est, sk) for _, est, sk in scored] + tail
+
+
+def _realize_fast(ctx: _Ctx, sk: Skeleton) -> float | None:
+    """Exact time of the skeleton with the estimates' own local pipelines (no DP call)."""
+    got = _realize_table(ctx, sk)
+    return None if got is None else got[0]
+
+
+def _realize_table(ctx: _Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None:
+    """The skeleton realised with each cluster's local pipeline as the estimate has it (its config,
+    stage count and even layers), costed exactly."""
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    ranges = sk.ranges()
+    out: list[LocalPlan] = []
+    after = 0
+    for i in reversed(range(len(sk.order))):
+        lp = _table_local(ctx, sk, i, *ranges[i], after, sk.weights[i] if sk.weights else m)
+        if lp is None:
+            return None
+        out.append(lp)
+        after += len(lp.stages)
+    plans = out[::-1]
+    t = _decomposed(ctx, sk, plans)
+    return (t, sk, _assemble(ctx, sk, plans)) if math.isfinite(t) else None
 
 
 def heuristic_incumbent(
@@ -287,7 +334,63 @@ def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[flo
     ranked = [(e, s) for s, e in unique.items()]
     for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[: options.reorder]]:
         unique.setdefault(sk, e)
+    ranked = sorted(((e, s) for s, e in unique.items()), key=lambda x: x[0])
+    leaders = list(dict.fromkeys((s.pipelines, s.microbatch, s.order) for _, s in ranked))[: 2 * options.finalists]
+    for e, sk in [_improve_split(ctx, e, s) for e, s in ranked if (s.pipelines, s.microbatch, s.order) in leaders]:
+        unique.setdefault(sk, e)
     return sorted(((e, s) for s, e in unique.items()), key=lambda x: x[0])
+
+
+def _improve_split(ctx: _Ctx, est: float, sk: Skeleton, max_moves: int = 48) -> tuple[float, Skeleton]:
+    """[H4] Single-layer moves between any two clusters, each judged with the two clusters' local
+    alternatives ([H6]) re-chosen: the split was found with the default alternatives only, and some
+    gains (a cluster relaying a few layers over several local stages, which lowers the 1F1B
+    round-trip pace) appear only with the others. An accepted move is re-costed with every cluster's
+    alternative re-chosen and the stages after each cluster it implies (memory in flight)."""
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    C = len(sk.order)
+    if C < 2:
+        return est, sk
+    wan = _wan(ctx, sk.order, sk.microbatch, sk.links)
+    after = [_round_up(C - 1 - i) for i in range(C)]
+    best = (est, sk)
+    ws = list(sk.weights) if sk.weights else [m] * C
+    for _ in range(max_moves):
+        tabs = [_tables(ctx, n, role_of(i, C), sk.pipelines, sk.microbatch, m, after[i]) for i, n in enumerate(sk.order)]
+        layers = best[1].layers
+        vals = [{w: (float(t.bottleneck[c]), float(t.fill[c]), float(t.sync_opt[c]), int(t.stages[c]))
+                 for w, t in tb.items()} for tb, c in zip(tabs, layers)]
+        top: tuple[float, int, int, int, int] | None = None
+        for i, j in itertools.permutations(range(C), 2):
+            if layers[i] <= 1:
+                continue
+            vi = {w: (float(t.bottleneck[layers[i] - 1]), float(t.fill[layers[i] - 1]), float(t.sync_opt[layers[i] - 1]),
+                      int(t.stages[layers[i] - 1])) for w, t in tabs[i].items()}
+            vj = {w: (float(t.bottleneck[layers[j] + 1]), float(t.fill[layers[j] + 1]), float(t.sync_opt[layers[j] + 1]),
+                      int(t.stages[layers[j] + 1])) if layers[j] + 1 < len(t.fill) else (INF, INF, INF, 0)
+                  for w, t in tabs[j].items()}
+            base = [v[w] for v, w in zip(vals, ws)]
+            for wi, a in vi.items():
+                for wj, b in vj.items():
+                    base[i], base[j] = a, b
+                    e = _combine(base, m, wan)
+                    if top is None or e < top[0]:
+                        top = (e, i, j, wi, wj)
+        if top is None or top[0] >= best[0] - 1e-12:
+            break
+        cand = list(layers)
+        cand[top[1]] -= 1
+        cand[top[2]] += 1
+        stages = [int(t[w].stages[c]) for t, w, c in zip(tabs, ws, cand)]
+        after = [_round_up(sum(stages[i + 1 :])) for i in range(C)]
+        tabs = [_tables(ctx, n, role_of(i, C), sk.pipelines, sk.microbatch, m, after[i]) for i, n in enumerate(sk.order)]
+        e, chosen = _choose_weights(ctx, sk.order, tabs, cand, sk.microbatch, m, sk.links)
+        if e >= best[0] - 1e-12:
+            break
+        ws = list(chosen)
+        best = (e, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(cand),
+                            weights=() if all(w == m for w in ws) else tuple(ws), links=sk.links))
+    return best
 
 
 def _improve_order(ctx: _Ctx, est: float, sk: Skeleton, rounds: int = 2) -> tuple[float, Skeleton]:
@@ -474,7 +577,7 @@ def _weights(m: int) -> tuple[int, ...]:
     """Bottleneck weights of the local alternatives [H6]: the real m; fill/sync-leaning ones (for a
     cluster whose bottleneck is not the pipeline's); a bottleneck-leaning one (for a cluster whose
     gradient sync hides under another cluster's)."""
-    return tuple(dict.fromkeys((m, max(1, m // 8), 1, 4 * m + 4)))
+    return tuple(dict.fromkeys((m, max(1, m // 8), 1, 4 * m + 4, MOST_STAGES)))
 
 
 def _tables(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> dict[int, ClusterTable]:
@@ -544,7 +647,8 @@ def _split_order(
     got = None
     for _ in range(passes):
         tabs = [_table(ctx, n, role_of(i, len(order)), k, B, m, after[i]) for i, n in enumerate(order)]
-        split = _split(ctx, order, tabs, B, m, links)
+        split = _split(ctx, order, tabs, B, m, links, start=got[1].layers if got else None,
+                       steps=(1, 2, 4) if passes > 1 else (1,))
         if split is None:
             return got
         est, layers = split
@@ -606,7 +710,8 @@ def _lists(tb: ClusterTable) -> _Lists:
 def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
     """[H4] The [C3]/[C7] form over clusters, from (bottleneck, fill, sync_opt, local stages) per
     cluster: (m − 1)·pace + Σ fill + WAN trips + max sync_opt, the pace being the slowest stage or
-    link or the 1F1B round trip of a cluster suffix over the microbatches it can hold in flight."""
+    link or the 1F1B round trip of a suffix over the microbatches it can hold in flight — suffixes
+    from a cluster's first and from its last local stage (local stages taken as equal)."""
     bott, fill, sync = wan[0], wan[1], 0.0
     trip, count = 0.0, 0
     for i in range(len(vals) - 1, -1, -1):
@@ -614,7 +719,10 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
         bott = max(bott, b)
         fill += f
         sync = max(sync, s_)
-        trip += f + (wan[2][i] if i < len(wan[2]) else 0.0)
+        link = wan[2][i] if i < len(wan[2]) else 0.0
+        if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
+            bott = max(bott, (f / k + link + trip) / min(1 + count, m))
+        trip += f + link
         count += k
         if count:
             bott = max(bott, trip / min(count, m))
@@ -635,8 +743,14 @@ def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, f
         fill += f
         if s_ > sync:
             sync = s_
-        trip += f + (per[i] if i < last else 0.0)
-        count += ti.stages[ni]
+        link = per[i] if i < last else 0.0
+        k = ti.stages[ni]
+        if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
+            pace = (f / k + link + trip) / (count + 1 if count + 1 < m else m)
+            if pace > bott:
+                bott = pace
+        trip += f + link
+        count += k
         if count:
             pace = trip / (count if count < m else m)
             if pace > bott:
@@ -645,11 +759,13 @@ def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, f
 
 
 def _split(
-    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int, links: Sequence[str] = ()
+    ctx: _Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int, links: Sequence[str] = (),
+    start: Sequence[int] | None = None, steps: tuple[int, ...] = (1,),
 ) -> tuple[float, tuple[int, ...]] | None:
-    """[H4] Layers per cluster: each starts at its smallest feasible count, layers are added one at a
-    time where the estimate grows least, then single layers move between any two clusters while
-    that lowers the estimate."""
+    """[H4] Layers per cluster: from the smallest bottleneck cap that holds all layers (and from
+    ``start``, e.g. the previous pass's split), surplus layers taken back and missing ones added
+    where the estimate changes least, then layers moved between any two clusters (1, 2 or 4 at a
+    time) while that lowers the estimate; the better of the starts."""
     L = ctx.tables.num_layers
     t = [_lists(tb) for tb in tabs]
     lo = []
@@ -661,7 +777,18 @@ def _split(
     if sum(lo) > L:
         return None
     wan = _wan(ctx, order, B, links)
-    n = _cap_start(t, lo, L)
+    starts = [_cap_start(t, lo, L)]
+    if start is not None and len(start) == len(t) and sum(start) == L and all(a >= b for a, b in zip(start, lo)):
+        starts.append(list(start))
+    got = [r for n0 in starts if (r := _descend(t, n0, lo, L, m, wan, steps)) is not None]
+    return min(got) if got else None
+
+
+def _descend(
+    t: Sequence[_Lists], n: list[int], lo: Sequence[int], L: int, m: int, wan: tuple[float, float, tuple[float, ...]],
+    steps: tuple[int, ...] = (1,),
+) -> tuple[float, tuple[int, ...]] | None:
+    n = list(n)
     while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
         i = _cheapest_shrink(t, n, lo, m, wan)
         if i is None:
@@ -676,17 +803,18 @@ def _split(
     improved = True
     while improved and math.isfinite(cur):
         improved = False
-        for i, j in itertools.permutations(range(len(n)), 2):
-            if n[i] - 1 < lo[i]:
-                continue
-            n[i] -= 1
-            n[j] += 1
-            est = _estimate(t, n, m, wan)
-            if est < cur - 1e-12:
-                cur, improved = est, True
-            else:
-                n[i] += 1
-                n[j] -= 1
+        for step in steps:
+            for i, j in itertools.permutations(range(len(n)), 2):
+                if n[i] - step < lo[i] or n[j] + step > L:
+                    continue
+                n[i] -= step
+                n[j] += step
+                est = _estimate(t, n, m, wan)
+                if est < cur - 1e-12:
+                    cur, improved = est, True
+                else:
+                    n[i] += step
+                    n[j] -= step
     return (cur, tuple(n)) if math.isfinite(cur) else None
 
 
@@ -765,22 +893,29 @@ def _top_two(values: Sequence[float]) -> tuple[float, float]:
 def _local(
     ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int, weight: int | None = None
 ) -> LocalPlan | None:
-    """The intra-cluster DP's local pipeline. ``weight``: the microbatch count the DP weighs the
-    local bottleneck with (default: the real m); a smaller weight asks for less fill and gradient
-    sync at the price of a slower local stage, which pays off when the pipeline's bottleneck is
-    elsewhere (a WAN link) [H6]. The DP then also checks memory at that count, so such plans are
-    kept only if ``evaluate`` finds them feasible."""
+    """Cluster ``sk.order[i]``'s local pipeline for [lo, hi): the intra-cluster DP's at the real m,
+    or, for another ``weight`` [H6], the estimate's alternative for that weight made exact (so that
+    what the estimates chose is what gets realised)."""
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    if weight is None or weight == m:
+        return _dp_local(ctx, sk, i, lo, hi, after, m)
+    return _table_local(ctx, sk, i, lo, hi, after, weight)
+
+
+def _dp_local(ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int, w: int) -> LocalPlan | None:
+    """``best_local_plan`` weighing the local bottleneck with ``w`` microbatches (the real m, or in
+    polishing another count: smaller asks for less fill and gradient sync, larger for a faster local
+    stage). The DP checks memory at ``w``, so plans for other counts are kept only if they fit."""
     name = sk.order[i]
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
-    w = m if weight is None else weight
-    key = (name, lo, hi, sk.pipelines, sk.microbatch, after, w)
+    key = ("dp", name, lo, hi, sk.pipelines, sk.microbatch, after, w)
     if key in ctx.local:
         return ctx.local[key]
     if w == m:
         # a plan found with fewer stages after it that still fits with ``after`` is optimal here too
         # (more stages after only tighten memory)
-        for (n2, lo2, hi2, k2, b2, a2, w2), lp in ctx.local.items():
-            if (n2, lo2, hi2, k2, b2, w2) == (name, lo, hi, sk.pipelines, sk.microbatch, w) and a2 <= after \
+        for k2, lp in ctx.local.items():
+            if k2[0] == "dp" and k2[1:6] == key[1:6] and k2[7] == w and k2[6] <= after \
                     and lp is not None and lp.max_stages_after >= after:
                 ctx.local[key] = lp
                 return lp
@@ -789,6 +924,30 @@ def _local(
         ctx.instance, ctx.tables, name, lo, hi, microbatch=sk.microbatch, num_microbatches=w,
         gpu_budget=c.num_gpus // sk.pipelines, stages_before=i, stages_after=after, replicas=sk.pipelines)
     return ctx.local[key]
+
+
+def _table_local(ctx: _Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int, w: int) -> LocalPlan | None:
+    """[H6] The estimate's local pipeline for weight ``w`` (its tp, dp and local stage count; the
+    layers split as evenly as possible), costed exactly. It can hold more local stages than the DP
+    would choose: extra stages pay only through the 1F1B round trip, which the DP's local objective
+    does not see."""
+    name = sk.order[i]
+    key = ("table", name, lo, hi, sk.pipelines, sk.microbatch, after, w)
+    if key in ctx.local:
+        return ctx.local[key]
+    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
+    tabs = _tables(ctx, name, role_of(i, len(sk.order)), sk.pipelines, sk.microbatch, m, _round_up(after))
+    tab = tabs.get(w)
+    n = hi - lo
+    lp = None
+    if tab is not None and tab.tp is not None and tab.dp is not None and int(tab.stages[n]) >= 1:
+        s, tp, dp = int(tab.stages[n]), int(tab.tp[n]), int(tab.dp[n])
+        cuts = [lo + (n * j) // s for j in range(s + 1)]
+        group = ReplicaGroup(cluster=name, tp=tp, dp=dp, mbs=sk.microbatch // dp)
+        stages = tuple(Stage(start=a, end=b, groups=(group,), zero=1) for a, b in zip(cuts, cuts[1:]))
+        lp = local_plan_costs(ctx.instance, ctx.tables, name, stages, replicas=sk.pipelines, num_microbatches=m)
+    ctx.local[key] = lp
+    return lp
 
 
 def _local_plans(ctx: _Ctx, sk: Skeleton) -> list[LocalPlan] | None:
@@ -935,9 +1094,9 @@ def _one_pipeline_instance(ctx: _Ctx, samples: int) -> Instance:
 
 
 def _polish(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan]:
-    """[H6] Per cluster, local pipelines the DP finds when it weighs its bottleneck differently;
-    coordinate descent over the combination (each step must fit in memory at the real m), kept if
-    ``evaluate`` confirms it."""
+    """[H6] Per cluster, the local pipelines the DP finds when it weighs its bottleneck differently
+    and the estimates' alternatives made exact; coordinate descent over the combination on the
+    exact decomposition (a plan out of memory scores inf), kept if ``evaluate`` confirms it."""
     sk = got[1]
     base = _local_plans(ctx, sk)
     if base is None:
@@ -949,9 +1108,13 @@ def _polish(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skelet
     for i in reversed(range(len(sk.order))):
         opts = [base[i]]
         for w in sorted((set(_weights(m)) | {max(1, m // 4)}) - {m}):
-            lp = _local(ctx, sk, i, *ranges[i], after, weight=w)
-            if lp is not None and lp.stages != base[i].stages:
-                opts.append(lp)
+            for lp in (_dp_local(ctx, sk, i, *ranges[i], after, w) if w != MOST_STAGES else None,
+                       _table_local(ctx, sk, i, *ranges[i], after, w)):
+                if lp is not None and all(lp.stages != o.stages for o in opts):
+                    opts.append(lp)
+        dp_m = _dp_local(ctx, sk, i, *ranges[i], after, m)
+        if dp_m is not None and all(dp_m.stages != o.stages for o in opts):
+            opts.append(dp_m)
         alts.append(opts)
         after += len(base[i].stages)
     alts.reverse()
