@@ -1,7 +1,7 @@
 """Block options for the cluster-level MILP: what a cluster can do with n trunk layers.
 
-The model must be *trunk-shaped*: an optional special first layer (embedding), a run of identical
-layers (transformer blocks), an optional special last layer (head) — see ``model_shape``. A cluster
+The model must be *trunk-shaped*: leading layers (embedding), a run of identical layers (transformer
+blocks, the trunk), trailing layers (head) — see ``model_shape``. A cluster
 that hosts a contiguous block of one pipeline plays one of four roles [B0]:
 
 - ``first``: the prefix layer (if any) and n trunk layers, pipeline stages follow it;
@@ -51,7 +51,8 @@ the cap (see formulations/cluster_milp.md, [B1])."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelShape:
-    """Layers [0, p) prefix, [p, p + trunk) identical trunk layers, [L − q, L) suffix."""
+    """Layers [0, p) prefix, [p, p + trunk) identical trunk layers, [L − q, L) suffix. Prefix and
+    suffix layers stay in the first and last local stage of the pipeline [B0]."""
 
     p: int
     q: int
@@ -65,23 +66,29 @@ class ModelShape:
 
 
 def model_shape(instance: Instance) -> ModelShape:
-    """The trunk shape of the model; ValueError when the exact planner cannot use it."""
+    """The trunk shape of the model: the longest run of identical layers is the trunk, the layers
+    before it the prefix, after it the suffix; ValueError when there is no run to split."""
     classes = layer_classes(instance)
     L = len(classes)
-    if L < 3:
-        return ModelShape(p=0, q=0, trunk=L, num_layers=L) if len(set(classes)) == 1 else _not_trunk(instance)
-    trunk_class = classes[L // 2]
-    p = 0 if classes[0] == trunk_class else 1
-    q = 0 if classes[-1] == trunk_class else 1
-    if any(c != trunk_class for c in classes[p : L - q]) or L - p - q < 1:
+    best = (0, 0)  # (length, start) of the longest run of one class
+    i = 0
+    while i < L:
+        j = i
+        while j < L and classes[j] == classes[i]:
+            j += 1
+        if j - i > best[0]:
+            best = (j - i, i)
+        i = j
+    length, start = best
+    if length < 2 and L > 1:
         _not_trunk(instance)
-    return ModelShape(p=p, q=q, trunk=L - p - q, num_layers=L)
+    return ModelShape(p=start, q=L - start - length, trunk=length, num_layers=L)
 
 
 def _not_trunk(instance: Instance) -> ModelShape:
     raise ValueError(
-        f"--planner milp: model {instance.model.name!r} is not trunk-shaped (at most one special layer at each end "
-        "around identical layers); the exact planner needs that shape"
+        f"--planner milp: model {instance.model.name!r} has no run of identical layers (transformer blocks) to split "
+        "between clusters; the exact planner needs one"
     )
 
 
@@ -101,6 +108,9 @@ class BlockOption:
     sync_opt: float
     dmax: float
     """Most pipeline stages after the block for which every local stage fits (inf: any)."""
+    suffix_fill: tuple[float, ...] = ()
+    """suffix_fill[r-1]: fill (fwd+bwd and intra-cluster sends) of the block's last r local stages,
+    for the 1F1B round trip [C3]; suffix_fill[-1] == fill."""
 
     @property
     def s(self) -> int:
@@ -115,11 +125,11 @@ def role_geometry(shape: ModelShape, role: Role) -> tuple[TrunkGeometry, range]:
     """The block geometry of ``role`` and its trunk counts n [B0]."""
     p, q, T, L = shape.p, shape.q, shape.trunk, shape.num_layers
     if role == "first":
-        return TrunkGeometry(p=p, q=0, first=0, t0=p, last_end=L, trunk=T), range(0 if p else 1, T + q)
+        return TrunkGeometry(p=p, q=0, first=0, t0=p, last_end=L, trunk=T), range(0 if p else 1, T + (q > 0))
     if role == "middle":
         return TrunkGeometry(p=0, q=0, first=p, t0=p, last_end=L, trunk=T), range(1, T - 1 + (p > 0) + (q > 0))
     if role == "end":
-        return TrunkGeometry(p=0, q=q, first=p, t0=p, last_end=L, trunk=T, anchor="end"), range(0 if q else 1, T + p)
+        return TrunkGeometry(p=0, q=q, first=p, t0=p, last_end=L, trunk=T, anchor="end"), range(0 if q else 1, T + (p > 0))
     return TrunkGeometry(p=p, q=q, first=0, t0=p, last_end=L, trunk=T), range(T, T + 1)
 
 
@@ -194,10 +204,12 @@ def _cluster_role_candidates(
         for s in range(s_first, s_top + 1):
             if s > stop_at.max():
                 break
-            for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns):
-                new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
-                dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
-                stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
+            for front in ((False, True) if s >= 3 else (False,)):
+                for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
+                    new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
+                    dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
+                    if not front:
+                        stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
     return cands
 
 
@@ -214,14 +226,15 @@ def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, 
     return np.where(done, np.minimum(stop_at, s + extra), stop_at).astype(np.int64)
 
 
-def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray) -> list[tuple[TrunkSolution, np.ndarray]]:
+def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray, *,
+            front: bool = False) -> list[tuple[TrunkSolution, np.ndarray]]:
     """Solutions at d = d_lo, then at the next d where some n's best partition stops fitting, up to
     D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new)."""
     out: list[tuple[TrunkSolution, np.ndarray]] = []
     d = d_lo
     covered = np.full(len(ns), -1.0)  # largest d already covered per n
     for step in range(D_STEPS + 2):
-        sol = solve_trunk(tc, s, d, m, ns)
+        sol = solve_trunk(tc, s, d, m, ns, front=front)
         if sol is None:
             break
         new = sol.feasible & (covered < d)
@@ -269,20 +282,33 @@ def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.nd
     dm = _dmax(tc, sol, m)
     for i in np.flatnonzero(new):
         n = int(sol.ns[i])
+        bounds = sol.bounds(int(i))
+        suffix = _suffix_fill(tc.sm, bounds)
         cands.setdefault(n, []).append(BlockOption(
-            cluster=cluster, role=role, n=n, cfg=cfg, bounds=sol.bounds(int(i)),
-            bottleneck=float(sol.bottleneck[i]), fill=float(sol.fill[i]), sync_opt=float(sol.sync_opt[i]),
-            dmax=float(dm[i]),
+            cluster=cluster, role=role, n=n, cfg=cfg, bounds=bounds,
+            bottleneck=float(sol.bottleneck[i]), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
+            dmax=float(dm[i]), suffix_fill=suffix,
         ))
     return dm
+
+
+def _suffix_fill(sm: StageModel, bounds: tuple[int, ...]) -> tuple[float, ...]:
+    """Fill of the last r local stages, r = 1..s: each stage's fwd+bwd plus its send forward and
+    backward to the next local stage [C3]."""
+    lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
+    e = sm.compute(lo, hi)
+    if len(hi) > 1:
+        e[:-1] += 2.0 * sm.send(hi[:-1])
+    return tuple(float(x) for x in np.cumsum(e[::-1]))
 
 
 def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[BlockOption]:
     """[B3] Drop options some other option of the same (cluster, role, n) beats in every plan:
     o beats o' when swapping o' for o cannot raise the objective,
     w·(T_o − T_o')⁺ + (F_o − F_o') + (S_o − S_o')⁺ <= 0 with T, S clamped below at t_lb, s_lb
-    (every plan's bottleneck and tail are at least that), s_o <= s_o' when stages come before the
-    block and dmax_o >= dmax_o' when stages follow it."""
+    (every plan's bottleneck and tail are at least that), when stages come before the block the
+    same local stage count (memory of earlier stages; their 1F1B round trip), when stages follow it
+    dmax_o >= dmax_o', and the fill of every suffix of local stages no larger (round trip)."""
     if not opts:
         return []
     use_s = role in ("middle", "end")
@@ -290,8 +316,12 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     T = np.array([max(o.bottleneck, win.t_lb) for o in opts])
     F = np.array([o.fill for o in opts])
     S = np.array([max(o.sync_opt, win.s_lb) for o in opts])
-    st = np.array([o.s if use_s else 0 for o in opts])
+    st = np.array([o.s for o in opts])
     dm = np.array([o.dmax if use_d else 0.0 for o in opts])
+    width = int(st.max())
+    prof = np.full((len(opts), width), INF)
+    for i, o in enumerate(opts):
+        prof[i, : o.s] = o.suffix_fill
     order = np.lexsort((st, S, F, T))
     kept: list[int] = []
     tol = 1e-12
@@ -299,7 +329,9 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
         if kept:
             k = np.array(kept)
             worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
-            beats = (worse <= tol * (abs(F[i]) + 1.0)) & (st[k] <= st[i]) & (dm[k] >= dm[i])
+            same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
+            rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
+            beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt
             if beats.any():
                 continue
         kept.append(int(i))
@@ -360,7 +392,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     """[B4] Bounds of the split from per-layer costs only (no partition search)."""
     shape = model_shape(instance)
     t0, L = shape.p, shape.num_layers
-    special = ([0] if shape.p else []) + ([L - 1] if shape.q else [])
+    special = list(range(shape.p)) + list(range(L - shape.q, L))
     rows: dict[str, list[_Cfg]] = {}
     f_min = {l: INF for l in [t0, *special]}
     s_min = dict(f_min)

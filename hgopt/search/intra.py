@@ -366,9 +366,11 @@ def _search_range(
 # ---- [I4] closed form for identical layers between at most one special layer at each end ----------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrunkGeometry:
-    """Where a block's layers are: an optional special first layer ``first`` (p = 1), a run of
-    identical trunk layers starting at ``t0``, an optional special last layer ``last`` (q = 1).
-    ``whole(n)`` is the block's layer range when it holds n trunk layers."""
+    """Where a block's layers are: ``p`` special leading layers from ``first`` (always together in
+    the first local stage), a run of identical trunk layers starting at ``t0``, ``q`` special
+    trailing layers ending at ``last_end`` (together in the last local stage). ``whole(n)`` is the
+    block's layer range when it holds n trunk layers. Ranges found by ``for_range`` have p, q <= 1,
+    where keeping the special layer in the end stage loses nothing."""
 
     p: int
     q: int
@@ -414,11 +416,11 @@ class TrunkCosts:
         self.t_send = float(sm.send(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
         self.t_lo, self.t_hi = lo_t, hi_t
         if geo.p:
-            lo0, hi0 = np.full_like(x, geo.first), geo.first + 1 + x
+            lo0, hi0 = np.full_like(x, geo.first), geo.first + geo.p + x
             self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.sync_opt(lo0, hi0), sm.send(hi0)
             self.f_lo, self.f_hi = lo0, hi0
         if geo.q:
-            lol, hil = geo.last_end - 1 - x, np.full_like(x, geo.last_end)
+            lol, hil = geo.last_end - geo.q - x, np.full_like(x, geo.last_end)
             self.l_comp, self.l_so = sm.compute(lol, hil), sm.sync_opt(lol, hil)
             self.l_lo, self.l_hi = lol, hil
 
@@ -465,18 +467,20 @@ class TrunkSolution:
         if s == 1:
             return (lo, lo + p + int(self.ns[i]) + q)
         if p:
-            out.append(out[-1] + 1 + int(self.x0[i]))
+            out.append(out[-1] + p + int(self.x0[i]))
         for cnt in self.counts:
             out.append(out[-1] + int(cnt[i]))
         if q:
-            out.append(out[-1] + int(self.xl[i]) + 1)
+            out.append(out[-1] + int(self.xl[i]) + q)
         return tuple(out)
 
 
-def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray) -> TrunkSolution | None:
+def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front: bool = False) -> TrunkSolution | None:
     """[I4] For every trunk count in ``ns``: the partition of the block into ``s`` stages minimising
     [I1] with ``d`` stages after the block. Trunk stages only matter through their largest layer
-    count (costs grow with it), which memory caps per position make a small covering problem."""
+    count (costs grow with it), which memory caps per position make a small covering problem.
+    ``front``: give the extra trunk layers to the earliest stages memory allows (instead of the
+    latest), which shortens the 1F1B round trip of the later stages [C3]."""
     geo, w = tc.geo, float(m - 1)
     infl = [min(s - i + d, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
     if s == 1:
@@ -535,7 +539,7 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray) -> Trunk
     cols = np.arange(J.shape[2])
     pick = lambda a: a.reshape(-1, a.shape[2])[arg, cols]  # noqa: E731
     best_mid, best_xm = pick(midc), pick(xm)
-    counts = _trunk_counts(caps, best_mid, best_xm)
+    counts = _trunk_counts(caps, best_mid, best_xm, front=front)
     return TrunkSolution(
         feasible=np.isfinite(pick(J)), value=pick(J), bottleneck=pick(T), fill=pick(F), sync_opt=pick(S),
         x0=pick(X0), xl=pick(XL), counts=counts, geo=geo, ns=ns, s=s,
@@ -562,13 +566,13 @@ def _leading_true(mask: np.ndarray) -> int:
     return int(bad[0]) if bad.size else len(mask) - 1
 
 
-def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Trunk layers per trunk stage: one each, the rest filled from the back up to
-    min(cap, xm) (later stages keep fewer microbatches in flight)."""
+def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bool = False) -> tuple[np.ndarray, ...]:
+    """Trunk layers per trunk stage: one each, the rest filled up to min(cap, xm) from the back
+    (later stages keep fewer microbatches in flight) or, with ``front``, from the front."""
     kt = len(caps)
     counts = [np.ones_like(mid) for _ in range(kt)]
     left = mid - kt
-    for i in reversed(range(kt)):
+    for i in (range(kt) if front else reversed(range(kt))):
         add = np.clip(np.minimum(caps[i], xm) - 1, 0, None)
         add = np.minimum(add, np.clip(left, 0, None))
         counts[i] = counts[i] + add

@@ -10,6 +10,7 @@ pipeline; native precision on every boundary. Labels [M1]..[M11] refer to the fo
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import time
@@ -41,6 +42,8 @@ PLAN_SPACE = (
     "uniform (tp, dp, mbs) local stages with ZeRO-1; cluster boundaries between identical layers; native "
     "link precision; microbatch B and m = global_batch/(k*B) enumerated"
 )
+ROUND_TRIP = hasattr(importlib.import_module("hgopt.cost.evaluate"), "round_trip_bound")
+"""Whether the scorer applies the 1F1B round trip [C3]; the MILP models exactly what it applies."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
 
@@ -144,11 +147,70 @@ def build_milp(
         if any(ys[j].dmax < w_max for j in js):
             row = {w[c]: 1.0, **{j: -(float(ys[j].s) + min(ys[j].dmax, w_max) - w_max) for j in js}}
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
+    if ROUND_TRIP:
+        _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     obj = {t: float(split.num_microbatches - 1), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
     obj.update({form.z[e]: 2.0 * form.wan[e] for e in form.z})
     lm.set_objective(obj)
     return form
+
+
+def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names: list[str], t: int,
+                     w: dict[str, int], w_max: float, bounds: CheapBounds, split: BatchSplit) -> None:
+    """[M12]-[M16] The 1F1B round trip [C3]: a stage with R stages from it to the end of the
+    pipeline keeps min(R, m) microbatches in flight, so T·min(R, m) >= Phi, the fill of the stages
+    from it to the end. With v[o] = y[o]·T (exact for binary y), psi[c] = fill after block c and
+    x[c] = sum over the stages after block c of (their fill − T), the stage r-th from the end of
+    block c needs suffix_fill_o(r) − r·T + x[c] <= 0 and suffix_fill_o(r) + psi[c] <= m·T."""
+    lm, ys = form.model, form.y
+    m = split.num_microbatches
+    f_max = sum(max((ys[j].fill for j in js), default=0.0) for js in by_cluster.values())
+    f_max += sum(2.0 * form.wan[e] for e in form.z) if form.z else 0.0
+    t_ub = max(bounds.t_lb, max((o.bottleneck for o in ys.values()), default=0.0),
+               max(form.wan.values(), default=0.0), f_max)
+    lm.vars[t] = type(lm.vars[t])(name="T", lb=lm.vars[t].lb, ub=t_ub, integer=False, kind="time")
+    big_x = f_max + t_ub * w_max
+    v = {}
+    for j, o in ys.items():  # [M12] v[o] = y[o]·T
+        v[j] = lm.add_var(f"v[{j}]", lb=0.0, ub=t_ub, kind="time")
+        lm.add_row(f"M12_v_le_T[{j}]", {v[j]: 1.0, t: -1.0}, ub=0.0, kind="time")
+        lm.add_row(f"M12_v_le_y[{j}]", {v[j]: 1.0, j: -t_ub}, ub=0.0, kind="time")
+        lm.add_row(f"M12_v_ge[{j}]", {v[j]: 1.0, t: -1.0, j: -t_ub}, lb=-t_ub, kind="time")
+    psi = {c: lm.add_var(f"psi[{c}]", lb=0.0, ub=f_max, kind="time") for c in names}
+    x = {c: lm.add_var(f"x[{c}]", lb=0.0, ub=2 * big_x, kind="time") for c in names}  # stores x + big_x
+    for (a, b), zj in form.z.items():
+        fill_b = {j: -ys[j].fill for j in by_cluster[b]}
+        # [M13] psi[a] >= 2·wan(a,b) + fill of b + psi[b] when a hands over to b
+        lm.add_row(f"M13_psi[{a},{b}]", {psi[a]: 1.0, psi[b]: -1.0, **fill_b, zj: -(2.0 * form.wan[(a, b)] + f_max)},
+                   lb=-f_max, kind="time")
+        # [M14] x[a] >= 2·wan(a,b) + fill of b − s_b·T + x[b] when a hands over to b
+        mx = 2 * big_x + f_max
+        row = {x[a]: 1.0, x[b]: -1.0, **fill_b, zj: -(2.0 * form.wan[(a, b)] + mx)}
+        for j in by_cluster[b]:
+            row[v[j]] = float(ys[j].s)
+        lm.add_row(f"M14_x[{a},{b}]", row, lb=-mx, kind="time")
+    for c in names:
+        js = by_cluster[c]
+        ends = {j: -big_x for j in js if ys[j].role in ("end", "only")}
+        if ends:  # [M14] nothing after the end block: x[c] >= 0 (stored as big_x)
+            lm.add_row(f"M14_x_end[{c}]", {x[c]: 1.0, **ends}, lb=0.0, kind="time")
+        out = {form.z[(c, b)]: 2.0 * form.wan[(c, b)] for b in names if (c, b) in form.z}
+        for r in range(1, max((ys[j].s for j in js), default=0) + 1):
+            has = [j for j in js if ys[j].s >= r]
+            big = f_max + big_x + t_ub * r
+            # [M15] suffix_fill(r) − r·T + (2·wan out) + x[c] <= 0, x stored shifted by big_x
+            row = {x[c]: 1.0, **out}
+            for j in has:
+                row[j] = ys[j].suffix_fill[r - 1] + big
+                row[v[j]] = row.get(v[j], 0.0) - float(r)
+            lm.add_row(f"M15_round_trip[{c},{r}]", row, ub=big_x + big, kind="time")
+        # [M16] the block's first stage: fill from it to the end <= m·T (covers min(R, m) = m)
+        row = {psi[c]: 1.0, t: -float(m)}
+        for j in js:
+            row[j] = ys[j].fill + f_max
+        if js:
+            lm.add_row(f"M16_round_trip_cap[{c}]", row, ub=f_max, kind="time")
 
 
 def decode(instance: Instance, form: Formulation, values: object) -> Plan:
@@ -275,7 +337,8 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             continue
         if time.perf_counter() >= deadline:
             break
-        lbs[sp] = max(lbs[sp], _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline))
+        if options.extra.get("relaxation", "on") != "off":
+            lbs[sp] = max(lbs[sp], _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline))
         if lbs[sp] >= target:
             log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
             continue

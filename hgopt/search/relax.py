@@ -27,6 +27,8 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 
 INF = math.inf
 MAX_CLUSTERS = 12
+LAMBDAS = (0.0, 0.5, 2.0, 8.0)
+"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]."""
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
@@ -41,21 +43,36 @@ class RelaxedSplit:
     wan: np.ndarray
     """wan[a, b]: seconds of one microbatch's activations over a→b (inf on the diagonal)."""
     extra_fill: float
+    stages: tuple[np.ndarray, ...] = ()
+    """Per cluster: stage count of each row."""
+    p: int = 0
+    q: int = 0
     trunk: int
     weight: float
     s_lb: float
 
     def bound_at(self, tau: float) -> float:
-        """[R4] Least fill + tail of any plan on two or more clusters whose stages and WAN sends all
-        take <= tau (plans on one cluster are bounded exactly, see ``split_bound``)."""
+        """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
+        (plans on one cluster are bounded exactly, see ``split_bound``). Besides every stage and
+        WAN send within tau, the 1F1B round trip of the first stage needs fill <= tau·min(S, m),
+        so fill − tau·S <= 0 with S the stage count [C3]; it enters by Lagrangian weights lambda:
+        fill >= (1 + lambda)·fill − lambda·tau·S >= the subset DP on those weights [R6]. The trunk
+        rows count only stages holding trunk layers, so S may be up to 2 larger (a stage of the
+        prefix or the suffix alone): that is subtracted."""
         N = self.trunk
-        fills = np.array([np.where(t <= tau, f, INF).min(axis=0) if len(t) else np.full(N, INF)
-                          for t, f in zip(self.T, self.F)])  # (C, N): index n-1
-        arcs = np.where(self.wan <= tau, 2.0 * self.wan, INF)
-        g = _subset_dp(fills, arcs, N)
-        if not math.isfinite(g):
-            return INF
-        return g + self.extra_fill + max(self.s_lb, self._tail_lb(tau))
+        best = -INF
+        from hgopt.search.milp import ROUND_TRIP
+
+        for lam in LAMBDAS if ROUND_TRIP else (0.0,):
+            rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None], INF).min(axis=0)
+                     if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
+            arcs = np.where(self.wan <= tau, 2.0 * (1.0 + lam) * self.wan, INF)
+            g = _subset_dp(np.array(rows), arcs, N)
+            if not math.isfinite(g):
+                return INF
+            g += (1.0 + lam) * self.extra_fill - lam * tau * (int(self.p > 0) + int(self.q > 0))
+            best = max(best, g)
+        return best + max(self.s_lb, self._tail_lb(tau))
 
     def _tail_lb(self, tau: float) -> float:
         """[R5] Least possible largest sync+optimizer: the clusters must host the trunk with every
@@ -141,11 +158,11 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     N, m = shape.trunk, num_microbatches
     geo, _ = role_geometry(shape, "middle")
     names = tuple(c.name for c in instance.topology.clusters)
-    Ts, Fs, Ss = [], [], []
-    extra = {l: INF for l in ([0] if shape.p else []) + ([shape.num_layers - 1] if shape.q else [])}
+    Ts, Fs, Ss, Ns = [], [], [], []
+    extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
-        rows_t, rows_f, rows_s = [], [], []
+        rows_t, rows_f, rows_s, rows_n = [], [], [], []
         for cfg in local_configs(instance, c.name, microbatch):
             if cfg.gpus > budget:
                 continue
@@ -154,17 +171,20 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
             t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
+            rows_n.append(np.arange(1, len(t) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
+        Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
     wan = np.full((len(names), len(names)), INF)
     per_sample = float(tables.activation_bytes[shape.p])
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if a != b:
                 wan[i, j] = transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)
-    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan,
-                        extra_fill=sum(extra.values()), trunk=N, weight=float(m - 1), s_lb=cheap.s_lb)
+    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, stages=tuple(Ns),
+                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=float(m - 1),
+                        s_lb=cheap.s_lb)
 
 
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -122,10 +122,58 @@ class LinearModel:
         return p
 
     def to_mps(self) -> str:
-        """Free MPS text (via OR-Tools' converter)."""
-        from ortools.math_opt.io.python import mps_converter
-
-        return str(mps_converter.model_proto_to_mps(self.to_mathopt_proto()))
+        """Free MPS text, numbers written with full precision (repr)."""
+        vn = [_lp_name(v.name, j, "x") for j, v in enumerate(self.vars)]
+        rn = [_lp_name(r.name, i, "c") for i, r in enumerate(self.rows)]
+        out = [f"NAME {_lp_name(self.name, 0, 'm')}", "ROWS", " N obj"]
+        kinds = []
+        for i, r in enumerate(self.rows):
+            kind = "E" if r.lb == r.ub else ("G" if r.lb > -math.inf else "L")
+            kinds.append(kind)
+            out.append(f" {kind} {rn[i]}")
+        cols: dict[int, list[tuple[str, float]]] = {j: [] for j in range(len(self.vars))}
+        for j, c in self.objective.items():
+            cols[j].append(("obj", c))
+        for i, r in enumerate(self.rows):
+            for j, a in zip(r.cols, r.coefs):
+                cols[j].append((rn[i], a))
+        out.append("COLUMNS")
+        in_int = False
+        for j, v in enumerate(self.vars):
+            if v.integer != in_int:
+                out.append(f"    M{j} 'MARKER' {chr(39)}{'INTORG' if v.integer else 'INTEND'}{chr(39)}")
+                in_int = v.integer
+            for row, a in cols[j] or [("obj", 0.0)]:
+                out.append(f"    {vn[j]} {row} {_num(a)}")
+        if in_int:
+            out.append(f"    M{len(self.vars)} 'MARKER' 'INTEND'")
+        out.append("RHS")
+        if self.offset:
+            out.append(f"    rhs obj {_num(-self.offset)}")
+        for i, r in enumerate(self.rows):
+            rhs = r.lb if kinds[i] in ("E", "G") else r.ub
+            if rhs != 0.0:
+                out.append(f"    rhs {rn[i]} {_num(rhs)}")
+        ranges = [(rn[i], r.ub - r.lb) for i, r in enumerate(self.rows)
+                  if kinds[i] == "G" and r.ub < math.inf]
+        if ranges:
+            out.append("RANGES")
+            out.extend(f"    rng {name} {_num(width)}" for name, width in ranges)
+        out.append("BOUNDS")
+        for j, v in enumerate(self.vars):
+            if v.lb == v.ub:
+                out.append(f" FX bnd {vn[j]} {_num(v.lb)}")
+                continue
+            if v.lb == -math.inf:
+                out.append(f" MI bnd {vn[j]}")
+            elif v.lb != 0.0 or v.integer:
+                out.append(f" LO bnd {vn[j]} {_num(v.lb)}")
+            if v.ub < math.inf:
+                out.append(f" UP bnd {vn[j]} {_num(v.ub)}")
+            elif v.integer:
+                out.append(f" PL bnd {vn[j]}")
+        out.append("ENDATA")
+        return "\n".join(out) + "\n"
 
     def to_lp(self) -> str:
         """CPLEX LP format text."""

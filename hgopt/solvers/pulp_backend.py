@@ -87,29 +87,29 @@ class PulpBackend:
         if status in ("optimal", "feasible"):
             values = np.array([x.value() if x.value() is not None else 0.0 for x in xs], dtype=float)
             objective = model.objective_value(values)
-        bound = self._bound(prob, status, objective, log_text)
+        bound = self._bound(prob, status, objective, log_text, model.offset)
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,
                            version=self.version(), values=values, message=str(pulp.LpStatus[prob.status]))  # type: ignore[attr-defined]
 
-    def _bound(self, prob: object, status: SolveStatus, objective: float, log_text: str) -> float:
+    def _bound(self, prob: object, status: SolveStatus, objective: float, log_text: str, offset: float) -> float:
         if status == "infeasible":
             return math.inf
         if self.kind == "highs":
-            try:
-                b = float(prob.solverModel.getInfo().mip_dual_bound)  # type: ignore[attr-defined]
+            try:  # PuLP hands HiGHS the objective without its constant term
+                b = float(prob.solverModel.getInfo().mip_dual_bound) + offset  # type: ignore[attr-defined]
             except Exception:  # highspy without that info field
                 b = -math.inf
             if status == "optimal" and not math.isfinite(b):
                 return objective  # an LP, or a MIP solved at the root
-            return b
+            return min(b, objective) if status == "optimal" else b
         m = re.findall(r"Lower bound:\s*(-?[0-9.eE+-]+)", log_text)
-        if m:
-            return float(m[-1])
+        if m:  # CBC's log leaves out the objective's constant term
+            return min(float(m[-1]) + offset, objective)
         if status == "optimal":
             found = re.findall(r"Objective value:\s*(-?[0-9.eE+-]+)", log_text)
             gapped = re.search(r"Gap:\s*([0-9.eE+-]+)", log_text)
             if found and not gapped:
-                return min(float(found[-1]), objective)
+                return min(float(found[-1]) + offset, objective)
             return objective - abs(objective) * _gap_of(log_text)
         return -math.inf
 
