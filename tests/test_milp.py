@@ -18,7 +18,7 @@ from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 
 BACKENDS = available_backends()
-SEEDS = 8
+SEEDS = 10
 
 
 def _instance(seed: int) -> Instance:
@@ -28,9 +28,9 @@ def _instance(seed: int) -> Instance:
     names = ["a", "b", "c"][:n_clusters]
     gpus = {"A": 0.01, "B": 0.02, "C": 0.013}
     clusters = tuple((n, g, rng.choice([1, 2]), 2, rng.choice([1.14, 1.2, 40.0])) for n, g in zip(names, gpus))
-    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([2.0, 8.0, 50.0]), wan_latency_ms=rng.choice([1.0, 10.0]))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([2.0, 8.0, 50.0]), wan_latency_ms=rng.choice([1.0, 10.0, 80.0]))
     topo["links"]["pairs"] = [
-        {"src": a, "dst": b, "directed": True, "gbit_s": rng.choice([1.0, 4.0, 20.0]), "latency_ms": rng.choice([2.0, 20.0])}
+        {"src": a, "dst": b, "directed": True, "gbit_s": rng.choice([1.0, 4.0, 20.0]), "latency_ms": rng.choice([2.0, 20.0, 80.0])}
         for a, b in itertools.permutations(names, 2) if rng.random() < 0.5]
     model = tiny_model(num_layers=rng.randint(3, 5), gpus=dict(list(gpus.items())[:n_clusters]),
                        activation_bytes=rng.choice([1e6, 2e7]))
@@ -129,8 +129,10 @@ def test_pruned_search_agrees_with_the_plain_milp(seed: int) -> None:
 
 def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
     """The cross-check is meaningful: optima across the seeds use more than one cluster somewhere,
-    more than one pipeline somewhere, and memory rules some instances out of single stages."""
-    multi_cluster = multi_pipe = False
+    more than one pipeline somewhere, and the 1F1B round trip sets the pace somewhere [C3]."""
+    from hgopt.cost.evaluate import round_trip_bound
+
+    multi_cluster = multi_pipe = round_trip = False
     for seed in range(SEEDS):
         res = plan_milp(_instance(seed), PlanOptions(time_limit_s=30, gap=1e-7))
         if res.plan is None:
@@ -138,4 +140,57 @@ def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
         multi_cluster |= len(res.plan.pipelines[0].stages[0].clusters() + res.plan.pipelines[0].stages[-1].clusters()) > 1 \
             and res.plan.pipelines[0].stages[0].groups[0].cluster != res.plan.pipelines[0].stages[-1].groups[0].cluster
         multi_pipe |= len(res.plan.pipelines) > 1
-    assert multi_cluster and multi_pipe
+        ev = evaluate(res.plan, _instance(seed))
+        st = [r for r in ev.stages if r.pipeline == 0]
+        classic = max(max(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in st)
+        round_trip |= round_trip_bound(st, res.plan.pipelines[0].num_microbatches) > classic * (1 + 1e-9)
+    assert multi_cluster and multi_pipe and round_trip
+
+
+def _fixed_objective(inst: Instance, split: Any, chosen: list[Any], order: list[str]) -> tuple[float, float]:
+    """(MILP objective with y, z fixed to a chain, evaluate() of the decoded plan)."""
+    from hgopt.search.blocks import Window, block_options, cheap_bounds
+    from hgopt.search.milp import build_milp, decode
+    from hgopt.solvers import SolveOptions, solve
+
+    tables = build_tables(inst)
+    cb = cheap_bounds(inst, tables, replicas=split.k, microbatch=split.microbatch, num_microbatches=split.num_microbatches)
+    opts = block_options(inst, tables, replicas=split.k, microbatch=split.microbatch,
+                         num_microbatches=split.num_microbatches, d_cap=split.num_microbatches - 1,
+                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
+    form = build_milp(inst, tables, split, opts, cb)
+    for j, o in form.y.items():
+        if any(o is c for c in chosen):
+            form.model.add_row(f"fix{j}", {j: 1.0}, 1.0, 1.0)
+    for a, b in zip(order, order[1:]):
+        form.model.add_row(f"arc{a}{b}", {form.z[(a, b)]: 1.0}, 1.0, 1.0)
+    res = solve(form.model, "highs", SolveOptions(time_limit_s=30, relative_gap=1e-9))
+    assert res.values is not None, res
+    plan = decode(inst, form, res.values)
+    return res.objective, evaluate(plan, inst, tables).iteration_time_s
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_milp_objective_of_a_fixed_chain_equals_evaluate(seed: int) -> None:
+    """Fix a random 3-cluster chain of block options: the MILP's objective (bottleneck, WAN, round
+    trip [M12]-[M16], fill, tail) must equal evaluate() of that plan."""
+    from hgopt.search.blocks import Window, block_options, cheap_bounds
+    from hgopt.search.milp import BatchSplit
+
+    rng = random.Random(seed)
+    clusters = (("a", "A", 1, 2, 40.0), ("b", "B", 2, 2, 40.0), ("c", "C", 1, 2, 40.0))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=4.0, wan_latency_ms=rng.choice([30.0, 80.0, 150.0]))
+    model = tiny_model(num_layers=7, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7)
+    inst = tiny_instance(global_batch=8, model=model, topology=topo)
+    split = BatchSplit(k=1, microbatch=2, num_microbatches=4)
+    tables = build_tables(inst)
+    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=4)
+    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=4, d_cap=3,
+                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
+    order = rng.sample(["a", "b", "c"], 3)
+    n = sorted(rng.sample(range(1, 7), 2))
+    counts = [n[0], n[1] - n[0], 7 - n[1]]
+    roles = ["first", "middle", "end"]
+    chosen = [rng.choice(opts[(c, r, k)]) for c, r, k in zip(order, roles, counts)]
+    got, expect = _fixed_objective(inst, split, chosen, order)
+    assert got == pytest.approx(expect, rel=1e-9)

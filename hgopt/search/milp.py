@@ -162,7 +162,8 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
     pipeline keeps min(R, m) microbatches in flight, so T·min(R, m) >= Phi, the fill of the stages
     from it to the end. With v[o] = y[o]·T (exact for binary y), psi[c] = fill after block c and
     x[c] = sum over the stages after block c of (their fill − T), the stage r-th from the end of
-    block c needs suffix_fill_o(r) − r·T + x[c] <= 0 and suffix_fill_o(r) + psi[c] <= m·T."""
+    block c needs suffix_fill_o(r) + 2·wan(out of c) − r·T + x[c] <= 0 and
+    suffix_fill_o(r) + psi[c] <= m·T (psi[c] includes c's own WAN send)."""
     lm, ys = form.model, form.y
     m = split.num_microbatches
     f_max = sum(max((ys[j].fill for j in js), default=0.0) for js in by_cluster.values())
@@ -179,16 +180,21 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
         lm.add_row(f"M12_v_ge[{j}]", {v[j]: 1.0, t: -1.0, j: -t_ub}, lb=-t_ub, kind="time")
     psi = {c: lm.add_var(f"psi[{c}]", lb=0.0, ub=f_max, kind="time") for c in names}
     x = {c: lm.add_var(f"x[{c}]", lb=0.0, ub=2 * big_x, kind="time") for c in names}  # stores x + big_x
+    big_x_m = 2 * big_x + 2 * f_max  # slack of [M14] when its arc is unused
     for (a, b), zj in form.z.items():
         fill_b = {j: -ys[j].fill for j in by_cluster[b]}
         # [M13] psi[a] >= 2·wan(a,b) + fill of b + psi[b] when a hands over to b
         lm.add_row(f"M13_psi[{a},{b}]", {psi[a]: 1.0, psi[b]: -1.0, **fill_b, zj: -(2.0 * form.wan[(a, b)] + f_max)},
                    lb=-f_max, kind="time")
-        # [M14] x[a] >= 2·wan(a,b) + fill of b − s_b·T + x[b] when a hands over to b
-        mx = 2 * big_x + f_max
-        row = {x[a]: 1.0, x[b]: -1.0, **fill_b, zj: -(2.0 * form.wan[(a, b)] + mx)}
+        # [M14] x[a] >= fill of b (its stages and its own WAN send out) − s_b·T + x[b] when a hands
+        # over to b (a's own WAN send belongs to a's last stage, counted in [M15])
+        mx = big_x_m
+        row = {x[a]: 1.0, x[b]: -1.0, **fill_b, zj: -mx}
         for j in by_cluster[b]:
             row[v[j]] = float(ys[j].s)
+        for (b2, c2), zk in form.z.items():
+            if b2 == b:
+                row[zk] = row.get(zk, 0.0) - 2.0 * form.wan[(b2, c2)]
         lm.add_row(f"M14_x[{a},{b}]", row, lb=-mx, kind="time")
     for c in names:
         js = by_cluster[c]
