@@ -288,7 +288,8 @@ def solve_split(
         limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
         res = solve(form.model, solver, SolveOptions(time_limit_s=limit, relative_gap=solve_options.relative_gap,
                                                      threads=solve_options.threads, seed=solve_options.seed,
-                                                     time_quantum_s=solve_options.time_quantum_s))
+                                                     time_quantum_s=solve_options.time_quantum_s,
+                                                     bound_limit=incumbent * (1 - solve_options.relative_gap)))
         solves.append(res)
         log.debug("split %s cap %.4g: %s, %s -> %s obj %.6g bound %.6g in %.2fs", split, t_cap, form.model.size(),
                   res.solver, res.status, res.objective, res.bound, res.wall_s)
@@ -299,7 +300,7 @@ def solve_split(
                 best_plan, best_val = plan, ev.iteration_time_s
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
         lb = max(bounds.value, min(milp_lb, cap_lb))
-        capped = cap_lb <= min(milp_lb, best_val) * (1 + 1e-12) and math.isfinite(t_cap)
+        capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
             break
         t_cap = max(t_cap * WIDEN, _cap_for(bounds, best_val)) if math.isfinite(best_val) else t_cap * WIDEN

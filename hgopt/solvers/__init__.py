@@ -53,6 +53,9 @@ class SolveOptions:
     relative_gap: float = 1e-4
     threads: int = 1
     seed: int = 0
+    bound_limit: float = math.inf
+    """Stop once the proven bound reaches this (the objective of a plan found elsewhere): the model
+    cannot beat it. Backends without the feature ignore it."""
     time_quantum_s: float = 1e-6
     """CP-SAT only: seconds per integer unit when times are scaled to integers."""
     verbose: bool = False

@@ -48,6 +48,11 @@ class MathOptBackend:
             enable_output=options.verbose,
             random_seed=options.seed,
         )
+        cutoff = math.isfinite(options.bound_limit)
+        if cutoff and self.solver == "GSCIP":
+            params.cutoff_limit = options.bound_limit
+        elif cutoff:  # HiGHS: prune nodes whose bound reaches it
+            params.highs.double_options["objective_bound"] = options.bound_limit
         if self.solver == "GSCIP":
             params.gscip.int_params["parallel/maxnthreads"] = max(1, options.threads)
         else:
@@ -62,9 +67,9 @@ class MathOptBackend:
             log.warning("%s failed: %s", self.name, exc)
             return SolveResult(status="error", objective=math.inf, bound=-math.inf, wall_s=time.perf_counter() - t0,
                                solver=self.name, version=self.version(), message=str(exc))
-        return self._result(res, mo, model, time.perf_counter() - t0)
+        return self._result(res, mo, model, time.perf_counter() - t0, options.bound_limit)
 
-    def _result(self, res: object, mo: object, model: LinearModel, wall: float) -> SolveResult:
+    def _result(self, res: object, mo: object, model: LinearModel, wall: float, options_bound: float) -> SolveResult:
         from ortools.math_opt.python import mathopt
 
         reason = res.termination.reason  # type: ignore[attr-defined]
@@ -72,7 +77,7 @@ class MathOptBackend:
         R = mathopt.TerminationReason
         if reason == R.OPTIMAL:
             status = "optimal"
-        elif reason == R.FEASIBLE:
+        elif reason in (R.FEASIBLE, R.NO_SOLUTION_FOUND) and res.has_primal_feasible_solution():  # type: ignore[attr-defined]
             status = "feasible"
         elif reason == R.INFEASIBLE:
             status = "infeasible"
@@ -91,8 +96,8 @@ class MathOptBackend:
         bound = float(res.termination.objective_bounds.dual_bound)  # type: ignore[attr-defined]
         if status == "optimal" and not math.isfinite(bound):
             bound = objective
-        if status == "infeasible":
-            bound = math.inf
+        if status == "infeasible":  # with a cutoff: nothing below the cutoff, which is what we need
+            bound = options_bound if math.isfinite(options_bound) else math.inf
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,
                            version=self.version(), values=values, message=str(res.termination.detail))  # type: ignore[attr-defined]
 
