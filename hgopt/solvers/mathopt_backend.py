@@ -48,10 +48,9 @@ class MathOptBackend:
             enable_output=options.verbose,
             random_seed=options.seed,
         )
-        cutoff = math.isfinite(options.bound_limit)
-        if cutoff and self.solver == "GSCIP":
-            params.cutoff_limit = options.bound_limit
-        elif cutoff:  # HiGHS: prune nodes whose bound reaches it
+        # HiGHS prunes nodes whose bound reaches the cutoff (it then reports infeasible). SCIP's
+        # cutoff_limit is not used: OR-Tools 9.15's Python layer fails to parse the CUTOFF limit.
+        if math.isfinite(options.bound_limit) and self.solver == "HIGHS":
             params.highs.double_options["objective_bound"] = options.bound_limit
         if self.solver == "GSCIP":
             params.gscip.int_params["parallel/maxnthreads"] = max(1, options.threads)
