@@ -25,20 +25,20 @@ def _profile(tmp_path: Path, *extra: str) -> dict:
 
 def test_profile_loads_and_times_grow_with_microbatch_size(tmp_path: Path) -> None:
     # thread CPU time (--pace 1): what the layers cost, not what the machine's other load adds
-    data = _profile(tmp_path, "--mbs", "1,4,32", "--pace", "1")
+    data = _profile(tmp_path, "--mbs", "1,16,64", "--pace", "1")
     prof = model_profile_from_dict(data, source="profile.json")
     assert [layer.kind for layer in prof.layers] == ["embedding", "block", "block", "head"]
     assert prof.seq_len == 16 and prof.dtype == "fp32"
     entries = sorted(prof.timings, key=lambda t: t.mbs)
-    assert [t.mbs for t in entries] == [1, 4, 32]
+    assert [t.mbs for t in entries] == [1, 16, 64]
     for t in entries:
         assert all(x > 0 for x in t.fwd + t.bwd)
         assert all(x > 0 for x in t.update)
         assert t.update == entries[0].update  # the optimizer step does not depend on mbs
     total = [sum(t.fwd) + sum(t.bwd) for t in entries]
     assert total[0] < total[1] < total[2]
-    assert total[2] > 2 * total[0]  # 32x the samples
-    for i in (1, 2, 3):  # every block and the head take longer at mbs 32 than at mbs 1
+    assert total[2] > 2 * total[0]  # 64x the samples
+    for i in (1, 2, 3):  # every block and the head take longer at mbs 64 than at mbs 1
         assert entries[2].fwd[i] + entries[2].bwd[i] > entries[0].fwd[i] + entries[0].bwd[i]
 
 
@@ -90,14 +90,14 @@ def test_links_on_loopback_write_positive_figures_and_a_topology(tmp_path: Path)
                                               "nodes": 1, "gpus_per_node": 2, "intra_node": {"gbyte_s": 1},
                                               "inter_node": {"gbyte_s": 1}}]}))
     out = tmp_path / "links.json"
-    assert main(["profile", "--links", "--ranks", "2", "--repeat", "3", "--sizes", "65536,1048576,4194304",
+    assert main(["profile", "--links", "--ranks", "2", "--repeat", "3", "--sizes", "1048576,16777216,67108864",
                  "--topology", str(topo), "--clusters", "a", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
     p2p = doc["point_to_point"]
     assert p2p["gbyte_s"] > 0 and p2p["latency_ms"] >= 0
     assert doc["allreduce"]["gbyte_s"] > 0
     measured = doc["measured"]["pairs"][0]
-    assert measured["sizes"] == [65536, 1048576, 4194304]
+    assert measured["sizes"] == [1048576, 16777216, 67108864]
     assert measured["one_way_s"][2] > measured["one_way_s"][0]  # 64x the bytes take longer
     assert doc["topology"]["clusters"][0]["intra_node"]["gbyte_s"] == pytest.approx(p2p["gbyte_s"])
 

@@ -18,7 +18,7 @@ from hgopt.cost.tables import (
 from hgopt.plan import Pipeline, Plan, Stage, validate
 from hgopt.spec import Cluster, Instance
 
-__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "stage_boundary_time"]
+__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "round_trip_bound", "stage_boundary_time"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,6 +138,7 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> Pipel
         bottleneck = max(max(s.fwd_s, s.send_fwd_s) for s in st) + max(max(s.bwd_s, s.send_bwd_s) for s in st)
     else:
         bottleneck = max(max(s.fwd_s + s.bwd_s, s.send_fwd_s, s.send_bwd_s) for s in st)
+        bottleneck = max(bottleneck, round_trip_bound(st, m))
     return PipelineReport(
         index=index,
         num_microbatches=m,
@@ -146,6 +147,17 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> Pipel
         fill_drain_s=fill,
         time_s=(m - 1) * bottleneck + fill,
     )
+
+
+def round_trip_bound(st: list[StageReport], m: int) -> float:
+    """[C3] 1F1B keeps at most min(S − s, m) microbatches in flight at stage s (its warm-up depth + 1):
+    the forward of microbatch k + S − s waits for the backward of k, whose round trip runs through every
+    later stage and link. The steady-state pace is at least that round trip over the microbatches in it."""
+    best = trip = 0.0
+    for s in range(len(st) - 1, -1, -1):
+        trip += st[s].fwd_s + st[s].bwd_s + st[s].send_fwd_s + st[s].send_bwd_s
+        best = max(best, trip / min(len(st) - s, m))
+    return best
 
 
 # ---- one stage: compute [C2], boundary [C4], optimizer [C6-opt], memory [C6] ------------------------

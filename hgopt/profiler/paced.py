@@ -12,11 +12,14 @@ takes exactly its device time; communication threads (gloo's) are not paced, lik
 ``hgopt profile --pace SPEED`` measures layers in the same unit (thread CPU seconds / speed).
 
 ``python -m hgopt.profiler.paced SPEED -m MODULE ARGS...`` installs the pacing and runs MODULE as
-``__main__`` (e.g. ``-m hgopt.runner --plan ... --rank 3``); with ``$HGOPT_PACE_REPORT`` set to a
+``__main__`` (e.g. ``-m hgopt.runner --plan ... --rank 3``), pacing from the end of the first optimizer
+step on (start-up and the first step, a warm-up, run unpaced); with ``$HGOPT_PACE_REPORT`` set to a
 folder, each process writes its pacing figures there when it exits (``lag_s`` > 0: the machine was too
-busy to hold the pace). The hooks wrap ``torch.distributed``'s
-point-to-point and collective calls, ``Work.wait``, ``time.sleep`` and the optimizers' ``step``; they
-act only on the main thread.
+busy to hold the pace). ``$HGOPT_PACE_NICE`` (e.g. ``-10``, root) raises the process's CPU priority:
+a paced rank uses at most ``speed`` of a core, but on a busy machine it should get that share, and get
+it promptly after each wait (wake-up delays otherwise add milliseconds to every operation). The hooks wrap ``torch.distributed``'s
+sends, receives and collectives (not ``irecv``: posting a receive does not wait for anything),
+``Work.wait``, ``time.sleep`` and the optimizers' ``step``; they act only on the main thread.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ _real_sleep = time.sleep
 class PacedClock:
     """Device time of the main thread since the last interaction, and the wait that settles it."""
 
-    def __init__(self, speed: float) -> None:
+    def __init__(self, speed: float, armed: bool = True) -> None:
         if not 0 < speed <= 1:
             raise ValueError(f"pace speed must be in (0, 1], got {speed}")
         self.speed = speed
@@ -50,7 +53,11 @@ class PacedClock:
         self.lag_s = 0.0
         """Total seconds by which compute took longer than its device time: the machine gave this
         thread less than ``speed`` of a core (diagnostics; pacing cannot make up for it)."""
+        self.steps = 0
+        self.armed = armed
+        """Unarmed, the clock paces nothing (start-up: imports, model building, rendezvous)."""
         self.cpu_s = 0.0
+        self.overshoot = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -58,16 +65,37 @@ class PacedClock:
         self.cpu = time.thread_time()
 
     def settle(self) -> None:
-        """Wait until the CPU work done since the last reset has taken its device time."""
+        """Wait until the CPU work done since the last reset has taken its device time.
+
+        The device clock advances to the target even when the sleep overshoots it (a sleeping thread
+        wakes late on a busy machine): the next settle then waits that much less, so wake-up delays
+        do not add up over the many settles of a step."""
+        if not self.armed:
+            self.reset()
+            return
         cpu = time.thread_time() - self.cpu
-        wait = self.wall + cpu / self.speed - time.perf_counter()
+        target = self.wall + cpu / self.speed
         self.cpu_s += cpu
+        wait = target - time.perf_counter()
         if wait > 0:
             _real_sleep(wait)
             self.paced_s += wait
+            self.overshoot = max(0.0, time.perf_counter() - target)
+            self.wall, self.cpu = target, time.thread_time()
         else:
             self.lag_s -= wait
-        self.reset()
+            self.overshoot = 0.0
+            self.reset()
+
+    def resume(self, blocked_s: float) -> None:
+        """Restart the clock after a blocking call. A call that returned at once found its data
+        already there, so the device would have gone on at its own time: the last sleep's overshoot is
+        credited. A call that really waited resumes the device now."""
+        if blocked_s < 5e-4:
+            self.wall, self.cpu = time.perf_counter() - self.overshoot, time.thread_time()
+        else:
+            self.reset()
+        self.overshoot = 0.0
 
     def report(self) -> dict[str, float]:
         return {"speed": self.speed, "cpu_s": self.cpu_s, "device_s": self.cpu_s / self.speed,
@@ -86,10 +114,11 @@ def _blocking(clock: PacedClock, fn: Callable[..., Any]) -> Callable[..., Any]:
         if not clock.on_main():
             return fn(*args, **kwargs)
         clock.settle()
+        t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            clock.reset()
+            clock.resume(time.perf_counter() - t)
 
     return wrapper
 
@@ -102,18 +131,22 @@ def _after(clock: PacedClock, fn: Callable[..., Any]) -> Callable[..., Any]:
         out = fn(*args, **kwargs)
         if clock.on_main():
             clock.settle()
+            clock.steps += 1
+            clock.armed = True
         return out
 
     return wrapper
 
 
-def install(speed: float) -> PacedClock:
-    """Pace this process's main thread at ``speed`` cores (idempotent per process: call once)."""
+def install(speed: float, from_first_step: bool = False) -> PacedClock:
+    """Pace this process's main thread at ``speed`` cores (call once per process). With
+    ``from_first_step`` pacing starts once the first optimizer step is done: start-up and the first
+    (warm-up) step run at the machine's speed."""
     import torch
     import torch.distributed as dist
 
-    clock = PacedClock(speed)
-    for name in ("isend", "irecv", "send", "recv", "all_reduce", "broadcast", "barrier", "all_gather_object",
+    clock = PacedClock(speed, armed=not from_first_step)
+    for name in ("isend", "send", "recv", "all_reduce", "broadcast", "barrier", "all_gather_object",
                  "all_gather", "reduce_scatter", "gather", "scatter"):
         if hasattr(dist, name):
             setattr(dist, name, _blocking(clock, getattr(dist, name)))
@@ -130,7 +163,9 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "-m":
         print("usage: python -m hgopt.profiler.paced SPEED -m MODULE [ARGS...]", file=sys.stderr)
         return 2
-    clock = install(float(argv[0]))
+    if nice := os.environ.get("HGOPT_PACE_NICE"):
+        os.setpriority(os.PRIO_PROCESS, 0, int(nice))
+    clock = install(float(argv[0]), from_first_step=True)
     if report := os.environ.get("HGOPT_PACE_REPORT"):
         atexit.register(lambda: Path(report, f"pace-{os.getpid()}.json").write_text(json.dumps(clock.report())))
     sys.argv = [argv[2], *argv[3:]]

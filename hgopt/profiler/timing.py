@@ -3,7 +3,11 @@
 On CUDA the clock is a pair of CUDA events around each phase (synchronised); on CPU it is the wall
 clock (``time.perf_counter``) with torch's intra-op thread count fixed to ``threads``, or, with
 ``pace`` set, the thread's CPU time divided by ``pace``: the device time of a paced device
-(:mod:`hgopt.profiler.paced`), which the machine's other load does not stretch. Repeats are
+(:mod:`hgopt.profiler.paced`), which the machine's other load does not stretch. A paced device is
+idle for (1/pace − 1) of every operation's time, and what else runs on the machine meanwhile evicts
+its caches (measured here: +6-8 % CPU time per operation on a loaded 2-core host); the profiler
+therefore idles the same way after every timed phase, so that layers are timed as the paced ranks
+run them. Repeats are
 interleaved over the layers (rep 1 of every layer, then rep 2, ...) so that a slow spell of a shared
 machine spreads over all layers instead of landing on one; the reported figure is the median.
 
@@ -99,7 +103,9 @@ class _Clock:
             self.torch.cuda.synchronize()
             return self.a.elapsed_time(self.b) / 1e3
         if self.pace is not None:
-            return (time.thread_time() - self.t0) / self.pace
+            device = (time.thread_time() - self.t0) / self.pace
+            time.sleep(device - device * self.pace)  # idle like the paced device (co-tenants run meanwhile)
+            return device
         return time.perf_counter() - self.t0
 
 
