@@ -10,7 +10,7 @@ from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import allreduce_time, bandwidth_bytes_per_s, transfer_time
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Bandwidth
-from tests.factories import tiny_instance, tiny_model
+from tests.factories import tiny_instance, tiny_model, tiny_topology
 
 # tiny_model: every layer forward 0.01·mbs/tp s on A (0.02 on B), backward twice that, 1e6 params,
 # 1e6 activation bytes per sample at each boundary, 1e7 activation bytes kept per sample, fp32.
@@ -142,6 +142,27 @@ def test_bf16_gradient_sync_over_the_wan_halves_its_bytes() -> None:
     bf16 = evaluate(Plan(pipelines=pipes, grad_sync_precision="bf16"), inst)
     grad_bytes = 4 * 1e6 * 4
     assert native.stages[0].sync_s - bf16.stages[0].sync_s == pytest.approx(grad_bytes / 2 / WAN_BPS)
+
+
+def test_pipelines_crossing_the_same_wan_link_share_it() -> None:
+    inst = tiny_instance(global_batch=16, topology=tiny_topology(
+        clusters=(("a", "A", 2, 2, 40.0), ("b", "B", 2, 2, 40.0)), wan_gbit_s=8.0, wan_latency_ms=10.0))
+    ab = Pipeline(stages=(Stage(start=0, end=2, groups=(g("a", mbs=2),)), Stage(start=2, end=4, groups=(g("b", mbs=2),))),
+                  num_microbatches=4)
+    ba = Pipeline(stages=(Stage(start=0, end=2, groups=(g("b", mbs=2),)), Stage(start=2, end=4, groups=(g("a", mbs=2),))),
+                  num_microbatches=4, boundaries=(Boundary(fwd="bf16", bwd="native"),))
+    # two copies of a -> b: each direction carries both pipelines' 2 samples per microbatch
+    twice = evaluate(Plan(pipelines=(ab, ab)), inst)
+    assert twice.stages[0].send_fwd_s == pytest.approx(WAN_LAT + 2 * 2e6 / WAN_BPS)
+    # a -> b and b -> a: a->b carries ab's activations (2e6 B) + ba's gradients (2e6 B, native);
+    # b->a carries ba's activations in bf16 (1e6 B) + ab's gradients (2e6 B)
+    both = evaluate(Plan(pipelines=(ab, ba)), inst)
+    hbm = 900e9
+    quant = 2e6 * 1.5 / hbm + 2e6 * 1.5 / hbm
+    assert both.stages[0].send_fwd_s == pytest.approx(WAN_LAT + 4e6 / WAN_BPS)
+    assert both.stages[0].send_bwd_s == pytest.approx(WAN_LAT + 3e6 / WAN_BPS)
+    assert both.stages[2].send_fwd_s == pytest.approx(WAN_LAT + 3e6 / WAN_BPS + quant)
+    assert both.stages[2].send_bwd_s == pytest.approx(WAN_LAT + 4e6 / WAN_BPS)
 
 
 def test_heterogeneous_replicas_split_samples_by_block() -> None:

@@ -6,7 +6,8 @@ The equations, with the labels used in comments ([C1]..[C7]), are in ``formulati
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
 
 from hgopt.cost.tables import (
     CostTables,
@@ -85,12 +86,20 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
         return _infeasible(plan, violations)
     tables = tables or build_tables(instance)
     sync = _stage_sync_times(plan, instance, tables)
+    wan = _wan_loads(instance, tables, plan.pipelines)
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
+    first: dict[Pipeline, int] = {}  # identical pipelines get identical reports: compute once
     for pi, pipe in enumerate(plan.pipelines):
-        reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)]) for si in range(len(pipe.stages))]
+        if pipe in first:
+            done = first[pipe]
+            reports = [replace(r, pipeline=pi) for r in stage_reports if r.pipeline == done]
+            pipe_reports.append(replace(pipe_reports[done], index=pi))
+        else:
+            first[pipe] = pi
+            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan) for si in range(len(pipe.stages))]
+            pipe_reports.append(_pipeline_report(pi, pipe, reports))
         stage_reports.extend(reports)
-        pipe_reports.append(_pipeline_report(pi, pipe, reports))
     t_pipe = max(p.time_s for p in pipe_reports)
     t_tail = max(s.sync_s + s.optimizer_s for s in stage_reports)  # [C7]
     t_iter = t_pipe + t_tail
@@ -162,7 +171,13 @@ def round_trip_bound(st: list[StageReport], m: int) -> float:
 
 # ---- one stage: compute [C2], boundary [C4], optimizer [C6-opt], memory [C6] ------------------------
 def _stage_report(
-    inst: Instance, tables: CostTables, pipe: Pipeline, pi: int, si: int, sync_s: float
+    inst: Instance,
+    tables: CostTables,
+    pipe: Pipeline,
+    pi: int,
+    si: int,
+    sync_s: float,
+    wan: dict[tuple[str, str], float],
 ) -> StageReport:
     stage = pipe.stages[si]
     topo = inst.topology
@@ -191,7 +206,7 @@ def _stage_report(
             peak, cap = mem, cluster.gpu_memory_bytes
     send_f = send_b = 0.0
     if si + 1 < n_stages:
-        send_f, send_b = stage_boundary_time(inst, tables, pipe, si)
+        send_f, send_b = stage_boundary_time(inst, tables, pipe, si, wan)
     layout = ", ".join(f"{g.dp}x[{_where(topo.cluster(g.cluster))} tp{g.tp} mbs{g.mbs}]" for g in stage.groups)
     return StageReport(
         pipeline=pi,
@@ -217,14 +232,21 @@ def _where(cluster: Cluster) -> str:
     return cluster.name if cluster.gpu in cluster.name else f"{cluster.gpu}@{cluster.name}"
 
 
-def stage_boundary_time(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
-    """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
-    ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica; the
-    bytes between two different clusters share their link; inside one cluster each sender uses its own
-    inter-node bandwidth. A compressed boundary adds its (de)quantisation time [C4q]."""
+@dataclass(frozen=True, slots=True)
+class _Flows:
+    """Who sends how many samples to whom across one stage boundary (forward direction)."""
+
+    per_sample: float
+    local: dict[str, int]
+    """cluster -> largest block one replica sends to another replica of the same cluster"""
+    cross: dict[tuple[str, str], int]
+    """(sending cluster, receiving cluster) -> samples per microbatch"""
+    pieces: list[tuple[str, str, int]]
+    """(sender, receiver, largest block between one pair of replicas)"""
+
+
+def _boundary_flows(tables: CostTables, pipe: Pipeline, si: int) -> _Flows:
     src, dst = pipe.stages[si], pipe.stages[si + 1]
-    per_sample = float(tables.activation_bytes[src.end - 1])
-    bound = pipe.boundary(si)
     cross: dict[tuple[str, str], int] = {}
     local: dict[str, int] = {}
     pieces: list[tuple[str, str, int]] = []
@@ -233,22 +255,59 @@ def stage_boundary_time(inst: Instance, tables: CostTables, pipe: Pipeline, si: 
             n = min(a_hi, b_hi) - max(a_lo, b_lo)
             if n <= 0:
                 continue
-            piece = min(a_mbs, b_mbs, n)  # largest block one replica sends to one replica
+            piece = min(a_mbs, b_mbs, n)
             pieces.append((a_cluster, b_cluster, piece))
             if a_cluster == b_cluster:
                 local[a_cluster] = max(local.get(a_cluster, 0), piece)
             else:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
+    return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), local=local, cross=cross, pieces=pieces)
+
+
+def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], copies: int = 1) -> dict[tuple[str, str], float]:
+    """[C4w] Bytes per microbatch on each direction of each inter-cluster link, summed over every
+    boundary of every pipeline (activations forward, their gradients backward)."""
+    load: dict[tuple[str, str], float] = {}
+    for pipe, count in Counter(pipes).items():
+        for si in range(len(pipe.stages) - 1):
+            flows = _boundary_flows(tables, pipe, si)
+            bound = pipe.boundary(si)
+            f_fwd = link_bytes_factor(inst.model.dtype, bound.fwd)
+            f_bwd = link_bytes_factor(inst.model.dtype, bound.bwd)
+            for (a, b), n in flows.cross.items():
+                load[(a, b)] = load.get((a, b), 0.0) + count * copies * n * flows.per_sample * f_fwd
+                load[(b, a)] = load.get((b, a), 0.0) + count * copies * n * flows.per_sample * f_bwd
+    return load
+
+
+def stage_boundary_time(
+    inst: Instance,
+    tables: CostTables,
+    pipe: Pipeline,
+    si: int,
+    wan_loads: dict[tuple[str, str], float] | None = None,
+    copies: int = 1,
+) -> tuple[float, float]:
+    """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
+    ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica. Inside
+    one cluster each sender uses its own inter-node bandwidth. A link between two clusters carries, in
+    each direction, the bytes of every boundary of every pipeline that crosses it [C4w]
+    (``wan_loads``; when omitted, this pipeline as one of ``copies`` identical ones). A compressed
+    boundary adds its (de)quantisation time [C4q]."""
+    flows = _boundary_flows(tables, pipe, si)
+    loads = wan_loads if wan_loads is not None else _wan_loads(inst, tables, (pipe,), copies)
+    bound = pipe.boundary(si)
     out = []
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
         factor = link_bytes_factor(inst.model.dtype, prec)
         t = 0.0
-        for c, n in local.items():
-            t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * per_sample * factor))
-        for (a, b), n in cross.items():
-            t = max(t, transfer_time(inst.topology.link(a, b), n * per_sample * factor))
-        flows = [(b, a, n) for a, b, n in pieces] if backward else pieces
-        out.append(t + _quantisation_time(inst, prec, factor, per_sample, flows))
+        for c, n in flows.local.items():
+            t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * flows.per_sample * factor))
+        for a, b in flows.cross:
+            channel = (b, a) if backward else (a, b)
+            t = max(t, transfer_time(inst.topology.link(*channel), loads[channel]))
+        pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
+        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
 
 
@@ -285,14 +344,15 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     of every pipeline, so each segment has one fixed set of replicas that hold it."""
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     seg_time: dict[tuple[int, int], float] = {}
+    stages = [s for p in plan.pipelines for s in p.stages]
     for lo, hi in zip(cuts, cuts[1:]):
-        holders = [s for p in plan.pipelines for s in p.stages if s.start <= lo and hi <= s.end]
+        holders = [s for s in stages if s.start <= lo and hi <= s.end]
         seg_time[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
-    out: dict[tuple[int, int], float] = {}
-    for pi, p in enumerate(plan.pipelines):
-        for si, s in enumerate(p.stages):
-            out[(pi, si)] = sum(t for (lo, hi), t in seg_time.items() if s.start <= lo and hi <= s.end)
-    return out
+    by_range = {
+        (s.start, s.end): sum(t for (lo, hi), t in seg_time.items() if s.start <= lo and hi <= s.end)
+        for p in set(plan.pipelines) for s in p.stages
+    }
+    return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
 
 
 def _segment_allreduce(

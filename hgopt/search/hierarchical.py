@@ -118,7 +118,6 @@ class _Ctx:
     links: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
-    one: dict[int, Instance] = field(default_factory=dict)
     allowed: tuple[str, ...] = ("native",)
     """Precisions an inter-cluster boundary may use (mixed-precision links)."""
     max_links: int | None = None
@@ -351,7 +350,7 @@ def _improve_split(ctx: _Ctx, est: float, sk: Skeleton, max_moves: int = 48) -> 
     C = len(sk.order)
     if C < 2:
         return est, sk
-    wan = _wan(ctx, sk.order, sk.microbatch, sk.links)
+    wan = _wan(ctx, sk.order, sk.pipelines * sk.microbatch, sk.links)  # [C4w]: k pipelines share the WAN
     after = [_round_up(C - 1 - i) for i in range(C)]
     best = (est, sk)
     ws = list(sk.weights) if sk.weights else [m] * C
@@ -384,7 +383,7 @@ def _improve_split(ctx: _Ctx, est: float, sk: Skeleton, max_moves: int = 48) -> 
         stages = [int(t[w].stages[c]) for t, w, c in zip(tabs, ws, cand)]
         after = [_round_up(sum(stages[i + 1 :])) for i in range(C)]
         tabs = [_tables(ctx, n, role_of(i, C), sk.pipelines, sk.microbatch, m, after[i]) for i, n in enumerate(sk.order)]
-        e, chosen = _choose_weights(ctx, sk.order, tabs, cand, sk.microbatch, m, sk.links)
+        e, chosen = _choose_weights(ctx, sk.order, tabs, cand, sk.pipelines * sk.microbatch, m, sk.links)
         if e >= best[0] - 1e-12:
             break
         ws = list(chosen)
@@ -478,8 +477,9 @@ def _drop_clusters(ctx: _Ctx, sk: Skeleton, est: float) -> list[tuple[float, Ske
 
 # ---- [H3] cluster order --------------------------------------------------------------------------
 def _link_times(ctx: _Ctx, a: str, b: str, B: int, cut: int, prec: str = "native") -> tuple[float, float]:
-    """(forward, backward) seconds for one microbatch of B samples crossing a → b after layer cut−1
-    in precision ``prec``, as ``evaluate`` computes them ([C4], with [C4q] (de)quantisation)."""
+    """(forward, backward) seconds for B samples per microbatch crossing a → b after layer cut−1 in
+    precision ``prec``, as ``evaluate`` computes them ([C4], [C4q]). Callers pass B = k · microbatch:
+    the k identical pipelines share the link ([C4w])."""
     key = (a, b, B, cut, prec)
     if key not in ctx.links:
         one = lambda c, lo, hi: Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster=c, dp=B),))  # noqa: E731
@@ -631,7 +631,7 @@ def _best_for_subset(
     """Order ``names``, split the layers on the estimates (with ``passes`` = 2 a second time with
     the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
     m = ctx.instance.job.global_batch // (k * B)
-    order = _order(ctx, names, B, m)
+    order = _order(ctx, names, k * B, m)  # WAN load of the k pipelines [C4w]
     orders = (order, order[::-1]) if passes > 1 else (order,)  # the coarse pass keeps one direction
     got = [g for o in dict.fromkeys(orders) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
     return min(got, key=lambda x: x[0]) if got else None
@@ -643,17 +643,17 @@ def _split_order(
     """The layer split of one cluster order (both directions of a path cost the same on symmetric
     links, but the first cluster also holds the embedding and the last the head)."""
     after = [_round_up(len(order) - 1 - i) for i in range(len(order))]
-    links = _link_choice(ctx, order, B, m, [_block_cut(ctx)] * (len(order) - 1))
+    links = _link_choice(ctx, order, k * B, m, [_block_cut(ctx)] * (len(order) - 1))
     got = None
     for _ in range(passes):
         tabs = [_table(ctx, n, role_of(i, len(order)), k, B, m, after[i]) for i, n in enumerate(order)]
-        split = _split(ctx, order, tabs, B, m, links, start=got[1].layers if got else None,
+        split = _split(ctx, order, tabs, k * B, m, links, start=got[1].layers if got else None,
                        steps=(1, 2, 4) if passes > 1 else (1,))
         if split is None:
             return got
         est, layers = split
         est2, ws = _choose_weights(ctx, order, [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])
-                                                for i, n in enumerate(order)], layers, B, m, links)
+                                                for i, n in enumerate(order)], layers, k * B, m, links)
         got = (est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
                               weights=() if all(w == m for w in ws) else ws, links=links))
         chosen = [_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
@@ -1075,22 +1075,11 @@ def _fits(ctx: _Ctx, plan: Plan) -> bool:
 
 
 def _decomposed(ctx: _Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
-    """[C3] + [C7]: one pipeline's time (all k are identical), scored by ``evaluate`` on the instance
-    with the global batch of one pipeline, plus the gradient sync + optimizer tail of the local plans
-    (their all-reduce rings span the k pipelines' replicas). inf when a stage is out of memory."""
-    m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
-    one = _one_pipeline_instance(ctx, sk.microbatch * m)
-    ev = evaluate(Plan(pipelines=(_pipeline(ctx, sk, locals_),)), one, ctx.tables)
-    if not ev.feasible:
-        return INF
-    return ev.pipeline_time_s + max(lp.sync_opt_s for lp in locals_)
-
-
-def _one_pipeline_instance(ctx: _Ctx, samples: int) -> Instance:
-    if samples not in ctx.one:
-        job = dataclasses.replace(ctx.instance.job, global_batch=samples)
-        ctx.one[samples] = dataclasses.replace(ctx.instance, job=job)
-    return ctx.one[samples]
+    """The iteration time of the k identical pipelines scored by ``evaluate`` itself (their WAN
+    boundaries share the links [C4w]; their all-reduce rings span the k pipelines' replicas); inf when
+    a stage is out of memory."""
+    ev = evaluate(_assemble(ctx, sk, locals_), ctx.instance, ctx.tables)
+    return ev.iteration_time_s if ev.feasible else INF
 
 
 def _polish(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan]:
