@@ -194,3 +194,21 @@ def test_milp_objective_of_a_fixed_chain_equals_evaluate(seed: int) -> None:
     chosen = [rng.choice(opts[(c, r, k)]) for c, r, k in zip(order, roles, counts)]
     got, expect = _fixed_objective(inst, split, chosen, order)
     assert got == pytest.approx(expect, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", [e.name for e in __import__("hgopt.instances", fromlist=["x"]).list_instances()])
+def test_shipped_instances_plan_is_never_below_the_reported_bound(name: str) -> None:
+    """With a short time limit, on every shipped instance: the returned plan re-scored by evaluate is
+    feasible and at or above the reported lower bound, and the gap is what the two numbers say."""
+    from hgopt.instances import load_instance
+
+    inst = load_instance(name)
+    res = plan_milp(inst, PlanOptions(time_limit_s=3.0))
+    assert res.lower_bound_s is not None and res.lower_bound_s > 0
+    if res.plan is None:
+        assert res.status in ("error", "infeasible")
+        return
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible, ev.violations
+    assert ev.iteration_time_s >= res.lower_bound_s * (1 - 1e-9)
+    assert res.gap == pytest.approx((ev.iteration_time_s - res.lower_bound_s) / ev.iteration_time_s, abs=1e-9)

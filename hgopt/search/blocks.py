@@ -416,14 +416,25 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     t_lb = _fluid(rows, shape.trunk)
     wan = INF
     if len(instance.topology.clusters) > 1:
-        wan = min(_wan_time(instance, tables, a.name, b.name, microbatch) for a in instance.topology.clusters
+        per_sample = float(tables.activation_bytes[shape.p])
+        wan = min(_wan_time(instance, per_sample, a.name, b.name, microbatch) for a in instance.topology.clusters
                   for b in instance.topology.clusters if a.name != b.name)
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
-    grid = _grid(t_lb, rows)
-    fill = tuple(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra) for tau in grid)
-    return CheapBounds(t_lb=t_lb, s_lb=max(s_min.values()), weight=float(num_microbatches - 1), grid=grid,
-                       fill_at=fill, f_lb=fill[-1] if fill else INF)
+    full = _grid(t_lb, rows)
+    s_lb, w = max(s_min.values()), float(num_microbatches - 1)
+    floor = _fill_lb(rows, budgets, shape.trunk, full[-1], wan, extra) if full else INF
+    grid: list[float] = []
+    fill: list[float] = []
+    best = INF
+    for tau in full:  # stop once w·tau alone makes every later interval worse than the best one
+        if w * tau + floor + s_lb >= best:
+            break
+        grid.append(tau)
+        fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
+        if len(fill) >= 2:
+            best = min(best, w * grid[-2] + fill[-1] + s_lb)
+    return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor)
 
 
 def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
@@ -508,10 +519,8 @@ def _fluid(rows: dict[str, list[_Cfg]], trunk: int) -> float:
     return points[lo]
 
 
-def _wan_time(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int) -> float:
+def _wan_time(instance: Instance, per_sample: float, a: str, b: str, microbatch: int) -> float:
     """One microbatch's activations across the a→b link (same time for the gradients back) [C4]."""
     from hgopt.cost.tables import transfer_time
 
-    shape = model_shape(instance)
-    per_sample = float(tables.activation_bytes[shape.p])
     return transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)
