@@ -128,8 +128,10 @@ def test_pruned_search_agrees_with_the_plain_milp(seed: int) -> None:
 
 
 def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
-    """The cross-check is meaningful: optima across the seeds use more than one cluster somewhere,
-    more than one pipeline somewhere, and the 1F1B round trip sets the pace somewhere [C3]."""
+    """The cross-check is meaningful: optima across the seeds use more than one cluster somewhere
+    and the 1F1B round trip sets the pace somewhere [C3]. (Since WAN links are shared [C4w], k
+    identical pipelines cost what one pipeline with k-fold data parallelism costs, so k > 1 is rarely
+    strictly better; the brute force still enumerates every k.)"""
     from hgopt.cost.evaluate import round_trip_bound
 
     multi_cluster = multi_pipe = round_trip = False
@@ -144,7 +146,7 @@ def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
         st = [r for r in ev.stages if r.pipeline == 0]
         classic = max(max(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in st)
         round_trip |= round_trip_bound(st, res.plan.pipelines[0].num_microbatches) > classic * (1 + 1e-9)
-    assert multi_cluster and multi_pipe and round_trip
+    assert multi_cluster and round_trip
 
 
 def _fixed_objective(inst: Instance, split: Any, chosen: list[Any], order: list[str]) -> tuple[float, float]:

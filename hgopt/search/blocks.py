@@ -414,11 +414,12 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
                 t1 = float(sm.compute(np.array([t0]), np.array([t0 + 1]))[0])
                 rows[c.name].append(_Cfg(stages=budget // cfg.gpus, gpus=cfg.gpus, t1=t1, jmax=jmax))
     t_lb = _fluid(rows, shape.trunk)
-    wan = INF
+    wan = (INF, INF)
     if len(instance.topology.clusters) > 1:
         per_sample = float(tables.activation_bytes[shape.p])
-        wan = min(_wan_time(instance, per_sample, a.name, b.name, microbatch) for a in instance.topology.clusters
-                  for b in instance.topology.clusters if a.name != b.name)
+        arcs = [arc_times(instance, per_sample, a.name, b.name, microbatch, replicas)
+                for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name]
+        wan = (min(x for x, _ in arcs), min(y for _, y in arcs))
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
@@ -449,13 +450,14 @@ def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, tau: float, wan: float,
-             extra: float) -> float:
+def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, tau: float,
+             wan: tuple[float, float], extra: float) -> float:
     """[B4] Least fill of the trunk when every stage's compute is <= tau: a cluster spends a fraction
     of its GPUs on each config; config i holds min(floor(tau/t1), jmax) layers per stage of g GPUs
     at t1 fill per layer (a fractional, convex relaxation solved greedily over marginal costs).
-    A plan on one cluster needs no WAN; a plan on several pays two WAN sends in its fill and has
-    bottleneck >= the fastest WAN send, so below that only single-cluster plans count."""
+    A plan on one cluster needs no WAN; a plan on several pays at least the cheapest hand-over's
+    fill (``wan`` = (least pace, least fill) over the links) and has bottleneck >= the least pace, so
+    below that only single-cluster plans count."""
     marginals = []
     single = INF
     for name, rs in rows.items():
@@ -474,10 +476,10 @@ def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, t
             marg = np.diff(np.concatenate(([0.0], g)))
         marginals.append(np.where(ok, marg, INF))
     multi = INF
-    if marginals and tau >= wan:
+    if marginals and tau >= wan[0]:
         allm = np.sort(np.concatenate(marginals))
         if len(allm) >= trunk and np.isfinite(allm[trunk - 1]):
-            multi = float(allm[:trunk].sum()) + 2.0 * wan
+            multi = float(allm[:trunk].sum()) + wan[1]
     return min(single, multi) + extra
 
 
@@ -519,8 +521,13 @@ def _fluid(rows: dict[str, list[_Cfg]], trunk: int) -> float:
     return points[lo]
 
 
-def _wan_time(instance: Instance, per_sample: float, a: str, b: str, microbatch: int) -> float:
-    """One microbatch's activations across the a→b link (same time for the gradients back) [C4]."""
+def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch: int, pipelines: int) -> tuple[float, float]:
+    """(pace, fill) of a hand-over from cluster a to cluster b [C4, C4w]: the activations of all k
+    pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
+    direction, fill the sum of both."""
     from hgopt.cost.tables import transfer_time
 
-    return transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)
+    load = pipelines * (microbatch * per_sample * 1.0)
+    fwd = transfer_time(instance.topology.link(a, b), load)
+    bwd = transfer_time(instance.topology.link(b, a), load)
+    return max(fwd, bwd), fwd + bwd

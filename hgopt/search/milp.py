@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 from hgopt.cost import build_tables, evaluate
-from hgopt.cost.tables import CostTables, transfer_time
+from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.blocks import (
     BlockOption,
+    arc_times,
     CheapBounds,
     Window,
     block_options,
@@ -86,6 +87,9 @@ class Formulation:
     y: dict[int, BlockOption] = field(default_factory=dict)
     z: dict[tuple[str, str], int] = field(default_factory=dict)
     wan: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Pace of a hand-over: the slower of its two directions [C4w]."""
+    wan_fill: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Fill of a hand-over: both directions [C4w]."""
 
 
 def build_milp(
@@ -111,8 +115,8 @@ def build_milp(
         for b in names:
             if a != b and a in hands and b in takes:
                 form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
-                form.wan[(a, b)] = transfer_time(instance.topology.link(a, b),
-                                                 split.microbatch * float(tables.activation_bytes[shape.p]) * 1.0)
+                form.wan[(a, b)], form.wan_fill[(a, b)] = arc_times(
+                    instance, float(tables.activation_bytes[shape.p]), a, b, split.microbatch, split.k)
     t = lm.add_var("T", lb=bounds.t_lb, kind="time")
     u = lm.add_var("U", lb=bounds.s_lb, kind="time")
     w_max = float(sum(max((form.y[j].s for j in js), default=0) for js in by_cluster.values()))
@@ -151,7 +155,7 @@ def build_milp(
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     obj = {t: float(split.num_microbatches - 1), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
-    obj.update({form.z[e]: 2.0 * form.wan[e] for e in form.z})
+    obj.update({form.z[e]: form.wan_fill[e] for e in form.z})
     lm.set_objective(obj)
     return form
 
@@ -167,7 +171,7 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
     lm, ys = form.model, form.y
     m = split.num_microbatches
     f_max = sum(max((ys[j].fill for j in js), default=0.0) for js in by_cluster.values())
-    f_max += sum(2.0 * form.wan[e] for e in form.z) if form.z else 0.0
+    f_max += sum(form.wan_fill[e] for e in form.z) if form.z else 0.0
     t_ub = max(bounds.t_lb, max((o.bottleneck for o in ys.values()), default=0.0),
                max(form.wan.values(), default=0.0), f_max)
     lm.vars[t] = type(lm.vars[t])(name="T", lb=lm.vars[t].lb, ub=t_ub, integer=False, kind="time")
@@ -184,7 +188,7 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
     for (a, b), zj in form.z.items():
         fill_b = {j: -ys[j].fill for j in by_cluster[b]}
         # [M13] psi[a] >= 2·wan(a,b) + fill of b + psi[b] when a hands over to b
-        lm.add_row(f"M13_psi[{a},{b}]", {psi[a]: 1.0, psi[b]: -1.0, **fill_b, zj: -(2.0 * form.wan[(a, b)] + f_max)},
+        lm.add_row(f"M13_psi[{a},{b}]", {psi[a]: 1.0, psi[b]: -1.0, **fill_b, zj: -(form.wan_fill[(a, b)] + f_max)},
                    lb=-f_max, kind="time")
         # [M14] x[a] >= fill of b (its stages and its own WAN send out) − s_b·T + x[b] when a hands
         # over to b (a's own WAN send belongs to a's last stage, counted in [M15])
@@ -194,14 +198,14 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
             row[v[j]] = float(ys[j].s)
         for (b2, c2), zk in form.z.items():
             if b2 == b:
-                row[zk] = row.get(zk, 0.0) - 2.0 * form.wan[(b2, c2)]
+                row[zk] = row.get(zk, 0.0) - form.wan_fill[(b2, c2)]
         lm.add_row(f"M14_x[{a},{b}]", row, lb=-mx, kind="time")
     for c in names:
         js = by_cluster[c]
         ends = {j: -big_x for j in js if ys[j].role in ("end", "only")}
         if ends:  # [M14] nothing after the end block: x[c] >= 0 (stored as big_x)
             lm.add_row(f"M14_x_end[{c}]", {x[c]: 1.0, **ends}, lb=0.0, kind="time")
-        out = {form.z[(c, b)]: 2.0 * form.wan[(c, b)] for b in names if (c, b) in form.z}
+        out = {form.z[(c, b)]: form.wan_fill[(c, b)] for b in names if (c, b) in form.z}
         for r in range(1, max((ys[j].s for j in js), default=0) + 1):
             has = [j for j in js if ys[j].s >= r]
             big = f_max + big_x + t_ub * r

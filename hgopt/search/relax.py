@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.tables import CostTables, transfer_time
-from hgopt.search.blocks import CheapBounds, model_shape, role_geometry
+from hgopt.cost.tables import CostTables
+from hgopt.search.blocks import CheapBounds, arc_times, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.spec import Instance
 
@@ -41,7 +41,9 @@ class RelaxedSplit:
     F: tuple[np.ndarray, ...]
     S: tuple[np.ndarray, ...]
     wan: np.ndarray
-    """wan[a, b]: seconds of one microbatch's activations over a→b (inf on the diagonal)."""
+    """wan[a, b]: pace of a hand-over a→b (the slower direction, all k pipelines' bytes) [C4w]."""
+    wan_fill: np.ndarray
+    """wan_fill[a, b]: fill of that hand-over (both directions)."""
     extra_fill: float
     stages: tuple[np.ndarray, ...] = ()
     """Per cluster: stage count of each row."""
@@ -66,7 +68,7 @@ class RelaxedSplit:
         for lam in LAMBDAS if ROUND_TRIP else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None], INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
-            arcs = np.where(self.wan <= tau, 2.0 * (1.0 + lam) * self.wan, INF)
+            arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF)
             g = _subset_dp(np.array(rows), arcs, N)
             if not math.isfinite(g):
                 return INF
@@ -177,12 +179,13 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
     wan = np.full((len(names), len(names)), INF)
+    wan_fill = np.full((len(names), len(names)), INF)
     per_sample = float(tables.activation_bytes[shape.p])
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if a != b:
-                wan[i, j] = transfer_time(instance.topology.link(a, b), microbatch * per_sample * 1.0)
-    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, stages=tuple(Ns),
+                wan[i, j], wan_fill[i, j] = arc_times(instance, per_sample, a, b, microbatch, replicas)
+    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=float(m - 1),
                         s_lb=cheap.s_lb)
 
