@@ -25,7 +25,6 @@ from typing import Any
 from hgopt.export import ExportOptions, build_runner_plan
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.plan import Plan
-from hgopt.profiler.cpuslice import cpu_slices
 from hgopt.profiler.run import free_port, set_burst
 from hgopt.spec import Instance
 
@@ -64,10 +63,8 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, slices: list[Path], burst: int | None,
-            errors: list[str]) -> None:
-    """Wait for the ranks to start, then move each into its CPU slice (if any) and shrink the links'
-    bursts."""
+def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, burst: int | None, errors: list[str]) -> None:
+    """Wait for the ranks to start (then the namespaces exist), then shrink the links' bursts."""
     deadline = time.monotonic() + 60
     pids_file = out / "pids.json"
     while not pids_file.exists():
@@ -75,11 +72,7 @@ def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, slices: list[Path],
             errors.append("ranks did not start within 60 s")
             return
         time.sleep(0.02)
-    time.sleep(0.05)
-    pids = json.loads(pids_file.read_text())
     try:
-        for r, path in enumerate(slices):
-            (path / "cgroup.procs").write_text(str(pids[str(r)]))
         if mode == "netns" and burst:
             from hgopt.export import netns
 
@@ -92,10 +85,9 @@ def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, slices: list[Path],
 
 
 def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: int, warmup_steps: int,
-             mode: str, pace: float | None = None, nice: int = 0, cpu_slice: float | None = None,
-             cpu_weight: float = 1.0, burst_bytes: int | None = 3000) -> RunResult:
-    """Export ``plan`` for the runner, run ``steps`` steps with every rank paced at ``pace`` cores (or in a
-    CPU slice of ``cpu_slice`` cores), read the metrics."""
+             mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000) -> RunResult:
+    """Export ``plan`` for the runner, run ``steps`` steps with every rank paced at ``pace`` cores (None:
+    unpaced) and niceness ``nice``, read the metrics."""
     from hgopt.runner.launch import LaunchOptions, launch_local
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,14 +101,11 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
     plan_path.write_text(rp.to_json())
     load0, t0 = load_average(), time.perf_counter()
     errors: list[str] = []
-    names = [f"r{r}" for r in range(rp.world_size)] if cpu_slice else []
-    with cpu_slices(names, cpu_slice or 1.0, weight=cpu_weight) as slices:
-        watcher = threading.Thread(target=_adjust, args=(rp, out, port, mode, slices, burst_bytes, errors), daemon=True)
-        watcher.start()
-        python = _paced_python(out, pace, nice) if pace else sys.executable
-        code = launch_local(rp, plan_path, LaunchOptions(out_dir=out, threads=1, port=port, emulation=mode,
-                                                         python=python))
-        watcher.join(timeout=5)
+    watcher = threading.Thread(target=_adjust, args=(rp, out, port, mode, burst_bytes, errors), daemon=True)
+    watcher.start()
+    python = _paced_python(out, pace, nice) if pace else sys.executable
+    code = launch_local(rp, plan_path, LaunchOptions(out_dir=out, threads=1, port=port, emulation=mode, python=python))
+    watcher.join(timeout=5)
     if errors:
         raise RuntimeError("; ".join(errors))
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -9,7 +9,7 @@ emulated clusters (stages 0-1 in cluster a, 2-3 in b; the a->b boundary crosses 
 directions); same seed and data order. Reported: the final loss (mean of the last 20 steps) of bf16 and
 fp8 relative to fp32, and the three loss curves (bench/mixed_precision_loss.png).
 (2) Bytes: what the runner counted over the compressed boundary per step, relative to fp32.
-(3) Step time on a constrained link (``--mbit``): the same plan with every rank a paced device
+(3) Step time on constrained links (``--mbit``): the same plan with every rank a paced device
 (hgopt/profiler/paced.py), median step time for each precision, next to ``evaluate``'s prediction from
 a fresh ``hgopt profile`` and the measured link (``hgopt profile --links --emulate``).
 """
@@ -34,6 +34,7 @@ from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage  # noqa: E4
 from hgopt.spec import Instance, instance_from_dict  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "fp8")
+COLORS = {"fp32": "C0", "bf16": "C1", "fp8": "C2"}
 QUALITY_MODEL = ModelOpts(hidden=128, heads=4, vocab=256, seq=64, data="corpus", lr=1e-3, seed=0)
 TIMING_MODEL = ModelOpts(hidden=128, heads=4, vocab=256, seq=128, data="random")
 BLOCKS = 4
@@ -88,29 +89,54 @@ def quality(out: Path, steps: int) -> dict[str, RunResult]:
     return runs
 
 
-def loss_plot(runs: dict[str, RunResult], path: Path) -> None:
+def loss_plot(losses: dict[str, list[float]], path: Path) -> None:
+    """The three curves, and below them each compressed run's difference to fp32 (20-step mean)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, (ax, dx) = plt.subplots(2, 1, figsize=(6.4, 5.2), sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
     for prec, style in zip(PRECISIONS, ("-", "--", ":")):
-        losses = runs[prec].losses
-        ax.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=f"{prec} boundary")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (byte-level cross-entropy)")
-    ax.set_title("4-stage pipeline across two emulated clusters: compressed a->b boundary")
+        ax.plot(range(1, len(losses[prec]) + 1), losses[prec], style, lw=1.2, color=COLORS[prec],
+                label=f"{prec} boundary")
+    ax.set_ylabel("training loss")
+    ax.set_title("4 stages on 2 emulated clusters: compressed a->b boundary", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
+    base = losses["fp32"]
+    for prec, style in zip(PRECISIONS[1:], ("--", ":")):
+        rel = [(a - b) / b for a, b in zip(losses[prec], base)]
+        smooth = [statistics.fmean(rel[max(0, i - 19): i + 1]) for i in range(len(rel))]
+        dx.plot(range(1, len(smooth) + 1), [100 * v for v in smooth], style, lw=1.2, color=COLORS[prec],
+                label=f"{prec} vs fp32")
+    dx.axhline(0, color="black", lw=0.8)
+    dx.set_xlabel("step")
+    dx.set_ylabel("difference (%)")
+    dx.legend(fontsize=8)
+    dx.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 
 
+def read_losses(out: Path) -> dict[str, list[float]]:
+    """Losses of the quality runs from their metrics (for --plot-only)."""
+    return {p: [json.loads(line)["loss"] for line in (out / f"quality-{p}" / "metrics.jsonl").read_text().splitlines()
+                if line.strip()] for p in PRECISIONS}
+
+
 # ---- (3): step time on a constrained link --------------------------------------------------------
 def timing(out: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for mbit in (float(x) for x in args.mbit.split(",")):
+        rows += timing_one_link(out / f"link-{mbit:g}", mbit, args)
+    return rows
+
+
+def timing_one_link(out: Path, mbit: float, args: argparse.Namespace) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
     link_doc = out / "link.json"
-    _hgopt(["profile", "--links", "--emulate", str(args.mbit), "--burst", str(args.burst), "--repeat", "3",
+    _hgopt(["profile", "--links", "--emulate", str(mbit), "--burst", str(args.burst), "--repeat", "3",
             "--sizes", "65536,262144,1048576,2097152", "-o", str(link_doc)])
     wan = json.loads(link_doc.read_text())["point_to_point"]
     local_doc = out / "loopback.json"
@@ -128,10 +154,10 @@ def timing(out: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
         ev = evaluate(plan, inst)
         run = run_plan(plan, inst, out / f"timing-{prec}", model=TIMING_MODEL, steps=args.timing_steps,
                        warmup_steps=3, mode="netns", pace=args.pace, nice=-10, burst_bytes=args.burst)
-        rows.append({"precision": prec, "predicted_s": ev.iteration_time_s, "measured_s": run.median_s,
+        rows.append({"mbit": mbit, "precision": prec, "predicted_s": ev.iteration_time_s, "measured_s": run.median_s,
                      "send_fwd_s": ev.stages[1].send_fwd_s, "bytes": wan_bytes(run), "lag_s": run.lag_s,
                      "load": run.load_before})
-        print(f"timing {prec}: predicted {ev.iteration_time_s:.3f} s, measured {run.median_s:.3f} s "
+        print(f"timing {mbit:g} Mbit/s {prec}: predicted {ev.iteration_time_s:.3f} s, measured {run.median_s:.3f} s "
               f"(steps {[round(x, 3) for x in run.step_s]}, lag {run.lag_s:.2f} s)", flush=True)
     return rows
 
@@ -169,13 +195,12 @@ def report(runs: dict[str, RunResult], timing_rows: list[dict[str, Any]], args: 
                      f"{last[p]:.4f} | {b['fwd']:,} | {b['bwd']:,} | "
                      f"{(b['fwd'] + b['bwd']) / max(1, b32['fwd'] + b32['bwd']):.3f} |")
     lines += ["", f"Step time: same 4-stage plan, mbs {args.mbs} x {args.microbatches} microbatches, seq "
-              f"{TIMING_MODEL.seq}, a->b link tbf {args.mbit:g} Mbit/s (burst {args.burst} B), every rank paced at "
-              f"{args.pace} core", "",
-              "| a->b boundary | predicted (s) | measured (s) | error | predicted gain vs fp32 | measured gain vs fp32 | "
-              "a->b bytes/step |", "|---|---|---|---|---|---|---|"]
-    base = timing_rows[0]
+              f"{TIMING_MODEL.seq}, a->b link tbf (burst {args.burst} B), every rank paced at {args.pace} core", "",
+              "| link | a->b boundary | predicted (s) | measured (s) | error | predicted gain vs fp32 | "
+              "measured gain vs fp32 | a->b bytes/step |", "|---|---|---|---|---|---|---|---|"]
     for r in timing_rows:
-        lines.append(f"| {r['precision']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} | "
+        base = next(b for b in timing_rows if b["mbit"] == r["mbit"] and b["precision"] == "fp32")
+        lines.append(f"| {r['mbit']:g} Mbit/s | {r['precision']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} | "
                      f"{r['predicted_s'] / r['measured_s'] - 1:+.1%} | {1 - r['predicted_s'] / base['predicted_s']:+.1%} | "
                      f"{1 - r['measured_s'] / base['measured_s']:+.1%} | {r['bytes']['fwd'] + r['bytes']['bwd']:,} |")
     lines += ["", f"load average {load0:.1f} at start, {load_average():.1f} at end; {wall:.0f} s in all"]
@@ -186,7 +211,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="/tmp/hgopt-mixed-precision")
     ap.add_argument("--steps", type=int, default=300, help="training steps of each quality run (>= 200)")
-    ap.add_argument("--mbit", type=float, default=20.0, help="the constrained link of the step-time runs (Mbit/s)")
+    ap.add_argument("--mbit", default="100,20", help="constrained links of the step-time runs (Mbit/s, comma separated)")
     ap.add_argument("--burst", type=int, default=3000)
     ap.add_argument("--pace", type=float, default=0.15)
     ap.add_argument("--mbs", type=int, default=4)
@@ -194,13 +219,17 @@ def main() -> int:
     ap.add_argument("--timing-steps", type=int, default=10)
     ap.add_argument("--png", default=str(ROOT / "bench" / "mixed_precision_loss.png"))
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the loss plot from the runs in --out")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        loss_plot(read_losses(out), Path(args.png))
+        return 0
     t0, load0 = time.perf_counter(), load_average()
     runs = quality(out, args.steps) if not args.skip_quality else {}
     if runs:
-        loss_plot(runs, Path(args.png))
+        loss_plot({p: list(r.losses) for p, r in runs.items()}, Path(args.png))
     rows = timing(out, args)
     text = report(runs, rows, args, load0, time.perf_counter() - t0) if runs else json.dumps(rows, indent=1)
     print("\n" + text)

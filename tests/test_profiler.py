@@ -118,3 +118,27 @@ def test_paced_clock_turns_cpu_time_into_device_time() -> None:
     assert clock.report()["device_s"] == pytest.approx(clock.report()["cpu_s"] / 0.5)
     with pytest.raises(ValueError, match="speed"):
         PacedClock(1.5)
+
+
+def test_tensor_parallel_profile_has_per_shard_sizes(tmp_path: Path) -> None:
+    prof = model_profile_from_dict(_profile(tmp_path, "--mbs", "2", "--tp", "1,2"))
+    assert sorted((t.tp, t.mbs) for t in prof.timings) == [(1, 2), (2, 2)]
+    assert all(x > 0 for t in prof.timings for x in t.fwd + t.bwd)
+    (mem,) = prof.tp_memory
+    assert mem.tp == 2
+    emb, block = prof.layers[0], prof.layers[1]
+    assert mem.params[0] == emb.params  # embeddings are replicated over the tp group
+    assert block.params / 2 < mem.params[1] < block.params  # matrices split, norms and some biases not
+
+
+def test_links_over_an_emulated_link_measure_its_rate(tmp_path: Path) -> None:
+    from hgopt.export import netns
+
+    if not netns.available():
+        pytest.skip("needs root and ip/tc (network namespaces)")
+    out = tmp_path / "wan.json"
+    assert main(["profile", "--links", "--emulate", "40", "--burst", "3000", "--repeat", "2",
+                 "--sizes", "65536,524288", "-o", str(out)]) == 0
+    mbit = json.loads(out.read_text())["point_to_point"]["gbyte_s"] * 8e3
+    assert 30 < mbit < 45  # tbf at 40 Mbit/s on the wire; TCP/IP headers take ~4 %
+    assert main(["profile", "--links", "--emulate", "40", "--burst", "100", "-o", str(out)]) == 2

@@ -22,10 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("instance", nargs="?", help="take the layer list (kinds and names) from this instance's model")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="JSON file to write")
-    p.add_argument("--cpu-slice", type=float, metavar="CORES",
-                   help="run each measuring process in a cgroup capped at CORES CPUs (emulated device; root)")
-    p.add_argument("--cpu-weight", type=float, default=1.0, metavar="W",
-                   help="CPU weight of the slices relative to an ordinary process (>1: served first on a busy host)")
     m = p.add_argument_group("model (the runner's GPT; same meaning as in `hgopt export`)")
     m.add_argument("--blocks", type=int, help="embedding + BLOCKS transformer blocks + head (without an instance)")
     m.add_argument("--hidden", type=int, default=64)
@@ -109,7 +105,7 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
                             pace=args.pace)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
-                       timing=timing, cpu_slice=args.cpu_slice, cpu_weight=args.cpu_weight)
+                       timing=timing)
     prof = profile_model(req)
     for t in prof.timings:
         print(f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
@@ -139,11 +135,11 @@ def _run_links(args: argparse.Namespace) -> dict[str, Any]:
     if args.emulate is not None:
         if args.emulate <= 0:
             raise ValueError(f"--emulate must be > 0 Mbit/s, got {args.emulate}")
-        rep = profile_links_emulated(args.emulate / 1000.0, settings, args.cpu_slice, args.cpu_weight, args.burst)
+        rep = profile_links_emulated(args.emulate / 1000.0, settings, args.burst)
     else:
         if args.ranks < 2:
             raise ValueError(f"--ranks must be >= 2, got {args.ranks}")
-        rep = profile_links_loopback(args.ranks, settings, args.cpu_slice, args.cpu_weight)
+        rep = profile_links_loopback(args.ranks, settings)
     p2p = rep.pairs[0].fit
     print(f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
           f"(worst fit residual {p2p.max_rel_residual:.0%})")
@@ -152,7 +148,7 @@ def _run_links(args: argparse.Namespace) -> dict[str, Any]:
         print(f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
     doc: dict[str, Any] = {"version": 1, "kind": "hgopt-link-profile", "emulated_mbit_s": args.emulate,
                            "burst_bytes": args.burst,
-                           "cpu_slice": args.cpu_slice, "measured": rep.to_dict(),
+                           "measured": rep.to_dict(),
                            "point_to_point": _bw(p2p.bytes_per_s, p2p.latency_s)}
     if rep.allreduce_fit is not None:
         doc["allreduce"] = _bw(rep.allreduce_fit.bytes_per_s, rep.allreduce_fit.latency_s)

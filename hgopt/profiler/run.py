@@ -15,11 +15,9 @@ import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from hgopt.export.runner_plan import ModelConfig
-from hgopt.profiler.cpuslice import cpu_slices, join_slice, slice_prefix
 from hgopt.profiler.links import LinkReport, LinkSettings, RankLaunch, measure_links
 from hgopt.profiler.timing import TimingSettings
 from hgopt.profiler.writer import LayerMeasurement, TimingMeasurement
@@ -37,10 +35,6 @@ class ModelRequest:
     mbss: tuple[int, ...]
     tps: tuple[int, ...] = (1,)
     timing: TimingSettings
-    cpu_slice: float | None = None
-    """Cores of the CPU slice each measuring process runs in (None: no slice)."""
-    cpu_weight: float = 1.0
-    """The slices' CPU weight relative to an ordinary process (see cpu_slices)."""
     seed: int = 0
     dtype: str = "float32"
     profile_name: str = "runner-gpt"
@@ -78,7 +72,6 @@ def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[T
     source = (f"hgopt profile: runner GPT hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, "
               f"ffn x{m.ffn_mult}, {req.dtype}; device {req.timing.device}"
               + (f", {req.timing.threads} thread(s)" if req.timing.device == "cpu" else "")
-              + (f", CPU slice {req.cpu_slice:g} cores" if req.cpu_slice else "")
               + (f", paced device of {req.timing.pace:g} core (thread CPU time / {req.timing.pace:g})"
                  if req.timing.pace else "")
               + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up")
@@ -90,25 +83,12 @@ def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[T
     return model_profile_from_dict(data, source="<profiler>")
 
 
-@contextlib.contextmanager
-def _maybe_slice(cores: float | None, names: list[str], weight: float = 1.0) -> Iterator[list[Path]]:
-    if cores is None:
-        yield []
-        return
-    with cpu_slices(names, cores, weight=weight) as paths:
-        yield paths
-
-
 def _measure_tp1(req: ModelRequest) -> tuple[list[LayerMeasurement], list[TimingMeasurement]]:
     from hgopt.profiler.runner_model import runner_layer_cases
     from hgopt.profiler.timing import measure_layers
 
     cases = runner_layer_cases(req.model, names=list(req.names), seed=req.seed, dtype=req.dtype)
-    with _maybe_slice(req.cpu_slice, ["profile"], req.cpu_weight) as paths:
-        if paths:
-            join_slice(paths[0])
-        sizes, timings = measure_layers(cases, list(req.mbss), replace(req.timing, tp=1))
-    return sizes, timings
+    return measure_layers(cases, list(req.mbss), replace(req.timing, tp=1))
 
 
 def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasurement], list[TimingMeasurement]]:
@@ -116,13 +96,12 @@ def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasureme
     payload = json.dumps({"model": asdict(req.model), "names": list(req.names), "mbss": list(req.mbss),
                           "timing": asdict(replace(req.timing, tp=tp)), "seed": req.seed, "dtype": req.dtype})
     init = f"tcp://127.0.0.1:{free_port()}"
-    with _maybe_slice(req.cpu_slice, [f"tp{r}" for r in range(tp)], req.cpu_weight) as paths:
-        procs = []
-        for r in range(tp):
-            cmd = [*_slice_cmd(paths, r), sys.executable, "-m", "hgopt.profiler.tpworker", str(r), str(tp), init, payload]
-            env = {**os.environ, "OMP_NUM_THREADS": str(req.timing.threads)}
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        outs = [p.communicate(timeout=1800) for p in procs]
+    procs = []
+    for r in range(tp):
+        cmd = [sys.executable, "-m", "hgopt.profiler.tpworker", str(r), str(tp), init, payload]
+        env = {**os.environ, "OMP_NUM_THREADS": str(req.timing.threads)}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=1800) for p in procs]
     for p, (_, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"tp profiling worker failed (exit {p.returncode}): {err.strip()[-2000:]}")
@@ -134,16 +113,9 @@ def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasureme
 
 
 # ---- links ----------------------------------------------------------------------------------------
-def profile_links_loopback(ranks: int, settings: LinkSettings, cpu_slice: float | None,
-                           cpu_weight: float = 1.0) -> LinkReport:
+def profile_links_loopback(ranks: int, settings: LinkSettings) -> LinkReport:
     """``ranks`` processes on this host (one cluster's ranks talking over loopback)."""
-    with _maybe_slice(cpu_slice, [f"link{r}" for r in range(ranks)], cpu_weight) as paths:
-        launches = [RankLaunch(prefix=_slice_cmd(paths, r)) for r in range(ranks)]
-        return measure_links(launches, settings, port=free_port())
-
-
-def _slice_cmd(paths: list[Path], r: int) -> tuple[str, ...]:
-    return slice_prefix(paths[r]) if paths else ()
+    return measure_links([RankLaunch() for _ in range(ranks)], settings, port=free_port())
 
 
 @contextlib.contextmanager
@@ -178,15 +150,12 @@ def emulated_pair(gbit_s: float, tag: str, burst_bytes: int | None = None) -> It
         netns.teardown(lay)
 
 
-def profile_links_emulated(gbit_s: float, settings: LinkSettings, cpu_slice: float | None,
-                           cpu_weight: float = 1.0, burst_bytes: int | None = None) -> LinkReport:
+def profile_links_emulated(gbit_s: float, settings: LinkSettings, burst_bytes: int | None = None) -> LinkReport:
     """Rank 0 and rank 1 in two namespaces joined by a link shaped to ``gbit_s`` (token bucket burst
     ``burst_bytes``; None: the runner's default)."""
     port = free_port()
-    with emulated_pair(gbit_s, tag=str(port), burst_bytes=burst_bytes) as (spaces, ifnames, addr), \
-            _maybe_slice(cpu_slice, ["link0", "link1"], cpu_weight) as paths:
-        # the slice is joined before `ip netns exec`, which remounts /sys (hiding the cgroup tree)
-        launches = [RankLaunch(prefix=(*_slice_cmd(paths, r), "ip", "netns", "exec", spaces[r]),
+    with emulated_pair(gbit_s, tag=str(port), burst_bytes=burst_bytes) as (spaces, ifnames, addr):
+        launches = [RankLaunch(prefix=("ip", "netns", "exec", spaces[r]),
                                env=(("GLOO_SOCKET_IFNAME", ifnames[r]),)) for r in range(2)]
         return measure_links(launches, settings, master_addr=addr, port=port)
 
