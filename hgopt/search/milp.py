@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
@@ -271,6 +272,7 @@ class SplitOutcome:
 def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
+    lb_above: Callable[[float], float] | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
     the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb."""
@@ -282,7 +284,9 @@ def solve_split(
     solves: list[SolveResult] = []
     nv = nr = 0
     while True:
-        cap_lb = bounds.lb_above(t_cap) if math.isfinite(t_cap) else math.inf
+        cap_lb = math.inf
+        if math.isfinite(t_cap):
+            cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
         window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w)
         opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
                              num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
@@ -319,7 +323,9 @@ def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
     for tau in bounds.grid:
         if bounds.lb_above(tau) >= incumbent:
             return tau
-    return math.inf
+    # beyond the grid lb_above(t) = w·t + f_lb + s_lb
+    t = (incumbent - bounds.f_lb - bounds.s_lb) / bounds.weight
+    return max(t, bounds.grid[-1] if bounds.grid else 0.0) if math.isfinite(t) else math.inf
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,13 +354,15 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             continue
         if time.perf_counter() >= deadline:
             break
+        above = None
         if options.extra.get("relaxation", "on") != "off":
-            lbs[sp] = max(lbs[sp], _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline))
+            value, above = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline)
+            lbs[sp] = max(lbs[sp], value)
         if lbs[sp] >= target:
             log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
-                          incumbent=ub, deadline=deadline)
+                          incumbent=ub, deadline=deadline, lb_above=above)
         solver_name = out.solves[-1].version if out.solves else solver_name
         lbs[sp] = max(lbs[sp], out.lower_bound)
         if out.plan is not None and out.value < ub:
@@ -368,16 +376,21 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
-                      deadline: float) -> float:
+                      deadline: float) -> tuple[float, Callable[[float], float] | None]:
     """[R4] The subset-DP relaxation bound of a split (the cheap bound when there are too many
-    clusters for it)."""
+    clusters for it), and a function bounding the plans whose bottleneck is >= t (for [M0])."""
     from hgopt.search.relax import relax_split, split_bound
 
     rs = relax_split(instance, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
                      cheap=cheap)
     if rs is None:
-        return cheap.value
-    return split_bound(rs, cheap, target=target, deadline=deadline, single=_best_single(instance, tables, sp))
+        return cheap.value, None
+    single = _best_single(instance, tables, sp)
+
+    def above(t: float) -> float:
+        return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
+
+    return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
 def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> float:

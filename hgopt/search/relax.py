@@ -225,17 +225,19 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
 
 
 def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: float, deadline: float = INF,
-                ratio: float = 1.0005) -> float:
+                ratio: float = 1.0005, above: float = 0.0) -> float:
     """[R4] Lower bound on every plan of the split: ``single`` (the exact best one-cluster plan) or,
     for plans on several clusters (bottleneck >= the fastest WAN send), min over bottleneck intervals
     [tau_i, tau_{i+1}) of w·tau_i + bound_at(tau_{i+1}); intervals are refined (bisection in log
-    scale) only while their bound is below ``target`` and wider than ``ratio``."""
-    return min(single, _multi_bound(rs, cheap, target=target, deadline=deadline, ratio=ratio))
+    scale) only while their bound is below ``target`` and wider than ``ratio``. With ``above``, only
+    plans whose bottleneck is >= above are bounded (the cap loop [M0])."""
+    return min(single, _multi_bound(rs, cheap, target=target, deadline=deadline, ratio=ratio, above=above))
 
 
-def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float) -> float:
+def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float,
+                 above: float = 0.0) -> float:
     w = rs.weight
-    lo_t = max(cheap.t_lb, float(rs.wan.min()) if rs.wan.size > 1 else INF)
+    lo_t = max(cheap.t_lb, float(rs.wan.min()) if rs.wan.size > 1 else INF, above)
     if not math.isfinite(lo_t):
         return INF
     hi_t = max(lo_t * 1.02, _tau_beyond(rs, target))
