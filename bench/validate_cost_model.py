@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,9 @@ def without_round_trip(ev: Any, plan: Plan) -> float:
 
 
 def _planner_candidate(inst: Instance) -> tuple[str, Plan] | None:
-    """The plan of the project's own planner for the rank group, if a planner is available."""
+    """The plan of the project's own planner for the rank group (exact MILP first, else the heuristic),
+    without ZeRO sharding (the runner keeps full optimizer state on every replica, so a zero-1 plan
+    runs as its zero-0 twin)."""
     try:
         from hgopt.search import PlanOptions, get_planner
     except ImportError:
@@ -217,15 +219,18 @@ def _planner_candidate(inst: Instance) -> tuple[str, Plan] | None:
     for name in ("milp", "heuristic"):
         try:
             res = get_planner(name)(inst, PlanOptions(time_limit_s=30.0))
-        except Exception as exc:  # a planner still being written must not stop the validation
+        except Exception as exc:  # a planner that cannot handle this instance must not stop the validation
             print(f"  planner {name} failed: {type(exc).__name__}: {exc}")
             continue
         if res.plan is not None and res.plan.num_gpus() <= 4:
-            return f"w200 {name} plan", res.plan
+            print(f"  planner {name}: {res.status}, predicted {res.iteration_time_s:.3f} s")
+            plain = tuple(replace(p, stages=tuple(replace(st, zero=0) for st in p.stages)) for p in res.plan.pipelines)
+            return f"planner {name}", replace(res.plan, pipelines=plain)
     return None
 
 
 def scatter(rows: list[Row], path: Path) -> None:
+    """Predicted vs measured per plan, coloured by instance; hollow: the prediction before change 1."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,6 +243,8 @@ def scatter(rows: list[Row], path: Path) -> None:
     for f, style in ((0.10, ":"), (0.25, "--")):
         ax.plot(xs, [x * (1 + f) for x in xs], color="grey", lw=0.8, ls=style, label=f"±{f:.0%}")
         ax.plot(xs, [x * (1 - f) for x in xs], color="grey", lw=0.8, ls=style)
+    ax.scatter([r.measured_s for r in rows], [r.before_s for r in rows], s=28, facecolors="none",
+               edgecolors="grey", label="without the 1F1B round-trip term")
     for net in NETS:
         sel = [r for r in rows if r.net == net]
         if sel:
@@ -264,9 +271,13 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=3000, help="token-bucket burst of the netns links (bytes)")
     ap.add_argument("--only", default="", help="comma-separated plan names (default: all)")
     ap.add_argument("--png", default=str(ROOT / "bench" / "validate_cost_model.png"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the scatter plot from --out's rows.json")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        scatter([_row_from_json(d) for d in json.loads((out / "rows.json").read_text())], Path(args.png))
+        return 0
     t0 = time.perf_counter()
     load0 = load_average()
     prof = profile_model(out / "profile.json", args.pace)
@@ -277,8 +288,12 @@ def main() -> int:
     insts = {name: instance(net, prof, links) for name, net in NETS.items()}
     todo = plans()
     cand = _planner_candidate(insts[RANK_GROUP])
-    if cand is not None and all(cand[1].pipelines != p.pipelines for _, _, p in todo):
-        todo.append((cand[0], RANK_GROUP, cand[1]))
+    picked = None
+    if cand is not None:
+        same = [n for n, net, p in todo if net == RANK_GROUP and p.pipelines == cand[1].pipelines]
+        picked = f"{cand[0]} -> {same[0]}" if same else cand[0]
+        if not same:
+            todo.append((cand[0], RANK_GROUP, cand[1]))
     if args.only:
         keep = set(args.only.split(","))
         todo = [t for t in todo if t[0] in keep]
@@ -300,8 +315,15 @@ def main() -> int:
         print(f"{name:<26} predicted {row.predicted_s:7.3f} s  measured {row.measured_s:7.3f} s  "
               f"error {row.error:+6.1%} (without round trip {row.error_before:+6.1%})  "
               f"(lag {run.lag_s:.2f} s, load {run.load_before:.1f}, run {run.wall_s:.0f} s)", flush=True)
-    report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0)
+    report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0, picked)
     return 0
+
+
+def _row_from_json(d: dict[str, Any]) -> Row:
+    run = RunResult(step_s=tuple(d["steps_s"]), median_s=d["measured_s"], losses=(), bytes_last_step={}, wall_s=0.0,
+                    load_before=0.0, load_after=0.0, returncode=0, lag_s=d["lag_s"])
+    return Row(name=d["name"], net=d["net"], ranks=d["ranks"], predicted_s=d["predicted_s"], common_s=d["common_s"],
+               before_s=d["before_s"], measured_s=d["measured_s"], run=run)
 
 
 def _lag_fraction(run: RunResult) -> float:
@@ -323,7 +345,8 @@ def _run(plan: Plan, inst: Instance, folder: Path, net: str, args: argparse.Name
     return run
 
 
-def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load0: float, wall: float) -> None:
+def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load0: float, wall: float,
+           picked: str | None) -> None:
     errs = [abs(r.error) for r in rows]
     lines = ["| plan | instance | ranks | predicted (s) | measured (s) | error | without round trip | "
              "step spread | pace lag |",
@@ -346,6 +369,7 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
         f"best predicted: {best_pred.name if best_pred else '-'}; fastest measured: {best_meas.name if best_meas else '-'}"
         + (f" (best predicted measured {best_pred.measured_s / best_meas.measured_s - 1:+.1%} slower)"
            if best_pred and best_meas and best_pred is not best_meas else ""),
+        f"the project's planner on {RANK_GROUP} picks: {picked or '- (no planner available)'}",
         f"load average {load0:.1f} at start, {load_average():.1f} at end; {wall:.0f} s in all; "
         f"pace {args.pace} core per rank, {args.steps} steps per plan (median of the last {args.steps - 3})",
     ]

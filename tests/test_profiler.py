@@ -142,3 +142,22 @@ def test_links_over_an_emulated_link_measure_its_rate(tmp_path: Path) -> None:
     mbit = json.loads(out.read_text())["point_to_point"]["gbyte_s"] * 8e3
     assert 30 < mbit < 45  # tbf at 40 Mbit/s on the wire; TCP/IP headers take ~4 %
     assert main(["profile", "--links", "--emulate", "40", "--burst", "100", "-o", str(out)]) == 2
+
+
+def test_identical_blocks_get_one_pooled_timing_unless_asked_not_to(tmp_path: Path) -> None:
+    pooled = model_profile_from_dict(_profile(tmp_path, "--mbs", "2"))
+    (t,) = pooled.timings
+    assert t.fwd[1] == t.fwd[2] and t.bwd[1] == t.bwd[2] and t.update[1] == t.update[2]
+    assert "pooled" in pooled.source
+    raw = model_profile_from_dict(_profile(tmp_path, "--mbs", "2", "--no-pool-blocks"))
+    assert "pooled" not in raw.source
+    assert all(x > 0 for x in raw.timings[0].fwd)
+
+
+def test_pool_layers_takes_the_median_of_the_given_layers() -> None:
+    from hgopt.profiler.run import pool_layers
+    from hgopt.profiler.writer import TimingMeasurement
+
+    t = TimingMeasurement(gpu="cpu", tp=1, mbs=1, fwd=(9.0, 1.0, 2.0, 6.0, 9.0), bwd=(1.0,) * 5, update=(0.0,) * 5)
+    p = pool_layers(t, [1, 2, 3])
+    assert p.fwd == (9.0, 2.0, 2.0, 2.0, 9.0)

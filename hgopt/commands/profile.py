@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--pace", type=float, metavar="SPEED",
                    help="CPU: time in thread CPU seconds / SPEED, the device time of a rank paced at SPEED cores "
                         "(python -m hgopt.profiler.paced); robust to other load on the machine")
+    t.add_argument("--no-pool-blocks", action="store_true",
+                   help="keep each block's own timings (default: every block gets the blocks' median; the "
+                        "runner's blocks are identical, their differences are noise)")
     t.add_argument("--warmup", type=int, default=3)
     t.add_argument("--repeat", type=int, default=10)
     lk = p.add_argument_group("links (--links)")
@@ -105,7 +108,7 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
                             pace=args.pace)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
-                       timing=timing)
+                       timing=timing, pool_blocks=not args.no_pool_blocks)
     prof = profile_model(req)
     for t in prof.timings:
         print(f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "

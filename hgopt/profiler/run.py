@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -23,7 +24,7 @@ from hgopt.profiler.timing import TimingSettings
 from hgopt.profiler.writer import LayerMeasurement, TimingMeasurement
 from hgopt.spec import ModelProfile, TpMemory, model_profile_from_dict, model_profile_to_dict
 
-__all__ = ["ModelRequest", "emulated_pair", "free_port", "profile_model", "profile_links_loopback", "profile_links_emulated", "set_burst"]
+__all__ = ["ModelRequest", "emulated_pair", "free_port", "profile_model", "profile_links_loopback", "profile_links_emulated", "pool_layers", "set_burst"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class ModelRequest:
     seed: int = 0
     dtype: str = "float32"
     profile_name: str = "runner-gpt"
+    pool_blocks: bool = True
+    """Give every transformer block the median of the blocks' timings: the runner's blocks are identical,
+    so their differences are measurement noise (and planners look for runs of identical blocks)."""
 
 
 def free_port() -> int:
@@ -58,6 +62,9 @@ def profile_model(req: ModelRequest) -> ModelProfile:
         per_tp[tp] = _measure_tp1(req) if tp == 1 else _measure_tp_workers(req, tp)
     layers = per_tp[1][0]
     timings = [t for tp in sorted(req.tps) for t in per_tp[tp][1]]
+    if req.pool_blocks:
+        blocks = [i for i, kind in enumerate(req.model.layers) if kind == "block"]
+        timings = [pool_layers(t, blocks) for t in timings]
     tp_memory = [TpMemory(tp=tp, params=tuple(m.params for m in per_tp[tp][0]),
                           act_mem_bytes=tuple(m.act_mem_bytes for m in per_tp[tp][0]))
                  for tp in sorted(req.tps) if tp > 1]
@@ -74,7 +81,8 @@ def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[T
               + (f", {req.timing.threads} thread(s)" if req.timing.device == "cpu" else "")
               + (f", paced device of {req.timing.pace:g} core (thread CPU time / {req.timing.pace:g})"
                  if req.timing.pace else "")
-              + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up")
+              + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up"
+              + ("; blocks pooled (median over the identical blocks)" if req.pool_blocks else ""))
     prof = build_model_profile(name=req.profile_name, dtype="fp32",
                                seq_len=m.seq, layers=layers, timings=timings, source=source)
     if not tp_memory:
@@ -116,6 +124,18 @@ def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasureme
 def profile_links_loopback(ranks: int, settings: LinkSettings) -> LinkReport:
     """``ranks`` processes on this host (one cluster's ranks talking over loopback)."""
     return measure_links([RankLaunch() for _ in range(ranks)], settings, port=free_port())
+
+
+def pool_layers(t: TimingMeasurement, idx: list[int]) -> TimingMeasurement:
+    """``t`` with the layers ``idx`` all set to their median forward, backward and update seconds."""
+    if len(idx) < 2:
+        return t
+
+    def pooled(values: tuple[float, ...]) -> tuple[float, ...]:
+        med = statistics.median(values[i] for i in idx)
+        return tuple(med if i in idx else v for i, v in enumerate(values))
+
+    return replace(t, fwd=pooled(t.fwd), bwd=pooled(t.bwd), update=pooled(t.update))
 
 
 @contextlib.contextmanager
