@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="solver random seed")
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
+                   help="precision allowed on inter-cluster boundaries (heuristic planner; default native)")
+    p.add_argument("--max-compressed-links", type=int, default=None, metavar="N",
+                   help="at most N compressed inter-cluster boundaries per pipeline (heuristic planner)")
     p.set_defaults(func=run)
 
 
@@ -45,8 +49,20 @@ def _options(args: argparse.Namespace) -> PlanOptions:
         raise ValueError(f"--gap: must be in [0, 1), got {args.gap}")
     if args.threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    extra: dict[str, str] = {}
+    if args.link_precision not in (None, "native") or args.max_compressed_links is not None:
+        if args.planner != "heuristic":
+            raise ValueError(
+                f"--link-precision/--max-compressed-links: only the heuristic planner chooses link precisions "
+                f"(the {args.planner} plan space is native precision); add --planner heuristic"
+            )
+        if args.max_compressed_links is not None and args.max_compressed_links < 0:
+            raise ValueError(f"--max-compressed-links: must be >= 0, got {args.max_compressed_links}")
+        extra["link_precision"] = args.link_precision or "auto"
+        if args.max_compressed_links is not None:
+            extra["max_compressed_links"] = str(args.max_compressed_links)
     return PlanOptions(time_limit_s=args.time_limit, gap=args.gap, solver=args.solver, threads=args.threads,
-                       seed=args.seed)
+                       seed=args.seed, extra=extra)
 
 
 def run(args: argparse.Namespace) -> int:
