@@ -448,4 +448,10 @@ def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit,
     plan = Plan(pipelines=best.plan.pipelines, planner="milp", instance=instance.name, meta=meta)
     return PlanResult(planner="milp", status=status, plan=plan, iteration_time_s=best.value, lower_bound_s=lb,
                       search_time_s=wall, solver=solver, plan_space=PLAN_SPACE,
-                      notes=(f"best split {best.split}: {best.variables} variables, {best.rows} rows",))
+                      notes=(_size_note(best),))
+
+
+def _size_note(best: SplitOutcome) -> str:
+    if not best.solves:
+        return f"best split {best.split}: bounded by the relaxations alone (no MILP needed)"
+    return f"best split {best.split}: {best.variables} variables, {best.rows} rows"
