@@ -6,8 +6,8 @@ The runner is used as it is (``hgopt.runner.launch.launch_local``); two things a
 the ranks are started through ``hgopt.profiler.paced`` (LaunchOptions.python is a small wrapper
 script), and in ``netns`` mode, once the ranks have started (pids.json appears), the token buckets of
 the emulated links get a small burst (``burst_bytes``), so that a link serialises every message at its
-rate like a WAN link does (the runner's default burst of 10 ms of traffic lets messages of up to
-~10 ms of bytes through at memory speed)."""
+rate like a WAN link does (a burst of B bytes lets a message of up to B bytes through at memory speed
+after an idle spell; the runner first used 10 ms of traffic, now 1 ms)."""
 
 from __future__ import annotations
 
