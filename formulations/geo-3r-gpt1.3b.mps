@@ -1550,15 +1550,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_0_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_0_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_0_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_0_0] M12_v_le_y[0] -3.5117768407690075
-    y[ap_northeast_a100_40_end_0_0] M12_v_ge[0] -3.5117768407690075
+    y[ap_northeast_a100_40_end_0_0] M12_v_le_y[0] -22.839129672769012
+    y[ap_northeast_a100_40_end_0_0] M12_v_ge[0] -22.839129672769012
     y[ap_northeast_a100_40_end_0_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.016214856625230756
     y[ap_northeast_a100_40_end_0_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.016214856625230756
     y[ap_northeast_a100_40_end_0_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.016214856625230756
     y[ap_northeast_a100_40_end_0_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.016214856625230756
-    y[ap_northeast_a100_40_end_0_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_0_0] M15_round_trip[ap_northeast_a100_40_1] 28.110429582777297
-    y[ap_northeast_a100_40_end_0_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5279916973942385
+    y[ap_northeast_a100_40_end_0_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_0_0] M15_round_trip[ap_northeast_a100_40_1] 182.72925223877735
+    y[ap_northeast_a100_40_end_0_0] M16_round_trip_cap[ap_northeast_a100_40] 22.85534452939424
     y[ap_northeast_a100_40_end_0_1] obj 0.01635466675856409
     y[ap_northeast_a100_40_end_0_1] M3_end 1.0
     y[ap_northeast_a100_40_end_0_1] M1_once[ap_northeast_a100_40] 1.0
@@ -1569,15 +1569,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_0_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_0_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_0_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_0_1] M12_v_le_y[1] -3.5117768407690075
-    y[ap_northeast_a100_40_end_0_1] M12_v_ge[1] -3.5117768407690075
+    y[ap_northeast_a100_40_end_0_1] M12_v_le_y[1] -22.839129672769012
+    y[ap_northeast_a100_40_end_0_1] M12_v_ge[1] -22.839129672769012
     y[ap_northeast_a100_40_end_0_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.01635466675856409
     y[ap_northeast_a100_40_end_0_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.01635466675856409
     y[ap_northeast_a100_40_end_0_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.01635466675856409
     y[ap_northeast_a100_40_end_0_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.01635466675856409
-    y[ap_northeast_a100_40_end_0_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_0_1] M15_round_trip[ap_northeast_a100_40_1] 28.11056939291063
-    y[ap_northeast_a100_40_end_0_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5281315075275717
+    y[ap_northeast_a100_40_end_0_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_0_1] M15_round_trip[ap_northeast_a100_40_1] 182.72939204891068
+    y[ap_northeast_a100_40_end_0_1] M16_round_trip_cap[ap_northeast_a100_40] 22.855484339527575
     y[ap_northeast_a100_40_end_1_0] obj 0.025465555416615368
     y[ap_northeast_a100_40_end_1_0] M3_end 1.0
     y[ap_northeast_a100_40_end_1_0] M4_cover 1.0
@@ -1589,15 +1589,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_1_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_1_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_1_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_1_0] M12_v_le_y[2] -3.5117768407690075
-    y[ap_northeast_a100_40_end_1_0] M12_v_ge[2] -3.5117768407690075
+    y[ap_northeast_a100_40_end_1_0] M12_v_le_y[2] -22.839129672769012
+    y[ap_northeast_a100_40_end_1_0] M12_v_ge[2] -22.839129672769012
     y[ap_northeast_a100_40_end_1_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.025465555416615368
     y[ap_northeast_a100_40_end_1_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.025465555416615368
     y[ap_northeast_a100_40_end_1_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.025465555416615368
     y[ap_northeast_a100_40_end_1_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.025465555416615368
-    y[ap_northeast_a100_40_end_1_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_1_0] M15_round_trip[ap_northeast_a100_40_1] 28.119680281568684
-    y[ap_northeast_a100_40_end_1_0] M16_round_trip_cap[ap_northeast_a100_40] 3.537242396185623
+    y[ap_northeast_a100_40_end_1_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_1_0] M15_round_trip[ap_northeast_a100_40_1] 182.73850293756874
+    y[ap_northeast_a100_40_end_1_0] M16_round_trip_cap[ap_northeast_a100_40] 22.864595228185628
     y[ap_northeast_a100_40_end_1_1] obj 0.02616460608328204
     y[ap_northeast_a100_40_end_1_1] M3_end 1.0
     y[ap_northeast_a100_40_end_1_1] M4_cover 1.0
@@ -1609,15 +1609,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_1_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_1_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_1_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_1_1] M12_v_le_y[3] -3.5117768407690075
-    y[ap_northeast_a100_40_end_1_1] M12_v_ge[3] -3.5117768407690075
+    y[ap_northeast_a100_40_end_1_1] M12_v_le_y[3] -22.839129672769012
+    y[ap_northeast_a100_40_end_1_1] M12_v_ge[3] -22.839129672769012
     y[ap_northeast_a100_40_end_1_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.02616460608328204
     y[ap_northeast_a100_40_end_1_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.02616460608328204
     y[ap_northeast_a100_40_end_1_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.02616460608328204
     y[ap_northeast_a100_40_end_1_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.02616460608328204
-    y[ap_northeast_a100_40_end_1_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_1_1] M15_round_trip[ap_northeast_a100_40_1] 28.12037933223535
-    y[ap_northeast_a100_40_end_1_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5379414468522894
+    y[ap_northeast_a100_40_end_1_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_1_1] M15_round_trip[ap_northeast_a100_40_1] 182.7392019882354
+    y[ap_northeast_a100_40_end_1_1] M16_round_trip_cap[ap_northeast_a100_40] 22.865294278852293
     y[ap_northeast_a100_40_end_1_2] obj 0.05362546539323074
     y[ap_northeast_a100_40_end_1_2] M3_end 1.0
     y[ap_northeast_a100_40_end_1_2] M4_cover 1.0
@@ -1629,16 +1629,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_1_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_1_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_1_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_1_2] M12_v_le_y[4] -3.5117768407690075
-    y[ap_northeast_a100_40_end_1_2] M12_v_ge[4] -3.5117768407690075
+    y[ap_northeast_a100_40_end_1_2] M12_v_le_y[4] -22.839129672769012
+    y[ap_northeast_a100_40_end_1_2] M12_v_ge[4] -22.839129672769012
     y[ap_northeast_a100_40_end_1_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.05362546539323074
     y[ap_northeast_a100_40_end_1_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.05362546539323074
     y[ap_northeast_a100_40_end_1_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.05362546539323074
     y[ap_northeast_a100_40_end_1_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.05362546539323074
-    y[ap_northeast_a100_40_end_1_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_1_2] M15_round_trip[ap_northeast_a100_40_1] 28.12664443940253
-    y[ap_northeast_a100_40_end_1_2] M15_round_trip[ap_northeast_a100_40_2] 31.659617032314305
-    y[ap_northeast_a100_40_end_1_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5654023061622384
+    y[ap_northeast_a100_40_end_1_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_1_2] M15_round_trip[ap_northeast_a100_40_1] 182.74546709540257
+    y[ap_northeast_a100_40_end_1_2] M15_round_trip[ap_northeast_a100_40_2] 205.60579252031437
+    y[ap_northeast_a100_40_end_1_2] M16_round_trip_cap[ap_northeast_a100_40] 22.892755138162244
     y[ap_northeast_a100_40_end_2_0] obj 0.03471625420799998
     y[ap_northeast_a100_40_end_2_0] M3_end 1.0
     y[ap_northeast_a100_40_end_2_0] M4_cover 2.0
@@ -1650,15 +1650,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_2_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_2_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_2_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_2_0] M12_v_le_y[5] -3.5117768407690075
-    y[ap_northeast_a100_40_end_2_0] M12_v_ge[5] -3.5117768407690075
+    y[ap_northeast_a100_40_end_2_0] M12_v_le_y[5] -22.839129672769012
+    y[ap_northeast_a100_40_end_2_0] M12_v_ge[5] -22.839129672769012
     y[ap_northeast_a100_40_end_2_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.03471625420799998
     y[ap_northeast_a100_40_end_2_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.03471625420799998
     y[ap_northeast_a100_40_end_2_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.03471625420799998
     y[ap_northeast_a100_40_end_2_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.03471625420799998
-    y[ap_northeast_a100_40_end_2_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_2_0] M15_round_trip[ap_northeast_a100_40_1] 28.128930980360067
-    y[ap_northeast_a100_40_end_2_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5464930949770075
+    y[ap_northeast_a100_40_end_2_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_2_0] M15_round_trip[ap_northeast_a100_40_1] 182.74775363636013
+    y[ap_northeast_a100_40_end_2_0] M16_round_trip_cap[ap_northeast_a100_40] 22.873845926977012
     y[ap_northeast_a100_40_end_2_1] obj 0.03597454540799999
     y[ap_northeast_a100_40_end_2_1] M3_end 1.0
     y[ap_northeast_a100_40_end_2_1] M4_cover 2.0
@@ -1670,15 +1670,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_2_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_2_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_2_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_2_1] M12_v_le_y[6] -3.5117768407690075
-    y[ap_northeast_a100_40_end_2_1] M12_v_ge[6] -3.5117768407690075
+    y[ap_northeast_a100_40_end_2_1] M12_v_le_y[6] -22.839129672769012
+    y[ap_northeast_a100_40_end_2_1] M12_v_ge[6] -22.839129672769012
     y[ap_northeast_a100_40_end_2_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.03597454540799999
     y[ap_northeast_a100_40_end_2_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.03597454540799999
     y[ap_northeast_a100_40_end_2_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.03597454540799999
     y[ap_northeast_a100_40_end_2_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.03597454540799999
-    y[ap_northeast_a100_40_end_2_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_2_1] M15_round_trip[ap_northeast_a100_40_1] 28.130189271560067
-    y[ap_northeast_a100_40_end_2_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5477513861770076
+    y[ap_northeast_a100_40_end_2_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_2_1] M15_round_trip[ap_northeast_a100_40_1] 182.74901192756013
+    y[ap_northeast_a100_40_end_2_1] M16_round_trip_cap[ap_northeast_a100_40] 22.87510421817701
     y[ap_northeast_a100_40_end_2_2] obj 0.07212686297599996
     y[ap_northeast_a100_40_end_2_2] M3_end 1.0
     y[ap_northeast_a100_40_end_2_2] M4_cover 2.0
@@ -1690,16 +1690,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_2_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_2_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_2_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_2_2] M12_v_le_y[7] -3.5117768407690075
-    y[ap_northeast_a100_40_end_2_2] M12_v_ge[7] -3.5117768407690075
+    y[ap_northeast_a100_40_end_2_2] M12_v_le_y[7] -22.839129672769012
+    y[ap_northeast_a100_40_end_2_2] M12_v_ge[7] -22.839129672769012
     y[ap_northeast_a100_40_end_2_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07212686297599996
     y[ap_northeast_a100_40_end_2_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07212686297599996
     y[ap_northeast_a100_40_end_2_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07212686297599996
     y[ap_northeast_a100_40_end_2_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07212686297599996
-    y[ap_northeast_a100_40_end_2_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_2_2] M15_round_trip[ap_northeast_a100_40_1] 28.12664443940253
-    y[ap_northeast_a100_40_end_2_2] M15_round_trip[ap_northeast_a100_40_2] 31.678118429897072
-    y[ap_northeast_a100_40_end_2_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5839037037450074
+    y[ap_northeast_a100_40_end_2_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_2_2] M15_round_trip[ap_northeast_a100_40_1] 182.74546709540257
+    y[ap_northeast_a100_40_end_2_2] M15_round_trip[ap_northeast_a100_40_2] 205.62429391789715
+    y[ap_northeast_a100_40_end_2_2] M16_round_trip_cap[ap_northeast_a100_40] 22.91125653574501
     y[ap_northeast_a100_40_end_3_0] obj 0.04396695299938459
     y[ap_northeast_a100_40_end_3_0] M3_end 1.0
     y[ap_northeast_a100_40_end_3_0] M4_cover 3.0
@@ -1711,15 +1711,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_3_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_3_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_3_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_3_0] M12_v_le_y[8] -3.5117768407690075
-    y[ap_northeast_a100_40_end_3_0] M12_v_ge[8] -3.5117768407690075
+    y[ap_northeast_a100_40_end_3_0] M12_v_le_y[8] -22.839129672769012
+    y[ap_northeast_a100_40_end_3_0] M12_v_ge[8] -22.839129672769012
     y[ap_northeast_a100_40_end_3_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.04396695299938459
     y[ap_northeast_a100_40_end_3_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.04396695299938459
     y[ap_northeast_a100_40_end_3_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.04396695299938459
     y[ap_northeast_a100_40_end_3_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.04396695299938459
-    y[ap_northeast_a100_40_end_3_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_3_0] M15_round_trip[ap_northeast_a100_40_1] 28.13818167915145
-    y[ap_northeast_a100_40_end_3_0] M16_round_trip_cap[ap_northeast_a100_40] 3.555743793768392
+    y[ap_northeast_a100_40_end_3_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_3_0] M15_round_trip[ap_northeast_a100_40_1] 182.75700433515152
+    y[ap_northeast_a100_40_end_3_0] M16_round_trip_cap[ap_northeast_a100_40] 22.883096625768395
     y[ap_northeast_a100_40_end_3_1] obj 0.04578448473271794
     y[ap_northeast_a100_40_end_3_1] M3_end 1.0
     y[ap_northeast_a100_40_end_3_1] M4_cover 3.0
@@ -1731,15 +1731,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_3_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_3_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_3_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_3_1] M12_v_le_y[9] -3.5117768407690075
-    y[ap_northeast_a100_40_end_3_1] M12_v_ge[9] -3.5117768407690075
+    y[ap_northeast_a100_40_end_3_1] M12_v_le_y[9] -22.839129672769012
+    y[ap_northeast_a100_40_end_3_1] M12_v_ge[9] -22.839129672769012
     y[ap_northeast_a100_40_end_3_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.04578448473271794
     y[ap_northeast_a100_40_end_3_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.04578448473271794
     y[ap_northeast_a100_40_end_3_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.04578448473271794
     y[ap_northeast_a100_40_end_3_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.04578448473271794
-    y[ap_northeast_a100_40_end_3_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_3_1] M15_round_trip[ap_northeast_a100_40_1] 28.139999210884785
-    y[ap_northeast_a100_40_end_3_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5575613255017253
+    y[ap_northeast_a100_40_end_3_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_3_1] M15_round_trip[ap_northeast_a100_40_1] 182.75882186688483
+    y[ap_northeast_a100_40_end_3_1] M16_round_trip_cap[ap_northeast_a100_40] 22.88491415750173
     y[ap_northeast_a100_40_end_3_2] obj 0.09062826055876919
     y[ap_northeast_a100_40_end_3_2] M3_end 1.0
     y[ap_northeast_a100_40_end_3_2] M4_cover 3.0
@@ -1751,16 +1751,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_3_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_3_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_3_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_3_2] M12_v_le_y[10] -3.5117768407690075
-    y[ap_northeast_a100_40_end_3_2] M12_v_ge[10] -3.5117768407690075
+    y[ap_northeast_a100_40_end_3_2] M12_v_le_y[10] -22.839129672769012
+    y[ap_northeast_a100_40_end_3_2] M12_v_ge[10] -22.839129672769012
     y[ap_northeast_a100_40_end_3_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09062826055876919
     y[ap_northeast_a100_40_end_3_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09062826055876919
     y[ap_northeast_a100_40_end_3_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09062826055876919
     y[ap_northeast_a100_40_end_3_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09062826055876919
-    y[ap_northeast_a100_40_end_3_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_3_2] M15_round_trip[ap_northeast_a100_40_1] 28.145145836985296
-    y[ap_northeast_a100_40_end_3_2] M15_round_trip[ap_northeast_a100_40_2] 31.696619827479843
-    y[ap_northeast_a100_40_end_3_2] M16_round_trip_cap[ap_northeast_a100_40] 3.602405101327777
+    y[ap_northeast_a100_40_end_3_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_3_2] M15_round_trip[ap_northeast_a100_40_1] 182.76396849298536
+    y[ap_northeast_a100_40_end_3_2] M15_round_trip[ap_northeast_a100_40_2] 205.6427953154799
+    y[ap_northeast_a100_40_end_3_2] M16_round_trip_cap[ap_northeast_a100_40] 22.92975793332778
     y[ap_northeast_a100_40_end_4_0] obj 0.053217651790769226
     y[ap_northeast_a100_40_end_4_0] M3_end 1.0
     y[ap_northeast_a100_40_end_4_0] M4_cover 4.0
@@ -1772,15 +1772,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_4_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_4_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_4_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_4_0] M12_v_le_y[11] -3.5117768407690075
-    y[ap_northeast_a100_40_end_4_0] M12_v_ge[11] -3.5117768407690075
+    y[ap_northeast_a100_40_end_4_0] M12_v_le_y[11] -22.839129672769012
+    y[ap_northeast_a100_40_end_4_0] M12_v_ge[11] -22.839129672769012
     y[ap_northeast_a100_40_end_4_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.053217651790769226
     y[ap_northeast_a100_40_end_4_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.053217651790769226
     y[ap_northeast_a100_40_end_4_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.053217651790769226
     y[ap_northeast_a100_40_end_4_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.053217651790769226
-    y[ap_northeast_a100_40_end_4_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_4_0] M15_round_trip[ap_northeast_a100_40_1] 28.147432377942838
-    y[ap_northeast_a100_40_end_4_0] M16_round_trip_cap[ap_northeast_a100_40] 3.564994492559777
+    y[ap_northeast_a100_40_end_4_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_4_0] M15_round_trip[ap_northeast_a100_40_1] 182.76625503394288
+    y[ap_northeast_a100_40_end_4_0] M16_round_trip_cap[ap_northeast_a100_40] 22.892347324559783
     y[ap_northeast_a100_40_end_4_1] obj 0.05559442405743589
     y[ap_northeast_a100_40_end_4_1] M3_end 1.0
     y[ap_northeast_a100_40_end_4_1] M4_cover 4.0
@@ -1792,15 +1792,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_4_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_4_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_4_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_4_1] M12_v_le_y[12] -3.5117768407690075
-    y[ap_northeast_a100_40_end_4_1] M12_v_ge[12] -3.5117768407690075
+    y[ap_northeast_a100_40_end_4_1] M12_v_le_y[12] -22.839129672769012
+    y[ap_northeast_a100_40_end_4_1] M12_v_ge[12] -22.839129672769012
     y[ap_northeast_a100_40_end_4_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.05559442405743589
     y[ap_northeast_a100_40_end_4_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.05559442405743589
     y[ap_northeast_a100_40_end_4_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.05559442405743589
     y[ap_northeast_a100_40_end_4_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.05559442405743589
-    y[ap_northeast_a100_40_end_4_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_4_1] M15_round_trip[ap_northeast_a100_40_1] 28.149809150209503
-    y[ap_northeast_a100_40_end_4_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5673712648264435
+    y[ap_northeast_a100_40_end_4_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_4_1] M15_round_trip[ap_northeast_a100_40_1] 182.76863180620956
+    y[ap_northeast_a100_40_end_4_1] M16_round_trip_cap[ap_northeast_a100_40] 22.894724096826447
     y[ap_northeast_a100_40_end_4_2] obj 0.10912965814153845
     y[ap_northeast_a100_40_end_4_2] M3_end 1.0
     y[ap_northeast_a100_40_end_4_2] M4_cover 4.0
@@ -1812,16 +1812,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_4_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_4_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_4_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_4_2] M12_v_le_y[13] -3.5117768407690075
-    y[ap_northeast_a100_40_end_4_2] M12_v_ge[13] -3.5117768407690075
+    y[ap_northeast_a100_40_end_4_2] M12_v_le_y[13] -22.839129672769012
+    y[ap_northeast_a100_40_end_4_2] M12_v_ge[13] -22.839129672769012
     y[ap_northeast_a100_40_end_4_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10912965814153845
     y[ap_northeast_a100_40_end_4_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10912965814153845
     y[ap_northeast_a100_40_end_4_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10912965814153845
     y[ap_northeast_a100_40_end_4_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10912965814153845
-    y[ap_northeast_a100_40_end_4_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_4_2] M15_round_trip[ap_northeast_a100_40_1] 28.145145836985296
-    y[ap_northeast_a100_40_end_4_2] M15_round_trip[ap_northeast_a100_40_2] 31.71512122506261
-    y[ap_northeast_a100_40_end_4_2] M16_round_trip_cap[ap_northeast_a100_40] 3.620906498910546
+    y[ap_northeast_a100_40_end_4_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_4_2] M15_round_trip[ap_northeast_a100_40_1] 182.76396849298536
+    y[ap_northeast_a100_40_end_4_2] M15_round_trip[ap_northeast_a100_40_2] 205.66129671306268
+    y[ap_northeast_a100_40_end_4_2] M16_round_trip_cap[ap_northeast_a100_40] 22.94825933091055
     y[ap_northeast_a100_40_end_5_0] obj 0.06246835058215384
     y[ap_northeast_a100_40_end_5_0] M3_end 1.0
     y[ap_northeast_a100_40_end_5_0] M4_cover 5.0
@@ -1833,15 +1833,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_5_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_5_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_5_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_5_0] M12_v_le_y[14] -3.5117768407690075
-    y[ap_northeast_a100_40_end_5_0] M12_v_ge[14] -3.5117768407690075
+    y[ap_northeast_a100_40_end_5_0] M12_v_le_y[14] -22.839129672769012
+    y[ap_northeast_a100_40_end_5_0] M12_v_ge[14] -22.839129672769012
     y[ap_northeast_a100_40_end_5_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.06246835058215384
     y[ap_northeast_a100_40_end_5_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.06246835058215384
     y[ap_northeast_a100_40_end_5_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.06246835058215384
     y[ap_northeast_a100_40_end_5_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.06246835058215384
-    y[ap_northeast_a100_40_end_5_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_5_0] M15_round_trip[ap_northeast_a100_40_1] 28.15668307673422
-    y[ap_northeast_a100_40_end_5_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5742451913511615
+    y[ap_northeast_a100_40_end_5_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_5_0] M15_round_trip[ap_northeast_a100_40_1] 182.77550573273427
+    y[ap_northeast_a100_40_end_5_0] M16_round_trip_cap[ap_northeast_a100_40] 22.901598023351166
     y[ap_northeast_a100_40_end_5_1] obj 0.06540436338215384
     y[ap_northeast_a100_40_end_5_1] M3_end 1.0
     y[ap_northeast_a100_40_end_5_1] M4_cover 5.0
@@ -1853,15 +1853,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_5_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_5_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_5_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_5_1] M12_v_le_y[15] -3.5117768407690075
-    y[ap_northeast_a100_40_end_5_1] M12_v_ge[15] -3.5117768407690075
+    y[ap_northeast_a100_40_end_5_1] M12_v_le_y[15] -22.839129672769012
+    y[ap_northeast_a100_40_end_5_1] M12_v_ge[15] -22.839129672769012
     y[ap_northeast_a100_40_end_5_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.06540436338215384
     y[ap_northeast_a100_40_end_5_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.06540436338215384
     y[ap_northeast_a100_40_end_5_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.06540436338215384
     y[ap_northeast_a100_40_end_5_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.06540436338215384
-    y[ap_northeast_a100_40_end_5_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_5_1] M15_round_trip[ap_northeast_a100_40_1] 28.15961908953422
-    y[ap_northeast_a100_40_end_5_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5771812041511613
+    y[ap_northeast_a100_40_end_5_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_5_1] M15_round_trip[ap_northeast_a100_40_1] 182.77844174553428
+    y[ap_northeast_a100_40_end_5_1] M16_round_trip_cap[ap_northeast_a100_40] 22.904534036151166
     y[ap_northeast_a100_40_end_5_2] obj 0.12763105572430766
     y[ap_northeast_a100_40_end_5_2] M3_end 1.0
     y[ap_northeast_a100_40_end_5_2] M4_cover 5.0
@@ -1873,16 +1873,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_5_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_5_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_5_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_5_2] M12_v_le_y[16] -3.5117768407690075
-    y[ap_northeast_a100_40_end_5_2] M12_v_ge[16] -3.5117768407690075
+    y[ap_northeast_a100_40_end_5_2] M12_v_le_y[16] -22.839129672769012
+    y[ap_northeast_a100_40_end_5_2] M12_v_ge[16] -22.839129672769012
     y[ap_northeast_a100_40_end_5_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12763105572430766
     y[ap_northeast_a100_40_end_5_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12763105572430766
     y[ap_northeast_a100_40_end_5_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12763105572430766
     y[ap_northeast_a100_40_end_5_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12763105572430766
-    y[ap_northeast_a100_40_end_5_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_5_2] M15_round_trip[ap_northeast_a100_40_1] 28.163647234568067
-    y[ap_northeast_a100_40_end_5_2] M15_round_trip[ap_northeast_a100_40_2] 31.73362262264538
-    y[ap_northeast_a100_40_end_5_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6394078964933154
+    y[ap_northeast_a100_40_end_5_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_5_2] M15_round_trip[ap_northeast_a100_40_1] 182.78246989056814
+    y[ap_northeast_a100_40_end_5_2] M15_round_trip[ap_northeast_a100_40_2] 205.67979811064544
+    y[ap_northeast_a100_40_end_5_2] M16_round_trip_cap[ap_northeast_a100_40] 22.96676072849332
     y[ap_northeast_a100_40_end_6_0] obj 0.07171904937353846
     y[ap_northeast_a100_40_end_6_0] M3_end 1.0
     y[ap_northeast_a100_40_end_6_0] M4_cover 6.0
@@ -1894,15 +1894,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_6_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_6_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_6_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_6_0] M12_v_le_y[17] -3.5117768407690075
-    y[ap_northeast_a100_40_end_6_0] M12_v_ge[17] -3.5117768407690075
+    y[ap_northeast_a100_40_end_6_0] M12_v_le_y[17] -22.839129672769012
+    y[ap_northeast_a100_40_end_6_0] M12_v_ge[17] -22.839129672769012
     y[ap_northeast_a100_40_end_6_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07171904937353846
     y[ap_northeast_a100_40_end_6_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07171904937353846
     y[ap_northeast_a100_40_end_6_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07171904937353846
     y[ap_northeast_a100_40_end_6_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07171904937353846
-    y[ap_northeast_a100_40_end_6_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_6_0] M15_round_trip[ap_northeast_a100_40_1] 28.165933775525605
-    y[ap_northeast_a100_40_end_6_0] M16_round_trip_cap[ap_northeast_a100_40] 3.583495890142546
+    y[ap_northeast_a100_40_end_6_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_6_0] M15_round_trip[ap_northeast_a100_40_1] 182.78475643152566
+    y[ap_northeast_a100_40_end_6_0] M16_round_trip_cap[ap_northeast_a100_40] 22.91084872214255
     y[ap_northeast_a100_40_end_6_1] obj 0.14613245330707691
     y[ap_northeast_a100_40_end_6_1] M3_end 1.0
     y[ap_northeast_a100_40_end_6_1] M4_cover 6.0
@@ -1914,16 +1914,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_6_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_6_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_6_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_6_1] M12_v_le_y[18] -3.5117768407690075
-    y[ap_northeast_a100_40_end_6_1] M12_v_ge[18] -3.5117768407690075
+    y[ap_northeast_a100_40_end_6_1] M12_v_le_y[18] -22.839129672769012
+    y[ap_northeast_a100_40_end_6_1] M12_v_ge[18] -22.839129672769012
     y[ap_northeast_a100_40_end_6_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14613245330707691
     y[ap_northeast_a100_40_end_6_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14613245330707691
     y[ap_northeast_a100_40_end_6_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14613245330707691
     y[ap_northeast_a100_40_end_6_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14613245330707691
-    y[ap_northeast_a100_40_end_6_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_6_1] M15_round_trip[ap_northeast_a100_40_1] 28.163647234568067
-    y[ap_northeast_a100_40_end_6_1] M15_round_trip[ap_northeast_a100_40_2] 31.752124020228152
-    y[ap_northeast_a100_40_end_6_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6579092940760844
+    y[ap_northeast_a100_40_end_6_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_6_1] M15_round_trip[ap_northeast_a100_40_1] 182.78246989056814
+    y[ap_northeast_a100_40_end_6_1] M15_round_trip[ap_northeast_a100_40_2] 205.69829950822822
+    y[ap_northeast_a100_40_end_6_1] M16_round_trip_cap[ap_northeast_a100_40] 22.985262126076087
     y[ap_northeast_a100_40_end_6_2] obj 0.0752143027068718
     y[ap_northeast_a100_40_end_6_2] M3_end 1.0
     y[ap_northeast_a100_40_end_6_2] M4_cover 6.0
@@ -1935,15 +1935,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_6_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_6_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_6_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_6_2] M12_v_le_y[19] -3.5117768407690075
-    y[ap_northeast_a100_40_end_6_2] M12_v_ge[19] -3.5117768407690075
+    y[ap_northeast_a100_40_end_6_2] M12_v_le_y[19] -22.839129672769012
+    y[ap_northeast_a100_40_end_6_2] M12_v_ge[19] -22.839129672769012
     y[ap_northeast_a100_40_end_6_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.0752143027068718
     y[ap_northeast_a100_40_end_6_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.0752143027068718
     y[ap_northeast_a100_40_end_6_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.0752143027068718
     y[ap_northeast_a100_40_end_6_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.0752143027068718
-    y[ap_northeast_a100_40_end_6_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_6_2] M15_round_trip[ap_northeast_a100_40_1] 28.16942902885894
-    y[ap_northeast_a100_40_end_6_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5869911434758794
+    y[ap_northeast_a100_40_end_6_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_6_2] M15_round_trip[ap_northeast_a100_40_1] 182.788251684859
+    y[ap_northeast_a100_40_end_6_2] M16_round_trip_cap[ap_northeast_a100_40] 22.914343975475884
     y[ap_northeast_a100_40_end_7_0] obj 0.08096974816492306
     y[ap_northeast_a100_40_end_7_0] M3_end 1.0
     y[ap_northeast_a100_40_end_7_0] M4_cover 7.0
@@ -1955,15 +1955,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_7_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_7_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_7_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_7_0] M12_v_le_y[20] -3.5117768407690075
-    y[ap_northeast_a100_40_end_7_0] M12_v_ge[20] -3.5117768407690075
+    y[ap_northeast_a100_40_end_7_0] M12_v_le_y[20] -22.839129672769012
+    y[ap_northeast_a100_40_end_7_0] M12_v_ge[20] -22.839129672769012
     y[ap_northeast_a100_40_end_7_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08096974816492306
     y[ap_northeast_a100_40_end_7_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08096974816492306
     y[ap_northeast_a100_40_end_7_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08096974816492306
     y[ap_northeast_a100_40_end_7_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08096974816492306
-    y[ap_northeast_a100_40_end_7_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_7_0] M15_round_trip[ap_northeast_a100_40_1] 28.17518447431699
-    y[ap_northeast_a100_40_end_7_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5927465889339305
+    y[ap_northeast_a100_40_end_7_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_7_0] M15_round_trip[ap_northeast_a100_40_1] 182.79400713031706
+    y[ap_northeast_a100_40_end_7_0] M16_round_trip_cap[ap_northeast_a100_40] 22.920099420933933
     y[ap_northeast_a100_40_end_7_1] obj 0.08502424203158973
     y[ap_northeast_a100_40_end_7_1] M3_end 1.0
     y[ap_northeast_a100_40_end_7_1] M4_cover 7.0
@@ -1975,15 +1975,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_7_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_7_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_7_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_7_1] M12_v_le_y[21] -3.5117768407690075
-    y[ap_northeast_a100_40_end_7_1] M12_v_ge[21] -3.5117768407690075
+    y[ap_northeast_a100_40_end_7_1] M12_v_le_y[21] -22.839129672769012
+    y[ap_northeast_a100_40_end_7_1] M12_v_ge[21] -22.839129672769012
     y[ap_northeast_a100_40_end_7_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08502424203158973
     y[ap_northeast_a100_40_end_7_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08502424203158973
     y[ap_northeast_a100_40_end_7_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08502424203158973
     y[ap_northeast_a100_40_end_7_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08502424203158973
-    y[ap_northeast_a100_40_end_7_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_7_1] M15_round_trip[ap_northeast_a100_40_1] 28.179238968183657
-    y[ap_northeast_a100_40_end_7_1] M16_round_trip_cap[ap_northeast_a100_40] 3.596801082800597
+    y[ap_northeast_a100_40_end_7_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_7_1] M15_round_trip[ap_northeast_a100_40_1] 182.7980616241837
+    y[ap_northeast_a100_40_end_7_1] M16_round_trip_cap[ap_northeast_a100_40] 22.924153914800602
     y[ap_northeast_a100_40_end_7_2] obj 0.1646338508898461
     y[ap_northeast_a100_40_end_7_2] M3_end 1.0
     y[ap_northeast_a100_40_end_7_2] M4_cover 7.0
@@ -1995,16 +1995,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_7_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_7_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_7_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_7_2] M12_v_le_y[22] -3.5117768407690075
-    y[ap_northeast_a100_40_end_7_2] M12_v_ge[22] -3.5117768407690075
+    y[ap_northeast_a100_40_end_7_2] M12_v_le_y[22] -22.839129672769012
+    y[ap_northeast_a100_40_end_7_2] M12_v_ge[22] -22.839129672769012
     y[ap_northeast_a100_40_end_7_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1646338508898461
     y[ap_northeast_a100_40_end_7_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1646338508898461
     y[ap_northeast_a100_40_end_7_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1646338508898461
     y[ap_northeast_a100_40_end_7_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1646338508898461
-    y[ap_northeast_a100_40_end_7_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_7_2] M15_round_trip[ap_northeast_a100_40_1] 28.182148632150838
-    y[ap_northeast_a100_40_end_7_2] M15_round_trip[ap_northeast_a100_40_2] 31.77062541781092
-    y[ap_northeast_a100_40_end_7_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6764106916588535
+    y[ap_northeast_a100_40_end_7_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_7_2] M15_round_trip[ap_northeast_a100_40_1] 182.8009712881509
+    y[ap_northeast_a100_40_end_7_2] M15_round_trip[ap_northeast_a100_40_2] 205.716800905811
+    y[ap_northeast_a100_40_end_7_2] M16_round_trip_cap[ap_northeast_a100_40] 23.003763523658858
     y[ap_northeast_a100_40_end_8_0] obj 0.09022044695630768
     y[ap_northeast_a100_40_end_8_0] M3_end 1.0
     y[ap_northeast_a100_40_end_8_0] M4_cover 8.0
@@ -2016,15 +2016,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_8_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_8_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_8_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_8_0] M12_v_le_y[23] -3.5117768407690075
-    y[ap_northeast_a100_40_end_8_0] M12_v_ge[23] -3.5117768407690075
+    y[ap_northeast_a100_40_end_8_0] M12_v_le_y[23] -22.839129672769012
+    y[ap_northeast_a100_40_end_8_0] M12_v_ge[23] -22.839129672769012
     y[ap_northeast_a100_40_end_8_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09022044695630768
     y[ap_northeast_a100_40_end_8_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09022044695630768
     y[ap_northeast_a100_40_end_8_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09022044695630768
     y[ap_northeast_a100_40_end_8_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09022044695630768
-    y[ap_northeast_a100_40_end_8_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_8_0] M15_round_trip[ap_northeast_a100_40_1] 28.184435173108376
-    y[ap_northeast_a100_40_end_8_0] M16_round_trip_cap[ap_northeast_a100_40] 3.601997287725315
+    y[ap_northeast_a100_40_end_8_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_8_0] M15_round_trip[ap_northeast_a100_40_1] 182.80325782910842
+    y[ap_northeast_a100_40_end_8_0] M16_round_trip_cap[ap_northeast_a100_40] 22.92935011972532
     y[ap_northeast_a100_40_end_8_1] obj 0.18313524847261536
     y[ap_northeast_a100_40_end_8_1] M3_end 1.0
     y[ap_northeast_a100_40_end_8_1] M4_cover 8.0
@@ -2036,16 +2036,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_8_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_8_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_8_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_8_1] M12_v_le_y[24] -3.5117768407690075
-    y[ap_northeast_a100_40_end_8_1] M12_v_ge[24] -3.5117768407690075
+    y[ap_northeast_a100_40_end_8_1] M12_v_le_y[24] -22.839129672769012
+    y[ap_northeast_a100_40_end_8_1] M12_v_ge[24] -22.839129672769012
     y[ap_northeast_a100_40_end_8_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18313524847261536
     y[ap_northeast_a100_40_end_8_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18313524847261536
     y[ap_northeast_a100_40_end_8_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18313524847261536
     y[ap_northeast_a100_40_end_8_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18313524847261536
-    y[ap_northeast_a100_40_end_8_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_8_1] M15_round_trip[ap_northeast_a100_40_1] 28.182148632150838
-    y[ap_northeast_a100_40_end_8_1] M15_round_trip[ap_northeast_a100_40_2] 31.78912681539369
-    y[ap_northeast_a100_40_end_8_1] M16_round_trip_cap[ap_northeast_a100_40] 3.694912089241623
+    y[ap_northeast_a100_40_end_8_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_8_1] M15_round_trip[ap_northeast_a100_40_1] 182.8009712881509
+    y[ap_northeast_a100_40_end_8_1] M15_round_trip[ap_northeast_a100_40_2] 205.73530230339375
+    y[ap_northeast_a100_40_end_8_1] M16_round_trip_cap[ap_northeast_a100_40] 23.02226492124163
     y[ap_northeast_a100_40_end_8_2] obj 0.0948341813563077
     y[ap_northeast_a100_40_end_8_2] M3_end 1.0
     y[ap_northeast_a100_40_end_8_2] M4_cover 8.0
@@ -2057,15 +2057,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_8_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_8_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_8_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_8_2] M12_v_le_y[25] -3.5117768407690075
-    y[ap_northeast_a100_40_end_8_2] M12_v_ge[25] -3.5117768407690075
+    y[ap_northeast_a100_40_end_8_2] M12_v_le_y[25] -22.839129672769012
+    y[ap_northeast_a100_40_end_8_2] M12_v_ge[25] -22.839129672769012
     y[ap_northeast_a100_40_end_8_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.0948341813563077
     y[ap_northeast_a100_40_end_8_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.0948341813563077
     y[ap_northeast_a100_40_end_8_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.0948341813563077
     y[ap_northeast_a100_40_end_8_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.0948341813563077
-    y[ap_northeast_a100_40_end_8_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_8_2] M15_round_trip[ap_northeast_a100_40_1] 28.189048907508376
-    y[ap_northeast_a100_40_end_8_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6066110221253154
+    y[ap_northeast_a100_40_end_8_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_8_2] M15_round_trip[ap_northeast_a100_40_1] 182.80787156350843
+    y[ap_northeast_a100_40_end_8_2] M16_round_trip_cap[ap_northeast_a100_40] 22.93396385412532
     y[ap_northeast_a100_40_end_9_0] obj 0.09947114574769228
     y[ap_northeast_a100_40_end_9_0] M3_end 1.0
     y[ap_northeast_a100_40_end_9_0] M4_cover 9.0
@@ -2077,15 +2077,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_9_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_9_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_9_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_9_0] M12_v_le_y[26] -3.5117768407690075
-    y[ap_northeast_a100_40_end_9_0] M12_v_ge[26] -3.5117768407690075
+    y[ap_northeast_a100_40_end_9_0] M12_v_le_y[26] -22.839129672769012
+    y[ap_northeast_a100_40_end_9_0] M12_v_ge[26] -22.839129672769012
     y[ap_northeast_a100_40_end_9_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09947114574769228
     y[ap_northeast_a100_40_end_9_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09947114574769228
     y[ap_northeast_a100_40_end_9_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09947114574769228
     y[ap_northeast_a100_40_end_9_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09947114574769228
-    y[ap_northeast_a100_40_end_9_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_9_0] M15_round_trip[ap_northeast_a100_40_1] 28.19368587189976
-    y[ap_northeast_a100_40_end_9_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6112479865167
+    y[ap_northeast_a100_40_end_9_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_9_0] M15_round_trip[ap_northeast_a100_40_1] 182.8125085278998
+    y[ap_northeast_a100_40_end_9_0] M16_round_trip_cap[ap_northeast_a100_40] 22.938600818516704
     y[ap_northeast_a100_40_end_9_1] obj 0.10464412068102563
     y[ap_northeast_a100_40_end_9_1] M3_end 1.0
     y[ap_northeast_a100_40_end_9_1] M4_cover 9.0
@@ -2097,15 +2097,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_9_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_9_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_9_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_9_1] M12_v_le_y[27] -3.5117768407690075
-    y[ap_northeast_a100_40_end_9_1] M12_v_ge[27] -3.5117768407690075
+    y[ap_northeast_a100_40_end_9_1] M12_v_le_y[27] -22.839129672769012
+    y[ap_northeast_a100_40_end_9_1] M12_v_ge[27] -22.839129672769012
     y[ap_northeast_a100_40_end_9_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10464412068102563
     y[ap_northeast_a100_40_end_9_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10464412068102563
     y[ap_northeast_a100_40_end_9_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10464412068102563
     y[ap_northeast_a100_40_end_9_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10464412068102563
-    y[ap_northeast_a100_40_end_9_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_9_1] M15_round_trip[ap_northeast_a100_40_1] 28.198858846833094
-    y[ap_northeast_a100_40_end_9_1] M16_round_trip_cap[ap_northeast_a100_40] 3.616420961450033
+    y[ap_northeast_a100_40_end_9_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_9_1] M15_round_trip[ap_northeast_a100_40_1] 182.81768150283315
+    y[ap_northeast_a100_40_end_9_1] M16_round_trip_cap[ap_northeast_a100_40] 22.94377379345004
     y[ap_northeast_a100_40_end_9_2] obj 0.20163664605538456
     y[ap_northeast_a100_40_end_9_2] M3_end 1.0
     y[ap_northeast_a100_40_end_9_2] M4_cover 9.0
@@ -2117,16 +2117,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_9_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_9_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_9_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_9_2] M12_v_le_y[28] -3.5117768407690075
-    y[ap_northeast_a100_40_end_9_2] M12_v_ge[28] -3.5117768407690075
+    y[ap_northeast_a100_40_end_9_2] M12_v_le_y[28] -22.839129672769012
+    y[ap_northeast_a100_40_end_9_2] M12_v_ge[28] -22.839129672769012
     y[ap_northeast_a100_40_end_9_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.20163664605538456
     y[ap_northeast_a100_40_end_9_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.20163664605538456
     y[ap_northeast_a100_40_end_9_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.20163664605538456
     y[ap_northeast_a100_40_end_9_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.20163664605538456
-    y[ap_northeast_a100_40_end_9_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_9_2] M15_round_trip[ap_northeast_a100_40_1] 28.200650029733605
-    y[ap_northeast_a100_40_end_9_2] M15_round_trip[ap_northeast_a100_40_2] 31.807628212976457
-    y[ap_northeast_a100_40_end_9_2] M16_round_trip_cap[ap_northeast_a100_40] 3.713413486824392
+    y[ap_northeast_a100_40_end_9_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_9_2] M15_round_trip[ap_northeast_a100_40_1] 182.81947268573367
+    y[ap_northeast_a100_40_end_9_2] M15_round_trip[ap_northeast_a100_40_2] 205.75380370097653
+    y[ap_northeast_a100_40_end_9_2] M16_round_trip_cap[ap_northeast_a100_40] 23.040766318824396
     y[ap_northeast_a100_40_end_10_0] obj 0.1087218445390769
     y[ap_northeast_a100_40_end_10_0] M3_end 1.0
     y[ap_northeast_a100_40_end_10_0] M4_cover 10.0
@@ -2138,15 +2138,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_10_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_10_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_10_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_10_0] M12_v_le_y[29] -3.5117768407690075
-    y[ap_northeast_a100_40_end_10_0] M12_v_ge[29] -3.5117768407690075
+    y[ap_northeast_a100_40_end_10_0] M12_v_le_y[29] -22.839129672769012
+    y[ap_northeast_a100_40_end_10_0] M12_v_ge[29] -22.839129672769012
     y[ap_northeast_a100_40_end_10_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1087218445390769
     y[ap_northeast_a100_40_end_10_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1087218445390769
     y[ap_northeast_a100_40_end_10_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1087218445390769
     y[ap_northeast_a100_40_end_10_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1087218445390769
-    y[ap_northeast_a100_40_end_10_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_10_0] M15_round_trip[ap_northeast_a100_40_1] 28.202936570691143
-    y[ap_northeast_a100_40_end_10_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6204986853080845
+    y[ap_northeast_a100_40_end_10_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_10_0] M15_round_trip[ap_northeast_a100_40_1] 182.8217592266912
+    y[ap_northeast_a100_40_end_10_0] M16_round_trip_cap[ap_northeast_a100_40] 22.947851517308088
     y[ap_northeast_a100_40_end_10_1] obj 0.2201380436381538
     y[ap_northeast_a100_40_end_10_1] M3_end 1.0
     y[ap_northeast_a100_40_end_10_1] M4_cover 10.0
@@ -2158,16 +2158,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_10_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_10_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_10_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_10_1] M12_v_le_y[30] -3.5117768407690075
-    y[ap_northeast_a100_40_end_10_1] M12_v_ge[30] -3.5117768407690075
+    y[ap_northeast_a100_40_end_10_1] M12_v_le_y[30] -22.839129672769012
+    y[ap_northeast_a100_40_end_10_1] M12_v_ge[30] -22.839129672769012
     y[ap_northeast_a100_40_end_10_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2201380436381538
     y[ap_northeast_a100_40_end_10_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2201380436381538
     y[ap_northeast_a100_40_end_10_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2201380436381538
     y[ap_northeast_a100_40_end_10_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2201380436381538
-    y[ap_northeast_a100_40_end_10_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_10_1] M15_round_trip[ap_northeast_a100_40_1] 28.200650029733605
-    y[ap_northeast_a100_40_end_10_1] M15_round_trip[ap_northeast_a100_40_2] 31.826129610559228
-    y[ap_northeast_a100_40_end_10_1] M16_round_trip_cap[ap_northeast_a100_40] 3.7319148844071615
+    y[ap_northeast_a100_40_end_10_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_10_1] M15_round_trip[ap_northeast_a100_40_1] 182.81947268573367
+    y[ap_northeast_a100_40_end_10_1] M15_round_trip[ap_northeast_a100_40_2] 205.7723050985593
+    y[ap_northeast_a100_40_end_10_1] M16_round_trip_cap[ap_northeast_a100_40] 23.059267716407167
     y[ap_northeast_a100_40_end_10_2] obj 0.1144540600057436
     y[ap_northeast_a100_40_end_10_2] M3_end 1.0
     y[ap_northeast_a100_40_end_10_2] M4_cover 10.0
@@ -2179,15 +2179,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_10_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_10_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_10_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_10_2] M12_v_le_y[31] -3.5117768407690075
-    y[ap_northeast_a100_40_end_10_2] M12_v_ge[31] -3.5117768407690075
+    y[ap_northeast_a100_40_end_10_2] M12_v_le_y[31] -22.839129672769012
+    y[ap_northeast_a100_40_end_10_2] M12_v_ge[31] -22.839129672769012
     y[ap_northeast_a100_40_end_10_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1144540600057436
     y[ap_northeast_a100_40_end_10_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1144540600057436
     y[ap_northeast_a100_40_end_10_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1144540600057436
     y[ap_northeast_a100_40_end_10_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1144540600057436
-    y[ap_northeast_a100_40_end_10_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_10_2] M15_round_trip[ap_northeast_a100_40_1] 28.208668786157812
-    y[ap_northeast_a100_40_end_10_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6262309007747513
+    y[ap_northeast_a100_40_end_10_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_10_2] M15_round_trip[ap_northeast_a100_40_1] 182.82749144215788
+    y[ap_northeast_a100_40_end_10_2] M16_round_trip_cap[ap_northeast_a100_40] 22.953583732774756
     y[ap_northeast_a100_40_end_11_0] obj 0.1179725433304615
     y[ap_northeast_a100_40_end_11_0] M3_end 1.0
     y[ap_northeast_a100_40_end_11_0] M4_cover 11.0
@@ -2199,15 +2199,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_11_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_11_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_11_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_11_0] M12_v_le_y[32] -3.5117768407690075
-    y[ap_northeast_a100_40_end_11_0] M12_v_ge[32] -3.5117768407690075
+    y[ap_northeast_a100_40_end_11_0] M12_v_le_y[32] -22.839129672769012
+    y[ap_northeast_a100_40_end_11_0] M12_v_ge[32] -22.839129672769012
     y[ap_northeast_a100_40_end_11_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1179725433304615
     y[ap_northeast_a100_40_end_11_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1179725433304615
     y[ap_northeast_a100_40_end_11_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1179725433304615
     y[ap_northeast_a100_40_end_11_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1179725433304615
-    y[ap_northeast_a100_40_end_11_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_11_0] M15_round_trip[ap_northeast_a100_40_1] 28.21218726948253
-    y[ap_northeast_a100_40_end_11_0] M16_round_trip_cap[ap_northeast_a100_40] 3.629749384099469
+    y[ap_northeast_a100_40_end_11_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_11_0] M15_round_trip[ap_northeast_a100_40_1] 182.8310099254826
+    y[ap_northeast_a100_40_end_11_0] M16_round_trip_cap[ap_northeast_a100_40] 22.957102216099475
     y[ap_northeast_a100_40_end_11_1] obj 0.12426399933046153
     y[ap_northeast_a100_40_end_11_1] M3_end 1.0
     y[ap_northeast_a100_40_end_11_1] M4_cover 11.0
@@ -2219,15 +2219,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_11_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_11_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_11_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_11_1] M12_v_le_y[33] -3.5117768407690075
-    y[ap_northeast_a100_40_end_11_1] M12_v_ge[33] -3.5117768407690075
+    y[ap_northeast_a100_40_end_11_1] M12_v_le_y[33] -22.839129672769012
+    y[ap_northeast_a100_40_end_11_1] M12_v_ge[33] -22.839129672769012
     y[ap_northeast_a100_40_end_11_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12426399933046153
     y[ap_northeast_a100_40_end_11_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12426399933046153
     y[ap_northeast_a100_40_end_11_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12426399933046153
     y[ap_northeast_a100_40_end_11_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12426399933046153
-    y[ap_northeast_a100_40_end_11_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_11_1] M15_round_trip[ap_northeast_a100_40_1] 28.21847872548253
-    y[ap_northeast_a100_40_end_11_1] M16_round_trip_cap[ap_northeast_a100_40] 3.636040840099469
+    y[ap_northeast_a100_40_end_11_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_11_1] M15_round_trip[ap_northeast_a100_40_1] 182.83730138148258
+    y[ap_northeast_a100_40_end_11_1] M16_round_trip_cap[ap_northeast_a100_40] 22.963393672099475
     y[ap_northeast_a100_40_end_11_2] obj 0.238639441220923
     y[ap_northeast_a100_40_end_11_2] M3_end 1.0
     y[ap_northeast_a100_40_end_11_2] M4_cover 11.0
@@ -2239,16 +2239,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_11_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_11_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_11_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_11_2] M12_v_le_y[34] -3.5117768407690075
-    y[ap_northeast_a100_40_end_11_2] M12_v_ge[34] -3.5117768407690075
+    y[ap_northeast_a100_40_end_11_2] M12_v_le_y[34] -22.839129672769012
+    y[ap_northeast_a100_40_end_11_2] M12_v_ge[34] -22.839129672769012
     y[ap_northeast_a100_40_end_11_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.238639441220923
     y[ap_northeast_a100_40_end_11_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.238639441220923
     y[ap_northeast_a100_40_end_11_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.238639441220923
     y[ap_northeast_a100_40_end_11_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.238639441220923
-    y[ap_northeast_a100_40_end_11_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_11_2] M15_round_trip[ap_northeast_a100_40_1] 28.219151427316376
-    y[ap_northeast_a100_40_end_11_2] M15_round_trip[ap_northeast_a100_40_2] 31.844631008141995
-    y[ap_northeast_a100_40_end_11_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7504162819899305
+    y[ap_northeast_a100_40_end_11_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_11_2] M15_round_trip[ap_northeast_a100_40_1] 182.83797408331642
+    y[ap_northeast_a100_40_end_11_2] M15_round_trip[ap_northeast_a100_40_2] 205.79080649614207
+    y[ap_northeast_a100_40_end_11_2] M16_round_trip_cap[ap_northeast_a100_40] 23.077769113989934
     y[ap_northeast_a100_40_end_12_0] obj 0.12722324212184613
     y[ap_northeast_a100_40_end_12_0] M3_end 1.0
     y[ap_northeast_a100_40_end_12_0] M4_cover 12.0
@@ -2260,15 +2260,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_12_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_12_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_12_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_12_0] M12_v_le_y[35] -3.5117768407690075
-    y[ap_northeast_a100_40_end_12_0] M12_v_ge[35] -3.5117768407690075
+    y[ap_northeast_a100_40_end_12_0] M12_v_le_y[35] -22.839129672769012
+    y[ap_northeast_a100_40_end_12_0] M12_v_ge[35] -22.839129672769012
     y[ap_northeast_a100_40_end_12_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12722324212184613
     y[ap_northeast_a100_40_end_12_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12722324212184613
     y[ap_northeast_a100_40_end_12_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12722324212184613
     y[ap_northeast_a100_40_end_12_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12722324212184613
-    y[ap_northeast_a100_40_end_12_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_12_0] M15_round_trip[ap_northeast_a100_40_1] 28.221437968273914
-    y[ap_northeast_a100_40_end_12_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6390000828908535
+    y[ap_northeast_a100_40_end_12_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_12_0] M15_round_trip[ap_northeast_a100_40_1] 182.84026062427398
+    y[ap_northeast_a100_40_end_12_0] M16_round_trip_cap[ap_northeast_a100_40] 22.96635291489086
     y[ap_northeast_a100_40_end_12_1] obj 0.25714083880369226
     y[ap_northeast_a100_40_end_12_1] M3_end 1.0
     y[ap_northeast_a100_40_end_12_1] M4_cover 12.0
@@ -2280,16 +2280,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_12_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_12_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_12_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_12_1] M12_v_le_y[36] -3.5117768407690075
-    y[ap_northeast_a100_40_end_12_1] M12_v_ge[36] -3.5117768407690075
+    y[ap_northeast_a100_40_end_12_1] M12_v_le_y[36] -22.839129672769012
+    y[ap_northeast_a100_40_end_12_1] M12_v_ge[36] -22.839129672769012
     y[ap_northeast_a100_40_end_12_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.25714083880369226
     y[ap_northeast_a100_40_end_12_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.25714083880369226
     y[ap_northeast_a100_40_end_12_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.25714083880369226
     y[ap_northeast_a100_40_end_12_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.25714083880369226
-    y[ap_northeast_a100_40_end_12_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_12_1] M15_round_trip[ap_northeast_a100_40_1] 28.219151427316376
-    y[ap_northeast_a100_40_end_12_1] M15_round_trip[ap_northeast_a100_40_2] 31.863132405724766
-    y[ap_northeast_a100_40_end_12_1] M16_round_trip_cap[ap_northeast_a100_40] 3.7689176795727
+    y[ap_northeast_a100_40_end_12_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_12_1] M15_round_trip[ap_northeast_a100_40_1] 182.83797408331642
+    y[ap_northeast_a100_40_end_12_1] M15_round_trip[ap_northeast_a100_40_2] 205.80930789372482
+    y[ap_northeast_a100_40_end_12_1] M16_round_trip_cap[ap_northeast_a100_40] 23.096270511572705
     y[ap_northeast_a100_40_end_12_2] obj 0.1340739386551795
     y[ap_northeast_a100_40_end_12_2] M3_end 1.0
     y[ap_northeast_a100_40_end_12_2] M4_cover 12.0
@@ -2301,15 +2301,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_12_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_12_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_12_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_12_2] M12_v_le_y[37] -3.5117768407690075
-    y[ap_northeast_a100_40_end_12_2] M12_v_ge[37] -3.5117768407690075
+    y[ap_northeast_a100_40_end_12_2] M12_v_le_y[37] -22.839129672769012
+    y[ap_northeast_a100_40_end_12_2] M12_v_ge[37] -22.839129672769012
     y[ap_northeast_a100_40_end_12_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1340739386551795
     y[ap_northeast_a100_40_end_12_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1340739386551795
     y[ap_northeast_a100_40_end_12_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1340739386551795
     y[ap_northeast_a100_40_end_12_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1340739386551795
-    y[ap_northeast_a100_40_end_12_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_12_2] M15_round_trip[ap_northeast_a100_40_1] 28.22828866480725
-    y[ap_northeast_a100_40_end_12_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6458507794241872
+    y[ap_northeast_a100_40_end_12_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_12_2] M15_round_trip[ap_northeast_a100_40_1] 182.8471113208073
+    y[ap_northeast_a100_40_end_12_2] M16_round_trip_cap[ap_northeast_a100_40] 22.973203611424193
     y[ap_northeast_a100_40_end_13_0] obj 0.13647394091323073
     y[ap_northeast_a100_40_end_13_0] M3_end 1.0
     y[ap_northeast_a100_40_end_13_0] M4_cover 13.0
@@ -2321,15 +2321,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_13_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_13_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_13_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_13_0] M12_v_le_y[38] -3.5117768407690075
-    y[ap_northeast_a100_40_end_13_0] M12_v_ge[38] -3.5117768407690075
+    y[ap_northeast_a100_40_end_13_0] M12_v_le_y[38] -22.839129672769012
+    y[ap_northeast_a100_40_end_13_0] M12_v_ge[38] -22.839129672769012
     y[ap_northeast_a100_40_end_13_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.13647394091323073
     y[ap_northeast_a100_40_end_13_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.13647394091323073
     y[ap_northeast_a100_40_end_13_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.13647394091323073
     y[ap_northeast_a100_40_end_13_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.13647394091323073
-    y[ap_northeast_a100_40_end_13_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_13_0] M15_round_trip[ap_northeast_a100_40_1] 28.230688667065298
-    y[ap_northeast_a100_40_end_13_0] M16_round_trip_cap[ap_northeast_a100_40] 3.648250781682238
+    y[ap_northeast_a100_40_end_13_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_13_0] M15_round_trip[ap_northeast_a100_40_1] 182.84951132306534
+    y[ap_northeast_a100_40_end_13_0] M16_round_trip_cap[ap_northeast_a100_40] 22.975603613682242
     y[ap_northeast_a100_40_end_13_1] obj 0.27564223638646146
     y[ap_northeast_a100_40_end_13_1] M3_end 1.0
     y[ap_northeast_a100_40_end_13_1] M4_cover 13.0
@@ -2341,16 +2341,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_13_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_13_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_13_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_13_1] M12_v_le_y[39] -3.5117768407690075
-    y[ap_northeast_a100_40_end_13_1] M12_v_ge[39] -3.5117768407690075
+    y[ap_northeast_a100_40_end_13_1] M12_v_le_y[39] -22.839129672769012
+    y[ap_northeast_a100_40_end_13_1] M12_v_ge[39] -22.839129672769012
     y[ap_northeast_a100_40_end_13_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.27564223638646146
     y[ap_northeast_a100_40_end_13_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.27564223638646146
     y[ap_northeast_a100_40_end_13_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.27564223638646146
     y[ap_northeast_a100_40_end_13_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.27564223638646146
-    y[ap_northeast_a100_40_end_13_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_13_1] M15_round_trip[ap_northeast_a100_40_1] 28.237652824899143
-    y[ap_northeast_a100_40_end_13_1] M15_round_trip[ap_northeast_a100_40_2] 31.881633803307533
-    y[ap_northeast_a100_40_end_13_1] M16_round_trip_cap[ap_northeast_a100_40] 3.787419077155469
+    y[ap_northeast_a100_40_end_13_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_13_1] M15_round_trip[ap_northeast_a100_40_1] 182.8564754808992
+    y[ap_northeast_a100_40_end_13_1] M15_round_trip[ap_northeast_a100_40_2] 205.8278092913076
+    y[ap_northeast_a100_40_end_13_1] M16_round_trip_cap[ap_northeast_a100_40] 23.114771909155472
     y[ap_northeast_a100_40_end_13_2] obj 0.14388387797989743
     y[ap_northeast_a100_40_end_13_2] M3_end 1.0
     y[ap_northeast_a100_40_end_13_2] M4_cover 13.0
@@ -2361,15 +2361,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_13_2] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_end_13_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_13_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_end_13_2] M12_v_le_y[40] -3.5117768407690075
-    y[ap_northeast_a100_40_end_13_2] M12_v_ge[40] -3.5117768407690075
+    y[ap_northeast_a100_40_end_13_2] M12_v_le_y[40] -22.839129672769012
+    y[ap_northeast_a100_40_end_13_2] M12_v_ge[40] -22.839129672769012
     y[ap_northeast_a100_40_end_13_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14388387797989743
     y[ap_northeast_a100_40_end_13_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14388387797989743
     y[ap_northeast_a100_40_end_13_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14388387797989743
     y[ap_northeast_a100_40_end_13_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14388387797989743
-    y[ap_northeast_a100_40_end_13_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_13_2] M15_round_trip[ap_northeast_a100_40_1] 28.238098604131963
-    y[ap_northeast_a100_40_end_13_2] M16_round_trip_cap[ap_northeast_a100_40] 3.655660718748905
+    y[ap_northeast_a100_40_end_13_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_13_2] M15_round_trip[ap_northeast_a100_40_1] 182.85692126013203
+    y[ap_northeast_a100_40_end_13_2] M16_round_trip_cap[ap_northeast_a100_40] 22.983013550748908
     y[ap_northeast_a100_40_end_14_0] obj 0.14572463970461536
     y[ap_northeast_a100_40_end_14_0] M3_end 1.0
     y[ap_northeast_a100_40_end_14_0] M4_cover 14.0
@@ -2381,15 +2381,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_14_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_14_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_14_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_14_0] M12_v_le_y[41] -3.5117768407690075
-    y[ap_northeast_a100_40_end_14_0] M12_v_ge[41] -3.5117768407690075
+    y[ap_northeast_a100_40_end_14_0] M12_v_le_y[41] -22.839129672769012
+    y[ap_northeast_a100_40_end_14_0] M12_v_ge[41] -22.839129672769012
     y[ap_northeast_a100_40_end_14_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14572463970461536
     y[ap_northeast_a100_40_end_14_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14572463970461536
     y[ap_northeast_a100_40_end_14_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14572463970461536
     y[ap_northeast_a100_40_end_14_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14572463970461536
-    y[ap_northeast_a100_40_end_14_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_14_0] M15_round_trip[ap_northeast_a100_40_1] 28.23993936585668
-    y[ap_northeast_a100_40_end_14_0] M16_round_trip_cap[ap_northeast_a100_40] 3.657501480473623
+    y[ap_northeast_a100_40_end_14_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_14_0] M15_round_trip[ap_northeast_a100_40_1] 182.85876202185673
+    y[ap_northeast_a100_40_end_14_0] M16_round_trip_cap[ap_northeast_a100_40] 22.984854312473626
     y[ap_northeast_a100_40_end_14_1] obj 0.2941436339692307
     y[ap_northeast_a100_40_end_14_1] M3_end 1.0
     y[ap_northeast_a100_40_end_14_1] M4_cover 14.0
@@ -2401,16 +2401,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_14_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_14_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_14_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_end_14_1] M12_v_le_y[42] -3.5117768407690075
-    y[ap_northeast_a100_40_end_14_1] M12_v_ge[42] -3.5117768407690075
+    y[ap_northeast_a100_40_end_14_1] M12_v_le_y[42] -22.839129672769012
+    y[ap_northeast_a100_40_end_14_1] M12_v_ge[42] -22.839129672769012
     y[ap_northeast_a100_40_end_14_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2941436339692307
     y[ap_northeast_a100_40_end_14_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2941436339692307
     y[ap_northeast_a100_40_end_14_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2941436339692307
     y[ap_northeast_a100_40_end_14_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2941436339692307
-    y[ap_northeast_a100_40_end_14_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_14_1] M15_round_trip[ap_northeast_a100_40_1] 28.237652824899143
-    y[ap_northeast_a100_40_end_14_1] M15_round_trip[ap_northeast_a100_40_2] 31.900135200890304
-    y[ap_northeast_a100_40_end_14_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8059204747382385
+    y[ap_northeast_a100_40_end_14_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_14_1] M15_round_trip[ap_northeast_a100_40_1] 182.8564754808992
+    y[ap_northeast_a100_40_end_14_1] M15_round_trip[ap_northeast_a100_40_2] 205.84631068889038
+    y[ap_northeast_a100_40_end_14_1] M16_round_trip_cap[ap_northeast_a100_40] 23.133273306738243
     y[ap_northeast_a100_40_end_14_2] obj 0.1536938173046154
     y[ap_northeast_a100_40_end_14_2] M3_end 1.0
     y[ap_northeast_a100_40_end_14_2] M4_cover 14.0
@@ -2421,15 +2421,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_14_2] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_end_14_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_14_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_end_14_2] M12_v_le_y[43] -3.5117768407690075
-    y[ap_northeast_a100_40_end_14_2] M12_v_ge[43] -3.5117768407690075
+    y[ap_northeast_a100_40_end_14_2] M12_v_le_y[43] -22.839129672769012
+    y[ap_northeast_a100_40_end_14_2] M12_v_ge[43] -22.839129672769012
     y[ap_northeast_a100_40_end_14_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1536938173046154
     y[ap_northeast_a100_40_end_14_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1536938173046154
     y[ap_northeast_a100_40_end_14_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1536938173046154
     y[ap_northeast_a100_40_end_14_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1536938173046154
-    y[ap_northeast_a100_40_end_14_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_14_2] M15_round_trip[ap_northeast_a100_40_1] 28.24790854345668
-    y[ap_northeast_a100_40_end_14_2] M16_round_trip_cap[ap_northeast_a100_40] 3.665470658073623
+    y[ap_northeast_a100_40_end_14_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_14_2] M15_round_trip[ap_northeast_a100_40_1] 182.86673119945675
+    y[ap_northeast_a100_40_end_14_2] M16_round_trip_cap[ap_northeast_a100_40] 22.992823490073626
     y[ap_northeast_a100_40_end_15_0] obj 0.15497533849599995
     y[ap_northeast_a100_40_end_15_0] M3_end 1.0
     y[ap_northeast_a100_40_end_15_0] M4_cover 15.0
@@ -2440,15 +2440,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_15_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_end_15_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_15_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_end_15_0] M12_v_le_y[44] -3.5117768407690075
-    y[ap_northeast_a100_40_end_15_0] M12_v_ge[44] -3.5117768407690075
+    y[ap_northeast_a100_40_end_15_0] M12_v_le_y[44] -22.839129672769012
+    y[ap_northeast_a100_40_end_15_0] M12_v_ge[44] -22.839129672769012
     y[ap_northeast_a100_40_end_15_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15497533849599995
     y[ap_northeast_a100_40_end_15_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15497533849599995
     y[ap_northeast_a100_40_end_15_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15497533849599995
     y[ap_northeast_a100_40_end_15_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15497533849599995
-    y[ap_northeast_a100_40_end_15_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_15_0] M15_round_trip[ap_northeast_a100_40_1] 28.24919006464807
-    y[ap_northeast_a100_40_end_15_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6667521792650075
+    y[ap_northeast_a100_40_end_15_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_15_0] M15_round_trip[ap_northeast_a100_40_1] 182.86801272064812
+    y[ap_northeast_a100_40_end_15_0] M16_round_trip_cap[ap_northeast_a100_40] 22.994105011265013
     y[ap_northeast_a100_40_end_15_1] obj 0.3126450315519999
     y[ap_northeast_a100_40_end_15_1] M3_end 1.0
     y[ap_northeast_a100_40_end_15_1] M4_cover 15.0
@@ -2460,16 +2460,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_15_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_15_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_15_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_15_1] M12_v_le_y[45] -3.5117768407690075
-    y[ap_northeast_a100_40_end_15_1] M12_v_ge[45] -3.5117768407690075
+    y[ap_northeast_a100_40_end_15_1] M12_v_le_y[45] -22.839129672769012
+    y[ap_northeast_a100_40_end_15_1] M12_v_ge[45] -22.839129672769012
     y[ap_northeast_a100_40_end_15_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3126450315519999
     y[ap_northeast_a100_40_end_15_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3126450315519999
     y[ap_northeast_a100_40_end_15_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3126450315519999
     y[ap_northeast_a100_40_end_15_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3126450315519999
-    y[ap_northeast_a100_40_end_15_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_15_1] M15_round_trip[ap_northeast_a100_40_1] 28.256154222481914
-    y[ap_northeast_a100_40_end_15_1] M15_round_trip[ap_northeast_a100_40_2] 31.91863659847307
-    y[ap_northeast_a100_40_end_15_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8244218723210075
+    y[ap_northeast_a100_40_end_15_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_15_1] M15_round_trip[ap_northeast_a100_40_1] 182.87497687848196
+    y[ap_northeast_a100_40_end_15_1] M15_round_trip[ap_northeast_a100_40_2] 205.86481208647314
+    y[ap_northeast_a100_40_end_15_1] M16_round_trip_cap[ap_northeast_a100_40] 23.15177470432101
     y[ap_northeast_a100_40_end_15_2] obj 0.16350375662933334
     y[ap_northeast_a100_40_end_15_2] M3_end 1.0
     y[ap_northeast_a100_40_end_15_2] M4_cover 15.0
@@ -2481,15 +2481,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_15_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_15_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_15_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_15_2] M12_v_le_y[46] -3.5117768407690075
-    y[ap_northeast_a100_40_end_15_2] M12_v_ge[46] -3.5117768407690075
+    y[ap_northeast_a100_40_end_15_2] M12_v_le_y[46] -22.839129672769012
+    y[ap_northeast_a100_40_end_15_2] M12_v_ge[46] -22.839129672769012
     y[ap_northeast_a100_40_end_15_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16350375662933334
     y[ap_northeast_a100_40_end_15_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16350375662933334
     y[ap_northeast_a100_40_end_15_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16350375662933334
     y[ap_northeast_a100_40_end_15_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16350375662933334
-    y[ap_northeast_a100_40_end_15_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_15_2] M15_round_trip[ap_northeast_a100_40_1] 28.2577184827814
-    y[ap_northeast_a100_40_end_15_2] M16_round_trip_cap[ap_northeast_a100_40] 3.675280597398341
+    y[ap_northeast_a100_40_end_15_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_15_2] M15_round_trip[ap_northeast_a100_40_1] 182.87654113878145
+    y[ap_northeast_a100_40_end_15_2] M16_round_trip_cap[ap_northeast_a100_40] 23.002633429398344
     y[ap_northeast_a100_40_end_16_0] obj 0.16422603728738458
     y[ap_northeast_a100_40_end_16_0] M3_end 1.0
     y[ap_northeast_a100_40_end_16_0] M4_cover 16.0
@@ -2500,15 +2500,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_16_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_end_16_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_16_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_end_16_0] M12_v_le_y[47] -3.5117768407690075
-    y[ap_northeast_a100_40_end_16_0] M12_v_ge[47] -3.5117768407690075
+    y[ap_northeast_a100_40_end_16_0] M12_v_le_y[47] -22.839129672769012
+    y[ap_northeast_a100_40_end_16_0] M12_v_ge[47] -22.839129672769012
     y[ap_northeast_a100_40_end_16_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16422603728738458
     y[ap_northeast_a100_40_end_16_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16422603728738458
     y[ap_northeast_a100_40_end_16_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16422603728738458
     y[ap_northeast_a100_40_end_16_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16422603728738458
-    y[ap_northeast_a100_40_end_16_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_16_0] M15_round_trip[ap_northeast_a100_40_1] 28.258440763439452
-    y[ap_northeast_a100_40_end_16_0] M16_round_trip_cap[ap_northeast_a100_40] 3.676002878056392
+    y[ap_northeast_a100_40_end_16_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_16_0] M15_round_trip[ap_northeast_a100_40_1] 182.87726341943952
+    y[ap_northeast_a100_40_end_16_0] M16_round_trip_cap[ap_northeast_a100_40] 23.003355710056397
     y[ap_northeast_a100_40_end_16_1] obj 0.3311464291347691
     y[ap_northeast_a100_40_end_16_1] M3_end 1.0
     y[ap_northeast_a100_40_end_16_1] M4_cover 16.0
@@ -2520,16 +2520,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_16_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_16_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_16_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_end_16_1] M12_v_le_y[48] -3.5117768407690075
-    y[ap_northeast_a100_40_end_16_1] M12_v_ge[48] -3.5117768407690075
+    y[ap_northeast_a100_40_end_16_1] M12_v_le_y[48] -22.839129672769012
+    y[ap_northeast_a100_40_end_16_1] M12_v_ge[48] -22.839129672769012
     y[ap_northeast_a100_40_end_16_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3311464291347691
     y[ap_northeast_a100_40_end_16_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3311464291347691
     y[ap_northeast_a100_40_end_16_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3311464291347691
     y[ap_northeast_a100_40_end_16_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3311464291347691
-    y[ap_northeast_a100_40_end_16_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_16_1] M15_round_trip[ap_northeast_a100_40_1] 28.256154222481914
-    y[ap_northeast_a100_40_end_16_1] M15_round_trip[ap_northeast_a100_40_2] 31.937137996055842
-    y[ap_northeast_a100_40_end_16_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8429232699037765
+    y[ap_northeast_a100_40_end_16_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_16_1] M15_round_trip[ap_northeast_a100_40_1] 182.87497687848196
+    y[ap_northeast_a100_40_end_16_1] M15_round_trip[ap_northeast_a100_40_2] 205.88331348405592
+    y[ap_northeast_a100_40_end_16_1] M16_round_trip_cap[ap_northeast_a100_40] 23.17027610190378
     y[ap_northeast_a100_40_end_16_2] obj 0.1733136959540513
     y[ap_northeast_a100_40_end_16_2] M3_end 1.0
     y[ap_northeast_a100_40_end_16_2] M4_cover 16.0
@@ -2541,15 +2541,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_16_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_16_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_16_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_16_2] M12_v_le_y[49] -3.5117768407690075
-    y[ap_northeast_a100_40_end_16_2] M12_v_ge[49] -3.5117768407690075
+    y[ap_northeast_a100_40_end_16_2] M12_v_le_y[49] -22.839129672769012
+    y[ap_northeast_a100_40_end_16_2] M12_v_ge[49] -22.839129672769012
     y[ap_northeast_a100_40_end_16_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1733136959540513
     y[ap_northeast_a100_40_end_16_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1733136959540513
     y[ap_northeast_a100_40_end_16_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1733136959540513
     y[ap_northeast_a100_40_end_16_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1733136959540513
-    y[ap_northeast_a100_40_end_16_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_16_2] M15_round_trip[ap_northeast_a100_40_1] 28.267528422106118
-    y[ap_northeast_a100_40_end_16_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6850905367230586
+    y[ap_northeast_a100_40_end_16_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_16_2] M15_round_trip[ap_northeast_a100_40_1] 182.88635107810617
+    y[ap_northeast_a100_40_end_16_2] M16_round_trip_cap[ap_northeast_a100_40] 23.012443368723062
     y[ap_northeast_a100_40_end_17_0] obj 0.17347673607876918
     y[ap_northeast_a100_40_end_17_0] M3_end 1.0
     y[ap_northeast_a100_40_end_17_0] M4_cover 17.0
@@ -2560,15 +2560,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_17_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_end_17_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_17_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_end_17_0] M12_v_le_y[50] -3.5117768407690075
-    y[ap_northeast_a100_40_end_17_0] M12_v_ge[50] -3.5117768407690075
+    y[ap_northeast_a100_40_end_17_0] M12_v_le_y[50] -22.839129672769012
+    y[ap_northeast_a100_40_end_17_0] M12_v_ge[50] -22.839129672769012
     y[ap_northeast_a100_40_end_17_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.17347673607876918
     y[ap_northeast_a100_40_end_17_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.17347673607876918
     y[ap_northeast_a100_40_end_17_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.17347673607876918
     y[ap_northeast_a100_40_end_17_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.17347673607876918
-    y[ap_northeast_a100_40_end_17_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_17_0] M15_round_trip[ap_northeast_a100_40_1] 28.267691462230836
-    y[ap_northeast_a100_40_end_17_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6852535768477765
+    y[ap_northeast_a100_40_end_17_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_17_0] M15_round_trip[ap_northeast_a100_40_1] 182.8865141182309
+    y[ap_northeast_a100_40_end_17_0] M16_round_trip_cap[ap_northeast_a100_40] 23.01260640884778
     y[ap_northeast_a100_40_end_17_1] obj 0.34964782671753836
     y[ap_northeast_a100_40_end_17_1] M3_end 1.0
     y[ap_northeast_a100_40_end_17_1] M4_cover 17.0
@@ -2579,16 +2579,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_17_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_end_17_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_17_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_end_17_1] M12_v_le_y[51] -3.5117768407690075
-    y[ap_northeast_a100_40_end_17_1] M12_v_ge[51] -3.5117768407690075
+    y[ap_northeast_a100_40_end_17_1] M12_v_le_y[51] -22.839129672769012
+    y[ap_northeast_a100_40_end_17_1] M12_v_ge[51] -22.839129672769012
     y[ap_northeast_a100_40_end_17_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.34964782671753836
     y[ap_northeast_a100_40_end_17_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.34964782671753836
     y[ap_northeast_a100_40_end_17_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.34964782671753836
     y[ap_northeast_a100_40_end_17_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.34964782671753836
-    y[ap_northeast_a100_40_end_17_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_17_1] M15_round_trip[ap_northeast_a100_40_1] 28.27465562006468
-    y[ap_northeast_a100_40_end_17_1] M15_round_trip[ap_northeast_a100_40_2] 31.955639393638613
-    y[ap_northeast_a100_40_end_17_1] M16_round_trip_cap[ap_northeast_a100_40] 3.861424667486546
+    y[ap_northeast_a100_40_end_17_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_17_1] M15_round_trip[ap_northeast_a100_40_1] 182.89347827606474
+    y[ap_northeast_a100_40_end_17_1] M15_round_trip[ap_northeast_a100_40_2] 205.90181488163867
+    y[ap_northeast_a100_40_end_17_1] M16_round_trip_cap[ap_northeast_a100_40] 23.18877749948655
     y[ap_northeast_a100_40_end_17_2] obj 0.18312363527876924
     y[ap_northeast_a100_40_end_17_2] M3_end 1.0
     y[ap_northeast_a100_40_end_17_2] M4_cover 17.0
@@ -2600,15 +2600,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_17_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_17_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_17_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_17_2] M12_v_le_y[52] -3.5117768407690075
-    y[ap_northeast_a100_40_end_17_2] M12_v_ge[52] -3.5117768407690075
+    y[ap_northeast_a100_40_end_17_2] M12_v_le_y[52] -22.839129672769012
+    y[ap_northeast_a100_40_end_17_2] M12_v_ge[52] -22.839129672769012
     y[ap_northeast_a100_40_end_17_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18312363527876924
     y[ap_northeast_a100_40_end_17_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18312363527876924
     y[ap_northeast_a100_40_end_17_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18312363527876924
     y[ap_northeast_a100_40_end_17_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18312363527876924
-    y[ap_northeast_a100_40_end_17_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_17_2] M15_round_trip[ap_northeast_a100_40_1] 28.277338361430836
-    y[ap_northeast_a100_40_end_17_2] M16_round_trip_cap[ap_northeast_a100_40] 3.694900476047777
+    y[ap_northeast_a100_40_end_17_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_17_2] M15_round_trip[ap_northeast_a100_40_1] 182.8961610174309
+    y[ap_northeast_a100_40_end_17_2] M16_round_trip_cap[ap_northeast_a100_40] 23.02225330804778
     y[ap_northeast_a100_40_end_18_0] obj 0.1827274348701538
     y[ap_northeast_a100_40_end_18_0] M3_end 1.0
     y[ap_northeast_a100_40_end_18_0] M4_cover 18.0
@@ -2620,15 +2620,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_18_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_18_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_18_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_18_0] M12_v_le_y[53] -3.5117768407690075
-    y[ap_northeast_a100_40_end_18_0] M12_v_ge[53] -3.5117768407690075
+    y[ap_northeast_a100_40_end_18_0] M12_v_le_y[53] -22.839129672769012
+    y[ap_northeast_a100_40_end_18_0] M12_v_ge[53] -22.839129672769012
     y[ap_northeast_a100_40_end_18_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1827274348701538
     y[ap_northeast_a100_40_end_18_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1827274348701538
     y[ap_northeast_a100_40_end_18_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1827274348701538
     y[ap_northeast_a100_40_end_18_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1827274348701538
-    y[ap_northeast_a100_40_end_18_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_18_0] M15_round_trip[ap_northeast_a100_40_1] 28.27694216102222
-    y[ap_northeast_a100_40_end_18_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6945042756391615
+    y[ap_northeast_a100_40_end_18_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_18_0] M15_round_trip[ap_northeast_a100_40_1] 182.89576481702227
+    y[ap_northeast_a100_40_end_18_0] M16_round_trip_cap[ap_northeast_a100_40] 23.021857107639164
     y[ap_northeast_a100_40_end_18_1] obj 0.3681492243003076
     y[ap_northeast_a100_40_end_18_1] M3_end 1.0
     y[ap_northeast_a100_40_end_18_1] M4_cover 18.0
@@ -2639,16 +2639,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_18_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_end_18_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_18_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_end_18_1] M12_v_le_y[54] -3.5117768407690075
-    y[ap_northeast_a100_40_end_18_1] M12_v_ge[54] -3.5117768407690075
+    y[ap_northeast_a100_40_end_18_1] M12_v_le_y[54] -22.839129672769012
+    y[ap_northeast_a100_40_end_18_1] M12_v_ge[54] -22.839129672769012
     y[ap_northeast_a100_40_end_18_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3681492243003076
     y[ap_northeast_a100_40_end_18_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3681492243003076
     y[ap_northeast_a100_40_end_18_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3681492243003076
     y[ap_northeast_a100_40_end_18_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3681492243003076
-    y[ap_northeast_a100_40_end_18_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_18_1] M15_round_trip[ap_northeast_a100_40_1] 28.27465562006468
-    y[ap_northeast_a100_40_end_18_1] M15_round_trip[ap_northeast_a100_40_2] 31.97414079122138
-    y[ap_northeast_a100_40_end_18_1] M16_round_trip_cap[ap_northeast_a100_40] 3.879926065069315
+    y[ap_northeast_a100_40_end_18_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_18_1] M15_round_trip[ap_northeast_a100_40_1] 182.89347827606474
+    y[ap_northeast_a100_40_end_18_1] M15_round_trip[ap_northeast_a100_40_2] 205.92031627922145
+    y[ap_northeast_a100_40_end_18_1] M16_round_trip_cap[ap_northeast_a100_40] 23.20727889706932
     y[ap_northeast_a100_40_end_18_2] obj 0.1929335746034872
     y[ap_northeast_a100_40_end_18_2] M3_end 1.0
     y[ap_northeast_a100_40_end_18_2] M4_cover 18.0
@@ -2660,15 +2660,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_18_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_18_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_18_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_18_2] M12_v_le_y[55] -3.5117768407690075
-    y[ap_northeast_a100_40_end_18_2] M12_v_ge[55] -3.5117768407690075
+    y[ap_northeast_a100_40_end_18_2] M12_v_le_y[55] -22.839129672769012
+    y[ap_northeast_a100_40_end_18_2] M12_v_ge[55] -22.839129672769012
     y[ap_northeast_a100_40_end_18_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1929335746034872
     y[ap_northeast_a100_40_end_18_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1929335746034872
     y[ap_northeast_a100_40_end_18_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1929335746034872
     y[ap_northeast_a100_40_end_18_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1929335746034872
-    y[ap_northeast_a100_40_end_18_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_18_2] M15_round_trip[ap_northeast_a100_40_1] 28.287148300755554
-    y[ap_northeast_a100_40_end_18_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7047104153724946
+    y[ap_northeast_a100_40_end_18_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_18_2] M15_round_trip[ap_northeast_a100_40_1] 182.90597095675562
+    y[ap_northeast_a100_40_end_18_2] M16_round_trip_cap[ap_northeast_a100_40] 23.0320632473725
     y[ap_northeast_a100_40_end_19_0] obj 0.19197813366153843
     y[ap_northeast_a100_40_end_19_0] M3_end 1.0
     y[ap_northeast_a100_40_end_19_0] M4_cover 19.0
@@ -2680,15 +2680,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_19_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_19_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_19_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_19_0] M12_v_le_y[56] -3.5117768407690075
-    y[ap_northeast_a100_40_end_19_0] M12_v_ge[56] -3.5117768407690075
+    y[ap_northeast_a100_40_end_19_0] M12_v_le_y[56] -22.839129672769012
+    y[ap_northeast_a100_40_end_19_0] M12_v_ge[56] -22.839129672769012
     y[ap_northeast_a100_40_end_19_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.19197813366153843
     y[ap_northeast_a100_40_end_19_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.19197813366153843
     y[ap_northeast_a100_40_end_19_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.19197813366153843
     y[ap_northeast_a100_40_end_19_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.19197813366153843
-    y[ap_northeast_a100_40_end_19_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_19_0] M15_round_trip[ap_northeast_a100_40_1] 28.286192859813607
-    y[ap_northeast_a100_40_end_19_0] M16_round_trip_cap[ap_northeast_a100_40] 3.703754974430546
+    y[ap_northeast_a100_40_end_19_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_19_0] M15_round_trip[ap_northeast_a100_40_1] 182.90501551581366
+    y[ap_northeast_a100_40_end_19_0] M16_round_trip_cap[ap_northeast_a100_40] 23.03110780643055
     y[ap_northeast_a100_40_end_19_1] obj 0.3866506218830768
     y[ap_northeast_a100_40_end_19_1] M3_end 1.0
     y[ap_northeast_a100_40_end_19_1] M4_cover 19.0
@@ -2699,16 +2699,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_19_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_end_19_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_19_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_end_19_1] M12_v_le_y[57] -3.5117768407690075
-    y[ap_northeast_a100_40_end_19_1] M12_v_ge[57] -3.5117768407690075
+    y[ap_northeast_a100_40_end_19_1] M12_v_le_y[57] -22.839129672769012
+    y[ap_northeast_a100_40_end_19_1] M12_v_ge[57] -22.839129672769012
     y[ap_northeast_a100_40_end_19_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3866506218830768
     y[ap_northeast_a100_40_end_19_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3866506218830768
     y[ap_northeast_a100_40_end_19_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3866506218830768
     y[ap_northeast_a100_40_end_19_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3866506218830768
-    y[ap_northeast_a100_40_end_19_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_19_1] M15_round_trip[ap_northeast_a100_40_1] 28.293157017647452
-    y[ap_northeast_a100_40_end_19_1] M15_round_trip[ap_northeast_a100_40_2] 31.99264218880415
-    y[ap_northeast_a100_40_end_19_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8984274626520845
+    y[ap_northeast_a100_40_end_19_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_19_1] M15_round_trip[ap_northeast_a100_40_1] 182.9119796736475
+    y[ap_northeast_a100_40_end_19_1] M15_round_trip[ap_northeast_a100_40_2] 205.9388176768042
+    y[ap_northeast_a100_40_end_19_1] M16_round_trip_cap[ap_northeast_a100_40] 23.22578029465209
     y[ap_northeast_a100_40_end_19_2] obj 0.20274351392820514
     y[ap_northeast_a100_40_end_19_2] M3_end 1.0
     y[ap_northeast_a100_40_end_19_2] M4_cover 19.0
@@ -2720,15 +2720,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_19_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_19_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_19_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_19_2] M12_v_le_y[58] -3.5117768407690075
-    y[ap_northeast_a100_40_end_19_2] M12_v_ge[58] -3.5117768407690075
+    y[ap_northeast_a100_40_end_19_2] M12_v_le_y[58] -22.839129672769012
+    y[ap_northeast_a100_40_end_19_2] M12_v_ge[58] -22.839129672769012
     y[ap_northeast_a100_40_end_19_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.20274351392820514
     y[ap_northeast_a100_40_end_19_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.20274351392820514
     y[ap_northeast_a100_40_end_19_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.20274351392820514
     y[ap_northeast_a100_40_end_19_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.20274351392820514
-    y[ap_northeast_a100_40_end_19_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_19_2] M15_round_trip[ap_northeast_a100_40_1] 28.296958240080272
-    y[ap_northeast_a100_40_end_19_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7145203546972128
+    y[ap_northeast_a100_40_end_19_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_19_2] M15_round_trip[ap_northeast_a100_40_1] 182.91578089608032
+    y[ap_northeast_a100_40_end_19_2] M16_round_trip_cap[ap_northeast_a100_40] 23.041873186697217
     y[ap_northeast_a100_40_end_20_0] obj 0.201228832452923
     y[ap_northeast_a100_40_end_20_0] M3_end 1.0
     y[ap_northeast_a100_40_end_20_0] M4_cover 20.0
@@ -2740,15 +2740,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_20_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_20_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_20_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_20_0] M12_v_le_y[59] -3.5117768407690075
-    y[ap_northeast_a100_40_end_20_0] M12_v_ge[59] -3.5117768407690075
+    y[ap_northeast_a100_40_end_20_0] M12_v_le_y[59] -22.839129672769012
+    y[ap_northeast_a100_40_end_20_0] M12_v_ge[59] -22.839129672769012
     y[ap_northeast_a100_40_end_20_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.201228832452923
     y[ap_northeast_a100_40_end_20_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.201228832452923
     y[ap_northeast_a100_40_end_20_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.201228832452923
     y[ap_northeast_a100_40_end_20_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.201228832452923
-    y[ap_northeast_a100_40_end_20_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_20_0] M15_round_trip[ap_northeast_a100_40_1] 28.29544355860499
-    y[ap_northeast_a100_40_end_20_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7130056732219305
+    y[ap_northeast_a100_40_end_20_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_20_0] M15_round_trip[ap_northeast_a100_40_1] 182.91426621460505
+    y[ap_northeast_a100_40_end_20_0] M16_round_trip_cap[ap_northeast_a100_40] 23.040358505221935
     y[ap_northeast_a100_40_end_20_1] obj 0.405152019465846
     y[ap_northeast_a100_40_end_20_1] M3_end 1.0
     y[ap_northeast_a100_40_end_20_1] M4_cover 20.0
@@ -2760,16 +2760,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_20_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_20_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_20_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_20_1] M12_v_le_y[60] -3.5117768407690075
-    y[ap_northeast_a100_40_end_20_1] M12_v_ge[60] -3.5117768407690075
+    y[ap_northeast_a100_40_end_20_1] M12_v_le_y[60] -22.839129672769012
+    y[ap_northeast_a100_40_end_20_1] M12_v_ge[60] -22.839129672769012
     y[ap_northeast_a100_40_end_20_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.405152019465846
     y[ap_northeast_a100_40_end_20_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.405152019465846
     y[ap_northeast_a100_40_end_20_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.405152019465846
     y[ap_northeast_a100_40_end_20_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.405152019465846
-    y[ap_northeast_a100_40_end_20_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_20_1] M15_round_trip[ap_northeast_a100_40_1] 28.293157017647452
-    y[ap_northeast_a100_40_end_20_1] M15_round_trip[ap_northeast_a100_40_2] 32.01114358638692
-    y[ap_northeast_a100_40_end_20_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9169288602348535
+    y[ap_northeast_a100_40_end_20_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_20_1] M15_round_trip[ap_northeast_a100_40_1] 182.9119796736475
+    y[ap_northeast_a100_40_end_20_1] M15_round_trip[ap_northeast_a100_40_2] 205.957319074387
+    y[ap_northeast_a100_40_end_20_1] M16_round_trip_cap[ap_northeast_a100_40] 23.244281692234857
     y[ap_northeast_a100_40_end_20_2] obj 0.21255345325292307
     y[ap_northeast_a100_40_end_20_2] M3_end 1.0
     y[ap_northeast_a100_40_end_20_2] M4_cover 20.0
@@ -2781,15 +2781,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_20_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_20_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_20_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_20_2] M12_v_le_y[61] -3.5117768407690075
-    y[ap_northeast_a100_40_end_20_2] M12_v_ge[61] -3.5117768407690075
+    y[ap_northeast_a100_40_end_20_2] M12_v_le_y[61] -22.839129672769012
+    y[ap_northeast_a100_40_end_20_2] M12_v_ge[61] -22.839129672769012
     y[ap_northeast_a100_40_end_20_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21255345325292307
     y[ap_northeast_a100_40_end_20_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21255345325292307
     y[ap_northeast_a100_40_end_20_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21255345325292307
     y[ap_northeast_a100_40_end_20_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21255345325292307
-    y[ap_northeast_a100_40_end_20_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_20_2] M15_round_trip[ap_northeast_a100_40_1] 28.30676817940499
-    y[ap_northeast_a100_40_end_20_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7243302940219305
+    y[ap_northeast_a100_40_end_20_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_20_2] M15_round_trip[ap_northeast_a100_40_1] 182.92559083540505
+    y[ap_northeast_a100_40_end_20_2] M16_round_trip_cap[ap_northeast_a100_40] 23.051683126021935
     y[ap_northeast_a100_40_end_21_0] obj 0.21047953124430765
     y[ap_northeast_a100_40_end_21_0] M3_end 1.0
     y[ap_northeast_a100_40_end_21_0] M4_cover 21.0
@@ -2801,15 +2801,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_21_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_21_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_21_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_21_0] M12_v_le_y[62] -3.5117768407690075
-    y[ap_northeast_a100_40_end_21_0] M12_v_ge[62] -3.5117768407690075
+    y[ap_northeast_a100_40_end_21_0] M12_v_le_y[62] -22.839129672769012
+    y[ap_northeast_a100_40_end_21_0] M12_v_ge[62] -22.839129672769012
     y[ap_northeast_a100_40_end_21_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21047953124430765
     y[ap_northeast_a100_40_end_21_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21047953124430765
     y[ap_northeast_a100_40_end_21_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21047953124430765
     y[ap_northeast_a100_40_end_21_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21047953124430765
-    y[ap_northeast_a100_40_end_21_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_21_0] M15_round_trip[ap_northeast_a100_40_1] 28.304694257396374
-    y[ap_northeast_a100_40_end_21_0] M16_round_trip_cap[ap_northeast_a100_40] 3.722256372013315
+    y[ap_northeast_a100_40_end_21_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_21_0] M15_round_trip[ap_northeast_a100_40_1] 182.92351691339644
+    y[ap_northeast_a100_40_end_21_0] M16_round_trip_cap[ap_northeast_a100_40] 23.04960920401332
     y[ap_northeast_a100_40_end_21_1] obj 0.42365341704861526
     y[ap_northeast_a100_40_end_21_1] M3_end 1.0
     y[ap_northeast_a100_40_end_21_1] M4_cover 21.0
@@ -2821,16 +2821,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_21_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_21_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_21_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_21_1] M12_v_le_y[63] -3.5117768407690075
-    y[ap_northeast_a100_40_end_21_1] M12_v_ge[63] -3.5117768407690075
+    y[ap_northeast_a100_40_end_21_1] M12_v_le_y[63] -22.839129672769012
+    y[ap_northeast_a100_40_end_21_1] M12_v_ge[63] -22.839129672769012
     y[ap_northeast_a100_40_end_21_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.42365341704861526
     y[ap_northeast_a100_40_end_21_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.42365341704861526
     y[ap_northeast_a100_40_end_21_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.42365341704861526
     y[ap_northeast_a100_40_end_21_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.42365341704861526
-    y[ap_northeast_a100_40_end_21_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_21_1] M15_round_trip[ap_northeast_a100_40_1] 28.31165841523022
-    y[ap_northeast_a100_40_end_21_1] M15_round_trip[ap_northeast_a100_40_2] 32.02964498396969
-    y[ap_northeast_a100_40_end_21_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9354302578176226
+    y[ap_northeast_a100_40_end_21_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_21_1] M15_round_trip[ap_northeast_a100_40_1] 182.93048107123028
+    y[ap_northeast_a100_40_end_21_1] M15_round_trip[ap_northeast_a100_40_2] 205.97582047196977
+    y[ap_northeast_a100_40_end_21_1] M16_round_trip_cap[ap_northeast_a100_40] 23.262783089817628
     y[ap_northeast_a100_40_end_21_2] obj 0.22236339257764104
     y[ap_northeast_a100_40_end_21_2] M3_end 1.0
     y[ap_northeast_a100_40_end_21_2] M4_cover 21.0
@@ -2842,15 +2842,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_21_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_21_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_21_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_21_2] M12_v_le_y[64] -3.5117768407690075
-    y[ap_northeast_a100_40_end_21_2] M12_v_ge[64] -3.5117768407690075
+    y[ap_northeast_a100_40_end_21_2] M12_v_le_y[64] -22.839129672769012
+    y[ap_northeast_a100_40_end_21_2] M12_v_ge[64] -22.839129672769012
     y[ap_northeast_a100_40_end_21_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22236339257764104
     y[ap_northeast_a100_40_end_21_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22236339257764104
     y[ap_northeast_a100_40_end_21_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22236339257764104
     y[ap_northeast_a100_40_end_21_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22236339257764104
-    y[ap_northeast_a100_40_end_21_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_21_2] M15_round_trip[ap_northeast_a100_40_1] 28.31657811872971
-    y[ap_northeast_a100_40_end_21_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7341402333466487
+    y[ap_northeast_a100_40_end_21_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_21_2] M15_round_trip[ap_northeast_a100_40_1] 182.93540077472977
+    y[ap_northeast_a100_40_end_21_2] M16_round_trip_cap[ap_northeast_a100_40] 23.061493065346653
     y[ap_northeast_a100_40_end_22_0] obj 0.21973023003569225
     y[ap_northeast_a100_40_end_22_0] M3_end 1.0
     y[ap_northeast_a100_40_end_22_0] M4_cover 22.0
@@ -2862,15 +2862,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_22_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_22_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_22_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_22_0] M12_v_le_y[65] -3.5117768407690075
-    y[ap_northeast_a100_40_end_22_0] M12_v_ge[65] -3.5117768407690075
+    y[ap_northeast_a100_40_end_22_0] M12_v_le_y[65] -22.839129672769012
+    y[ap_northeast_a100_40_end_22_0] M12_v_ge[65] -22.839129672769012
     y[ap_northeast_a100_40_end_22_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21973023003569225
     y[ap_northeast_a100_40_end_22_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21973023003569225
     y[ap_northeast_a100_40_end_22_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21973023003569225
     y[ap_northeast_a100_40_end_22_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21973023003569225
-    y[ap_northeast_a100_40_end_22_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_22_0] M15_round_trip[ap_northeast_a100_40_1] 28.31394495618776
-    y[ap_northeast_a100_40_end_22_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7315070708046996
+    y[ap_northeast_a100_40_end_22_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_22_0] M15_round_trip[ap_northeast_a100_40_1] 182.9327676121878
+    y[ap_northeast_a100_40_end_22_0] M16_round_trip_cap[ap_northeast_a100_40] 23.058859902804706
     y[ap_northeast_a100_40_end_22_1] obj 0.4421548146313845
     y[ap_northeast_a100_40_end_22_1] M3_end 1.0
     y[ap_northeast_a100_40_end_22_1] M4_cover 22.0
@@ -2882,16 +2882,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_22_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_22_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_22_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_22_1] M12_v_le_y[66] -3.5117768407690075
-    y[ap_northeast_a100_40_end_22_1] M12_v_ge[66] -3.5117768407690075
+    y[ap_northeast_a100_40_end_22_1] M12_v_le_y[66] -22.839129672769012
+    y[ap_northeast_a100_40_end_22_1] M12_v_ge[66] -22.839129672769012
     y[ap_northeast_a100_40_end_22_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.4421548146313845
     y[ap_northeast_a100_40_end_22_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.4421548146313845
     y[ap_northeast_a100_40_end_22_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.4421548146313845
     y[ap_northeast_a100_40_end_22_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.4421548146313845
-    y[ap_northeast_a100_40_end_22_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_22_1] M15_round_trip[ap_northeast_a100_40_1] 28.31165841523022
-    y[ap_northeast_a100_40_end_22_1] M15_round_trip[ap_northeast_a100_40_2] 32.048146381552456
-    y[ap_northeast_a100_40_end_22_1] M16_round_trip_cap[ap_northeast_a100_40] 3.953931655400392
+    y[ap_northeast_a100_40_end_22_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_22_1] M15_round_trip[ap_northeast_a100_40_1] 182.93048107123028
+    y[ap_northeast_a100_40_end_22_1] M15_round_trip[ap_northeast_a100_40_2] 205.99432186955252
+    y[ap_northeast_a100_40_end_22_1] M16_round_trip_cap[ap_northeast_a100_40] 23.281284487400395
     y[ap_northeast_a100_40_end_22_2] obj 0.232173331902359
     y[ap_northeast_a100_40_end_22_2] M3_end 1.0
     y[ap_northeast_a100_40_end_22_2] M4_cover 22.0
@@ -2903,15 +2903,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_22_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_22_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_22_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_22_2] M12_v_le_y[67] -3.5117768407690075
-    y[ap_northeast_a100_40_end_22_2] M12_v_ge[67] -3.5117768407690075
+    y[ap_northeast_a100_40_end_22_2] M12_v_le_y[67] -22.839129672769012
+    y[ap_northeast_a100_40_end_22_2] M12_v_ge[67] -22.839129672769012
     y[ap_northeast_a100_40_end_22_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.232173331902359
     y[ap_northeast_a100_40_end_22_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.232173331902359
     y[ap_northeast_a100_40_end_22_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.232173331902359
     y[ap_northeast_a100_40_end_22_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.232173331902359
-    y[ap_northeast_a100_40_end_22_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_22_2] M15_round_trip[ap_northeast_a100_40_1] 28.326388058054427
-    y[ap_northeast_a100_40_end_22_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7439501726713664
+    y[ap_northeast_a100_40_end_22_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_22_2] M15_round_trip[ap_northeast_a100_40_1] 182.94521071405447
+    y[ap_northeast_a100_40_end_22_2] M16_round_trip_cap[ap_northeast_a100_40] 23.07130300467137
     y[ap_northeast_a100_40_end_23_0] obj 0.22898092882707688
     y[ap_northeast_a100_40_end_23_0] M3_end 1.0
     y[ap_northeast_a100_40_end_23_0] M4_cover 23.0
@@ -2923,15 +2923,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_23_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_23_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_23_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_23_0] M12_v_le_y[68] -3.5117768407690075
-    y[ap_northeast_a100_40_end_23_0] M12_v_ge[68] -3.5117768407690075
+    y[ap_northeast_a100_40_end_23_0] M12_v_le_y[68] -22.839129672769012
+    y[ap_northeast_a100_40_end_23_0] M12_v_ge[68] -22.839129672769012
     y[ap_northeast_a100_40_end_23_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22898092882707688
     y[ap_northeast_a100_40_end_23_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22898092882707688
     y[ap_northeast_a100_40_end_23_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22898092882707688
     y[ap_northeast_a100_40_end_23_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22898092882707688
-    y[ap_northeast_a100_40_end_23_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_23_0] M15_round_trip[ap_northeast_a100_40_1] 28.323195654979145
-    y[ap_northeast_a100_40_end_23_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7407577695960845
+    y[ap_northeast_a100_40_end_23_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_23_0] M15_round_trip[ap_northeast_a100_40_1] 182.9420183109792
+    y[ap_northeast_a100_40_end_23_0] M16_round_trip_cap[ap_northeast_a100_40] 23.06811060159609
     y[ap_northeast_a100_40_end_23_1] obj 0.4606562122141537
     y[ap_northeast_a100_40_end_23_1] M3_end 1.0
     y[ap_northeast_a100_40_end_23_1] M4_cover 23.0
@@ -2943,16 +2943,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_23_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_23_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_23_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_end_23_1] M12_v_le_y[69] -3.5117768407690075
-    y[ap_northeast_a100_40_end_23_1] M12_v_ge[69] -3.5117768407690075
+    y[ap_northeast_a100_40_end_23_1] M12_v_le_y[69] -22.839129672769012
+    y[ap_northeast_a100_40_end_23_1] M12_v_ge[69] -22.839129672769012
     y[ap_northeast_a100_40_end_23_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.4606562122141537
     y[ap_northeast_a100_40_end_23_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.4606562122141537
     y[ap_northeast_a100_40_end_23_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.4606562122141537
     y[ap_northeast_a100_40_end_23_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.4606562122141537
-    y[ap_northeast_a100_40_end_23_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_23_1] M15_round_trip[ap_northeast_a100_40_1] 28.33015981281299
-    y[ap_northeast_a100_40_end_23_1] M15_round_trip[ap_northeast_a100_40_2] 32.066647779135224
-    y[ap_northeast_a100_40_end_23_1] M16_round_trip_cap[ap_northeast_a100_40] 3.972433052983161
+    y[ap_northeast_a100_40_end_23_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_23_1] M15_round_trip[ap_northeast_a100_40_1] 182.94898246881306
+    y[ap_northeast_a100_40_end_23_1] M15_round_trip[ap_northeast_a100_40_2] 206.0128232671353
+    y[ap_northeast_a100_40_end_23_1] M16_round_trip_cap[ap_northeast_a100_40] 23.299785884983166
     y[ap_northeast_a100_40_end_23_2] obj 0.24198327122707694
     y[ap_northeast_a100_40_end_23_2] M3_end 1.0
     y[ap_northeast_a100_40_end_23_2] M4_cover 23.0
@@ -2964,15 +2964,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_23_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_23_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_23_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_23_2] M12_v_le_y[70] -3.5117768407690075
-    y[ap_northeast_a100_40_end_23_2] M12_v_ge[70] -3.5117768407690075
+    y[ap_northeast_a100_40_end_23_2] M12_v_le_y[70] -22.839129672769012
+    y[ap_northeast_a100_40_end_23_2] M12_v_ge[70] -22.839129672769012
     y[ap_northeast_a100_40_end_23_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.24198327122707694
     y[ap_northeast_a100_40_end_23_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.24198327122707694
     y[ap_northeast_a100_40_end_23_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.24198327122707694
     y[ap_northeast_a100_40_end_23_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.24198327122707694
-    y[ap_northeast_a100_40_end_23_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_23_2] M15_round_trip[ap_northeast_a100_40_1] 28.336197997379145
-    y[ap_northeast_a100_40_end_23_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7537601119960846
+    y[ap_northeast_a100_40_end_23_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_23_2] M15_round_trip[ap_northeast_a100_40_1] 182.9550206533792
+    y[ap_northeast_a100_40_end_23_2] M16_round_trip_cap[ap_northeast_a100_40] 23.08111294399609
     y[ap_northeast_a100_40_end_24_0] obj 0.2382316276184615
     y[ap_northeast_a100_40_end_24_0] M3_end 1.0
     y[ap_northeast_a100_40_end_24_0] M4_cover 24.0
@@ -2984,15 +2984,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_24_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_24_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_24_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_24_0] M12_v_le_y[71] -3.5117768407690075
-    y[ap_northeast_a100_40_end_24_0] M12_v_ge[71] -3.5117768407690075
+    y[ap_northeast_a100_40_end_24_0] M12_v_le_y[71] -22.839129672769012
+    y[ap_northeast_a100_40_end_24_0] M12_v_ge[71] -22.839129672769012
     y[ap_northeast_a100_40_end_24_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2382316276184615
     y[ap_northeast_a100_40_end_24_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2382316276184615
     y[ap_northeast_a100_40_end_24_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2382316276184615
     y[ap_northeast_a100_40_end_24_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2382316276184615
-    y[ap_northeast_a100_40_end_24_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_24_0] M15_round_trip[ap_northeast_a100_40_1] 28.33244635377053
-    y[ap_northeast_a100_40_end_24_0] M16_round_trip_cap[ap_northeast_a100_40] 3.750008468387469
+    y[ap_northeast_a100_40_end_24_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_24_0] M15_round_trip[ap_northeast_a100_40_1] 182.95126900977058
+    y[ap_northeast_a100_40_end_24_0] M16_round_trip_cap[ap_northeast_a100_40] 23.077361300387473
     y[ap_northeast_a100_40_end_24_1] obj 0.47915760979692296
     y[ap_northeast_a100_40_end_24_1] M3_end 1.0
     y[ap_northeast_a100_40_end_24_1] M4_cover 24.0
@@ -3004,16 +3004,16 @@ COLUMNS
     y[ap_northeast_a100_40_end_24_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_end_24_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_end_24_1] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_end_24_1] M12_v_le_y[72] -3.5117768407690075
-    y[ap_northeast_a100_40_end_24_1] M12_v_ge[72] -3.5117768407690075
+    y[ap_northeast_a100_40_end_24_1] M12_v_le_y[72] -22.839129672769012
+    y[ap_northeast_a100_40_end_24_1] M12_v_ge[72] -22.839129672769012
     y[ap_northeast_a100_40_end_24_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.47915760979692296
     y[ap_northeast_a100_40_end_24_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.47915760979692296
     y[ap_northeast_a100_40_end_24_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.47915760979692296
     y[ap_northeast_a100_40_end_24_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.47915760979692296
-    y[ap_northeast_a100_40_end_24_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_24_1] M15_round_trip[ap_northeast_a100_40_1] 28.33015981281299
-    y[ap_northeast_a100_40_end_24_1] M15_round_trip[ap_northeast_a100_40_2] 32.085149176718
-    y[ap_northeast_a100_40_end_24_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9909344505659305
+    y[ap_northeast_a100_40_end_24_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_24_1] M15_round_trip[ap_northeast_a100_40_1] 182.94898246881306
+    y[ap_northeast_a100_40_end_24_1] M15_round_trip[ap_northeast_a100_40_2] 206.03132466471806
+    y[ap_northeast_a100_40_end_24_1] M16_round_trip_cap[ap_northeast_a100_40] 23.318287282565933
     y[ap_northeast_a100_40_end_24_2] obj 0.2517932105517949
     y[ap_northeast_a100_40_end_24_2] M3_end 1.0
     y[ap_northeast_a100_40_end_24_2] M4_cover 24.0
@@ -3025,15 +3025,15 @@ COLUMNS
     y[ap_northeast_a100_40_end_24_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_end_24_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_end_24_2] M11_memory[ap_northeast_a100_40] 3.0
-    y[ap_northeast_a100_40_end_24_2] M12_v_le_y[73] -3.5117768407690075
-    y[ap_northeast_a100_40_end_24_2] M12_v_ge[73] -3.5117768407690075
+    y[ap_northeast_a100_40_end_24_2] M12_v_le_y[73] -22.839129672769012
+    y[ap_northeast_a100_40_end_24_2] M12_v_ge[73] -22.839129672769012
     y[ap_northeast_a100_40_end_24_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2517932105517949
     y[ap_northeast_a100_40_end_24_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2517932105517949
     y[ap_northeast_a100_40_end_24_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2517932105517949
     y[ap_northeast_a100_40_end_24_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2517932105517949
-    y[ap_northeast_a100_40_end_24_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_end_24_2] M15_round_trip[ap_northeast_a100_40_1] 28.346007936703863
-    y[ap_northeast_a100_40_end_24_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7635700513208024
+    y[ap_northeast_a100_40_end_24_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_end_24_2] M15_round_trip[ap_northeast_a100_40_1] 182.96483059270392
+    y[ap_northeast_a100_40_end_24_2] M16_round_trip_cap[ap_northeast_a100_40] 23.090922883320808
     y[ap_northeast_a100_40_first_0_0] obj 8.091904823151125e-05
     y[ap_northeast_a100_40_first_0_0] M2_start 1.0
     y[ap_northeast_a100_40_first_0_0] M1_once[ap_northeast_a100_40] 1.0
@@ -3044,14 +3044,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_0_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_0_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_0_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_0_0] M12_v_le_y[74] -3.5117768407690075
-    y[ap_northeast_a100_40_first_0_0] M12_v_ge[74] -3.5117768407690075
+    y[ap_northeast_a100_40_first_0_0] M12_v_le_y[74] -22.839129672769012
+    y[ap_northeast_a100_40_first_0_0] M12_v_ge[74] -22.839129672769012
     y[ap_northeast_a100_40_first_0_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -8.091904823151125e-05
     y[ap_northeast_a100_40_first_0_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -8.091904823151125e-05
     y[ap_northeast_a100_40_first_0_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -8.091904823151125e-05
     y[ap_northeast_a100_40_first_0_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -8.091904823151125e-05
-    y[ap_northeast_a100_40_first_0_0] M15_round_trip[ap_northeast_a100_40_1] 28.094295645200297
-    y[ap_northeast_a100_40_first_0_0] M16_round_trip_cap[ap_northeast_a100_40] 3.511857759817239
+    y[ap_northeast_a100_40_first_0_0] M15_round_trip[ap_northeast_a100_40_1] 182.71311830120035
+    y[ap_northeast_a100_40_first_0_0] M16_round_trip_cap[ap_northeast_a100_40] 22.839210591817242
     y[ap_northeast_a100_40_first_0_1] obj 0.00030164822979635584
     y[ap_northeast_a100_40_first_0_1] M2_start 1.0
     y[ap_northeast_a100_40_first_0_1] M1_once[ap_northeast_a100_40] 1.0
@@ -3062,14 +3062,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_0_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_0_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_0_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_0_1] M12_v_le_y[75] -3.5117768407690075
-    y[ap_northeast_a100_40_first_0_1] M12_v_ge[75] -3.5117768407690075
+    y[ap_northeast_a100_40_first_0_1] M12_v_le_y[75] -22.839129672769012
+    y[ap_northeast_a100_40_first_0_1] M12_v_ge[75] -22.839129672769012
     y[ap_northeast_a100_40_first_0_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.00030164822979635584
     y[ap_northeast_a100_40_first_0_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.00030164822979635584
     y[ap_northeast_a100_40_first_0_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.00030164822979635584
     y[ap_northeast_a100_40_first_0_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.00030164822979635584
-    y[ap_northeast_a100_40_first_0_1] M15_round_trip[ap_northeast_a100_40_1] 28.094516374381865
-    y[ap_northeast_a100_40_first_0_1] M16_round_trip_cap[ap_northeast_a100_40] 3.512078488998804
+    y[ap_northeast_a100_40_first_0_1] M15_round_trip[ap_northeast_a100_40_1] 182.71333903038192
+    y[ap_northeast_a100_40_first_0_1] M16_round_trip_cap[ap_northeast_a100_40] 22.83943132099881
     y[ap_northeast_a100_40_first_1_0] obj 0.009331617839616127
     y[ap_northeast_a100_40_first_1_0] M2_start 1.0
     y[ap_northeast_a100_40_first_1_0] M4_cover 1.0
@@ -3081,14 +3081,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_1_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_1_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_1_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_1_0] M12_v_le_y[76] -3.5117768407690075
-    y[ap_northeast_a100_40_first_1_0] M12_v_ge[76] -3.5117768407690075
+    y[ap_northeast_a100_40_first_1_0] M12_v_le_y[76] -22.839129672769012
+    y[ap_northeast_a100_40_first_1_0] M12_v_ge[76] -22.839129672769012
     y[ap_northeast_a100_40_first_1_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.009331617839616127
     y[ap_northeast_a100_40_first_1_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.009331617839616127
     y[ap_northeast_a100_40_first_1_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.009331617839616127
     y[ap_northeast_a100_40_first_1_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.009331617839616127
-    y[ap_northeast_a100_40_first_1_0] M15_round_trip[ap_northeast_a100_40_1] 28.103546343991685
-    y[ap_northeast_a100_40_first_1_0] M16_round_trip_cap[ap_northeast_a100_40] 3.521108458608624
+    y[ap_northeast_a100_40_first_1_0] M15_round_trip[ap_northeast_a100_40_1] 182.72236899999174
+    y[ap_northeast_a100_40_first_1_0] M16_round_trip_cap[ap_northeast_a100_40] 22.84846129060863
     y[ap_northeast_a100_40_first_1_1] obj 0.010111587554514304
     y[ap_northeast_a100_40_first_1_1] M2_start 1.0
     y[ap_northeast_a100_40_first_1_1] M4_cover 1.0
@@ -3100,14 +3100,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_1_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_1_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_1_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_1_1] M12_v_le_y[77] -3.5117768407690075
-    y[ap_northeast_a100_40_first_1_1] M12_v_ge[77] -3.5117768407690075
+    y[ap_northeast_a100_40_first_1_1] M12_v_le_y[77] -22.839129672769012
+    y[ap_northeast_a100_40_first_1_1] M12_v_ge[77] -22.839129672769012
     y[ap_northeast_a100_40_first_1_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.010111587554514304
     y[ap_northeast_a100_40_first_1_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.010111587554514304
     y[ap_northeast_a100_40_first_1_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.010111587554514304
     y[ap_northeast_a100_40_first_1_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.010111587554514304
-    y[ap_northeast_a100_40_first_1_1] M15_round_trip[ap_northeast_a100_40_1] 28.104326313706583
-    y[ap_northeast_a100_40_first_1_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5218884283235217
+    y[ap_northeast_a100_40_first_1_1] M15_round_trip[ap_northeast_a100_40_1] 182.72314896970664
+    y[ap_northeast_a100_40_first_1_1] M16_round_trip_cap[ap_northeast_a100_40] 22.849241260323527
     y[ap_northeast_a100_40_first_2_0] obj 0.01858231663100074
     y[ap_northeast_a100_40_first_2_0] M2_start 1.0
     y[ap_northeast_a100_40_first_2_0] M4_cover 2.0
@@ -3119,14 +3119,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_2_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_2_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_2_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_2_0] M12_v_le_y[78] -3.5117768407690075
-    y[ap_northeast_a100_40_first_2_0] M12_v_ge[78] -3.5117768407690075
+    y[ap_northeast_a100_40_first_2_0] M12_v_le_y[78] -22.839129672769012
+    y[ap_northeast_a100_40_first_2_0] M12_v_ge[78] -22.839129672769012
     y[ap_northeast_a100_40_first_2_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.01858231663100074
     y[ap_northeast_a100_40_first_2_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.01858231663100074
     y[ap_northeast_a100_40_first_2_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.01858231663100074
     y[ap_northeast_a100_40_first_2_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.01858231663100074
-    y[ap_northeast_a100_40_first_2_0] M15_round_trip[ap_northeast_a100_40_1] 28.11279704278307
-    y[ap_northeast_a100_40_first_2_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5303591574000084
+    y[ap_northeast_a100_40_first_2_0] M15_round_trip[ap_northeast_a100_40_1] 182.73161969878313
+    y[ap_northeast_a100_40_first_2_0] M16_round_trip_cap[ap_northeast_a100_40] 22.857711989400013
     y[ap_northeast_a100_40_first_2_1] obj 0.01992152687923225
     y[ap_northeast_a100_40_first_2_1] M2_start 1.0
     y[ap_northeast_a100_40_first_2_1] M4_cover 2.0
@@ -3138,14 +3138,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_2_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_2_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_2_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_2_1] M12_v_le_y[79] -3.5117768407690075
-    y[ap_northeast_a100_40_first_2_1] M12_v_ge[79] -3.5117768407690075
+    y[ap_northeast_a100_40_first_2_1] M12_v_le_y[79] -22.839129672769012
+    y[ap_northeast_a100_40_first_2_1] M12_v_ge[79] -22.839129672769012
     y[ap_northeast_a100_40_first_2_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.01992152687923225
     y[ap_northeast_a100_40_first_2_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.01992152687923225
     y[ap_northeast_a100_40_first_2_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.01992152687923225
     y[ap_northeast_a100_40_first_2_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.01992152687923225
-    y[ap_northeast_a100_40_first_2_1] M15_round_trip[ap_northeast_a100_40_1] 28.1141362530313
-    y[ap_northeast_a100_40_first_2_1] M16_round_trip_cap[ap_northeast_a100_40] 3.53169836764824
+    y[ap_northeast_a100_40_first_2_1] M15_round_trip[ap_northeast_a100_40_1] 182.73295890903137
+    y[ap_northeast_a100_40_first_2_1] M16_round_trip_cap[ap_northeast_a100_40] 22.859051199648246
     y[ap_northeast_a100_40_first_2_2] obj 0.039858987822001486
     y[ap_northeast_a100_40_first_2_2] M2_start 1.0
     y[ap_northeast_a100_40_first_2_2] M4_cover 2.0
@@ -3157,15 +3157,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_2_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_2_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_2_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_2_2] M12_v_le_y[80] -3.5117768407690075
-    y[ap_northeast_a100_40_first_2_2] M12_v_ge[80] -3.5117768407690075
+    y[ap_northeast_a100_40_first_2_2] M12_v_le_y[80] -22.839129672769012
+    y[ap_northeast_a100_40_first_2_2] M12_v_ge[80] -22.839129672769012
     y[ap_northeast_a100_40_first_2_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.039858987822001486
     y[ap_northeast_a100_40_first_2_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.039858987822001486
     y[ap_northeast_a100_40_first_2_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.039858987822001486
     y[ap_northeast_a100_40_first_2_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.039858987822001486
-    y[ap_northeast_a100_40_first_2_2] M15_round_trip[ap_northeast_a100_40_1] 28.112716123734838
-    y[ap_northeast_a100_40_first_2_2] M15_round_trip[ap_northeast_a100_40_2] 31.645850554743074
-    y[ap_northeast_a100_40_first_2_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5516358285910092
+    y[ap_northeast_a100_40_first_2_2] M15_round_trip[ap_northeast_a100_40_1] 182.7315387797349
+    y[ap_northeast_a100_40_first_2_2] M15_round_trip[ap_northeast_a100_40_2] 205.59202604274316
+    y[ap_northeast_a100_40_first_2_2] M16_round_trip_cap[ap_northeast_a100_40] 22.878988660591013
     y[ap_northeast_a100_40_first_3_0] obj 0.02783301542238536
     y[ap_northeast_a100_40_first_3_0] M2_start 1.0
     y[ap_northeast_a100_40_first_3_0] M4_cover 3.0
@@ -3177,14 +3177,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_3_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_3_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_3_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_3_0] M12_v_le_y[81] -3.5117768407690075
-    y[ap_northeast_a100_40_first_3_0] M12_v_ge[81] -3.5117768407690075
+    y[ap_northeast_a100_40_first_3_0] M12_v_le_y[81] -22.839129672769012
+    y[ap_northeast_a100_40_first_3_0] M12_v_ge[81] -22.839129672769012
     y[ap_northeast_a100_40_first_3_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.02783301542238536
     y[ap_northeast_a100_40_first_3_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.02783301542238536
     y[ap_northeast_a100_40_first_3_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.02783301542238536
     y[ap_northeast_a100_40_first_3_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.02783301542238536
-    y[ap_northeast_a100_40_first_3_0] M15_round_trip[ap_northeast_a100_40_1] 28.122047741574452
-    y[ap_northeast_a100_40_first_3_0] M16_round_trip_cap[ap_northeast_a100_40] 3.539609856191393
+    y[ap_northeast_a100_40_first_3_0] M15_round_trip[ap_northeast_a100_40_1] 182.7408703975745
+    y[ap_northeast_a100_40_first_3_0] M16_round_trip_cap[ap_northeast_a100_40] 22.866962688191396
     y[ap_northeast_a100_40_first_3_1] obj 0.0297314662039502
     y[ap_northeast_a100_40_first_3_1] M2_start 1.0
     y[ap_northeast_a100_40_first_3_1] M4_cover 3.0
@@ -3196,14 +3196,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_3_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_3_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_3_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_3_1] M12_v_le_y[82] -3.5117768407690075
-    y[ap_northeast_a100_40_first_3_1] M12_v_ge[82] -3.5117768407690075
+    y[ap_northeast_a100_40_first_3_1] M12_v_le_y[82] -22.839129672769012
+    y[ap_northeast_a100_40_first_3_1] M12_v_ge[82] -22.839129672769012
     y[ap_northeast_a100_40_first_3_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.0297314662039502
     y[ap_northeast_a100_40_first_3_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.0297314662039502
     y[ap_northeast_a100_40_first_3_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.0297314662039502
     y[ap_northeast_a100_40_first_3_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.0297314662039502
-    y[ap_northeast_a100_40_first_3_1] M15_round_trip[ap_northeast_a100_40_1] 28.12394619235602
-    y[ap_northeast_a100_40_first_3_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5415083069729576
+    y[ap_northeast_a100_40_first_3_1] M15_round_trip[ap_northeast_a100_40_1] 182.74276884835606
+    y[ap_northeast_a100_40_first_3_1] M16_round_trip_cap[ap_northeast_a100_40] 22.868861138972964
     y[ap_northeast_a100_40_first_4_0] obj 0.03708371421376997
     y[ap_northeast_a100_40_first_4_0] M2_start 1.0
     y[ap_northeast_a100_40_first_4_0] M4_cover 4.0
@@ -3215,14 +3215,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_4_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_4_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_4_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_4_0] M12_v_le_y[83] -3.5117768407690075
-    y[ap_northeast_a100_40_first_4_0] M12_v_ge[83] -3.5117768407690075
+    y[ap_northeast_a100_40_first_4_0] M12_v_le_y[83] -22.839129672769012
+    y[ap_northeast_a100_40_first_4_0] M12_v_ge[83] -22.839129672769012
     y[ap_northeast_a100_40_first_4_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.03708371421376997
     y[ap_northeast_a100_40_first_4_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.03708371421376997
     y[ap_northeast_a100_40_first_4_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.03708371421376997
     y[ap_northeast_a100_40_first_4_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.03708371421376997
-    y[ap_northeast_a100_40_first_4_0] M15_round_trip[ap_northeast_a100_40_1] 28.13129844036584
-    y[ap_northeast_a100_40_first_4_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5488605549827774
+    y[ap_northeast_a100_40_first_4_0] M15_round_trip[ap_northeast_a100_40_1] 182.7501210963659
+    y[ap_northeast_a100_40_first_4_0] M16_round_trip_cap[ap_northeast_a100_40] 22.876213386982784
     y[ap_northeast_a100_40_first_4_1] obj 0.039541405528668146
     y[ap_northeast_a100_40_first_4_1] M2_start 1.0
     y[ap_northeast_a100_40_first_4_1] M4_cover 4.0
@@ -3234,14 +3234,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_4_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_4_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_4_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_4_1] M12_v_le_y[84] -3.5117768407690075
-    y[ap_northeast_a100_40_first_4_1] M12_v_ge[84] -3.5117768407690075
+    y[ap_northeast_a100_40_first_4_1] M12_v_le_y[84] -22.839129672769012
+    y[ap_northeast_a100_40_first_4_1] M12_v_ge[84] -22.839129672769012
     y[ap_northeast_a100_40_first_4_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.039541405528668146
     y[ap_northeast_a100_40_first_4_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.039541405528668146
     y[ap_northeast_a100_40_first_4_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.039541405528668146
     y[ap_northeast_a100_40_first_4_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.039541405528668146
-    y[ap_northeast_a100_40_first_4_1] M15_round_trip[ap_northeast_a100_40_1] 28.133756131680734
-    y[ap_northeast_a100_40_first_4_1] M16_round_trip_cap[ap_northeast_a100_40] 3.551318246297676
+    y[ap_northeast_a100_40_first_4_1] M15_round_trip[ap_northeast_a100_40_1] 182.7525787876808
+    y[ap_northeast_a100_40_first_4_1] M16_round_trip_cap[ap_northeast_a100_40] 22.87867107829768
     y[ap_northeast_a100_40_first_4_2] obj 0.07686178298753994
     y[ap_northeast_a100_40_first_4_2] M2_start 1.0
     y[ap_northeast_a100_40_first_4_2] M4_cover 4.0
@@ -3253,15 +3253,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_4_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_4_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_4_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_4_2] M12_v_le_y[85] -3.5117768407690075
-    y[ap_northeast_a100_40_first_4_2] M12_v_ge[85] -3.5117768407690075
+    y[ap_northeast_a100_40_first_4_2] M12_v_le_y[85] -22.839129672769012
+    y[ap_northeast_a100_40_first_4_2] M12_v_ge[85] -22.839129672769012
     y[ap_northeast_a100_40_first_4_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07686178298753994
     y[ap_northeast_a100_40_first_4_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07686178298753994
     y[ap_northeast_a100_40_first_4_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07686178298753994
     y[ap_northeast_a100_40_first_4_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07686178298753994
-    y[ap_northeast_a100_40_first_4_2] M15_round_trip[ap_northeast_a100_40_1] 28.131217521317605
-    y[ap_northeast_a100_40_first_4_2] M15_round_trip[ap_northeast_a100_40_2] 31.682853349908612
-    y[ap_northeast_a100_40_first_4_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5886386237565473
+    y[ap_northeast_a100_40_first_4_2] M15_round_trip[ap_northeast_a100_40_1] 182.75004017731766
+    y[ap_northeast_a100_40_first_4_2] M15_round_trip[ap_northeast_a100_40_2] 205.6290288379087
+    y[ap_northeast_a100_40_first_4_2] M16_round_trip_cap[ap_northeast_a100_40] 22.91599145575655
     y[ap_northeast_a100_40_first_5_0] obj 0.04633441300515458
     y[ap_northeast_a100_40_first_5_0] M2_start 1.0
     y[ap_northeast_a100_40_first_5_0] M4_cover 5.0
@@ -3273,14 +3273,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_5_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_5_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_5_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_5_0] M12_v_le_y[86] -3.5117768407690075
-    y[ap_northeast_a100_40_first_5_0] M12_v_ge[86] -3.5117768407690075
+    y[ap_northeast_a100_40_first_5_0] M12_v_le_y[86] -22.839129672769012
+    y[ap_northeast_a100_40_first_5_0] M12_v_ge[86] -22.839129672769012
     y[ap_northeast_a100_40_first_5_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.04633441300515458
     y[ap_northeast_a100_40_first_5_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.04633441300515458
     y[ap_northeast_a100_40_first_5_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.04633441300515458
     y[ap_northeast_a100_40_first_5_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.04633441300515458
-    y[ap_northeast_a100_40_first_5_0] M15_round_trip[ap_northeast_a100_40_1] 28.140549139157223
-    y[ap_northeast_a100_40_first_5_0] M16_round_trip_cap[ap_northeast_a100_40] 3.558111253774162
+    y[ap_northeast_a100_40_first_5_0] M15_round_trip[ap_northeast_a100_40_1] 182.75937179515728
+    y[ap_northeast_a100_40_first_5_0] M16_round_trip_cap[ap_northeast_a100_40] 22.885464085774167
     y[ap_northeast_a100_40_first_5_1] obj 0.04935134485338609
     y[ap_northeast_a100_40_first_5_1] M2_start 1.0
     y[ap_northeast_a100_40_first_5_1] M4_cover 5.0
@@ -3292,14 +3292,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_5_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_5_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_5_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_5_1] M12_v_le_y[87] -3.5117768407690075
-    y[ap_northeast_a100_40_first_5_1] M12_v_ge[87] -3.5117768407690075
+    y[ap_northeast_a100_40_first_5_1] M12_v_le_y[87] -22.839129672769012
+    y[ap_northeast_a100_40_first_5_1] M12_v_ge[87] -22.839129672769012
     y[ap_northeast_a100_40_first_5_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.04935134485338609
     y[ap_northeast_a100_40_first_5_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.04935134485338609
     y[ap_northeast_a100_40_first_5_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.04935134485338609
     y[ap_northeast_a100_40_first_5_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.04935134485338609
-    y[ap_northeast_a100_40_first_5_1] M15_round_trip[ap_northeast_a100_40_1] 28.143566071005452
-    y[ap_northeast_a100_40_first_5_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5611281856223935
+    y[ap_northeast_a100_40_first_5_1] M15_round_trip[ap_northeast_a100_40_1] 182.76238872700551
+    y[ap_northeast_a100_40_first_5_1] M16_round_trip_cap[ap_northeast_a100_40] 22.888481017622397
     y[ap_northeast_a100_40_first_6_0] obj 0.055585111796539195
     y[ap_northeast_a100_40_first_6_0] M2_start 1.0
     y[ap_northeast_a100_40_first_6_0] M4_cover 6.0
@@ -3311,14 +3311,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_6_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_6_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_6_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_6_0] M12_v_le_y[88] -3.5117768407690075
-    y[ap_northeast_a100_40_first_6_0] M12_v_ge[88] -3.5117768407690075
+    y[ap_northeast_a100_40_first_6_0] M12_v_le_y[88] -22.839129672769012
+    y[ap_northeast_a100_40_first_6_0] M12_v_ge[88] -22.839129672769012
     y[ap_northeast_a100_40_first_6_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.055585111796539195
     y[ap_northeast_a100_40_first_6_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.055585111796539195
     y[ap_northeast_a100_40_first_6_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.055585111796539195
     y[ap_northeast_a100_40_first_6_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.055585111796539195
-    y[ap_northeast_a100_40_first_6_0] M15_round_trip[ap_northeast_a100_40_1] 28.149799837948606
-    y[ap_northeast_a100_40_first_6_0] M16_round_trip_cap[ap_northeast_a100_40] 3.567361952565547
+    y[ap_northeast_a100_40_first_6_0] M15_round_trip[ap_northeast_a100_40_1] 182.76862249394867
+    y[ap_northeast_a100_40_first_6_0] M16_round_trip_cap[ap_northeast_a100_40] 22.89471478456555
     y[ap_northeast_a100_40_first_6_1] obj 0.05916128417810404
     y[ap_northeast_a100_40_first_6_1] M2_start 1.0
     y[ap_northeast_a100_40_first_6_1] M4_cover 6.0
@@ -3330,14 +3330,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_6_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_6_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_6_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_6_1] M12_v_le_y[89] -3.5117768407690075
-    y[ap_northeast_a100_40_first_6_1] M12_v_ge[89] -3.5117768407690075
+    y[ap_northeast_a100_40_first_6_1] M12_v_le_y[89] -22.839129672769012
+    y[ap_northeast_a100_40_first_6_1] M12_v_ge[89] -22.839129672769012
     y[ap_northeast_a100_40_first_6_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.05916128417810404
     y[ap_northeast_a100_40_first_6_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.05916128417810404
     y[ap_northeast_a100_40_first_6_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.05916128417810404
     y[ap_northeast_a100_40_first_6_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.05916128417810404
-    y[ap_northeast_a100_40_first_6_1] M15_round_trip[ap_northeast_a100_40_1] 28.15337601033017
-    y[ap_northeast_a100_40_first_6_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5709381249471117
+    y[ap_northeast_a100_40_first_6_1] M15_round_trip[ap_northeast_a100_40_1] 182.77219866633024
+    y[ap_northeast_a100_40_first_6_1] M16_round_trip_cap[ap_northeast_a100_40] 22.898290956947115
     y[ap_northeast_a100_40_first_6_2] obj 0.11386457815307839
     y[ap_northeast_a100_40_first_6_2] M2_start 1.0
     y[ap_northeast_a100_40_first_6_2] M4_cover 6.0
@@ -3349,15 +3349,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_6_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_6_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_6_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_6_2] M12_v_le_y[90] -3.5117768407690075
-    y[ap_northeast_a100_40_first_6_2] M12_v_ge[90] -3.5117768407690075
+    y[ap_northeast_a100_40_first_6_2] M12_v_le_y[90] -22.839129672769012
+    y[ap_northeast_a100_40_first_6_2] M12_v_ge[90] -22.839129672769012
     y[ap_northeast_a100_40_first_6_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11386457815307839
     y[ap_northeast_a100_40_first_6_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11386457815307839
     y[ap_northeast_a100_40_first_6_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11386457815307839
     y[ap_northeast_a100_40_first_6_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11386457815307839
-    y[ap_northeast_a100_40_first_6_2] M15_round_trip[ap_northeast_a100_40_1] 28.149718918900376
-    y[ap_northeast_a100_40_first_6_2] M15_round_trip[ap_northeast_a100_40_2] 31.71985614507415
-    y[ap_northeast_a100_40_first_6_2] M16_round_trip_cap[ap_northeast_a100_40] 3.625641418922086
+    y[ap_northeast_a100_40_first_6_2] M15_round_trip[ap_northeast_a100_40_1] 182.76854157490044
+    y[ap_northeast_a100_40_first_6_2] M15_round_trip[ap_northeast_a100_40_2] 205.66603163307423
+    y[ap_northeast_a100_40_first_6_2] M16_round_trip_cap[ap_northeast_a100_40] 22.95299425092209
     y[ap_northeast_a100_40_first_7_0] obj 0.06483581058792381
     y[ap_northeast_a100_40_first_7_0] M2_start 1.0
     y[ap_northeast_a100_40_first_7_0] M4_cover 7.0
@@ -3369,14 +3369,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_7_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_7_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_7_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_7_0] M12_v_le_y[91] -3.5117768407690075
-    y[ap_northeast_a100_40_first_7_0] M12_v_ge[91] -3.5117768407690075
+    y[ap_northeast_a100_40_first_7_0] M12_v_le_y[91] -22.839129672769012
+    y[ap_northeast_a100_40_first_7_0] M12_v_ge[91] -22.839129672769012
     y[ap_northeast_a100_40_first_7_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.06483581058792381
     y[ap_northeast_a100_40_first_7_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.06483581058792381
     y[ap_northeast_a100_40_first_7_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.06483581058792381
     y[ap_northeast_a100_40_first_7_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.06483581058792381
-    y[ap_northeast_a100_40_first_7_0] M15_round_trip[ap_northeast_a100_40_1] 28.15905053673999
-    y[ap_northeast_a100_40_first_7_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5766126513569314
+    y[ap_northeast_a100_40_first_7_0] M15_round_trip[ap_northeast_a100_40_1] 182.77787319274006
+    y[ap_northeast_a100_40_first_7_0] M16_round_trip_cap[ap_northeast_a100_40] 22.903965483356934
     y[ap_northeast_a100_40_first_7_1] obj 0.06897122350282199
     y[ap_northeast_a100_40_first_7_1] M2_start 1.0
     y[ap_northeast_a100_40_first_7_1] M4_cover 7.0
@@ -3388,14 +3388,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_7_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_7_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_7_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_7_1] M12_v_le_y[92] -3.5117768407690075
-    y[ap_northeast_a100_40_first_7_1] M12_v_ge[92] -3.5117768407690075
+    y[ap_northeast_a100_40_first_7_1] M12_v_le_y[92] -22.839129672769012
+    y[ap_northeast_a100_40_first_7_1] M12_v_ge[92] -22.839129672769012
     y[ap_northeast_a100_40_first_7_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.06897122350282199
     y[ap_northeast_a100_40_first_7_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.06897122350282199
     y[ap_northeast_a100_40_first_7_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.06897122350282199
     y[ap_northeast_a100_40_first_7_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.06897122350282199
-    y[ap_northeast_a100_40_first_7_1] M15_round_trip[ap_northeast_a100_40_1] 28.16318594965489
-    y[ap_northeast_a100_40_first_7_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5807480642718295
+    y[ap_northeast_a100_40_first_7_1] M15_round_trip[ap_northeast_a100_40_1] 182.78200860565494
+    y[ap_northeast_a100_40_first_7_1] M16_round_trip_cap[ap_northeast_a100_40] 22.908100896271833
     y[ap_northeast_a100_40_first_8_0] obj 0.07408650937930841
     y[ap_northeast_a100_40_first_8_0] M2_start 1.0
     y[ap_northeast_a100_40_first_8_0] M4_cover 8.0
@@ -3407,14 +3407,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_8_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_8_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_8_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_8_0] M12_v_le_y[93] -3.5117768407690075
-    y[ap_northeast_a100_40_first_8_0] M12_v_ge[93] -3.5117768407690075
+    y[ap_northeast_a100_40_first_8_0] M12_v_le_y[93] -22.839129672769012
+    y[ap_northeast_a100_40_first_8_0] M12_v_ge[93] -22.839129672769012
     y[ap_northeast_a100_40_first_8_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07408650937930841
     y[ap_northeast_a100_40_first_8_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07408650937930841
     y[ap_northeast_a100_40_first_8_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07408650937930841
     y[ap_northeast_a100_40_first_8_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07408650937930841
-    y[ap_northeast_a100_40_first_8_0] M15_round_trip[ap_northeast_a100_40_1] 28.168301235531377
-    y[ap_northeast_a100_40_first_8_0] M16_round_trip_cap[ap_northeast_a100_40] 3.585863350148316
+    y[ap_northeast_a100_40_first_8_0] M15_round_trip[ap_northeast_a100_40_1] 182.78712389153142
+    y[ap_northeast_a100_40_first_8_0] M16_round_trip_cap[ap_northeast_a100_40] 22.91321618214832
     y[ap_northeast_a100_40_first_8_1] obj 0.15086737331861683
     y[ap_northeast_a100_40_first_8_1] M2_start 1.0
     y[ap_northeast_a100_40_first_8_1] M4_cover 8.0
@@ -3426,15 +3426,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_8_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_8_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_8_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_8_1] M12_v_le_y[94] -3.5117768407690075
-    y[ap_northeast_a100_40_first_8_1] M12_v_ge[94] -3.5117768407690075
+    y[ap_northeast_a100_40_first_8_1] M12_v_le_y[94] -22.839129672769012
+    y[ap_northeast_a100_40_first_8_1] M12_v_ge[94] -22.839129672769012
     y[ap_northeast_a100_40_first_8_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15086737331861683
     y[ap_northeast_a100_40_first_8_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15086737331861683
     y[ap_northeast_a100_40_first_8_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15086737331861683
     y[ap_northeast_a100_40_first_8_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15086737331861683
-    y[ap_northeast_a100_40_first_8_1] M15_round_trip[ap_northeast_a100_40_1] 28.168220316483144
-    y[ap_northeast_a100_40_first_8_1] M15_round_trip[ap_northeast_a100_40_2] 31.75685894023969
-    y[ap_northeast_a100_40_first_8_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6626442140876243
+    y[ap_northeast_a100_40_first_8_1] M15_round_trip[ap_northeast_a100_40_1] 182.7870429724832
+    y[ap_northeast_a100_40_first_8_1] M15_round_trip[ap_northeast_a100_40_2] 205.70303442823976
+    y[ap_northeast_a100_40_first_8_1] M16_round_trip_cap[ap_northeast_a100_40] 22.98999704608763
     y[ap_northeast_a100_40_first_8_2] obj 0.07878116282753994
     y[ap_northeast_a100_40_first_8_2] M2_start 1.0
     y[ap_northeast_a100_40_first_8_2] M4_cover 8.0
@@ -3446,14 +3446,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_8_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_8_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_8_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_8_2] M12_v_le_y[95] -3.5117768407690075
-    y[ap_northeast_a100_40_first_8_2] M12_v_ge[95] -3.5117768407690075
+    y[ap_northeast_a100_40_first_8_2] M12_v_le_y[95] -22.839129672769012
+    y[ap_northeast_a100_40_first_8_2] M12_v_ge[95] -22.839129672769012
     y[ap_northeast_a100_40_first_8_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07878116282753994
     y[ap_northeast_a100_40_first_8_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07878116282753994
     y[ap_northeast_a100_40_first_8_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07878116282753994
     y[ap_northeast_a100_40_first_8_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07878116282753994
-    y[ap_northeast_a100_40_first_8_2] M15_round_trip[ap_northeast_a100_40_1] 28.172995888979607
-    y[ap_northeast_a100_40_first_8_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5905580035965476
+    y[ap_northeast_a100_40_first_8_2] M15_round_trip[ap_northeast_a100_40_1] 182.79181854497966
+    y[ap_northeast_a100_40_first_8_2] M16_round_trip_cap[ap_northeast_a100_40] 22.91791083559655
     y[ap_northeast_a100_40_first_9_0] obj 0.08333720817069304
     y[ap_northeast_a100_40_first_9_0] M2_start 1.0
     y[ap_northeast_a100_40_first_9_0] M4_cover 9.0
@@ -3465,14 +3465,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_9_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_9_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_9_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_9_0] M12_v_le_y[96] -3.5117768407690075
-    y[ap_northeast_a100_40_first_9_0] M12_v_ge[96] -3.5117768407690075
+    y[ap_northeast_a100_40_first_9_0] M12_v_le_y[96] -22.839129672769012
+    y[ap_northeast_a100_40_first_9_0] M12_v_ge[96] -22.839129672769012
     y[ap_northeast_a100_40_first_9_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08333720817069304
     y[ap_northeast_a100_40_first_9_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08333720817069304
     y[ap_northeast_a100_40_first_9_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08333720817069304
     y[ap_northeast_a100_40_first_9_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08333720817069304
-    y[ap_northeast_a100_40_first_9_0] M15_round_trip[ap_northeast_a100_40_1] 28.17755193432276
-    y[ap_northeast_a100_40_first_9_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5951140489397004
+    y[ap_northeast_a100_40_first_9_0] M15_round_trip[ap_northeast_a100_40_1] 182.7963745903228
+    y[ap_northeast_a100_40_first_9_0] M16_round_trip_cap[ap_northeast_a100_40] 22.922466880939705
     y[ap_northeast_a100_40_first_9_1] obj 0.08859110215225789
     y[ap_northeast_a100_40_first_9_1] M2_start 1.0
     y[ap_northeast_a100_40_first_9_1] M4_cover 9.0
@@ -3484,14 +3484,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_9_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_9_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_9_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_9_1] M12_v_le_y[97] -3.5117768407690075
-    y[ap_northeast_a100_40_first_9_1] M12_v_ge[97] -3.5117768407690075
+    y[ap_northeast_a100_40_first_9_1] M12_v_le_y[97] -22.839129672769012
+    y[ap_northeast_a100_40_first_9_1] M12_v_ge[97] -22.839129672769012
     y[ap_northeast_a100_40_first_9_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08859110215225789
     y[ap_northeast_a100_40_first_9_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08859110215225789
     y[ap_northeast_a100_40_first_9_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08859110215225789
     y[ap_northeast_a100_40_first_9_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08859110215225789
-    y[ap_northeast_a100_40_first_9_1] M15_round_trip[ap_northeast_a100_40_1] 28.182805828304325
-    y[ap_northeast_a100_40_first_9_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6003679429212654
+    y[ap_northeast_a100_40_first_9_1] M15_round_trip[ap_northeast_a100_40_1] 182.8016284843044
+    y[ap_northeast_a100_40_first_9_1] M16_round_trip_cap[ap_northeast_a100_40] 22.92772077492127
     y[ap_northeast_a100_40_first_10_0] obj 0.09258790696207764
     y[ap_northeast_a100_40_first_10_0] M2_start 1.0
     y[ap_northeast_a100_40_first_10_0] M4_cover 10.0
@@ -3503,14 +3503,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_10_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_10_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_10_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_10_0] M12_v_le_y[98] -3.5117768407690075
-    y[ap_northeast_a100_40_first_10_0] M12_v_ge[98] -3.5117768407690075
+    y[ap_northeast_a100_40_first_10_0] M12_v_le_y[98] -22.839129672769012
+    y[ap_northeast_a100_40_first_10_0] M12_v_ge[98] -22.839129672769012
     y[ap_northeast_a100_40_first_10_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09258790696207764
     y[ap_northeast_a100_40_first_10_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09258790696207764
     y[ap_northeast_a100_40_first_10_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09258790696207764
     y[ap_northeast_a100_40_first_10_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09258790696207764
-    y[ap_northeast_a100_40_first_10_0] M15_round_trip[ap_northeast_a100_40_1] 28.186802633114144
-    y[ap_northeast_a100_40_first_10_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6043647477310854
+    y[ap_northeast_a100_40_first_10_0] M15_round_trip[ap_northeast_a100_40_1] 182.8056252891142
+    y[ap_northeast_a100_40_first_10_0] M16_round_trip_cap[ap_northeast_a100_40] 22.93171757973109
     y[ap_northeast_a100_40_first_10_1] obj 0.18787016848415528
     y[ap_northeast_a100_40_first_10_1] M2_start 1.0
     y[ap_northeast_a100_40_first_10_1] M4_cover 10.0
@@ -3522,15 +3522,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_10_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_10_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_10_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_10_1] M12_v_le_y[99] -3.5117768407690075
-    y[ap_northeast_a100_40_first_10_1] M12_v_ge[99] -3.5117768407690075
+    y[ap_northeast_a100_40_first_10_1] M12_v_le_y[99] -22.839129672769012
+    y[ap_northeast_a100_40_first_10_1] M12_v_ge[99] -22.839129672769012
     y[ap_northeast_a100_40_first_10_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18787016848415528
     y[ap_northeast_a100_40_first_10_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18787016848415528
     y[ap_northeast_a100_40_first_10_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18787016848415528
     y[ap_northeast_a100_40_first_10_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18787016848415528
-    y[ap_northeast_a100_40_first_10_1] M15_round_trip[ap_northeast_a100_40_1] 28.186721714065914
-    y[ap_northeast_a100_40_first_10_1] M15_round_trip[ap_northeast_a100_40_2] 31.79386173540523
-    y[ap_northeast_a100_40_first_10_1] M16_round_trip_cap[ap_northeast_a100_40] 3.699647009253163
+    y[ap_northeast_a100_40_first_10_1] M15_round_trip[ap_northeast_a100_40_1] 182.80554437006597
+    y[ap_northeast_a100_40_first_10_1] M15_round_trip[ap_northeast_a100_40_2] 205.7400372234053
+    y[ap_northeast_a100_40_first_10_1] M16_round_trip_cap[ap_northeast_a100_40] 23.02699984125317
     y[ap_northeast_a100_40_first_10_2] obj 0.09840104147697584
     y[ap_northeast_a100_40_first_10_2] M2_start 1.0
     y[ap_northeast_a100_40_first_10_2] M4_cover 10.0
@@ -3542,14 +3542,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_10_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_10_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_10_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_10_2] M12_v_le_y[100] -3.5117768407690075
-    y[ap_northeast_a100_40_first_10_2] M12_v_ge[100] -3.5117768407690075
+    y[ap_northeast_a100_40_first_10_2] M12_v_le_y[100] -22.839129672769012
+    y[ap_northeast_a100_40_first_10_2] M12_v_ge[100] -22.839129672769012
     y[ap_northeast_a100_40_first_10_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09840104147697584
     y[ap_northeast_a100_40_first_10_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09840104147697584
     y[ap_northeast_a100_40_first_10_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09840104147697584
     y[ap_northeast_a100_40_first_10_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09840104147697584
-    y[ap_northeast_a100_40_first_10_2] M15_round_trip[ap_northeast_a100_40_1] 28.192615767629043
-    y[ap_northeast_a100_40_first_10_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6101778822459836
+    y[ap_northeast_a100_40_first_10_2] M15_round_trip[ap_northeast_a100_40_1] 182.8114384236291
+    y[ap_northeast_a100_40_first_10_2] M16_round_trip_cap[ap_northeast_a100_40] 22.937530714245987
     y[ap_northeast_a100_40_first_11_0] obj 0.10183860575346226
     y[ap_northeast_a100_40_first_11_0] M2_start 1.0
     y[ap_northeast_a100_40_first_11_0] M4_cover 11.0
@@ -3561,14 +3561,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_11_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_11_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_11_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_11_0] M12_v_le_y[101] -3.5117768407690075
-    y[ap_northeast_a100_40_first_11_0] M12_v_ge[101] -3.5117768407690075
+    y[ap_northeast_a100_40_first_11_0] M12_v_le_y[101] -22.839129672769012
+    y[ap_northeast_a100_40_first_11_0] M12_v_ge[101] -22.839129672769012
     y[ap_northeast_a100_40_first_11_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10183860575346226
     y[ap_northeast_a100_40_first_11_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10183860575346226
     y[ap_northeast_a100_40_first_11_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10183860575346226
     y[ap_northeast_a100_40_first_11_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10183860575346226
-    y[ap_northeast_a100_40_first_11_0] M15_round_trip[ap_northeast_a100_40_1] 28.196053331905528
-    y[ap_northeast_a100_40_first_11_0] M16_round_trip_cap[ap_northeast_a100_40] 3.61361544652247
+    y[ap_northeast_a100_40_first_11_0] M15_round_trip[ap_northeast_a100_40_1] 182.8148759879056
+    y[ap_northeast_a100_40_first_11_0] M16_round_trip_cap[ap_northeast_a100_40] 22.940968278522472
     y[ap_northeast_a100_40_first_11_1] obj 0.10821098080169378
     y[ap_northeast_a100_40_first_11_1] M2_start 1.0
     y[ap_northeast_a100_40_first_11_1] M4_cover 11.0
@@ -3580,14 +3580,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_11_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_11_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_11_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_11_1] M12_v_le_y[102] -3.5117768407690075
-    y[ap_northeast_a100_40_first_11_1] M12_v_ge[102] -3.5117768407690075
+    y[ap_northeast_a100_40_first_11_1] M12_v_le_y[102] -22.839129672769012
+    y[ap_northeast_a100_40_first_11_1] M12_v_ge[102] -22.839129672769012
     y[ap_northeast_a100_40_first_11_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10821098080169378
     y[ap_northeast_a100_40_first_11_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10821098080169378
     y[ap_northeast_a100_40_first_11_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10821098080169378
     y[ap_northeast_a100_40_first_11_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10821098080169378
-    y[ap_northeast_a100_40_first_11_1] M15_round_trip[ap_northeast_a100_40_1] 28.20242570695376
-    y[ap_northeast_a100_40_first_11_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6199878215707013
+    y[ap_northeast_a100_40_first_11_1] M15_round_trip[ap_northeast_a100_40_1] 182.8212483629538
+    y[ap_northeast_a100_40_first_11_1] M16_round_trip_cap[ap_northeast_a100_40] 22.947340653570706
     y[ap_northeast_a100_40_first_12_0] obj 0.11108930454484686
     y[ap_northeast_a100_40_first_12_0] M2_start 1.0
     y[ap_northeast_a100_40_first_12_0] M4_cover 12.0
@@ -3599,14 +3599,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_12_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_12_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_12_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_12_0] M12_v_le_y[103] -3.5117768407690075
-    y[ap_northeast_a100_40_first_12_0] M12_v_ge[103] -3.5117768407690075
+    y[ap_northeast_a100_40_first_12_0] M12_v_le_y[103] -22.839129672769012
+    y[ap_northeast_a100_40_first_12_0] M12_v_ge[103] -22.839129672769012
     y[ap_northeast_a100_40_first_12_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11108930454484686
     y[ap_northeast_a100_40_first_12_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11108930454484686
     y[ap_northeast_a100_40_first_12_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11108930454484686
     y[ap_northeast_a100_40_first_12_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11108930454484686
-    y[ap_northeast_a100_40_first_12_0] M15_round_trip[ap_northeast_a100_40_1] 28.205304030696915
-    y[ap_northeast_a100_40_first_12_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6228661453138544
+    y[ap_northeast_a100_40_first_12_0] M15_round_trip[ap_northeast_a100_40_1] 182.82412668669696
+    y[ap_northeast_a100_40_first_12_0] M16_round_trip_cap[ap_northeast_a100_40] 22.95021897731386
     y[ap_northeast_a100_40_first_12_1] obj 0.22487296364969372
     y[ap_northeast_a100_40_first_12_1] M2_start 1.0
     y[ap_northeast_a100_40_first_12_1] M4_cover 12.0
@@ -3618,15 +3618,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_12_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_12_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_12_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_12_1] M12_v_le_y[104] -3.5117768407690075
-    y[ap_northeast_a100_40_first_12_1] M12_v_ge[104] -3.5117768407690075
+    y[ap_northeast_a100_40_first_12_1] M12_v_le_y[104] -22.839129672769012
+    y[ap_northeast_a100_40_first_12_1] M12_v_ge[104] -22.839129672769012
     y[ap_northeast_a100_40_first_12_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22487296364969372
     y[ap_northeast_a100_40_first_12_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22487296364969372
     y[ap_northeast_a100_40_first_12_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22487296364969372
     y[ap_northeast_a100_40_first_12_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22487296364969372
-    y[ap_northeast_a100_40_first_12_1] M15_round_trip[ap_northeast_a100_40_1] 28.20522311164868
-    y[ap_northeast_a100_40_first_12_1] M15_round_trip[ap_northeast_a100_40_2] 31.830864530570768
-    y[ap_northeast_a100_40_first_12_1] M16_round_trip_cap[ap_northeast_a100_40] 3.7366498044187013
+    y[ap_northeast_a100_40_first_12_1] M15_round_trip[ap_northeast_a100_40_1] 182.82404576764873
+    y[ap_northeast_a100_40_first_12_1] M15_round_trip[ap_northeast_a100_40_2] 205.77704001857083
+    y[ap_northeast_a100_40_first_12_1] M16_round_trip_cap[ap_northeast_a100_40] 23.064002636418707
     y[ap_northeast_a100_40_first_12_2] obj 0.11802092012641174
     y[ap_northeast_a100_40_first_12_2] M2_start 1.0
     y[ap_northeast_a100_40_first_12_2] M4_cover 12.0
@@ -3638,14 +3638,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_12_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_12_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_12_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_12_2] M12_v_le_y[105] -3.5117768407690075
-    y[ap_northeast_a100_40_first_12_2] M12_v_ge[105] -3.5117768407690075
+    y[ap_northeast_a100_40_first_12_2] M12_v_le_y[105] -22.839129672769012
+    y[ap_northeast_a100_40_first_12_2] M12_v_ge[105] -22.839129672769012
     y[ap_northeast_a100_40_first_12_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11802092012641174
     y[ap_northeast_a100_40_first_12_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11802092012641174
     y[ap_northeast_a100_40_first_12_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11802092012641174
     y[ap_northeast_a100_40_first_12_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11802092012641174
-    y[ap_northeast_a100_40_first_12_2] M15_round_trip[ap_northeast_a100_40_1] 28.21223564627848
-    y[ap_northeast_a100_40_first_12_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6297977608954195
+    y[ap_northeast_a100_40_first_12_2] M15_round_trip[ap_northeast_a100_40_1] 182.83105830227854
+    y[ap_northeast_a100_40_first_12_2] M16_round_trip_cap[ap_northeast_a100_40] 22.957150592895424
     y[ap_northeast_a100_40_first_13_0] obj 0.12034000333623149
     y[ap_northeast_a100_40_first_13_0] M2_start 1.0
     y[ap_northeast_a100_40_first_13_0] M4_cover 13.0
@@ -3657,14 +3657,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_13_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_13_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_13_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_13_0] M12_v_le_y[106] -3.5117768407690075
-    y[ap_northeast_a100_40_first_13_0] M12_v_ge[106] -3.5117768407690075
+    y[ap_northeast_a100_40_first_13_0] M12_v_le_y[106] -22.839129672769012
+    y[ap_northeast_a100_40_first_13_0] M12_v_ge[106] -22.839129672769012
     y[ap_northeast_a100_40_first_13_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12034000333623149
     y[ap_northeast_a100_40_first_13_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12034000333623149
     y[ap_northeast_a100_40_first_13_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12034000333623149
     y[ap_northeast_a100_40_first_13_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12034000333623149
-    y[ap_northeast_a100_40_first_13_0] M15_round_trip[ap_northeast_a100_40_1] 28.2145547294883
-    y[ap_northeast_a100_40_first_13_0] M16_round_trip_cap[ap_northeast_a100_40] 3.632116844105239
+    y[ap_northeast_a100_40_first_13_0] M15_round_trip[ap_northeast_a100_40_1] 182.83337738548835
+    y[ap_northeast_a100_40_first_13_0] M16_round_trip_cap[ap_northeast_a100_40] 22.959469676105243
     y[ap_northeast_a100_40_first_13_1] obj 0.12783085945112968
     y[ap_northeast_a100_40_first_13_1] M2_start 1.0
     y[ap_northeast_a100_40_first_13_1] M4_cover 13.0
@@ -3676,14 +3676,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_13_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_13_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_13_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_13_1] M12_v_le_y[107] -3.5117768407690075
-    y[ap_northeast_a100_40_first_13_1] M12_v_ge[107] -3.5117768407690075
+    y[ap_northeast_a100_40_first_13_1] M12_v_le_y[107] -22.839129672769012
+    y[ap_northeast_a100_40_first_13_1] M12_v_ge[107] -22.839129672769012
     y[ap_northeast_a100_40_first_13_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12783085945112968
     y[ap_northeast_a100_40_first_13_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12783085945112968
     y[ap_northeast_a100_40_first_13_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12783085945112968
     y[ap_northeast_a100_40_first_13_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12783085945112968
-    y[ap_northeast_a100_40_first_13_1] M15_round_trip[ap_northeast_a100_40_1] 28.222045585603198
-    y[ap_northeast_a100_40_first_13_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6396077002201372
+    y[ap_northeast_a100_40_first_13_1] M15_round_trip[ap_northeast_a100_40_1] 182.84086824160326
+    y[ap_northeast_a100_40_first_13_1] M16_round_trip_cap[ap_northeast_a100_40] 22.966960532220142
     y[ap_northeast_a100_40_first_14_0] obj 0.1295907021276161
     y[ap_northeast_a100_40_first_14_0] M2_start 1.0
     y[ap_northeast_a100_40_first_14_0] M4_cover 14.0
@@ -3695,14 +3695,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_14_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_14_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_14_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_14_0] M12_v_le_y[108] -3.5117768407690075
-    y[ap_northeast_a100_40_first_14_0] M12_v_ge[108] -3.5117768407690075
+    y[ap_northeast_a100_40_first_14_0] M12_v_le_y[108] -22.839129672769012
+    y[ap_northeast_a100_40_first_14_0] M12_v_ge[108] -22.839129672769012
     y[ap_northeast_a100_40_first_14_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1295907021276161
     y[ap_northeast_a100_40_first_14_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1295907021276161
     y[ap_northeast_a100_40_first_14_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1295907021276161
     y[ap_northeast_a100_40_first_14_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1295907021276161
-    y[ap_northeast_a100_40_first_14_0] M15_round_trip[ap_northeast_a100_40_1] 28.223805428279682
-    y[ap_northeast_a100_40_first_14_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6413675428966235
+    y[ap_northeast_a100_40_first_14_0] M15_round_trip[ap_northeast_a100_40_1] 182.84262808427974
+    y[ap_northeast_a100_40_first_14_0] M16_round_trip_cap[ap_northeast_a100_40] 22.968720374896627
     y[ap_northeast_a100_40_first_14_1] obj 0.2618757588152322
     y[ap_northeast_a100_40_first_14_1] M2_start 1.0
     y[ap_northeast_a100_40_first_14_1] M4_cover 14.0
@@ -3714,15 +3714,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_14_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_14_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_14_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_first_14_1] M12_v_le_y[109] -3.5117768407690075
-    y[ap_northeast_a100_40_first_14_1] M12_v_ge[109] -3.5117768407690075
+    y[ap_northeast_a100_40_first_14_1] M12_v_le_y[109] -22.839129672769012
+    y[ap_northeast_a100_40_first_14_1] M12_v_ge[109] -22.839129672769012
     y[ap_northeast_a100_40_first_14_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2618757588152322
     y[ap_northeast_a100_40_first_14_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2618757588152322
     y[ap_northeast_a100_40_first_14_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2618757588152322
     y[ap_northeast_a100_40_first_14_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2618757588152322
-    y[ap_northeast_a100_40_first_14_1] M15_round_trip[ap_northeast_a100_40_1] 28.223724509231452
-    y[ap_northeast_a100_40_first_14_1] M15_round_trip[ap_northeast_a100_40_2] 31.867867325736306
-    y[ap_northeast_a100_40_first_14_1] M16_round_trip_cap[ap_northeast_a100_40] 3.77365259958424
+    y[ap_northeast_a100_40_first_14_1] M15_round_trip[ap_northeast_a100_40_1] 182.8425471652315
+    y[ap_northeast_a100_40_first_14_1] M15_round_trip[ap_northeast_a100_40_2] 205.81404281373636
+    y[ap_northeast_a100_40_first_14_1] M16_round_trip_cap[ap_northeast_a100_40] 23.101005431584245
     y[ap_northeast_a100_40_first_14_2] obj 0.13764079877584764
     y[ap_northeast_a100_40_first_14_2] M2_start 1.0
     y[ap_northeast_a100_40_first_14_2] M4_cover 14.0
@@ -3734,14 +3734,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_14_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_14_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_14_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_14_2] M12_v_le_y[110] -3.5117768407690075
-    y[ap_northeast_a100_40_first_14_2] M12_v_ge[110] -3.5117768407690075
+    y[ap_northeast_a100_40_first_14_2] M12_v_le_y[110] -22.839129672769012
+    y[ap_northeast_a100_40_first_14_2] M12_v_ge[110] -22.839129672769012
     y[ap_northeast_a100_40_first_14_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.13764079877584764
     y[ap_northeast_a100_40_first_14_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.13764079877584764
     y[ap_northeast_a100_40_first_14_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.13764079877584764
     y[ap_northeast_a100_40_first_14_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.13764079877584764
-    y[ap_northeast_a100_40_first_14_2] M15_round_trip[ap_northeast_a100_40_1] 28.231855524927916
-    y[ap_northeast_a100_40_first_14_2] M16_round_trip_cap[ap_northeast_a100_40] 3.649417639544855
+    y[ap_northeast_a100_40_first_14_2] M15_round_trip[ap_northeast_a100_40_1] 182.85067818092796
+    y[ap_northeast_a100_40_first_14_2] M16_round_trip_cap[ap_northeast_a100_40] 22.97677047154486
     y[ap_northeast_a100_40_first_15_0] obj 0.1388414009190007
     y[ap_northeast_a100_40_first_15_0] M2_start 1.0
     y[ap_northeast_a100_40_first_15_0] M4_cover 15.0
@@ -3753,14 +3753,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_15_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_15_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_15_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_15_0] M12_v_le_y[111] -3.5117768407690075
-    y[ap_northeast_a100_40_first_15_0] M12_v_ge[111] -3.5117768407690075
+    y[ap_northeast_a100_40_first_15_0] M12_v_le_y[111] -22.839129672769012
+    y[ap_northeast_a100_40_first_15_0] M12_v_ge[111] -22.839129672769012
     y[ap_northeast_a100_40_first_15_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1388414009190007
     y[ap_northeast_a100_40_first_15_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1388414009190007
     y[ap_northeast_a100_40_first_15_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1388414009190007
     y[ap_northeast_a100_40_first_15_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1388414009190007
-    y[ap_northeast_a100_40_first_15_0] M15_round_trip[ap_northeast_a100_40_1] 28.23305612707107
-    y[ap_northeast_a100_40_first_15_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6506182416880084
+    y[ap_northeast_a100_40_first_15_0] M15_round_trip[ap_northeast_a100_40_1] 182.85187878307113
+    y[ap_northeast_a100_40_first_15_0] M16_round_trip_cap[ap_northeast_a100_40] 22.977971073688014
     y[ap_northeast_a100_40_first_15_1] obj 0.14745073810056558
     y[ap_northeast_a100_40_first_15_1] M2_start 1.0
     y[ap_northeast_a100_40_first_15_1] M4_cover 15.0
@@ -3771,14 +3771,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_15_1] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_first_15_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_15_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_first_15_1] M12_v_le_y[112] -3.5117768407690075
-    y[ap_northeast_a100_40_first_15_1] M12_v_ge[112] -3.5117768407690075
+    y[ap_northeast_a100_40_first_15_1] M12_v_le_y[112] -22.839129672769012
+    y[ap_northeast_a100_40_first_15_1] M12_v_ge[112] -22.839129672769012
     y[ap_northeast_a100_40_first_15_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14745073810056558
     y[ap_northeast_a100_40_first_15_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14745073810056558
     y[ap_northeast_a100_40_first_15_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14745073810056558
     y[ap_northeast_a100_40_first_15_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14745073810056558
-    y[ap_northeast_a100_40_first_15_1] M15_round_trip[ap_northeast_a100_40_1] 28.241665464252634
-    y[ap_northeast_a100_40_first_15_1] M16_round_trip_cap[ap_northeast_a100_40] 3.659227578869573
+    y[ap_northeast_a100_40_first_15_1] M15_round_trip[ap_northeast_a100_40_1] 182.86048812025268
+    y[ap_northeast_a100_40_first_15_1] M16_round_trip_cap[ap_northeast_a100_40] 22.98658041086958
     y[ap_northeast_a100_40_first_16_0] obj 0.1480920997103853
     y[ap_northeast_a100_40_first_16_0] M2_start 1.0
     y[ap_northeast_a100_40_first_16_0] M4_cover 16.0
@@ -3790,14 +3790,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_16_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_16_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_16_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_16_0] M12_v_le_y[113] -3.5117768407690075
-    y[ap_northeast_a100_40_first_16_0] M12_v_ge[113] -3.5117768407690075
+    y[ap_northeast_a100_40_first_16_0] M12_v_le_y[113] -22.839129672769012
+    y[ap_northeast_a100_40_first_16_0] M12_v_ge[113] -22.839129672769012
     y[ap_northeast_a100_40_first_16_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1480920997103853
     y[ap_northeast_a100_40_first_16_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1480920997103853
     y[ap_northeast_a100_40_first_16_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1480920997103853
     y[ap_northeast_a100_40_first_16_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1480920997103853
-    y[ap_northeast_a100_40_first_16_0] M15_round_trip[ap_northeast_a100_40_1] 28.242306825862453
-    y[ap_northeast_a100_40_first_16_0] M16_round_trip_cap[ap_northeast_a100_40] 3.659868940479393
+    y[ap_northeast_a100_40_first_16_0] M15_round_trip[ap_northeast_a100_40_1] 182.86112948186252
+    y[ap_northeast_a100_40_first_16_0] M16_round_trip_cap[ap_northeast_a100_40] 22.987221772479398
     y[ap_northeast_a100_40_first_16_1] obj 0.2988785539807706
     y[ap_northeast_a100_40_first_16_1] M2_start 1.0
     y[ap_northeast_a100_40_first_16_1] M4_cover 16.0
@@ -3809,15 +3809,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_16_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_16_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_16_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_16_1] M12_v_le_y[114] -3.5117768407690075
-    y[ap_northeast_a100_40_first_16_1] M12_v_ge[114] -3.5117768407690075
+    y[ap_northeast_a100_40_first_16_1] M12_v_le_y[114] -22.839129672769012
+    y[ap_northeast_a100_40_first_16_1] M12_v_ge[114] -22.839129672769012
     y[ap_northeast_a100_40_first_16_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2988785539807706
     y[ap_northeast_a100_40_first_16_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2988785539807706
     y[ap_northeast_a100_40_first_16_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2988785539807706
     y[ap_northeast_a100_40_first_16_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2988785539807706
-    y[ap_northeast_a100_40_first_16_1] M15_round_trip[ap_northeast_a100_40_1] 28.24222590681422
-    y[ap_northeast_a100_40_first_16_1] M15_round_trip[ap_northeast_a100_40_2] 31.904870120901844
-    y[ap_northeast_a100_40_first_16_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8106553947497783
+    y[ap_northeast_a100_40_first_16_1] M15_round_trip[ap_northeast_a100_40_1] 182.8610485628143
+    y[ap_northeast_a100_40_first_16_1] M15_round_trip[ap_northeast_a100_40_2] 205.8510456089019
+    y[ap_northeast_a100_40_first_16_1] M16_round_trip_cap[ap_northeast_a100_40] 23.138008226749783
     y[ap_northeast_a100_40_first_16_2] obj 0.15726067742528355
     y[ap_northeast_a100_40_first_16_2] M2_start 1.0
     y[ap_northeast_a100_40_first_16_2] M4_cover 16.0
@@ -3828,14 +3828,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_16_2] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_first_16_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_16_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_first_16_2] M12_v_le_y[115] -3.5117768407690075
-    y[ap_northeast_a100_40_first_16_2] M12_v_ge[115] -3.5117768407690075
+    y[ap_northeast_a100_40_first_16_2] M12_v_le_y[115] -22.839129672769012
+    y[ap_northeast_a100_40_first_16_2] M12_v_ge[115] -22.839129672769012
     y[ap_northeast_a100_40_first_16_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15726067742528355
     y[ap_northeast_a100_40_first_16_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15726067742528355
     y[ap_northeast_a100_40_first_16_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15726067742528355
     y[ap_northeast_a100_40_first_16_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15726067742528355
-    y[ap_northeast_a100_40_first_16_2] M15_round_trip[ap_northeast_a100_40_1] 28.251475403577352
-    y[ap_northeast_a100_40_first_16_2] M16_round_trip_cap[ap_northeast_a100_40] 3.669037518194291
+    y[ap_northeast_a100_40_first_16_2] M15_round_trip[ap_northeast_a100_40_1] 182.8702980595774
+    y[ap_northeast_a100_40_first_16_2] M16_round_trip_cap[ap_northeast_a100_40] 22.996390350194297
     y[ap_northeast_a100_40_first_17_0] obj 0.15734279850176994
     y[ap_northeast_a100_40_first_17_0] M2_start 1.0
     y[ap_northeast_a100_40_first_17_0] M4_cover 17.0
@@ -3847,14 +3847,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_17_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_17_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_17_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_first_17_0] M12_v_le_y[116] -3.5117768407690075
-    y[ap_northeast_a100_40_first_17_0] M12_v_ge[116] -3.5117768407690075
+    y[ap_northeast_a100_40_first_17_0] M12_v_le_y[116] -22.839129672769012
+    y[ap_northeast_a100_40_first_17_0] M12_v_ge[116] -22.839129672769012
     y[ap_northeast_a100_40_first_17_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15734279850176994
     y[ap_northeast_a100_40_first_17_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15734279850176994
     y[ap_northeast_a100_40_first_17_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15734279850176994
     y[ap_northeast_a100_40_first_17_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15734279850176994
-    y[ap_northeast_a100_40_first_17_0] M15_round_trip[ap_northeast_a100_40_1] 28.251557524653837
-    y[ap_northeast_a100_40_first_17_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6691196392707774
+    y[ap_northeast_a100_40_first_17_0] M15_round_trip[ap_northeast_a100_40_1] 182.87038018065388
+    y[ap_northeast_a100_40_first_17_0] M16_round_trip_cap[ap_northeast_a100_40] 22.99647247127078
     y[ap_northeast_a100_40_first_17_1] obj 0.16707061675000148
     y[ap_northeast_a100_40_first_17_1] M2_start 1.0
     y[ap_northeast_a100_40_first_17_1] M4_cover 17.0
@@ -3866,14 +3866,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_17_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_17_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_17_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_17_1] M12_v_le_y[117] -3.5117768407690075
-    y[ap_northeast_a100_40_first_17_1] M12_v_ge[117] -3.5117768407690075
+    y[ap_northeast_a100_40_first_17_1] M12_v_le_y[117] -22.839129672769012
+    y[ap_northeast_a100_40_first_17_1] M12_v_ge[117] -22.839129672769012
     y[ap_northeast_a100_40_first_17_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16707061675000148
     y[ap_northeast_a100_40_first_17_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16707061675000148
     y[ap_northeast_a100_40_first_17_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16707061675000148
     y[ap_northeast_a100_40_first_17_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16707061675000148
-    y[ap_northeast_a100_40_first_17_1] M15_round_trip[ap_northeast_a100_40_1] 28.26128534290207
-    y[ap_northeast_a100_40_first_17_1] M16_round_trip_cap[ap_northeast_a100_40] 3.678847457519009
+    y[ap_northeast_a100_40_first_17_1] M15_round_trip[ap_northeast_a100_40_1] 182.88010799890213
+    y[ap_northeast_a100_40_first_17_1] M16_round_trip_cap[ap_northeast_a100_40] 23.006200289519015
     y[ap_northeast_a100_40_first_18_0] obj 0.16659349729315454
     y[ap_northeast_a100_40_first_18_0] M2_start 1.0
     y[ap_northeast_a100_40_first_18_0] M4_cover 18.0
@@ -3884,14 +3884,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_18_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_first_18_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_18_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_first_18_0] M12_v_le_y[118] -3.5117768407690075
-    y[ap_northeast_a100_40_first_18_0] M12_v_ge[118] -3.5117768407690075
+    y[ap_northeast_a100_40_first_18_0] M12_v_le_y[118] -22.839129672769012
+    y[ap_northeast_a100_40_first_18_0] M12_v_ge[118] -22.839129672769012
     y[ap_northeast_a100_40_first_18_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16659349729315454
     y[ap_northeast_a100_40_first_18_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16659349729315454
     y[ap_northeast_a100_40_first_18_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16659349729315454
     y[ap_northeast_a100_40_first_18_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16659349729315454
-    y[ap_northeast_a100_40_first_18_0] M15_round_trip[ap_northeast_a100_40_1] 28.26080822344522
-    y[ap_northeast_a100_40_first_18_0] M16_round_trip_cap[ap_northeast_a100_40] 3.678370338062162
+    y[ap_northeast_a100_40_first_18_0] M15_round_trip[ap_northeast_a100_40_1] 182.87963087944527
+    y[ap_northeast_a100_40_first_18_0] M16_round_trip_cap[ap_northeast_a100_40] 23.005723170062165
     y[ap_northeast_a100_40_first_18_1] obj 0.33588134914630907
     y[ap_northeast_a100_40_first_18_1] M2_start 1.0
     y[ap_northeast_a100_40_first_18_1] M4_cover 18.0
@@ -3902,15 +3902,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_18_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_first_18_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_18_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_first_18_1] M12_v_le_y[119] -3.5117768407690075
-    y[ap_northeast_a100_40_first_18_1] M12_v_ge[119] -3.5117768407690075
+    y[ap_northeast_a100_40_first_18_1] M12_v_le_y[119] -22.839129672769012
+    y[ap_northeast_a100_40_first_18_1] M12_v_ge[119] -22.839129672769012
     y[ap_northeast_a100_40_first_18_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.33588134914630907
     y[ap_northeast_a100_40_first_18_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.33588134914630907
     y[ap_northeast_a100_40_first_18_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.33588134914630907
     y[ap_northeast_a100_40_first_18_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.33588134914630907
-    y[ap_northeast_a100_40_first_18_1] M15_round_trip[ap_northeast_a100_40_1] 28.26072730439699
-    y[ap_northeast_a100_40_first_18_1] M15_round_trip[ap_northeast_a100_40_2] 31.941872916067382
-    y[ap_northeast_a100_40_first_18_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8476581899153164
+    y[ap_northeast_a100_40_first_18_1] M15_round_trip[ap_northeast_a100_40_1] 182.87954996039704
+    y[ap_northeast_a100_40_first_18_1] M15_round_trip[ap_northeast_a100_40_2] 205.88804840406746
+    y[ap_northeast_a100_40_first_18_1] M16_round_trip_cap[ap_northeast_a100_40] 23.17501102191532
     y[ap_northeast_a100_40_first_18_2] obj 0.17688055607471945
     y[ap_northeast_a100_40_first_18_2] M2_start 1.0
     y[ap_northeast_a100_40_first_18_2] M4_cover 18.0
@@ -3922,14 +3922,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_18_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_18_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_18_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_18_2] M12_v_le_y[120] -3.5117768407690075
-    y[ap_northeast_a100_40_first_18_2] M12_v_ge[120] -3.5117768407690075
+    y[ap_northeast_a100_40_first_18_2] M12_v_le_y[120] -22.839129672769012
+    y[ap_northeast_a100_40_first_18_2] M12_v_ge[120] -22.839129672769012
     y[ap_northeast_a100_40_first_18_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.17688055607471945
     y[ap_northeast_a100_40_first_18_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.17688055607471945
     y[ap_northeast_a100_40_first_18_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.17688055607471945
     y[ap_northeast_a100_40_first_18_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.17688055607471945
-    y[ap_northeast_a100_40_first_18_2] M15_round_trip[ap_northeast_a100_40_1] 28.27109528222679
-    y[ap_northeast_a100_40_first_18_2] M16_round_trip_cap[ap_northeast_a100_40] 3.688657396843727
+    y[ap_northeast_a100_40_first_18_2] M15_round_trip[ap_northeast_a100_40_1] 182.88991793822683
+    y[ap_northeast_a100_40_first_18_2] M16_round_trip_cap[ap_northeast_a100_40] 23.016010228843733
     y[ap_northeast_a100_40_first_19_0] obj 0.17584419608453916
     y[ap_northeast_a100_40_first_19_0] M2_start 1.0
     y[ap_northeast_a100_40_first_19_0] M4_cover 19.0
@@ -3940,14 +3940,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_19_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_first_19_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_19_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_first_19_0] M12_v_le_y[121] -3.5117768407690075
-    y[ap_northeast_a100_40_first_19_0] M12_v_ge[121] -3.5117768407690075
+    y[ap_northeast_a100_40_first_19_0] M12_v_le_y[121] -22.839129672769012
+    y[ap_northeast_a100_40_first_19_0] M12_v_ge[121] -22.839129672769012
     y[ap_northeast_a100_40_first_19_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.17584419608453916
     y[ap_northeast_a100_40_first_19_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.17584419608453916
     y[ap_northeast_a100_40_first_19_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.17584419608453916
     y[ap_northeast_a100_40_first_19_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.17584419608453916
-    y[ap_northeast_a100_40_first_19_0] M15_round_trip[ap_northeast_a100_40_1] 28.270058922236608
-    y[ap_northeast_a100_40_first_19_0] M16_round_trip_cap[ap_northeast_a100_40] 3.687621036853547
+    y[ap_northeast_a100_40_first_19_0] M15_round_trip[ap_northeast_a100_40_1] 182.88888157823666
+    y[ap_northeast_a100_40_first_19_0] M16_round_trip_cap[ap_northeast_a100_40] 23.014973868853552
     y[ap_northeast_a100_40_first_19_1] obj 0.18669049539943738
     y[ap_northeast_a100_40_first_19_1] M2_start 1.0
     y[ap_northeast_a100_40_first_19_1] M4_cover 19.0
@@ -3959,14 +3959,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_19_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_19_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_19_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_19_1] M12_v_le_y[122] -3.5117768407690075
-    y[ap_northeast_a100_40_first_19_1] M12_v_ge[122] -3.5117768407690075
+    y[ap_northeast_a100_40_first_19_1] M12_v_le_y[122] -22.839129672769012
+    y[ap_northeast_a100_40_first_19_1] M12_v_ge[122] -22.839129672769012
     y[ap_northeast_a100_40_first_19_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18669049539943738
     y[ap_northeast_a100_40_first_19_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18669049539943738
     y[ap_northeast_a100_40_first_19_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18669049539943738
     y[ap_northeast_a100_40_first_19_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18669049539943738
-    y[ap_northeast_a100_40_first_19_1] M15_round_trip[ap_northeast_a100_40_1] 28.280905221551503
-    y[ap_northeast_a100_40_first_19_1] M16_round_trip_cap[ap_northeast_a100_40] 3.698467336168445
+    y[ap_northeast_a100_40_first_19_1] M15_round_trip[ap_northeast_a100_40_1] 182.89972787755156
+    y[ap_northeast_a100_40_first_19_1] M16_round_trip_cap[ap_northeast_a100_40] 23.025820168168448
     y[ap_northeast_a100_40_first_20_0] obj 0.18509489487592376
     y[ap_northeast_a100_40_first_20_0] M2_start 1.0
     y[ap_northeast_a100_40_first_20_0] M4_cover 20.0
@@ -3978,14 +3978,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_20_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_20_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_20_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_20_0] M12_v_le_y[123] -3.5117768407690075
-    y[ap_northeast_a100_40_first_20_0] M12_v_ge[123] -3.5117768407690075
+    y[ap_northeast_a100_40_first_20_0] M12_v_le_y[123] -22.839129672769012
+    y[ap_northeast_a100_40_first_20_0] M12_v_ge[123] -22.839129672769012
     y[ap_northeast_a100_40_first_20_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18509489487592376
     y[ap_northeast_a100_40_first_20_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18509489487592376
     y[ap_northeast_a100_40_first_20_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18509489487592376
     y[ap_northeast_a100_40_first_20_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18509489487592376
-    y[ap_northeast_a100_40_first_20_0] M15_round_trip[ap_northeast_a100_40_1] 28.27930962102799
-    y[ap_northeast_a100_40_first_20_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6968717356449314
+    y[ap_northeast_a100_40_first_20_0] M15_round_trip[ap_northeast_a100_40_1] 182.89813227702805
+    y[ap_northeast_a100_40_first_20_0] M16_round_trip_cap[ap_northeast_a100_40] 23.024224567644936
     y[ap_northeast_a100_40_first_20_1] obj 0.3728841443118475
     y[ap_northeast_a100_40_first_20_1] M2_start 1.0
     y[ap_northeast_a100_40_first_20_1] M4_cover 20.0
@@ -3996,15 +3996,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_20_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_first_20_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_20_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_first_20_1] M12_v_le_y[124] -3.5117768407690075
-    y[ap_northeast_a100_40_first_20_1] M12_v_ge[124] -3.5117768407690075
+    y[ap_northeast_a100_40_first_20_1] M12_v_le_y[124] -22.839129672769012
+    y[ap_northeast_a100_40_first_20_1] M12_v_ge[124] -22.839129672769012
     y[ap_northeast_a100_40_first_20_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3728841443118475
     y[ap_northeast_a100_40_first_20_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3728841443118475
     y[ap_northeast_a100_40_first_20_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3728841443118475
     y[ap_northeast_a100_40_first_20_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3728841443118475
-    y[ap_northeast_a100_40_first_20_1] M15_round_trip[ap_northeast_a100_40_1] 28.27922870197976
-    y[ap_northeast_a100_40_first_20_1] M15_round_trip[ap_northeast_a100_40_2] 31.97887571123292
-    y[ap_northeast_a100_40_first_20_1] M16_round_trip_cap[ap_northeast_a100_40] 3.884660985080855
+    y[ap_northeast_a100_40_first_20_1] M15_round_trip[ap_northeast_a100_40_1] 182.89805135797982
+    y[ap_northeast_a100_40_first_20_1] M15_round_trip[ap_northeast_a100_40_2] 205.925051199233
+    y[ap_northeast_a100_40_first_20_1] M16_round_trip_cap[ap_northeast_a100_40] 23.21201381708086
     y[ap_northeast_a100_40_first_20_2] obj 0.19650043472415535
     y[ap_northeast_a100_40_first_20_2] M2_start 1.0
     y[ap_northeast_a100_40_first_20_2] M4_cover 20.0
@@ -4016,14 +4016,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_20_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_20_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_20_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_20_2] M12_v_le_y[125] -3.5117768407690075
-    y[ap_northeast_a100_40_first_20_2] M12_v_ge[125] -3.5117768407690075
+    y[ap_northeast_a100_40_first_20_2] M12_v_le_y[125] -22.839129672769012
+    y[ap_northeast_a100_40_first_20_2] M12_v_ge[125] -22.839129672769012
     y[ap_northeast_a100_40_first_20_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.19650043472415535
     y[ap_northeast_a100_40_first_20_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.19650043472415535
     y[ap_northeast_a100_40_first_20_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.19650043472415535
     y[ap_northeast_a100_40_first_20_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.19650043472415535
-    y[ap_northeast_a100_40_first_20_2] M15_round_trip[ap_northeast_a100_40_1] 28.29071516087622
-    y[ap_northeast_a100_40_first_20_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7082772754931628
+    y[ap_northeast_a100_40_first_20_2] M15_round_trip[ap_northeast_a100_40_1] 182.90953781687628
+    y[ap_northeast_a100_40_first_20_2] M16_round_trip_cap[ap_northeast_a100_40] 23.035630107493166
     y[ap_northeast_a100_40_first_21_0] obj 0.19434559366730841
     y[ap_northeast_a100_40_first_21_0] M2_start 1.0
     y[ap_northeast_a100_40_first_21_0] M4_cover 21.0
@@ -4035,14 +4035,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_21_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_21_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_21_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_21_0] M12_v_le_y[126] -3.5117768407690075
-    y[ap_northeast_a100_40_first_21_0] M12_v_ge[126] -3.5117768407690075
+    y[ap_northeast_a100_40_first_21_0] M12_v_le_y[126] -22.839129672769012
+    y[ap_northeast_a100_40_first_21_0] M12_v_ge[126] -22.839129672769012
     y[ap_northeast_a100_40_first_21_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.19434559366730841
     y[ap_northeast_a100_40_first_21_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.19434559366730841
     y[ap_northeast_a100_40_first_21_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.19434559366730841
     y[ap_northeast_a100_40_first_21_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.19434559366730841
-    y[ap_northeast_a100_40_first_21_0] M15_round_trip[ap_northeast_a100_40_1] 28.288560319819375
-    y[ap_northeast_a100_40_first_21_0] M16_round_trip_cap[ap_northeast_a100_40] 3.706122434436316
+    y[ap_northeast_a100_40_first_21_0] M15_round_trip[ap_northeast_a100_40_1] 182.90738297581944
+    y[ap_northeast_a100_40_first_21_0] M16_round_trip_cap[ap_northeast_a100_40] 23.03347526643632
     y[ap_northeast_a100_40_first_21_1] obj 0.20631037404887329
     y[ap_northeast_a100_40_first_21_1] M2_start 1.0
     y[ap_northeast_a100_40_first_21_1] M4_cover 21.0
@@ -4054,14 +4054,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_21_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_21_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_21_1] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_21_1] M12_v_le_y[127] -3.5117768407690075
-    y[ap_northeast_a100_40_first_21_1] M12_v_ge[127] -3.5117768407690075
+    y[ap_northeast_a100_40_first_21_1] M12_v_le_y[127] -22.839129672769012
+    y[ap_northeast_a100_40_first_21_1] M12_v_ge[127] -22.839129672769012
     y[ap_northeast_a100_40_first_21_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.20631037404887329
     y[ap_northeast_a100_40_first_21_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.20631037404887329
     y[ap_northeast_a100_40_first_21_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.20631037404887329
     y[ap_northeast_a100_40_first_21_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.20631037404887329
-    y[ap_northeast_a100_40_first_21_1] M15_round_trip[ap_northeast_a100_40_1] 28.30052510020094
-    y[ap_northeast_a100_40_first_21_1] M16_round_trip_cap[ap_northeast_a100_40] 3.718087214817881
+    y[ap_northeast_a100_40_first_21_1] M15_round_trip[ap_northeast_a100_40_1] 182.919347756201
+    y[ap_northeast_a100_40_first_21_1] M16_round_trip_cap[ap_northeast_a100_40] 23.045440046817884
     y[ap_northeast_a100_40_first_22_0] obj 0.203596292458693
     y[ap_northeast_a100_40_first_22_0] M2_start 1.0
     y[ap_northeast_a100_40_first_22_0] M4_cover 22.0
@@ -4073,14 +4073,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_22_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_22_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_22_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_22_0] M12_v_le_y[128] -3.5117768407690075
-    y[ap_northeast_a100_40_first_22_0] M12_v_ge[128] -3.5117768407690075
+    y[ap_northeast_a100_40_first_22_0] M12_v_le_y[128] -22.839129672769012
+    y[ap_northeast_a100_40_first_22_0] M12_v_ge[128] -22.839129672769012
     y[ap_northeast_a100_40_first_22_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.203596292458693
     y[ap_northeast_a100_40_first_22_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.203596292458693
     y[ap_northeast_a100_40_first_22_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.203596292458693
     y[ap_northeast_a100_40_first_22_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.203596292458693
-    y[ap_northeast_a100_40_first_22_0] M15_round_trip[ap_northeast_a100_40_1] 28.297811018610762
-    y[ap_northeast_a100_40_first_22_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7153731332277005
+    y[ap_northeast_a100_40_first_22_0] M15_round_trip[ap_northeast_a100_40_1] 182.9166336746108
+    y[ap_northeast_a100_40_first_22_0] M16_round_trip_cap[ap_northeast_a100_40] 23.042725965227707
     y[ap_northeast_a100_40_first_22_1] obj 0.409886939477386
     y[ap_northeast_a100_40_first_22_1] M2_start 1.0
     y[ap_northeast_a100_40_first_22_1] M4_cover 22.0
@@ -4092,15 +4092,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_22_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_22_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_22_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_22_1] M12_v_le_y[129] -3.5117768407690075
-    y[ap_northeast_a100_40_first_22_1] M12_v_ge[129] -3.5117768407690075
+    y[ap_northeast_a100_40_first_22_1] M12_v_le_y[129] -22.839129672769012
+    y[ap_northeast_a100_40_first_22_1] M12_v_ge[129] -22.839129672769012
     y[ap_northeast_a100_40_first_22_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.409886939477386
     y[ap_northeast_a100_40_first_22_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.409886939477386
     y[ap_northeast_a100_40_first_22_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.409886939477386
     y[ap_northeast_a100_40_first_22_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.409886939477386
-    y[ap_northeast_a100_40_first_22_1] M15_round_trip[ap_northeast_a100_40_1] 28.29773009956253
-    y[ap_northeast_a100_40_first_22_1] M15_round_trip[ap_northeast_a100_40_2] 32.01587850639846
-    y[ap_northeast_a100_40_first_22_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9216637802463934
+    y[ap_northeast_a100_40_first_22_1] M15_round_trip[ap_northeast_a100_40_1] 182.91655275556258
+    y[ap_northeast_a100_40_first_22_1] M15_round_trip[ap_northeast_a100_40_2] 205.96205399439853
+    y[ap_northeast_a100_40_first_22_1] M16_round_trip_cap[ap_northeast_a100_40] 23.249016612246397
     y[ap_northeast_a100_40_first_22_2] obj 0.21612031337359122
     y[ap_northeast_a100_40_first_22_2] M2_start 1.0
     y[ap_northeast_a100_40_first_22_2] M4_cover 22.0
@@ -4112,14 +4112,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_22_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_22_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_22_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_22_2] M12_v_le_y[130] -3.5117768407690075
-    y[ap_northeast_a100_40_first_22_2] M12_v_ge[130] -3.5117768407690075
+    y[ap_northeast_a100_40_first_22_2] M12_v_le_y[130] -22.839129672769012
+    y[ap_northeast_a100_40_first_22_2] M12_v_ge[130] -22.839129672769012
     y[ap_northeast_a100_40_first_22_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21612031337359122
     y[ap_northeast_a100_40_first_22_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21612031337359122
     y[ap_northeast_a100_40_first_22_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21612031337359122
     y[ap_northeast_a100_40_first_22_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21612031337359122
-    y[ap_northeast_a100_40_first_22_2] M15_round_trip[ap_northeast_a100_40_1] 28.310335039525658
-    y[ap_northeast_a100_40_first_22_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7278971541425987
+    y[ap_northeast_a100_40_first_22_2] M15_round_trip[ap_northeast_a100_40_1] 182.9291576955257
+    y[ap_northeast_a100_40_first_22_2] M16_round_trip_cap[ap_northeast_a100_40] 23.055249986142602
     y[ap_northeast_a100_40_first_23_0] obj 0.2128469912500776
     y[ap_northeast_a100_40_first_23_0] M2_start 1.0
     y[ap_northeast_a100_40_first_23_0] M4_cover 23.0
@@ -4131,14 +4131,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_23_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_23_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_23_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_23_0] M12_v_le_y[131] -3.5117768407690075
-    y[ap_northeast_a100_40_first_23_0] M12_v_ge[131] -3.5117768407690075
+    y[ap_northeast_a100_40_first_23_0] M12_v_le_y[131] -22.839129672769012
+    y[ap_northeast_a100_40_first_23_0] M12_v_ge[131] -22.839129672769012
     y[ap_northeast_a100_40_first_23_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2128469912500776
     y[ap_northeast_a100_40_first_23_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2128469912500776
     y[ap_northeast_a100_40_first_23_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2128469912500776
     y[ap_northeast_a100_40_first_23_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2128469912500776
-    y[ap_northeast_a100_40_first_23_0] M15_round_trip[ap_northeast_a100_40_1] 28.307061717402146
-    y[ap_northeast_a100_40_first_23_0] M16_round_trip_cap[ap_northeast_a100_40] 3.724623832019085
+    y[ap_northeast_a100_40_first_23_0] M15_round_trip[ap_northeast_a100_40_1] 182.9258843734022
+    y[ap_northeast_a100_40_first_23_0] M16_round_trip_cap[ap_northeast_a100_40] 23.05197666401909
     y[ap_northeast_a100_40_first_23_1] obj 0.2259302526983092
     y[ap_northeast_a100_40_first_23_1] M2_start 1.0
     y[ap_northeast_a100_40_first_23_1] M4_cover 23.0
@@ -4150,14 +4150,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_23_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_23_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_23_1] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_23_1] M12_v_le_y[132] -3.5117768407690075
-    y[ap_northeast_a100_40_first_23_1] M12_v_ge[132] -3.5117768407690075
+    y[ap_northeast_a100_40_first_23_1] M12_v_le_y[132] -22.839129672769012
+    y[ap_northeast_a100_40_first_23_1] M12_v_ge[132] -22.839129672769012
     y[ap_northeast_a100_40_first_23_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2259302526983092
     y[ap_northeast_a100_40_first_23_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2259302526983092
     y[ap_northeast_a100_40_first_23_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2259302526983092
     y[ap_northeast_a100_40_first_23_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2259302526983092
-    y[ap_northeast_a100_40_first_23_1] M15_round_trip[ap_northeast_a100_40_1] 28.320144978850376
-    y[ap_northeast_a100_40_first_23_1] M16_round_trip_cap[ap_northeast_a100_40] 3.737707093467317
+    y[ap_northeast_a100_40_first_23_1] M15_round_trip[ap_northeast_a100_40_1] 182.93896763485043
+    y[ap_northeast_a100_40_first_23_1] M16_round_trip_cap[ap_northeast_a100_40] 23.06505992546732
     y[ap_northeast_a100_40_first_24_0] obj 0.22209769004146224
     y[ap_northeast_a100_40_first_24_0] M2_start 1.0
     y[ap_northeast_a100_40_first_24_0] M4_cover 24.0
@@ -4169,14 +4169,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_24_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_24_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_24_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_24_0] M12_v_le_y[133] -3.5117768407690075
-    y[ap_northeast_a100_40_first_24_0] M12_v_ge[133] -3.5117768407690075
+    y[ap_northeast_a100_40_first_24_0] M12_v_le_y[133] -22.839129672769012
+    y[ap_northeast_a100_40_first_24_0] M12_v_ge[133] -22.839129672769012
     y[ap_northeast_a100_40_first_24_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22209769004146224
     y[ap_northeast_a100_40_first_24_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22209769004146224
     y[ap_northeast_a100_40_first_24_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22209769004146224
     y[ap_northeast_a100_40_first_24_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22209769004146224
-    y[ap_northeast_a100_40_first_24_0] M15_round_trip[ap_northeast_a100_40_1] 28.31631241619353
-    y[ap_northeast_a100_40_first_24_0] M16_round_trip_cap[ap_northeast_a100_40] 3.73387453081047
+    y[ap_northeast_a100_40_first_24_0] M15_round_trip[ap_northeast_a100_40_1] 182.9351350721936
+    y[ap_northeast_a100_40_first_24_0] M16_round_trip_cap[ap_northeast_a100_40] 23.061227362810474
     y[ap_northeast_a100_40_first_24_1] obj 0.4468897346429245
     y[ap_northeast_a100_40_first_24_1] M2_start 1.0
     y[ap_northeast_a100_40_first_24_1] M4_cover 24.0
@@ -4188,15 +4188,15 @@ COLUMNS
     y[ap_northeast_a100_40_first_24_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_first_24_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_first_24_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_first_24_1] M12_v_le_y[134] -3.5117768407690075
-    y[ap_northeast_a100_40_first_24_1] M12_v_ge[134] -3.5117768407690075
+    y[ap_northeast_a100_40_first_24_1] M12_v_le_y[134] -22.839129672769012
+    y[ap_northeast_a100_40_first_24_1] M12_v_ge[134] -22.839129672769012
     y[ap_northeast_a100_40_first_24_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.4468897346429245
     y[ap_northeast_a100_40_first_24_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.4468897346429245
     y[ap_northeast_a100_40_first_24_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.4468897346429245
     y[ap_northeast_a100_40_first_24_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.4468897346429245
-    y[ap_northeast_a100_40_first_24_1] M15_round_trip[ap_northeast_a100_40_1] 28.3162314971453
-    y[ap_northeast_a100_40_first_24_1] M15_round_trip[ap_northeast_a100_40_2] 32.052881301564
-    y[ap_northeast_a100_40_first_24_1] M16_round_trip_cap[ap_northeast_a100_40] 3.958666575411932
+    y[ap_northeast_a100_40_first_24_1] M15_round_trip[ap_northeast_a100_40_1] 182.93505415314536
+    y[ap_northeast_a100_40_first_24_1] M15_round_trip[ap_northeast_a100_40_2] 205.99905678956407
+    y[ap_northeast_a100_40_first_24_1] M16_round_trip_cap[ap_northeast_a100_40] 23.286019407411935
     y[ap_northeast_a100_40_first_24_2] obj 0.23574019202302715
     y[ap_northeast_a100_40_first_24_2] M2_start 1.0
     y[ap_northeast_a100_40_first_24_2] M4_cover 24.0
@@ -4208,14 +4208,14 @@ COLUMNS
     y[ap_northeast_a100_40_first_24_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_first_24_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_first_24_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_first_24_2] M12_v_le_y[135] -3.5117768407690075
-    y[ap_northeast_a100_40_first_24_2] M12_v_ge[135] -3.5117768407690075
+    y[ap_northeast_a100_40_first_24_2] M12_v_le_y[135] -22.839129672769012
+    y[ap_northeast_a100_40_first_24_2] M12_v_ge[135] -22.839129672769012
     y[ap_northeast_a100_40_first_24_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.23574019202302715
     y[ap_northeast_a100_40_first_24_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.23574019202302715
     y[ap_northeast_a100_40_first_24_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.23574019202302715
     y[ap_northeast_a100_40_first_24_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.23574019202302715
-    y[ap_northeast_a100_40_first_24_2] M15_round_trip[ap_northeast_a100_40_1] 28.329954918175094
-    y[ap_northeast_a100_40_first_24_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7475170327920346
+    y[ap_northeast_a100_40_first_24_2] M15_round_trip[ap_northeast_a100_40_1] 182.94877757417515
+    y[ap_northeast_a100_40_first_24_2] M16_round_trip_cap[ap_northeast_a100_40] 23.07486986479204
     y[ap_northeast_a100_40_middle_1_0] obj 0.009250698791384616
     y[ap_northeast_a100_40_middle_1_0] M4_cover 1.0
     y[ap_northeast_a100_40_middle_1_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4227,14 +4227,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_1_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_1_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_1_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_1_0] M12_v_le_y[136] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_1_0] M12_v_ge[136] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_1_0] M12_v_le_y[136] -22.839129672769012
+    y[ap_northeast_a100_40_middle_1_0] M12_v_ge[136] -22.839129672769012
     y[ap_northeast_a100_40_middle_1_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.009250698791384616
     y[ap_northeast_a100_40_middle_1_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.009250698791384616
     y[ap_northeast_a100_40_middle_1_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.009250698791384616
     y[ap_northeast_a100_40_middle_1_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.009250698791384616
-    y[ap_northeast_a100_40_middle_1_0] M15_round_trip[ap_northeast_a100_40_1] 28.10346542494345
-    y[ap_northeast_a100_40_middle_1_0] M16_round_trip_cap[ap_northeast_a100_40] 3.521027539560392
+    y[ap_northeast_a100_40_middle_1_0] M15_round_trip[ap_northeast_a100_40_1] 182.7222880809435
+    y[ap_northeast_a100_40_middle_1_0] M16_round_trip_cap[ap_northeast_a100_40] 22.848380371560395
     y[ap_northeast_a100_40_middle_2_0] obj 0.01850139758276923
     y[ap_northeast_a100_40_middle_2_0] M4_cover 2.0
     y[ap_northeast_a100_40_middle_2_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4246,14 +4246,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_2_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_2_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_2_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_2_0] M12_v_le_y[137] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_2_0] M12_v_ge[137] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_2_0] M12_v_le_y[137] -22.839129672769012
+    y[ap_northeast_a100_40_middle_2_0] M12_v_ge[137] -22.839129672769012
     y[ap_northeast_a100_40_middle_2_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.01850139758276923
     y[ap_northeast_a100_40_middle_2_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.01850139758276923
     y[ap_northeast_a100_40_middle_2_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.01850139758276923
     y[ap_northeast_a100_40_middle_2_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.01850139758276923
-    y[ap_northeast_a100_40_middle_2_0] M15_round_trip[ap_northeast_a100_40_1] 28.112716123734838
-    y[ap_northeast_a100_40_middle_2_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5302782383517766
+    y[ap_northeast_a100_40_middle_2_0] M15_round_trip[ap_northeast_a100_40_1] 182.7315387797349
+    y[ap_northeast_a100_40_middle_2_0] M16_round_trip_cap[ap_northeast_a100_40] 22.857631070351783
     y[ap_northeast_a100_40_middle_2_1] obj 0.019619878649435894
     y[ap_northeast_a100_40_middle_2_1] M4_cover 2.0
     y[ap_northeast_a100_40_middle_2_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4265,14 +4265,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_2_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_2_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_2_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_2_1] M12_v_le_y[138] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_2_1] M12_v_ge[138] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_2_1] M12_v_le_y[138] -22.839129672769012
+    y[ap_northeast_a100_40_middle_2_1] M12_v_ge[138] -22.839129672769012
     y[ap_northeast_a100_40_middle_2_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.019619878649435894
     y[ap_northeast_a100_40_middle_2_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.019619878649435894
     y[ap_northeast_a100_40_middle_2_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.019619878649435894
     y[ap_northeast_a100_40_middle_2_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.019619878649435894
-    y[ap_northeast_a100_40_middle_2_1] M15_round_trip[ap_northeast_a100_40_1] 28.113834604801504
-    y[ap_northeast_a100_40_middle_2_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5313967194184435
+    y[ap_northeast_a100_40_middle_2_1] M15_round_trip[ap_northeast_a100_40_1] 182.73265726080155
+    y[ap_northeast_a100_40_middle_2_1] M16_round_trip_cap[ap_northeast_a100_40] 22.858749551418448
     y[ap_northeast_a100_40_middle_2_2] obj 0.039697149725538464
     y[ap_northeast_a100_40_middle_2_2] M4_cover 2.0
     y[ap_northeast_a100_40_middle_2_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4284,15 +4284,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_2_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_2_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_2_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_2_2] M12_v_le_y[139] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_2_2] M12_v_ge[139] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_2_2] M12_v_le_y[139] -22.839129672769012
+    y[ap_northeast_a100_40_middle_2_2] M12_v_ge[139] -22.839129672769012
     y[ap_northeast_a100_40_middle_2_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.039697149725538464
     y[ap_northeast_a100_40_middle_2_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.039697149725538464
     y[ap_northeast_a100_40_middle_2_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.039697149725538464
     y[ap_northeast_a100_40_middle_2_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.039697149725538464
-    y[ap_northeast_a100_40_middle_2_2] M15_round_trip[ap_northeast_a100_40_1] 28.112716123734838
-    y[ap_northeast_a100_40_middle_2_2] M15_round_trip[ap_northeast_a100_40_2] 31.64568871664661
-    y[ap_northeast_a100_40_middle_2_2] M16_round_trip_cap[ap_northeast_a100_40] 3.551473990494546
+    y[ap_northeast_a100_40_middle_2_2] M15_round_trip[ap_northeast_a100_40_1] 182.7315387797349
+    y[ap_northeast_a100_40_middle_2_2] M15_round_trip[ap_northeast_a100_40_2] 205.59186420464667
+    y[ap_northeast_a100_40_middle_2_2] M16_round_trip_cap[ap_northeast_a100_40] 22.87882682249455
     y[ap_northeast_a100_40_middle_3_0] obj 0.027752096374153847
     y[ap_northeast_a100_40_middle_3_0] M4_cover 3.0
     y[ap_northeast_a100_40_middle_3_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4304,14 +4304,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_3_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_3_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_3_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_3_0] M12_v_le_y[140] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_3_0] M12_v_ge[140] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_3_0] M12_v_le_y[140] -22.839129672769012
+    y[ap_northeast_a100_40_middle_3_0] M12_v_ge[140] -22.839129672769012
     y[ap_northeast_a100_40_middle_3_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.027752096374153847
     y[ap_northeast_a100_40_middle_3_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.027752096374153847
     y[ap_northeast_a100_40_middle_3_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.027752096374153847
     y[ap_northeast_a100_40_middle_3_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.027752096374153847
-    y[ap_northeast_a100_40_middle_3_0] M15_round_trip[ap_northeast_a100_40_1] 28.121966822526222
-    y[ap_northeast_a100_40_middle_3_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5395289371431615
+    y[ap_northeast_a100_40_middle_3_0] M15_round_trip[ap_northeast_a100_40_1] 182.74078947852627
+    y[ap_northeast_a100_40_middle_3_0] M16_round_trip_cap[ap_northeast_a100_40] 22.866881769143166
     y[ap_northeast_a100_40_middle_3_1] obj 0.029429817974153845
     y[ap_northeast_a100_40_middle_3_1] M4_cover 3.0
     y[ap_northeast_a100_40_middle_3_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4323,14 +4323,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_3_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_3_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_3_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_3_1] M12_v_le_y[141] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_3_1] M12_v_ge[141] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_3_1] M12_v_le_y[141] -22.839129672769012
+    y[ap_northeast_a100_40_middle_3_1] M12_v_ge[141] -22.839129672769012
     y[ap_northeast_a100_40_middle_3_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.029429817974153845
     y[ap_northeast_a100_40_middle_3_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.029429817974153845
     y[ap_northeast_a100_40_middle_3_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.029429817974153845
     y[ap_northeast_a100_40_middle_3_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.029429817974153845
-    y[ap_northeast_a100_40_middle_3_1] M15_round_trip[ap_northeast_a100_40_1] 28.123644544126222
-    y[ap_northeast_a100_40_middle_3_1] M16_round_trip_cap[ap_northeast_a100_40] 3.541206658743161
+    y[ap_northeast_a100_40_middle_3_1] M15_round_trip[ap_northeast_a100_40_1] 182.74246720012627
+    y[ap_northeast_a100_40_middle_3_1] M16_round_trip_cap[ap_northeast_a100_40] 22.868559490743166
     y[ap_northeast_a100_40_middle_3_2] obj 0.058198547308307695
     y[ap_northeast_a100_40_middle_3_2] M4_cover 3.0
     y[ap_northeast_a100_40_middle_3_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4342,15 +4342,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_3_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_3_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_3_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_3_2] M12_v_le_y[142] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_3_2] M12_v_ge[142] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_3_2] M12_v_le_y[142] -22.839129672769012
+    y[ap_northeast_a100_40_middle_3_2] M12_v_ge[142] -22.839129672769012
     y[ap_northeast_a100_40_middle_3_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.058198547308307695
     y[ap_northeast_a100_40_middle_3_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.058198547308307695
     y[ap_northeast_a100_40_middle_3_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.058198547308307695
     y[ap_northeast_a100_40_middle_3_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.058198547308307695
-    y[ap_northeast_a100_40_middle_3_2] M15_round_trip[ap_northeast_a100_40_1] 28.131217521317605
-    y[ap_northeast_a100_40_middle_3_2] M15_round_trip[ap_northeast_a100_40_2] 31.66419011422938
-    y[ap_northeast_a100_40_middle_3_2] M16_round_trip_cap[ap_northeast_a100_40] 3.569975388077315
+    y[ap_northeast_a100_40_middle_3_2] M15_round_trip[ap_northeast_a100_40_1] 182.75004017731766
+    y[ap_northeast_a100_40_middle_3_2] M15_round_trip[ap_northeast_a100_40_2] 205.61036560222945
+    y[ap_northeast_a100_40_middle_3_2] M16_round_trip_cap[ap_northeast_a100_40] 22.89732822007732
     y[ap_northeast_a100_40_middle_4_0] obj 0.03700279516553846
     y[ap_northeast_a100_40_middle_4_0] M4_cover 4.0
     y[ap_northeast_a100_40_middle_4_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4362,14 +4362,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_4_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_4_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_4_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_4_0] M12_v_le_y[143] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_4_0] M12_v_ge[143] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_4_0] M12_v_le_y[143] -22.839129672769012
+    y[ap_northeast_a100_40_middle_4_0] M12_v_ge[143] -22.839129672769012
     y[ap_northeast_a100_40_middle_4_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.03700279516553846
     y[ap_northeast_a100_40_middle_4_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.03700279516553846
     y[ap_northeast_a100_40_middle_4_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.03700279516553846
     y[ap_northeast_a100_40_middle_4_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.03700279516553846
-    y[ap_northeast_a100_40_middle_4_0] M15_round_trip[ap_northeast_a100_40_1] 28.131217521317605
-    y[ap_northeast_a100_40_middle_4_0] M16_round_trip_cap[ap_northeast_a100_40] 3.548779635934546
+    y[ap_northeast_a100_40_middle_4_0] M15_round_trip[ap_northeast_a100_40_1] 182.75004017731766
+    y[ap_northeast_a100_40_middle_4_0] M16_round_trip_cap[ap_northeast_a100_40] 22.87613246793455
     y[ap_northeast_a100_40_middle_4_1] obj 0.03923975729887179
     y[ap_northeast_a100_40_middle_4_1] M4_cover 4.0
     y[ap_northeast_a100_40_middle_4_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4381,14 +4381,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_4_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_4_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_4_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_4_1] M12_v_le_y[144] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_4_1] M12_v_ge[144] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_4_1] M12_v_le_y[144] -22.839129672769012
+    y[ap_northeast_a100_40_middle_4_1] M12_v_ge[144] -22.839129672769012
     y[ap_northeast_a100_40_middle_4_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.03923975729887179
     y[ap_northeast_a100_40_middle_4_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.03923975729887179
     y[ap_northeast_a100_40_middle_4_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.03923975729887179
     y[ap_northeast_a100_40_middle_4_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.03923975729887179
-    y[ap_northeast_a100_40_middle_4_1] M15_round_trip[ap_northeast_a100_40_1] 28.13345448345094
-    y[ap_northeast_a100_40_middle_4_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5510165980678794
+    y[ap_northeast_a100_40_middle_4_1] M15_round_trip[ap_northeast_a100_40_1] 182.752277139451
+    y[ap_northeast_a100_40_middle_4_1] M16_round_trip_cap[ap_northeast_a100_40] 22.878369430067885
     y[ap_northeast_a100_40_middle_4_2] obj 0.07669994489107693
     y[ap_northeast_a100_40_middle_4_2] M4_cover 4.0
     y[ap_northeast_a100_40_middle_4_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4400,15 +4400,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_4_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_4_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_4_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_4_2] M12_v_le_y[145] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_4_2] M12_v_ge[145] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_4_2] M12_v_le_y[145] -22.839129672769012
+    y[ap_northeast_a100_40_middle_4_2] M12_v_ge[145] -22.839129672769012
     y[ap_northeast_a100_40_middle_4_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07669994489107693
     y[ap_northeast_a100_40_middle_4_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07669994489107693
     y[ap_northeast_a100_40_middle_4_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07669994489107693
     y[ap_northeast_a100_40_middle_4_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07669994489107693
-    y[ap_northeast_a100_40_middle_4_2] M15_round_trip[ap_northeast_a100_40_1] 28.131217521317605
-    y[ap_northeast_a100_40_middle_4_2] M15_round_trip[ap_northeast_a100_40_2] 31.68269151181215
-    y[ap_northeast_a100_40_middle_4_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5884767856600845
+    y[ap_northeast_a100_40_middle_4_2] M15_round_trip[ap_northeast_a100_40_1] 182.75004017731766
+    y[ap_northeast_a100_40_middle_4_2] M15_round_trip[ap_northeast_a100_40_2] 205.62886699981223
+    y[ap_northeast_a100_40_middle_4_2] M16_round_trip_cap[ap_northeast_a100_40] 22.915829617660087
     y[ap_northeast_a100_40_middle_5_0] obj 0.046253493956923075
     y[ap_northeast_a100_40_middle_5_0] M4_cover 5.0
     y[ap_northeast_a100_40_middle_5_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4420,14 +4420,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_5_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_5_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_5_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_5_0] M12_v_le_y[146] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_5_0] M12_v_ge[146] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_5_0] M12_v_le_y[146] -22.839129672769012
+    y[ap_northeast_a100_40_middle_5_0] M12_v_ge[146] -22.839129672769012
     y[ap_northeast_a100_40_middle_5_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.046253493956923075
     y[ap_northeast_a100_40_middle_5_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.046253493956923075
     y[ap_northeast_a100_40_middle_5_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.046253493956923075
     y[ap_northeast_a100_40_middle_5_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.046253493956923075
-    y[ap_northeast_a100_40_middle_5_0] M15_round_trip[ap_northeast_a100_40_1] 28.14046822010899
-    y[ap_northeast_a100_40_middle_5_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5580303347259306
+    y[ap_northeast_a100_40_middle_5_0] M15_round_trip[ap_northeast_a100_40_1] 182.75929087610905
+    y[ap_northeast_a100_40_middle_5_0] M16_round_trip_cap[ap_northeast_a100_40] 22.885383166725934
     y[ap_northeast_a100_40_middle_5_1] obj 0.04904969662358974
     y[ap_northeast_a100_40_middle_5_1] M4_cover 5.0
     y[ap_northeast_a100_40_middle_5_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4439,14 +4439,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_5_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_5_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_5_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_5_1] M12_v_le_y[147] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_5_1] M12_v_ge[147] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_5_1] M12_v_le_y[147] -22.839129672769012
+    y[ap_northeast_a100_40_middle_5_1] M12_v_ge[147] -22.839129672769012
     y[ap_northeast_a100_40_middle_5_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.04904969662358974
     y[ap_northeast_a100_40_middle_5_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.04904969662358974
     y[ap_northeast_a100_40_middle_5_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.04904969662358974
     y[ap_northeast_a100_40_middle_5_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.04904969662358974
-    y[ap_northeast_a100_40_middle_5_1] M15_round_trip[ap_northeast_a100_40_1] 28.14326442277566
-    y[ap_northeast_a100_40_middle_5_1] M16_round_trip_cap[ap_northeast_a100_40] 3.560826537392597
+    y[ap_northeast_a100_40_middle_5_1] M15_round_trip[ap_northeast_a100_40_1] 182.76208707877572
+    y[ap_northeast_a100_40_middle_5_1] M16_round_trip_cap[ap_northeast_a100_40] 22.888179369392603
     y[ap_northeast_a100_40_middle_5_2] obj 0.09520134247384615
     y[ap_northeast_a100_40_middle_5_2] M4_cover 5.0
     y[ap_northeast_a100_40_middle_5_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4458,15 +4458,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_5_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_5_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_5_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_5_2] M12_v_le_y[148] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_5_2] M12_v_ge[148] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_5_2] M12_v_le_y[148] -22.839129672769012
+    y[ap_northeast_a100_40_middle_5_2] M12_v_ge[148] -22.839129672769012
     y[ap_northeast_a100_40_middle_5_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09520134247384615
     y[ap_northeast_a100_40_middle_5_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09520134247384615
     y[ap_northeast_a100_40_middle_5_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09520134247384615
     y[ap_northeast_a100_40_middle_5_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09520134247384615
-    y[ap_northeast_a100_40_middle_5_2] M15_round_trip[ap_northeast_a100_40_1] 28.149718918900376
-    y[ap_northeast_a100_40_middle_5_2] M15_round_trip[ap_northeast_a100_40_2] 31.70119290939492
-    y[ap_northeast_a100_40_middle_5_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6069781832428536
+    y[ap_northeast_a100_40_middle_5_2] M15_round_trip[ap_northeast_a100_40_1] 182.76854157490044
+    y[ap_northeast_a100_40_middle_5_2] M15_round_trip[ap_northeast_a100_40_2] 205.64736839739498
+    y[ap_northeast_a100_40_middle_5_2] M16_round_trip_cap[ap_northeast_a100_40] 22.934331015242858
     y[ap_northeast_a100_40_middle_6_0] obj 0.05550419274830769
     y[ap_northeast_a100_40_middle_6_0] M4_cover 6.0
     y[ap_northeast_a100_40_middle_6_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4478,14 +4478,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_6_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_6_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_6_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_6_0] M12_v_le_y[149] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_6_0] M12_v_ge[149] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_6_0] M12_v_le_y[149] -22.839129672769012
+    y[ap_northeast_a100_40_middle_6_0] M12_v_ge[149] -22.839129672769012
     y[ap_northeast_a100_40_middle_6_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.05550419274830769
     y[ap_northeast_a100_40_middle_6_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.05550419274830769
     y[ap_northeast_a100_40_middle_6_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.05550419274830769
     y[ap_northeast_a100_40_middle_6_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.05550419274830769
-    y[ap_northeast_a100_40_middle_6_0] M15_round_trip[ap_northeast_a100_40_1] 28.149718918900376
-    y[ap_northeast_a100_40_middle_6_0] M16_round_trip_cap[ap_northeast_a100_40] 3.567281033517315
+    y[ap_northeast_a100_40_middle_6_0] M15_round_trip[ap_northeast_a100_40_1] 182.76854157490044
+    y[ap_northeast_a100_40_middle_6_0] M16_round_trip_cap[ap_northeast_a100_40] 22.89463386551732
     y[ap_northeast_a100_40_middle_6_1] obj 0.05885963594830768
     y[ap_northeast_a100_40_middle_6_1] M4_cover 6.0
     y[ap_northeast_a100_40_middle_6_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4497,14 +4497,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_6_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_6_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_6_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_6_1] M12_v_le_y[150] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_6_1] M12_v_ge[150] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_6_1] M12_v_le_y[150] -22.839129672769012
+    y[ap_northeast_a100_40_middle_6_1] M12_v_ge[150] -22.839129672769012
     y[ap_northeast_a100_40_middle_6_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.05885963594830768
     y[ap_northeast_a100_40_middle_6_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.05885963594830768
     y[ap_northeast_a100_40_middle_6_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.05885963594830768
     y[ap_northeast_a100_40_middle_6_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.05885963594830768
-    y[ap_northeast_a100_40_middle_6_1] M15_round_trip[ap_northeast_a100_40_1] 28.153074362100377
-    y[ap_northeast_a100_40_middle_6_1] M16_round_trip_cap[ap_northeast_a100_40] 3.5706364767173153
+    y[ap_northeast_a100_40_middle_6_1] M15_round_trip[ap_northeast_a100_40_1] 182.77189701810042
+    y[ap_northeast_a100_40_middle_6_1] M16_round_trip_cap[ap_northeast_a100_40] 22.89798930871732
     y[ap_northeast_a100_40_middle_6_2] obj 0.11370274005661538
     y[ap_northeast_a100_40_middle_6_2] M4_cover 6.0
     y[ap_northeast_a100_40_middle_6_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4516,15 +4516,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_6_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_6_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_6_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_6_2] M12_v_le_y[151] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_6_2] M12_v_ge[151] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_6_2] M12_v_le_y[151] -22.839129672769012
+    y[ap_northeast_a100_40_middle_6_2] M12_v_ge[151] -22.839129672769012
     y[ap_northeast_a100_40_middle_6_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11370274005661538
     y[ap_northeast_a100_40_middle_6_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11370274005661538
     y[ap_northeast_a100_40_middle_6_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11370274005661538
     y[ap_northeast_a100_40_middle_6_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11370274005661538
-    y[ap_northeast_a100_40_middle_6_2] M15_round_trip[ap_northeast_a100_40_1] 28.149718918900376
-    y[ap_northeast_a100_40_middle_6_2] M15_round_trip[ap_northeast_a100_40_2] 31.71969430697769
-    y[ap_northeast_a100_40_middle_6_2] M16_round_trip_cap[ap_northeast_a100_40] 3.625479580825623
+    y[ap_northeast_a100_40_middle_6_2] M15_round_trip[ap_northeast_a100_40_1] 182.76854157490044
+    y[ap_northeast_a100_40_middle_6_2] M15_round_trip[ap_northeast_a100_40_2] 205.66586979497777
+    y[ap_northeast_a100_40_middle_6_2] M16_round_trip_cap[ap_northeast_a100_40] 22.95283241282563
     y[ap_northeast_a100_40_middle_7_0] obj 0.0647548915396923
     y[ap_northeast_a100_40_middle_7_0] M4_cover 7.0
     y[ap_northeast_a100_40_middle_7_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4536,14 +4536,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_7_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_7_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_7_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_7_0] M12_v_le_y[152] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_7_0] M12_v_ge[152] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_7_0] M12_v_le_y[152] -22.839129672769012
+    y[ap_northeast_a100_40_middle_7_0] M12_v_ge[152] -22.839129672769012
     y[ap_northeast_a100_40_middle_7_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.0647548915396923
     y[ap_northeast_a100_40_middle_7_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.0647548915396923
     y[ap_northeast_a100_40_middle_7_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.0647548915396923
     y[ap_northeast_a100_40_middle_7_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.0647548915396923
-    y[ap_northeast_a100_40_middle_7_0] M15_round_trip[ap_northeast_a100_40_1] 28.15896961769176
-    y[ap_northeast_a100_40_middle_7_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5765317323087
+    y[ap_northeast_a100_40_middle_7_0] M15_round_trip[ap_northeast_a100_40_1] 182.7777922736918
+    y[ap_northeast_a100_40_middle_7_0] M16_round_trip_cap[ap_northeast_a100_40] 22.903884564308704
     y[ap_northeast_a100_40_middle_7_1] obj 0.06866957527302564
     y[ap_northeast_a100_40_middle_7_1] M4_cover 7.0
     y[ap_northeast_a100_40_middle_7_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4555,14 +4555,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_7_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_7_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_7_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_7_1] M12_v_le_y[153] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_7_1] M12_v_ge[153] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_7_1] M12_v_le_y[153] -22.839129672769012
+    y[ap_northeast_a100_40_middle_7_1] M12_v_ge[153] -22.839129672769012
     y[ap_northeast_a100_40_middle_7_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.06866957527302564
     y[ap_northeast_a100_40_middle_7_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.06866957527302564
     y[ap_northeast_a100_40_middle_7_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.06866957527302564
     y[ap_northeast_a100_40_middle_7_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.06866957527302564
-    y[ap_northeast_a100_40_middle_7_1] M15_round_trip[ap_northeast_a100_40_1] 28.162884301425095
-    y[ap_northeast_a100_40_middle_7_1] M16_round_trip_cap[ap_northeast_a100_40] 3.580446416042033
+    y[ap_northeast_a100_40_middle_7_1] M15_round_trip[ap_northeast_a100_40_1] 182.78170695742514
+    y[ap_northeast_a100_40_middle_7_1] M16_round_trip_cap[ap_northeast_a100_40] 22.90779924804204
     y[ap_northeast_a100_40_middle_7_2] obj 0.1322041376393846
     y[ap_northeast_a100_40_middle_7_2] M4_cover 7.0
     y[ap_northeast_a100_40_middle_7_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4574,15 +4574,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_7_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_7_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_7_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_7_2] M12_v_le_y[154] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_7_2] M12_v_ge[154] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_7_2] M12_v_le_y[154] -22.839129672769012
+    y[ap_northeast_a100_40_middle_7_2] M12_v_ge[154] -22.839129672769012
     y[ap_northeast_a100_40_middle_7_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1322041376393846
     y[ap_northeast_a100_40_middle_7_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1322041376393846
     y[ap_northeast_a100_40_middle_7_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1322041376393846
     y[ap_northeast_a100_40_middle_7_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1322041376393846
-    y[ap_northeast_a100_40_middle_7_2] M15_round_trip[ap_northeast_a100_40_1] 28.168220316483144
-    y[ap_northeast_a100_40_middle_7_2] M15_round_trip[ap_northeast_a100_40_2] 31.738195704560457
-    y[ap_northeast_a100_40_middle_7_2] M16_round_trip_cap[ap_northeast_a100_40] 3.643980978408392
+    y[ap_northeast_a100_40_middle_7_2] M15_round_trip[ap_northeast_a100_40_1] 182.7870429724832
+    y[ap_northeast_a100_40_middle_7_2] M15_round_trip[ap_northeast_a100_40_2] 205.68437119256052
+    y[ap_northeast_a100_40_middle_7_2] M16_round_trip_cap[ap_northeast_a100_40] 22.971333810408396
     y[ap_northeast_a100_40_middle_8_0] obj 0.07400559033107691
     y[ap_northeast_a100_40_middle_8_0] M4_cover 8.0
     y[ap_northeast_a100_40_middle_8_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4594,14 +4594,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_8_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_8_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_8_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_8_0] M12_v_le_y[155] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_8_0] M12_v_ge[155] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_8_0] M12_v_le_y[155] -22.839129672769012
+    y[ap_northeast_a100_40_middle_8_0] M12_v_ge[155] -22.839129672769012
     y[ap_northeast_a100_40_middle_8_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07400559033107691
     y[ap_northeast_a100_40_middle_8_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07400559033107691
     y[ap_northeast_a100_40_middle_8_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07400559033107691
     y[ap_northeast_a100_40_middle_8_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07400559033107691
-    y[ap_northeast_a100_40_middle_8_0] M15_round_trip[ap_northeast_a100_40_1] 28.168220316483144
-    y[ap_northeast_a100_40_middle_8_0] M16_round_trip_cap[ap_northeast_a100_40] 3.5857824311000845
+    y[ap_northeast_a100_40_middle_8_0] M15_round_trip[ap_northeast_a100_40_1] 182.7870429724832
+    y[ap_northeast_a100_40_middle_8_0] M16_round_trip_cap[ap_northeast_a100_40] 22.913135263100088
     y[ap_northeast_a100_40_middle_8_1] obj 0.15070553522215382
     y[ap_northeast_a100_40_middle_8_1] M4_cover 8.0
     y[ap_northeast_a100_40_middle_8_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4613,15 +4613,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_8_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_8_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_8_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_8_1] M12_v_le_y[156] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_8_1] M12_v_ge[156] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_8_1] M12_v_le_y[156] -22.839129672769012
+    y[ap_northeast_a100_40_middle_8_1] M12_v_ge[156] -22.839129672769012
     y[ap_northeast_a100_40_middle_8_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15070553522215382
     y[ap_northeast_a100_40_middle_8_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15070553522215382
     y[ap_northeast_a100_40_middle_8_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15070553522215382
     y[ap_northeast_a100_40_middle_8_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15070553522215382
-    y[ap_northeast_a100_40_middle_8_1] M15_round_trip[ap_northeast_a100_40_1] 28.168220316483144
-    y[ap_northeast_a100_40_middle_8_1] M15_round_trip[ap_northeast_a100_40_2] 31.756697102143228
-    y[ap_northeast_a100_40_middle_8_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6624823759911616
+    y[ap_northeast_a100_40_middle_8_1] M15_round_trip[ap_northeast_a100_40_1] 182.7870429724832
+    y[ap_northeast_a100_40_middle_8_1] M15_round_trip[ap_northeast_a100_40_2] 205.7028725901433
+    y[ap_northeast_a100_40_middle_8_1] M16_round_trip_cap[ap_northeast_a100_40] 22.989835207991167
     y[ap_northeast_a100_40_middle_8_2] obj 0.07847951459774358
     y[ap_northeast_a100_40_middle_8_2] M4_cover 8.0
     y[ap_northeast_a100_40_middle_8_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4633,14 +4633,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_8_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_8_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_8_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_8_2] M12_v_le_y[157] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_8_2] M12_v_ge[157] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_8_2] M12_v_le_y[157] -22.839129672769012
+    y[ap_northeast_a100_40_middle_8_2] M12_v_ge[157] -22.839129672769012
     y[ap_northeast_a100_40_middle_8_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.07847951459774358
     y[ap_northeast_a100_40_middle_8_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.07847951459774358
     y[ap_northeast_a100_40_middle_8_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.07847951459774358
     y[ap_northeast_a100_40_middle_8_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.07847951459774358
-    y[ap_northeast_a100_40_middle_8_2] M15_round_trip[ap_northeast_a100_40_1] 28.17269424074981
-    y[ap_northeast_a100_40_middle_8_2] M16_round_trip_cap[ap_northeast_a100_40] 3.5902563553667513
+    y[ap_northeast_a100_40_middle_8_2] M15_round_trip[ap_northeast_a100_40_1] 182.79151689674987
+    y[ap_northeast_a100_40_middle_8_2] M16_round_trip_cap[ap_northeast_a100_40] 22.917609187366754
     y[ap_northeast_a100_40_middle_9_0] obj 0.08325628912246152
     y[ap_northeast_a100_40_middle_9_0] M4_cover 9.0
     y[ap_northeast_a100_40_middle_9_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4652,14 +4652,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_9_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_9_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_9_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_9_0] M12_v_le_y[158] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_9_0] M12_v_ge[158] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_9_0] M12_v_le_y[158] -22.839129672769012
+    y[ap_northeast_a100_40_middle_9_0] M12_v_ge[158] -22.839129672769012
     y[ap_northeast_a100_40_middle_9_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08325628912246152
     y[ap_northeast_a100_40_middle_9_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08325628912246152
     y[ap_northeast_a100_40_middle_9_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08325628912246152
     y[ap_northeast_a100_40_middle_9_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08325628912246152
-    y[ap_northeast_a100_40_middle_9_0] M15_round_trip[ap_northeast_a100_40_1] 28.177471015274527
-    y[ap_northeast_a100_40_middle_9_0] M16_round_trip_cap[ap_northeast_a100_40] 3.595033129891469
+    y[ap_northeast_a100_40_middle_9_0] M15_round_trip[ap_northeast_a100_40_1] 182.79629367127458
+    y[ap_northeast_a100_40_middle_9_0] M16_round_trip_cap[ap_northeast_a100_40] 22.92238596189147
     y[ap_northeast_a100_40_middle_9_1] obj 0.08828945392246154
     y[ap_northeast_a100_40_middle_9_1] M4_cover 9.0
     y[ap_northeast_a100_40_middle_9_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4671,14 +4671,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_9_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_9_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_9_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_9_1] M12_v_le_y[159] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_9_1] M12_v_ge[159] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_9_1] M12_v_le_y[159] -22.839129672769012
+    y[ap_northeast_a100_40_middle_9_1] M12_v_ge[159] -22.839129672769012
     y[ap_northeast_a100_40_middle_9_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.08828945392246154
     y[ap_northeast_a100_40_middle_9_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.08828945392246154
     y[ap_northeast_a100_40_middle_9_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.08828945392246154
     y[ap_northeast_a100_40_middle_9_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.08828945392246154
-    y[ap_northeast_a100_40_middle_9_1] M15_round_trip[ap_northeast_a100_40_1] 28.182504180074528
-    y[ap_northeast_a100_40_middle_9_1] M16_round_trip_cap[ap_northeast_a100_40] 3.600066294691469
+    y[ap_northeast_a100_40_middle_9_1] M15_round_trip[ap_northeast_a100_40_1] 182.8013268360746
+    y[ap_northeast_a100_40_middle_9_1] M16_round_trip_cap[ap_northeast_a100_40] 22.927419126691472
     y[ap_northeast_a100_40_middle_9_2] obj 0.16920693280492305
     y[ap_northeast_a100_40_middle_9_2] M4_cover 9.0
     y[ap_northeast_a100_40_middle_9_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4690,15 +4690,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_9_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_9_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_9_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_9_2] M12_v_le_y[160] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_9_2] M12_v_ge[160] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_9_2] M12_v_le_y[160] -22.839129672769012
+    y[ap_northeast_a100_40_middle_9_2] M12_v_ge[160] -22.839129672769012
     y[ap_northeast_a100_40_middle_9_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16920693280492305
     y[ap_northeast_a100_40_middle_9_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16920693280492305
     y[ap_northeast_a100_40_middle_9_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16920693280492305
     y[ap_northeast_a100_40_middle_9_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16920693280492305
-    y[ap_northeast_a100_40_middle_9_2] M15_round_trip[ap_northeast_a100_40_1] 28.186721714065914
-    y[ap_northeast_a100_40_middle_9_2] M15_round_trip[ap_northeast_a100_40_2] 31.775198499725995
-    y[ap_northeast_a100_40_middle_9_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6809837735739306
+    y[ap_northeast_a100_40_middle_9_2] M15_round_trip[ap_northeast_a100_40_1] 182.80554437006597
+    y[ap_northeast_a100_40_middle_9_2] M15_round_trip[ap_northeast_a100_40_2] 205.72137398772605
+    y[ap_northeast_a100_40_middle_9_2] M16_round_trip_cap[ap_northeast_a100_40] 23.008336605573934
     y[ap_northeast_a100_40_middle_10_0] obj 0.09250698791384614
     y[ap_northeast_a100_40_middle_10_0] M4_cover 10.0
     y[ap_northeast_a100_40_middle_10_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4710,14 +4710,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_10_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_10_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_10_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_10_0] M12_v_le_y[161] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_10_0] M12_v_ge[161] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_10_0] M12_v_le_y[161] -22.839129672769012
+    y[ap_northeast_a100_40_middle_10_0] M12_v_ge[161] -22.839129672769012
     y[ap_northeast_a100_40_middle_10_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09250698791384614
     y[ap_northeast_a100_40_middle_10_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09250698791384614
     y[ap_northeast_a100_40_middle_10_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09250698791384614
     y[ap_northeast_a100_40_middle_10_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09250698791384614
-    y[ap_northeast_a100_40_middle_10_0] M15_round_trip[ap_northeast_a100_40_1] 28.186721714065914
-    y[ap_northeast_a100_40_middle_10_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6042838286828536
+    y[ap_northeast_a100_40_middle_10_0] M15_round_trip[ap_northeast_a100_40_1] 182.80554437006597
+    y[ap_northeast_a100_40_middle_10_0] M16_round_trip_cap[ap_northeast_a100_40] 22.93163666068286
     y[ap_northeast_a100_40_middle_10_1] obj 0.18770833038769227
     y[ap_northeast_a100_40_middle_10_1] M4_cover 10.0
     y[ap_northeast_a100_40_middle_10_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4729,15 +4729,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_10_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_10_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_10_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_10_1] M12_v_le_y[162] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_10_1] M12_v_ge[162] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_10_1] M12_v_le_y[162] -22.839129672769012
+    y[ap_northeast_a100_40_middle_10_1] M12_v_ge[162] -22.839129672769012
     y[ap_northeast_a100_40_middle_10_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18770833038769227
     y[ap_northeast_a100_40_middle_10_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18770833038769227
     y[ap_northeast_a100_40_middle_10_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18770833038769227
     y[ap_northeast_a100_40_middle_10_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18770833038769227
-    y[ap_northeast_a100_40_middle_10_1] M15_round_trip[ap_northeast_a100_40_1] 28.186721714065914
-    y[ap_northeast_a100_40_middle_10_1] M15_round_trip[ap_northeast_a100_40_2] 31.793699897308766
-    y[ap_northeast_a100_40_middle_10_1] M16_round_trip_cap[ap_northeast_a100_40] 3.6994851711566996
+    y[ap_northeast_a100_40_middle_10_1] M15_round_trip[ap_northeast_a100_40_1] 182.80554437006597
+    y[ap_northeast_a100_40_middle_10_1] M15_round_trip[ap_northeast_a100_40_2] 205.73987538530884
+    y[ap_northeast_a100_40_middle_10_1] M16_round_trip_cap[ap_northeast_a100_40] 23.026838003156705
     y[ap_northeast_a100_40_middle_10_2] obj 0.09809939324717948
     y[ap_northeast_a100_40_middle_10_2] M4_cover 10.0
     y[ap_northeast_a100_40_middle_10_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4749,14 +4749,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_10_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_10_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_10_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_10_2] M12_v_le_y[163] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_10_2] M12_v_ge[163] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_10_2] M12_v_le_y[163] -22.839129672769012
+    y[ap_northeast_a100_40_middle_10_2] M12_v_ge[163] -22.839129672769012
     y[ap_northeast_a100_40_middle_10_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.09809939324717948
     y[ap_northeast_a100_40_middle_10_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.09809939324717948
     y[ap_northeast_a100_40_middle_10_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.09809939324717948
     y[ap_northeast_a100_40_middle_10_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.09809939324717948
-    y[ap_northeast_a100_40_middle_10_2] M15_round_trip[ap_northeast_a100_40_1] 28.192314119399246
-    y[ap_northeast_a100_40_middle_10_2] M16_round_trip_cap[ap_northeast_a100_40] 3.609876234016187
+    y[ap_northeast_a100_40_middle_10_2] M15_round_trip[ap_northeast_a100_40_1] 182.8111367753993
+    y[ap_northeast_a100_40_middle_10_2] M16_round_trip_cap[ap_northeast_a100_40] 22.93722906601619
     y[ap_northeast_a100_40_middle_11_0] obj 0.10175768670523075
     y[ap_northeast_a100_40_middle_11_0] M4_cover 11.0
     y[ap_northeast_a100_40_middle_11_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4768,14 +4768,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_11_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_11_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_11_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_11_0] M12_v_le_y[164] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_11_0] M12_v_ge[164] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_11_0] M12_v_le_y[164] -22.839129672769012
+    y[ap_northeast_a100_40_middle_11_0] M12_v_ge[164] -22.839129672769012
     y[ap_northeast_a100_40_middle_11_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10175768670523075
     y[ap_northeast_a100_40_middle_11_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10175768670523075
     y[ap_northeast_a100_40_middle_11_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10175768670523075
     y[ap_northeast_a100_40_middle_11_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10175768670523075
-    y[ap_northeast_a100_40_middle_11_0] M15_round_trip[ap_northeast_a100_40_1] 28.195972412857298
-    y[ap_northeast_a100_40_middle_11_0] M16_round_trip_cap[ap_northeast_a100_40] 3.613534527474238
+    y[ap_northeast_a100_40_middle_11_0] M15_round_trip[ap_northeast_a100_40_1] 182.81479506885736
+    y[ap_northeast_a100_40_middle_11_0] M16_round_trip_cap[ap_northeast_a100_40] 22.940887359474242
     y[ap_northeast_a100_40_middle_11_1] obj 0.10790933257189743
     y[ap_northeast_a100_40_middle_11_1] M4_cover 11.0
     y[ap_northeast_a100_40_middle_11_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4787,14 +4787,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_11_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_11_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_11_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_11_1] M12_v_le_y[165] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_11_1] M12_v_ge[165] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_11_1] M12_v_le_y[165] -22.839129672769012
+    y[ap_northeast_a100_40_middle_11_1] M12_v_ge[165] -22.839129672769012
     y[ap_northeast_a100_40_middle_11_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.10790933257189743
     y[ap_northeast_a100_40_middle_11_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.10790933257189743
     y[ap_northeast_a100_40_middle_11_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.10790933257189743
     y[ap_northeast_a100_40_middle_11_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.10790933257189743
-    y[ap_northeast_a100_40_middle_11_1] M15_round_trip[ap_northeast_a100_40_1] 28.202124058723964
-    y[ap_northeast_a100_40_middle_11_1] M16_round_trip_cap[ap_northeast_a100_40] 3.619686173340905
+    y[ap_northeast_a100_40_middle_11_1] M15_round_trip[ap_northeast_a100_40_1] 182.82094671472402
+    y[ap_northeast_a100_40_middle_11_1] M16_round_trip_cap[ap_northeast_a100_40] 22.94703900534091
     y[ap_northeast_a100_40_middle_11_2] obj 0.2062097279704615
     y[ap_northeast_a100_40_middle_11_2] M4_cover 11.0
     y[ap_northeast_a100_40_middle_11_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4806,15 +4806,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_11_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_11_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_11_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_11_2] M12_v_le_y[166] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_11_2] M12_v_ge[166] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_11_2] M12_v_le_y[166] -22.839129672769012
+    y[ap_northeast_a100_40_middle_11_2] M12_v_ge[166] -22.839129672769012
     y[ap_northeast_a100_40_middle_11_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2062097279704615
     y[ap_northeast_a100_40_middle_11_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2062097279704615
     y[ap_northeast_a100_40_middle_11_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2062097279704615
     y[ap_northeast_a100_40_middle_11_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2062097279704615
-    y[ap_northeast_a100_40_middle_11_2] M15_round_trip[ap_northeast_a100_40_1] 28.20522311164868
-    y[ap_northeast_a100_40_middle_11_2] M15_round_trip[ap_northeast_a100_40_2] 31.812201294891533
-    y[ap_northeast_a100_40_middle_11_2] M16_round_trip_cap[ap_northeast_a100_40] 3.717986568739469
+    y[ap_northeast_a100_40_middle_11_2] M15_round_trip[ap_northeast_a100_40_1] 182.82404576764873
+    y[ap_northeast_a100_40_middle_11_2] M15_round_trip[ap_northeast_a100_40_2] 205.75837678289162
+    y[ap_northeast_a100_40_middle_11_2] M16_round_trip_cap[ap_northeast_a100_40] 23.045339400739472
     y[ap_northeast_a100_40_middle_12_0] obj 0.11100838549661537
     y[ap_northeast_a100_40_middle_12_0] M4_cover 12.0
     y[ap_northeast_a100_40_middle_12_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4826,14 +4826,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_12_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_12_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_12_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_12_0] M12_v_le_y[167] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_12_0] M12_v_ge[167] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_12_0] M12_v_le_y[167] -22.839129672769012
+    y[ap_northeast_a100_40_middle_12_0] M12_v_ge[167] -22.839129672769012
     y[ap_northeast_a100_40_middle_12_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11100838549661537
     y[ap_northeast_a100_40_middle_12_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11100838549661537
     y[ap_northeast_a100_40_middle_12_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11100838549661537
     y[ap_northeast_a100_40_middle_12_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11100838549661537
-    y[ap_northeast_a100_40_middle_12_0] M15_round_trip[ap_northeast_a100_40_1] 28.20522311164868
-    y[ap_northeast_a100_40_middle_12_0] M16_round_trip_cap[ap_northeast_a100_40] 3.622785226265623
+    y[ap_northeast_a100_40_middle_12_0] M15_round_trip[ap_northeast_a100_40_1] 182.82404576764873
+    y[ap_northeast_a100_40_middle_12_0] M16_round_trip_cap[ap_northeast_a100_40] 22.950138058265626
     y[ap_northeast_a100_40_middle_12_1] obj 0.22471112555323072
     y[ap_northeast_a100_40_middle_12_1] M4_cover 12.0
     y[ap_northeast_a100_40_middle_12_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4845,15 +4845,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_12_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_12_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_12_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_12_1] M12_v_le_y[168] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_12_1] M12_v_ge[168] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_12_1] M12_v_le_y[168] -22.839129672769012
+    y[ap_northeast_a100_40_middle_12_1] M12_v_ge[168] -22.839129672769012
     y[ap_northeast_a100_40_middle_12_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22471112555323072
     y[ap_northeast_a100_40_middle_12_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22471112555323072
     y[ap_northeast_a100_40_middle_12_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22471112555323072
     y[ap_northeast_a100_40_middle_12_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22471112555323072
-    y[ap_northeast_a100_40_middle_12_1] M15_round_trip[ap_northeast_a100_40_1] 28.20522311164868
-    y[ap_northeast_a100_40_middle_12_1] M15_round_trip[ap_northeast_a100_40_2] 31.830702692474304
-    y[ap_northeast_a100_40_middle_12_1] M16_round_trip_cap[ap_northeast_a100_40] 3.736487966322238
+    y[ap_northeast_a100_40_middle_12_1] M15_round_trip[ap_northeast_a100_40_1] 182.82404576764873
+    y[ap_northeast_a100_40_middle_12_1] M15_round_trip[ap_northeast_a100_40_2] 205.77687818047437
+    y[ap_northeast_a100_40_middle_12_1] M16_round_trip_cap[ap_northeast_a100_40] 23.063840798322243
     y[ap_northeast_a100_40_middle_12_2] obj 0.11771927189661538
     y[ap_northeast_a100_40_middle_12_2] M4_cover 12.0
     y[ap_northeast_a100_40_middle_12_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4865,14 +4865,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_12_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_12_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_12_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_12_2] M12_v_le_y[169] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_12_2] M12_v_ge[169] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_12_2] M12_v_le_y[169] -22.839129672769012
+    y[ap_northeast_a100_40_middle_12_2] M12_v_ge[169] -22.839129672769012
     y[ap_northeast_a100_40_middle_12_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.11771927189661538
     y[ap_northeast_a100_40_middle_12_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.11771927189661538
     y[ap_northeast_a100_40_middle_12_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.11771927189661538
     y[ap_northeast_a100_40_middle_12_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.11771927189661538
-    y[ap_northeast_a100_40_middle_12_2] M15_round_trip[ap_northeast_a100_40_1] 28.211933998048682
-    y[ap_northeast_a100_40_middle_12_2] M16_round_trip_cap[ap_northeast_a100_40] 3.629496112665623
+    y[ap_northeast_a100_40_middle_12_2] M15_round_trip[ap_northeast_a100_40_1] 182.83075665404874
+    y[ap_northeast_a100_40_middle_12_2] M16_round_trip_cap[ap_northeast_a100_40] 22.956848944665627
     y[ap_northeast_a100_40_middle_13_0] obj 0.12025908428799997
     y[ap_northeast_a100_40_middle_13_0] M4_cover 13.0
     y[ap_northeast_a100_40_middle_13_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4884,14 +4884,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_13_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_13_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_13_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_13_0] M12_v_le_y[170] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_13_0] M12_v_ge[170] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_13_0] M12_v_le_y[170] -22.839129672769012
+    y[ap_northeast_a100_40_middle_13_0] M12_v_ge[170] -22.839129672769012
     y[ap_northeast_a100_40_middle_13_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12025908428799997
     y[ap_northeast_a100_40_middle_13_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12025908428799997
     y[ap_northeast_a100_40_middle_13_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12025908428799997
     y[ap_northeast_a100_40_middle_13_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12025908428799997
-    y[ap_northeast_a100_40_middle_13_0] M15_round_trip[ap_northeast_a100_40_1] 28.21447381044007
-    y[ap_northeast_a100_40_middle_13_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6320359250570076
+    y[ap_northeast_a100_40_middle_13_0] M15_round_trip[ap_northeast_a100_40_1] 182.83329646644012
+    y[ap_northeast_a100_40_middle_13_0] M16_round_trip_cap[ap_northeast_a100_40] 22.959388757057013
     y[ap_northeast_a100_40_middle_13_1] obj 0.12752921122133332
     y[ap_northeast_a100_40_middle_13_1] M4_cover 13.0
     y[ap_northeast_a100_40_middle_13_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4903,14 +4903,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_13_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_13_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_13_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_13_1] M12_v_le_y[171] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_13_1] M12_v_ge[171] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_13_1] M12_v_le_y[171] -22.839129672769012
+    y[ap_northeast_a100_40_middle_13_1] M12_v_ge[171] -22.839129672769012
     y[ap_northeast_a100_40_middle_13_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.12752921122133332
     y[ap_northeast_a100_40_middle_13_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.12752921122133332
     y[ap_northeast_a100_40_middle_13_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.12752921122133332
     y[ap_northeast_a100_40_middle_13_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.12752921122133332
-    y[ap_northeast_a100_40_middle_13_1] M15_round_trip[ap_northeast_a100_40_1] 28.2217439373734
-    y[ap_northeast_a100_40_middle_13_1] M16_round_trip_cap[ap_northeast_a100_40] 3.639306051990341
+    y[ap_northeast_a100_40_middle_13_1] M15_round_trip[ap_northeast_a100_40_1] 182.84056659337347
+    y[ap_northeast_a100_40_middle_13_1] M16_round_trip_cap[ap_northeast_a100_40] 22.966658883990345
     y[ap_northeast_a100_40_middle_13_2] obj 0.24321252313599995
     y[ap_northeast_a100_40_middle_13_2] M4_cover 13.0
     y[ap_northeast_a100_40_middle_13_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4922,15 +4922,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_13_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_13_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_13_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_13_2] M12_v_le_y[172] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_13_2] M12_v_ge[172] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_13_2] M12_v_le_y[172] -22.839129672769012
+    y[ap_northeast_a100_40_middle_13_2] M12_v_ge[172] -22.839129672769012
     y[ap_northeast_a100_40_middle_13_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.24321252313599995
     y[ap_northeast_a100_40_middle_13_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.24321252313599995
     y[ap_northeast_a100_40_middle_13_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.24321252313599995
     y[ap_northeast_a100_40_middle_13_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.24321252313599995
-    y[ap_northeast_a100_40_middle_13_2] M15_round_trip[ap_northeast_a100_40_1] 28.223724509231452
-    y[ap_northeast_a100_40_middle_13_2] M15_round_trip[ap_northeast_a100_40_2] 31.84920409005707
-    y[ap_northeast_a100_40_middle_13_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7549893639050076
+    y[ap_northeast_a100_40_middle_13_2] M15_round_trip[ap_northeast_a100_40_1] 182.8425471652315
+    y[ap_northeast_a100_40_middle_13_2] M15_round_trip[ap_northeast_a100_40_2] 205.79537957805715
+    y[ap_northeast_a100_40_middle_13_2] M16_round_trip_cap[ap_northeast_a100_40] 23.08234219590501
     y[ap_northeast_a100_40_middle_14_0] obj 0.1295097830793846
     y[ap_northeast_a100_40_middle_14_0] M4_cover 14.0
     y[ap_northeast_a100_40_middle_14_0] M1_once[ap_northeast_a100_40] 1.0
@@ -4942,14 +4942,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_14_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_14_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_14_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_14_0] M12_v_le_y[173] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_14_0] M12_v_ge[173] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_14_0] M12_v_le_y[173] -22.839129672769012
+    y[ap_northeast_a100_40_middle_14_0] M12_v_ge[173] -22.839129672769012
     y[ap_northeast_a100_40_middle_14_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1295097830793846
     y[ap_northeast_a100_40_middle_14_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1295097830793846
     y[ap_northeast_a100_40_middle_14_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1295097830793846
     y[ap_northeast_a100_40_middle_14_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1295097830793846
-    y[ap_northeast_a100_40_middle_14_0] M15_round_trip[ap_northeast_a100_40_1] 28.223724509231452
-    y[ap_northeast_a100_40_middle_14_0] M16_round_trip_cap[ap_northeast_a100_40] 3.641286623848392
+    y[ap_northeast_a100_40_middle_14_0] M15_round_trip[ap_northeast_a100_40_1] 182.8425471652315
+    y[ap_northeast_a100_40_middle_14_0] M16_round_trip_cap[ap_northeast_a100_40] 22.968639455848397
     y[ap_northeast_a100_40_middle_14_1] obj 0.2617139207187692
     y[ap_northeast_a100_40_middle_14_1] M4_cover 14.0
     y[ap_northeast_a100_40_middle_14_1] M1_once[ap_northeast_a100_40] 1.0
@@ -4961,15 +4961,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_14_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_14_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_14_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_14_1] M12_v_le_y[174] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_14_1] M12_v_ge[174] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_14_1] M12_v_le_y[174] -22.839129672769012
+    y[ap_northeast_a100_40_middle_14_1] M12_v_ge[174] -22.839129672769012
     y[ap_northeast_a100_40_middle_14_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2617139207187692
     y[ap_northeast_a100_40_middle_14_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2617139207187692
     y[ap_northeast_a100_40_middle_14_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2617139207187692
     y[ap_northeast_a100_40_middle_14_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2617139207187692
-    y[ap_northeast_a100_40_middle_14_1] M15_round_trip[ap_northeast_a100_40_1] 28.223724509231452
-    y[ap_northeast_a100_40_middle_14_1] M15_round_trip[ap_northeast_a100_40_2] 31.867705487639842
-    y[ap_northeast_a100_40_middle_14_1] M16_round_trip_cap[ap_northeast_a100_40] 3.7734907614877766
+    y[ap_northeast_a100_40_middle_14_1] M15_round_trip[ap_northeast_a100_40_1] 182.8425471652315
+    y[ap_northeast_a100_40_middle_14_1] M15_round_trip[ap_northeast_a100_40_2] 205.8138809756399
+    y[ap_northeast_a100_40_middle_14_1] M16_round_trip_cap[ap_northeast_a100_40] 23.10084359348778
     y[ap_northeast_a100_40_middle_14_2] obj 0.13733915054605128
     y[ap_northeast_a100_40_middle_14_2] M4_cover 14.0
     y[ap_northeast_a100_40_middle_14_2] M1_once[ap_northeast_a100_40] 1.0
@@ -4981,14 +4981,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_14_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_14_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_14_2] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_14_2] M12_v_le_y[175] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_14_2] M12_v_ge[175] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_14_2] M12_v_le_y[175] -22.839129672769012
+    y[ap_northeast_a100_40_middle_14_2] M12_v_ge[175] -22.839129672769012
     y[ap_northeast_a100_40_middle_14_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.13733915054605128
     y[ap_northeast_a100_40_middle_14_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.13733915054605128
     y[ap_northeast_a100_40_middle_14_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.13733915054605128
     y[ap_northeast_a100_40_middle_14_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.13733915054605128
-    y[ap_northeast_a100_40_middle_14_2] M15_round_trip[ap_northeast_a100_40_1] 28.23155387669812
-    y[ap_northeast_a100_40_middle_14_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6491159913150586
+    y[ap_northeast_a100_40_middle_14_2] M15_round_trip[ap_northeast_a100_40_1] 182.85037653269816
+    y[ap_northeast_a100_40_middle_14_2] M16_round_trip_cap[ap_northeast_a100_40] 22.976468823315063
     y[ap_northeast_a100_40_middle_15_0] obj 0.1387604818707692
     y[ap_northeast_a100_40_middle_15_0] M4_cover 15.0
     y[ap_northeast_a100_40_middle_15_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5000,14 +5000,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_15_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_15_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_15_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_15_0] M12_v_le_y[176] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_15_0] M12_v_ge[176] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_15_0] M12_v_le_y[176] -22.839129672769012
+    y[ap_northeast_a100_40_middle_15_0] M12_v_ge[176] -22.839129672769012
     y[ap_northeast_a100_40_middle_15_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1387604818707692
     y[ap_northeast_a100_40_middle_15_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1387604818707692
     y[ap_northeast_a100_40_middle_15_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1387604818707692
     y[ap_northeast_a100_40_middle_15_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1387604818707692
-    y[ap_northeast_a100_40_middle_15_0] M15_round_trip[ap_northeast_a100_40_1] 28.232975208022836
-    y[ap_northeast_a100_40_middle_15_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6505373226397766
+    y[ap_northeast_a100_40_middle_15_0] M15_round_trip[ap_northeast_a100_40_1] 182.8517978640229
+    y[ap_northeast_a100_40_middle_15_0] M16_round_trip_cap[ap_northeast_a100_40] 22.97789015463978
     y[ap_northeast_a100_40_middle_15_1] obj 0.14714908987076925
     y[ap_northeast_a100_40_middle_15_1] M4_cover 15.0
     y[ap_northeast_a100_40_middle_15_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5018,14 +5018,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_15_1] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_15_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_15_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_15_1] M12_v_le_y[177] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_15_1] M12_v_ge[177] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_15_1] M12_v_le_y[177] -22.839129672769012
+    y[ap_northeast_a100_40_middle_15_1] M12_v_ge[177] -22.839129672769012
     y[ap_northeast_a100_40_middle_15_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14714908987076925
     y[ap_northeast_a100_40_middle_15_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14714908987076925
     y[ap_northeast_a100_40_middle_15_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14714908987076925
     y[ap_northeast_a100_40_middle_15_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14714908987076925
-    y[ap_northeast_a100_40_middle_15_1] M15_round_trip[ap_northeast_a100_40_1] 28.241363816022837
-    y[ap_northeast_a100_40_middle_15_1] M16_round_trip_cap[ap_northeast_a100_40] 3.658925930639777
+    y[ap_northeast_a100_40_middle_15_1] M15_round_trip[ap_northeast_a100_40_1] 182.8601864720229
+    y[ap_northeast_a100_40_middle_15_1] M16_round_trip_cap[ap_northeast_a100_40] 22.98627876263978
     y[ap_northeast_a100_40_middle_15_2] obj 0.2802153183015384
     y[ap_northeast_a100_40_middle_15_2] M4_cover 15.0
     y[ap_northeast_a100_40_middle_15_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5037,15 +5037,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_15_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_15_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_15_2] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_15_2] M12_v_le_y[178] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_15_2] M12_v_ge[178] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_15_2] M12_v_le_y[178] -22.839129672769012
+    y[ap_northeast_a100_40_middle_15_2] M12_v_ge[178] -22.839129672769012
     y[ap_northeast_a100_40_middle_15_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2802153183015384
     y[ap_northeast_a100_40_middle_15_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2802153183015384
     y[ap_northeast_a100_40_middle_15_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2802153183015384
     y[ap_northeast_a100_40_middle_15_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2802153183015384
-    y[ap_northeast_a100_40_middle_15_2] M15_round_trip[ap_northeast_a100_40_1] 28.24222590681422
-    y[ap_northeast_a100_40_middle_15_2] M15_round_trip[ap_northeast_a100_40_2] 31.886206885222613
-    y[ap_northeast_a100_40_middle_15_2] M16_round_trip_cap[ap_northeast_a100_40] 3.791992159070546
+    y[ap_northeast_a100_40_middle_15_2] M15_round_trip[ap_northeast_a100_40_1] 182.8610485628143
+    y[ap_northeast_a100_40_middle_15_2] M15_round_trip[ap_northeast_a100_40_2] 205.83238237322269
+    y[ap_northeast_a100_40_middle_15_2] M16_round_trip_cap[ap_northeast_a100_40] 23.11934499107055
     y[ap_northeast_a100_40_middle_16_0] obj 0.14801118066215382
     y[ap_northeast_a100_40_middle_16_0] M4_cover 16.0
     y[ap_northeast_a100_40_middle_16_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5057,14 +5057,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_16_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_16_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_16_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_16_0] M12_v_le_y[179] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_16_0] M12_v_ge[179] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_16_0] M12_v_le_y[179] -22.839129672769012
+    y[ap_northeast_a100_40_middle_16_0] M12_v_ge[179] -22.839129672769012
     y[ap_northeast_a100_40_middle_16_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.14801118066215382
     y[ap_northeast_a100_40_middle_16_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.14801118066215382
     y[ap_northeast_a100_40_middle_16_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.14801118066215382
     y[ap_northeast_a100_40_middle_16_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.14801118066215382
-    y[ap_northeast_a100_40_middle_16_0] M15_round_trip[ap_northeast_a100_40_1] 28.24222590681422
-    y[ap_northeast_a100_40_middle_16_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6597880214311616
+    y[ap_northeast_a100_40_middle_16_0] M15_round_trip[ap_northeast_a100_40_1] 182.8610485628143
+    y[ap_northeast_a100_40_middle_16_0] M16_round_trip_cap[ap_northeast_a100_40] 22.987140853431164
     y[ap_northeast_a100_40_middle_16_1] obj 0.2987167158843076
     y[ap_northeast_a100_40_middle_16_1] M4_cover 16.0
     y[ap_northeast_a100_40_middle_16_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5076,15 +5076,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_16_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_16_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_16_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_16_1] M12_v_le_y[180] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_16_1] M12_v_ge[180] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_16_1] M12_v_le_y[180] -22.839129672769012
+    y[ap_northeast_a100_40_middle_16_1] M12_v_ge[180] -22.839129672769012
     y[ap_northeast_a100_40_middle_16_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2987167158843076
     y[ap_northeast_a100_40_middle_16_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2987167158843076
     y[ap_northeast_a100_40_middle_16_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2987167158843076
     y[ap_northeast_a100_40_middle_16_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2987167158843076
-    y[ap_northeast_a100_40_middle_16_1] M15_round_trip[ap_northeast_a100_40_1] 28.24222590681422
-    y[ap_northeast_a100_40_middle_16_1] M15_round_trip[ap_northeast_a100_40_2] 31.90470828280538
-    y[ap_northeast_a100_40_middle_16_1] M16_round_trip_cap[ap_northeast_a100_40] 3.810493556653315
+    y[ap_northeast_a100_40_middle_16_1] M15_round_trip[ap_northeast_a100_40_1] 182.8610485628143
+    y[ap_northeast_a100_40_middle_16_1] M15_round_trip[ap_northeast_a100_40_2] 205.85088377080544
+    y[ap_northeast_a100_40_middle_16_1] M16_round_trip_cap[ap_northeast_a100_40] 23.13784638865332
     y[ap_northeast_a100_40_middle_16_2] obj 0.15695902919548718
     y[ap_northeast_a100_40_middle_16_2] M4_cover 16.0
     y[ap_northeast_a100_40_middle_16_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5095,14 +5095,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_16_2] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_16_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_16_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_16_2] M12_v_le_y[181] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_16_2] M12_v_ge[181] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_16_2] M12_v_le_y[181] -22.839129672769012
+    y[ap_northeast_a100_40_middle_16_2] M12_v_ge[181] -22.839129672769012
     y[ap_northeast_a100_40_middle_16_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15695902919548718
     y[ap_northeast_a100_40_middle_16_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15695902919548718
     y[ap_northeast_a100_40_middle_16_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15695902919548718
     y[ap_northeast_a100_40_middle_16_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15695902919548718
-    y[ap_northeast_a100_40_middle_16_2] M15_round_trip[ap_northeast_a100_40_1] 28.251173755347555
-    y[ap_northeast_a100_40_middle_16_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6687358699644945
+    y[ap_northeast_a100_40_middle_16_2] M15_round_trip[ap_northeast_a100_40_1] 182.8699964113476
+    y[ap_northeast_a100_40_middle_16_2] M16_round_trip_cap[ap_northeast_a100_40] 22.9960887019645
     y[ap_northeast_a100_40_middle_17_0] obj 0.15726187945353842
     y[ap_northeast_a100_40_middle_17_0] M4_cover 17.0
     y[ap_northeast_a100_40_middle_17_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5114,14 +5114,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_17_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_17_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_17_0] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_17_0] M12_v_le_y[182] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_17_0] M12_v_ge[182] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_17_0] M12_v_le_y[182] -22.839129672769012
+    y[ap_northeast_a100_40_middle_17_0] M12_v_ge[182] -22.839129672769012
     y[ap_northeast_a100_40_middle_17_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.15726187945353842
     y[ap_northeast_a100_40_middle_17_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.15726187945353842
     y[ap_northeast_a100_40_middle_17_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.15726187945353842
     y[ap_northeast_a100_40_middle_17_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.15726187945353842
-    y[ap_northeast_a100_40_middle_17_0] M15_round_trip[ap_northeast_a100_40_1] 28.251476605605607
-    y[ap_northeast_a100_40_middle_17_0] M16_round_trip_cap[ap_northeast_a100_40] 3.669038720222546
+    y[ap_northeast_a100_40_middle_17_0] M15_round_trip[ap_northeast_a100_40_1] 182.87029926160565
+    y[ap_northeast_a100_40_middle_17_0] M16_round_trip_cap[ap_northeast_a100_40] 22.99639155222255
     y[ap_northeast_a100_40_middle_17_1] obj 0.31721811346707685
     y[ap_northeast_a100_40_middle_17_1] M4_cover 17.0
     y[ap_northeast_a100_40_middle_17_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5133,15 +5133,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_17_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_17_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_17_1] M11_memory[ap_northeast_a100_40] -2.0
-    y[ap_northeast_a100_40_middle_17_1] M12_v_le_y[183] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_17_1] M12_v_ge[183] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_17_1] M12_v_le_y[183] -22.839129672769012
+    y[ap_northeast_a100_40_middle_17_1] M12_v_ge[183] -22.839129672769012
     y[ap_northeast_a100_40_middle_17_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.31721811346707685
     y[ap_northeast_a100_40_middle_17_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.31721811346707685
     y[ap_northeast_a100_40_middle_17_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.31721811346707685
     y[ap_northeast_a100_40_middle_17_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.31721811346707685
-    y[ap_northeast_a100_40_middle_17_1] M15_round_trip[ap_northeast_a100_40_1] 28.26072730439699
-    y[ap_northeast_a100_40_middle_17_1] M15_round_trip[ap_northeast_a100_40_2] 31.92320968038815
-    y[ap_northeast_a100_40_middle_17_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8289949542360846
+    y[ap_northeast_a100_40_middle_17_1] M15_round_trip[ap_northeast_a100_40_1] 182.87954996039704
+    y[ap_northeast_a100_40_middle_17_1] M15_round_trip[ap_northeast_a100_40_2] 205.86938516838822
+    y[ap_northeast_a100_40_middle_17_1] M16_round_trip_cap[ap_northeast_a100_40] 23.15634778623609
     y[ap_northeast_a100_40_middle_17_2] obj 0.16676896852020512
     y[ap_northeast_a100_40_middle_17_2] M4_cover 17.0
     y[ap_northeast_a100_40_middle_17_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5152,14 +5152,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_17_2] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_17_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_17_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_17_2] M12_v_le_y[184] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_17_2] M12_v_ge[184] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_17_2] M12_v_le_y[184] -22.839129672769012
+    y[ap_northeast_a100_40_middle_17_2] M12_v_ge[184] -22.839129672769012
     y[ap_northeast_a100_40_middle_17_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16676896852020512
     y[ap_northeast_a100_40_middle_17_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16676896852020512
     y[ap_northeast_a100_40_middle_17_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16676896852020512
     y[ap_northeast_a100_40_middle_17_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16676896852020512
-    y[ap_northeast_a100_40_middle_17_2] M15_round_trip[ap_northeast_a100_40_1] 28.260983694672273
-    y[ap_northeast_a100_40_middle_17_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6785458092892127
+    y[ap_northeast_a100_40_middle_17_2] M15_round_trip[ap_northeast_a100_40_1] 182.87980635067234
+    y[ap_northeast_a100_40_middle_17_2] M16_round_trip_cap[ap_northeast_a100_40] 23.005898641289217
     y[ap_northeast_a100_40_middle_18_0] obj 0.16651257824492305
     y[ap_northeast_a100_40_middle_18_0] M4_cover 18.0
     y[ap_northeast_a100_40_middle_18_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5170,14 +5170,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_18_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_18_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_18_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_18_0] M12_v_le_y[185] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_18_0] M12_v_ge[185] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_18_0] M12_v_le_y[185] -22.839129672769012
+    y[ap_northeast_a100_40_middle_18_0] M12_v_ge[185] -22.839129672769012
     y[ap_northeast_a100_40_middle_18_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.16651257824492305
     y[ap_northeast_a100_40_middle_18_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.16651257824492305
     y[ap_northeast_a100_40_middle_18_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.16651257824492305
     y[ap_northeast_a100_40_middle_18_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.16651257824492305
-    y[ap_northeast_a100_40_middle_18_0] M15_round_trip[ap_northeast_a100_40_1] 28.26072730439699
-    y[ap_northeast_a100_40_middle_18_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6782894190139306
+    y[ap_northeast_a100_40_middle_18_0] M15_round_trip[ap_northeast_a100_40_1] 182.87954996039704
+    y[ap_northeast_a100_40_middle_18_0] M16_round_trip_cap[ap_northeast_a100_40] 23.005642251013935
     y[ap_northeast_a100_40_middle_18_1] obj 0.3357195110498461
     y[ap_northeast_a100_40_middle_18_1] M4_cover 18.0
     y[ap_northeast_a100_40_middle_18_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5189,15 +5189,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_18_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_18_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_18_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_18_1] M12_v_le_y[186] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_18_1] M12_v_ge[186] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_18_1] M12_v_le_y[186] -22.839129672769012
+    y[ap_northeast_a100_40_middle_18_1] M12_v_ge[186] -22.839129672769012
     y[ap_northeast_a100_40_middle_18_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3357195110498461
     y[ap_northeast_a100_40_middle_18_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3357195110498461
     y[ap_northeast_a100_40_middle_18_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3357195110498461
     y[ap_northeast_a100_40_middle_18_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3357195110498461
-    y[ap_northeast_a100_40_middle_18_1] M15_round_trip[ap_northeast_a100_40_1] 28.26072730439699
-    y[ap_northeast_a100_40_middle_18_1] M15_round_trip[ap_northeast_a100_40_2] 31.94171107797092
-    y[ap_northeast_a100_40_middle_18_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8474963518188536
+    y[ap_northeast_a100_40_middle_18_1] M15_round_trip[ap_northeast_a100_40_1] 182.87954996039704
+    y[ap_northeast_a100_40_middle_18_1] M15_round_trip[ap_northeast_a100_40_2] 205.887886565971
+    y[ap_northeast_a100_40_middle_18_1] M16_round_trip_cap[ap_northeast_a100_40] 23.174849183818857
     y[ap_northeast_a100_40_middle_18_2] obj 0.17657890784492308
     y[ap_northeast_a100_40_middle_18_2] M4_cover 18.0
     y[ap_northeast_a100_40_middle_18_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5209,14 +5209,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_18_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_18_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_18_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_18_2] M12_v_le_y[187] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_18_2] M12_v_ge[187] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_18_2] M12_v_le_y[187] -22.839129672769012
+    y[ap_northeast_a100_40_middle_18_2] M12_v_ge[187] -22.839129672769012
     y[ap_northeast_a100_40_middle_18_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.17657890784492308
     y[ap_northeast_a100_40_middle_18_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.17657890784492308
     y[ap_northeast_a100_40_middle_18_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.17657890784492308
     y[ap_northeast_a100_40_middle_18_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.17657890784492308
-    y[ap_northeast_a100_40_middle_18_2] M15_round_trip[ap_northeast_a100_40_1] 28.27079363399699
-    y[ap_northeast_a100_40_middle_18_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6883557486139305
+    y[ap_northeast_a100_40_middle_18_2] M15_round_trip[ap_northeast_a100_40_1] 182.88961628999704
+    y[ap_northeast_a100_40_middle_18_2] M16_round_trip_cap[ap_northeast_a100_40] 23.015708580613936
     y[ap_northeast_a100_40_middle_19_0] obj 0.17576327703630765
     y[ap_northeast_a100_40_middle_19_0] M4_cover 19.0
     y[ap_northeast_a100_40_middle_19_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5227,14 +5227,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_19_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_19_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_19_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_19_0] M12_v_le_y[188] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_19_0] M12_v_ge[188] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_19_0] M12_v_le_y[188] -22.839129672769012
+    y[ap_northeast_a100_40_middle_19_0] M12_v_ge[188] -22.839129672769012
     y[ap_northeast_a100_40_middle_19_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.17576327703630765
     y[ap_northeast_a100_40_middle_19_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.17576327703630765
     y[ap_northeast_a100_40_middle_19_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.17576327703630765
     y[ap_northeast_a100_40_middle_19_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.17576327703630765
-    y[ap_northeast_a100_40_middle_19_0] M15_round_trip[ap_northeast_a100_40_1] 28.269978003188374
-    y[ap_northeast_a100_40_middle_19_0] M16_round_trip_cap[ap_northeast_a100_40] 3.687540117805315
+    y[ap_northeast_a100_40_middle_19_0] M15_round_trip[ap_northeast_a100_40_1] 182.88880065918843
+    y[ap_northeast_a100_40_middle_19_0] M16_round_trip_cap[ap_northeast_a100_40] 23.01489294980532
     y[ap_northeast_a100_40_middle_19_1] obj 0.3542209086326153
     y[ap_northeast_a100_40_middle_19_1] M4_cover 19.0
     y[ap_northeast_a100_40_middle_19_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5246,15 +5246,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_19_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_19_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_19_1] M11_memory[ap_northeast_a100_40] -1.0
-    y[ap_northeast_a100_40_middle_19_1] M12_v_le_y[189] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_19_1] M12_v_ge[189] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_19_1] M12_v_le_y[189] -22.839129672769012
+    y[ap_northeast_a100_40_middle_19_1] M12_v_ge[189] -22.839129672769012
     y[ap_northeast_a100_40_middle_19_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3542209086326153
     y[ap_northeast_a100_40_middle_19_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3542209086326153
     y[ap_northeast_a100_40_middle_19_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3542209086326153
     y[ap_northeast_a100_40_middle_19_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3542209086326153
-    y[ap_northeast_a100_40_middle_19_1] M15_round_trip[ap_northeast_a100_40_1] 28.27922870197976
-    y[ap_northeast_a100_40_middle_19_1] M15_round_trip[ap_northeast_a100_40_2] 31.96021247555369
-    y[ap_northeast_a100_40_middle_19_1] M16_round_trip_cap[ap_northeast_a100_40] 3.8659977494016227
+    y[ap_northeast_a100_40_middle_19_1] M15_round_trip[ap_northeast_a100_40_1] 182.89805135797982
+    y[ap_northeast_a100_40_middle_19_1] M15_round_trip[ap_northeast_a100_40_2] 205.90638796355375
+    y[ap_northeast_a100_40_middle_19_1] M16_round_trip_cap[ap_northeast_a100_40] 23.193350581401628
     y[ap_northeast_a100_40_middle_19_2] obj 0.18638884716964105
     y[ap_northeast_a100_40_middle_19_2] M4_cover 19.0
     y[ap_northeast_a100_40_middle_19_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5266,14 +5266,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_19_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_19_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_19_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_19_2] M12_v_le_y[190] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_19_2] M12_v_ge[190] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_19_2] M12_v_le_y[190] -22.839129672769012
+    y[ap_northeast_a100_40_middle_19_2] M12_v_ge[190] -22.839129672769012
     y[ap_northeast_a100_40_middle_19_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18638884716964105
     y[ap_northeast_a100_40_middle_19_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18638884716964105
     y[ap_northeast_a100_40_middle_19_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18638884716964105
     y[ap_northeast_a100_40_middle_19_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18638884716964105
-    y[ap_northeast_a100_40_middle_19_2] M15_round_trip[ap_northeast_a100_40_1] 28.28060357332171
-    y[ap_northeast_a100_40_middle_19_2] M16_round_trip_cap[ap_northeast_a100_40] 3.6981656879386486
+    y[ap_northeast_a100_40_middle_19_2] M15_round_trip[ap_northeast_a100_40_1] 182.89942622932176
+    y[ap_northeast_a100_40_middle_19_2] M16_round_trip_cap[ap_northeast_a100_40] 23.025518519938654
     y[ap_northeast_a100_40_middle_20_0] obj 0.18501397582769227
     y[ap_northeast_a100_40_middle_20_0] M4_cover 20.0
     y[ap_northeast_a100_40_middle_20_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5284,14 +5284,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_20_0] M10_own[ap_northeast_a100_40] -1.0
     y[ap_northeast_a100_40_middle_20_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_20_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
-    y[ap_northeast_a100_40_middle_20_0] M12_v_le_y[191] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_20_0] M12_v_ge[191] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_20_0] M12_v_le_y[191] -22.839129672769012
+    y[ap_northeast_a100_40_middle_20_0] M12_v_ge[191] -22.839129672769012
     y[ap_northeast_a100_40_middle_20_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.18501397582769227
     y[ap_northeast_a100_40_middle_20_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.18501397582769227
     y[ap_northeast_a100_40_middle_20_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.18501397582769227
     y[ap_northeast_a100_40_middle_20_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.18501397582769227
-    y[ap_northeast_a100_40_middle_20_0] M15_round_trip[ap_northeast_a100_40_1] 28.27922870197976
-    y[ap_northeast_a100_40_middle_20_0] M16_round_trip_cap[ap_northeast_a100_40] 3.6967908165966996
+    y[ap_northeast_a100_40_middle_20_0] M15_round_trip[ap_northeast_a100_40_1] 182.89805135797982
+    y[ap_northeast_a100_40_middle_20_0] M16_round_trip_cap[ap_northeast_a100_40] 23.024143648596706
     y[ap_northeast_a100_40_middle_20_1] obj 0.3727223062153845
     y[ap_northeast_a100_40_middle_20_1] M4_cover 20.0
     y[ap_northeast_a100_40_middle_20_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5302,15 +5302,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_20_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_middle_20_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_20_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_middle_20_1] M12_v_le_y[192] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_20_1] M12_v_ge[192] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_20_1] M12_v_le_y[192] -22.839129672769012
+    y[ap_northeast_a100_40_middle_20_1] M12_v_ge[192] -22.839129672769012
     y[ap_northeast_a100_40_middle_20_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.3727223062153845
     y[ap_northeast_a100_40_middle_20_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.3727223062153845
     y[ap_northeast_a100_40_middle_20_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.3727223062153845
     y[ap_northeast_a100_40_middle_20_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.3727223062153845
-    y[ap_northeast_a100_40_middle_20_1] M15_round_trip[ap_northeast_a100_40_1] 28.27922870197976
-    y[ap_northeast_a100_40_middle_20_1] M15_round_trip[ap_northeast_a100_40_2] 31.978713873136456
-    y[ap_northeast_a100_40_middle_20_1] M16_round_trip_cap[ap_northeast_a100_40] 3.884499146984392
+    y[ap_northeast_a100_40_middle_20_1] M15_round_trip[ap_northeast_a100_40_1] 182.89805135797982
+    y[ap_northeast_a100_40_middle_20_1] M15_round_trip[ap_northeast_a100_40_2] 205.92488936113654
+    y[ap_northeast_a100_40_middle_20_1] M16_round_trip_cap[ap_northeast_a100_40] 23.211851978984395
     y[ap_northeast_a100_40_middle_20_2] obj 0.196198786494359
     y[ap_northeast_a100_40_middle_20_2] M4_cover 20.0
     y[ap_northeast_a100_40_middle_20_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5322,14 +5322,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_20_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_20_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_20_2] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_20_2] M12_v_le_y[193] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_20_2] M12_v_ge[193] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_20_2] M12_v_le_y[193] -22.839129672769012
+    y[ap_northeast_a100_40_middle_20_2] M12_v_ge[193] -22.839129672769012
     y[ap_northeast_a100_40_middle_20_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.196198786494359
     y[ap_northeast_a100_40_middle_20_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.196198786494359
     y[ap_northeast_a100_40_middle_20_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.196198786494359
     y[ap_northeast_a100_40_middle_20_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.196198786494359
-    y[ap_northeast_a100_40_middle_20_2] M15_round_trip[ap_northeast_a100_40_1] 28.290413512646428
-    y[ap_northeast_a100_40_middle_20_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7079756272633664
+    y[ap_northeast_a100_40_middle_20_2] M15_round_trip[ap_northeast_a100_40_1] 182.9092361686465
+    y[ap_northeast_a100_40_middle_20_2] M16_round_trip_cap[ap_northeast_a100_40] 23.035328459263372
     y[ap_northeast_a100_40_middle_21_0] obj 0.1942646746190769
     y[ap_northeast_a100_40_middle_21_0] M4_cover 21.0
     y[ap_northeast_a100_40_middle_21_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5341,14 +5341,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_21_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_21_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_21_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_21_0] M12_v_le_y[194] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_21_0] M12_v_ge[194] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_21_0] M12_v_le_y[194] -22.839129672769012
+    y[ap_northeast_a100_40_middle_21_0] M12_v_ge[194] -22.839129672769012
     y[ap_northeast_a100_40_middle_21_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.1942646746190769
     y[ap_northeast_a100_40_middle_21_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.1942646746190769
     y[ap_northeast_a100_40_middle_21_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.1942646746190769
     y[ap_northeast_a100_40_middle_21_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.1942646746190769
-    y[ap_northeast_a100_40_middle_21_0] M15_round_trip[ap_northeast_a100_40_1] 28.288479400771145
-    y[ap_northeast_a100_40_middle_21_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7060415153880846
+    y[ap_northeast_a100_40_middle_21_0] M15_round_trip[ap_northeast_a100_40_1] 182.9073020567712
+    y[ap_northeast_a100_40_middle_21_0] M16_round_trip_cap[ap_northeast_a100_40] 23.03339434738809
     y[ap_northeast_a100_40_middle_21_1] obj 0.39122370379815374
     y[ap_northeast_a100_40_middle_21_1] M4_cover 21.0
     y[ap_northeast_a100_40_middle_21_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5359,15 +5359,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_21_1] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_middle_21_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_21_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_middle_21_1] M12_v_le_y[195] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_21_1] M12_v_ge[195] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_21_1] M12_v_le_y[195] -22.839129672769012
+    y[ap_northeast_a100_40_middle_21_1] M12_v_ge[195] -22.839129672769012
     y[ap_northeast_a100_40_middle_21_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.39122370379815374
     y[ap_northeast_a100_40_middle_21_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.39122370379815374
     y[ap_northeast_a100_40_middle_21_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.39122370379815374
     y[ap_northeast_a100_40_middle_21_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.39122370379815374
-    y[ap_northeast_a100_40_middle_21_1] M15_round_trip[ap_northeast_a100_40_1] 28.29773009956253
-    y[ap_northeast_a100_40_middle_21_1] M15_round_trip[ap_northeast_a100_40_2] 31.997215270719227
-    y[ap_northeast_a100_40_middle_21_1] M16_round_trip_cap[ap_northeast_a100_40] 3.903000544567161
+    y[ap_northeast_a100_40_middle_21_1] M15_round_trip[ap_northeast_a100_40_1] 182.91655275556258
+    y[ap_northeast_a100_40_middle_21_1] M15_round_trip[ap_northeast_a100_40_2] 205.9433907587193
+    y[ap_northeast_a100_40_middle_21_1] M16_round_trip_cap[ap_northeast_a100_40] 23.230353376567166
     y[ap_northeast_a100_40_middle_21_2] obj 0.20600872581907695
     y[ap_northeast_a100_40_middle_21_2] M4_cover 21.0
     y[ap_northeast_a100_40_middle_21_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5379,14 +5379,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_21_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_21_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_21_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_middle_21_2] M12_v_le_y[196] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_21_2] M12_v_ge[196] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_21_2] M12_v_le_y[196] -22.839129672769012
+    y[ap_northeast_a100_40_middle_21_2] M12_v_ge[196] -22.839129672769012
     y[ap_northeast_a100_40_middle_21_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.20600872581907695
     y[ap_northeast_a100_40_middle_21_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.20600872581907695
     y[ap_northeast_a100_40_middle_21_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.20600872581907695
     y[ap_northeast_a100_40_middle_21_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.20600872581907695
-    y[ap_northeast_a100_40_middle_21_2] M15_round_trip[ap_northeast_a100_40_1] 28.300223451971146
-    y[ap_northeast_a100_40_middle_21_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7177855665880846
+    y[ap_northeast_a100_40_middle_21_2] M15_round_trip[ap_northeast_a100_40_1] 182.9190461079712
+    y[ap_northeast_a100_40_middle_21_2] M16_round_trip_cap[ap_northeast_a100_40] 23.04513839858809
     y[ap_northeast_a100_40_middle_22_0] obj 0.2035153734104615
     y[ap_northeast_a100_40_middle_22_0] M4_cover 22.0
     y[ap_northeast_a100_40_middle_22_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5398,14 +5398,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_22_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_22_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_22_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_22_0] M12_v_le_y[197] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_22_0] M12_v_ge[197] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_22_0] M12_v_le_y[197] -22.839129672769012
+    y[ap_northeast_a100_40_middle_22_0] M12_v_ge[197] -22.839129672769012
     y[ap_northeast_a100_40_middle_22_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2035153734104615
     y[ap_northeast_a100_40_middle_22_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2035153734104615
     y[ap_northeast_a100_40_middle_22_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2035153734104615
     y[ap_northeast_a100_40_middle_22_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2035153734104615
-    y[ap_northeast_a100_40_middle_22_0] M15_round_trip[ap_northeast_a100_40_1] 28.29773009956253
-    y[ap_northeast_a100_40_middle_22_0] M16_round_trip_cap[ap_northeast_a100_40] 3.715292214179469
+    y[ap_northeast_a100_40_middle_22_0] M15_round_trip[ap_northeast_a100_40_1] 182.91655275556258
+    y[ap_northeast_a100_40_middle_22_0] M16_round_trip_cap[ap_northeast_a100_40] 23.042645046179473
     y[ap_northeast_a100_40_middle_22_1] obj 0.409725101380923
     y[ap_northeast_a100_40_middle_22_1] M4_cover 22.0
     y[ap_northeast_a100_40_middle_22_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5417,15 +5417,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_22_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_22_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_22_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_22_1] M12_v_le_y[198] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_22_1] M12_v_ge[198] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_22_1] M12_v_le_y[198] -22.839129672769012
+    y[ap_northeast_a100_40_middle_22_1] M12_v_ge[198] -22.839129672769012
     y[ap_northeast_a100_40_middle_22_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.409725101380923
-    y[ap_northeast_a100_40_middle_22_1] M15_round_trip[ap_northeast_a100_40_1] 28.29773009956253
-    y[ap_northeast_a100_40_middle_22_1] M15_round_trip[ap_northeast_a100_40_2] 32.015716668302
-    y[ap_northeast_a100_40_middle_22_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9215019421499306
+    y[ap_northeast_a100_40_middle_22_1] M15_round_trip[ap_northeast_a100_40_1] 182.91655275556258
+    y[ap_northeast_a100_40_middle_22_1] M15_round_trip[ap_northeast_a100_40_2] 205.96189215630207
+    y[ap_northeast_a100_40_middle_22_1] M16_round_trip_cap[ap_northeast_a100_40] 23.248854774149933
     y[ap_northeast_a100_40_middle_22_2] obj 0.21581866514379489
     y[ap_northeast_a100_40_middle_22_2] M4_cover 22.0
     y[ap_northeast_a100_40_middle_22_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5437,14 +5437,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_22_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_22_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_22_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_middle_22_2] M12_v_le_y[199] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_22_2] M12_v_ge[199] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_22_2] M12_v_le_y[199] -22.839129672769012
+    y[ap_northeast_a100_40_middle_22_2] M12_v_ge[199] -22.839129672769012
     y[ap_northeast_a100_40_middle_22_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21581866514379489
     y[ap_northeast_a100_40_middle_22_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21581866514379489
     y[ap_northeast_a100_40_middle_22_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21581866514379489
     y[ap_northeast_a100_40_middle_22_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21581866514379489
-    y[ap_northeast_a100_40_middle_22_2] M15_round_trip[ap_northeast_a100_40_1] 28.310033391295864
-    y[ap_northeast_a100_40_middle_22_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7275955059128023
+    y[ap_northeast_a100_40_middle_22_2] M15_round_trip[ap_northeast_a100_40_1] 182.9288560472959
+    y[ap_northeast_a100_40_middle_22_2] M16_round_trip_cap[ap_northeast_a100_40] 23.05494833791281
     y[ap_northeast_a100_40_middle_22_3] obj 0.409725101380923
     y[ap_northeast_a100_40_middle_22_3] M4_cover 22.0
     y[ap_northeast_a100_40_middle_22_3] M1_once[ap_northeast_a100_40] 1.0
@@ -5455,15 +5455,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_22_3] M10_own[ap_northeast_a100_40] -2.0
     y[ap_northeast_a100_40_middle_22_3] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_22_3] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
-    y[ap_northeast_a100_40_middle_22_3] M12_v_le_y[200] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_22_3] M12_v_ge[200] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_22_3] M12_v_le_y[200] -22.839129672769012
+    y[ap_northeast_a100_40_middle_22_3] M12_v_ge[200] -22.839129672769012
     y[ap_northeast_a100_40_middle_22_3] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_3] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_3] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.409725101380923
     y[ap_northeast_a100_40_middle_22_3] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.409725101380923
-    y[ap_northeast_a100_40_middle_22_3] M15_round_trip[ap_northeast_a100_40_1] 28.3162314971453
-    y[ap_northeast_a100_40_middle_22_3] M15_round_trip[ap_northeast_a100_40_2] 32.015716668302
-    y[ap_northeast_a100_40_middle_22_3] M16_round_trip_cap[ap_northeast_a100_40] 3.9215019421499306
+    y[ap_northeast_a100_40_middle_22_3] M15_round_trip[ap_northeast_a100_40_1] 182.93505415314536
+    y[ap_northeast_a100_40_middle_22_3] M15_round_trip[ap_northeast_a100_40_2] 205.96189215630207
+    y[ap_northeast_a100_40_middle_22_3] M16_round_trip_cap[ap_northeast_a100_40] 23.248854774149933
     y[ap_northeast_a100_40_middle_23_0] obj 0.21276607220184612
     y[ap_northeast_a100_40_middle_23_0] M4_cover 23.0
     y[ap_northeast_a100_40_middle_23_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5475,14 +5475,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_23_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_23_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_23_0] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_23_0] M12_v_le_y[201] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_23_0] M12_v_ge[201] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_23_0] M12_v_le_y[201] -22.839129672769012
+    y[ap_northeast_a100_40_middle_23_0] M12_v_ge[201] -22.839129672769012
     y[ap_northeast_a100_40_middle_23_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.21276607220184612
     y[ap_northeast_a100_40_middle_23_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.21276607220184612
     y[ap_northeast_a100_40_middle_23_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.21276607220184612
     y[ap_northeast_a100_40_middle_23_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.21276607220184612
-    y[ap_northeast_a100_40_middle_23_0] M15_round_trip[ap_northeast_a100_40_1] 28.306980798353912
-    y[ap_northeast_a100_40_middle_23_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7245429129708536
+    y[ap_northeast_a100_40_middle_23_0] M15_round_trip[ap_northeast_a100_40_1] 182.92580345435397
+    y[ap_northeast_a100_40_middle_23_0] M16_round_trip_cap[ap_northeast_a100_40] 23.051895744970857
     y[ap_northeast_a100_40_middle_23_1] obj 0.42822649896369225
     y[ap_northeast_a100_40_middle_23_1] M4_cover 23.0
     y[ap_northeast_a100_40_middle_23_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5494,15 +5494,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_23_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_23_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_23_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_23_1] M12_v_le_y[202] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_23_1] M12_v_ge[202] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_23_1] M12_v_le_y[202] -22.839129672769012
+    y[ap_northeast_a100_40_middle_23_1] M12_v_ge[202] -22.839129672769012
     y[ap_northeast_a100_40_middle_23_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.42822649896369225
     y[ap_northeast_a100_40_middle_23_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.42822649896369225
     y[ap_northeast_a100_40_middle_23_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.42822649896369225
     y[ap_northeast_a100_40_middle_23_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.42822649896369225
-    y[ap_northeast_a100_40_middle_23_1] M15_round_trip[ap_northeast_a100_40_1] 28.3162314971453
-    y[ap_northeast_a100_40_middle_23_1] M15_round_trip[ap_northeast_a100_40_2] 32.034218065884765
-    y[ap_northeast_a100_40_middle_23_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9400033397326997
+    y[ap_northeast_a100_40_middle_23_1] M15_round_trip[ap_northeast_a100_40_1] 182.93505415314536
+    y[ap_northeast_a100_40_middle_23_1] M15_round_trip[ap_northeast_a100_40_2] 205.98039355388482
+    y[ap_northeast_a100_40_middle_23_1] M16_round_trip_cap[ap_northeast_a100_40] 23.267356171732704
     y[ap_northeast_a100_40_middle_23_2] obj 0.22562860446851285
     y[ap_northeast_a100_40_middle_23_2] M4_cover 23.0
     y[ap_northeast_a100_40_middle_23_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5514,14 +5514,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_23_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_23_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_23_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_middle_23_2] M12_v_le_y[203] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_23_2] M12_v_ge[203] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_23_2] M12_v_le_y[203] -22.839129672769012
+    y[ap_northeast_a100_40_middle_23_2] M12_v_ge[203] -22.839129672769012
     y[ap_northeast_a100_40_middle_23_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22562860446851285
     y[ap_northeast_a100_40_middle_23_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22562860446851285
     y[ap_northeast_a100_40_middle_23_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22562860446851285
     y[ap_northeast_a100_40_middle_23_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22562860446851285
-    y[ap_northeast_a100_40_middle_23_2] M15_round_trip[ap_northeast_a100_40_1] 28.31984333062058
-    y[ap_northeast_a100_40_middle_23_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7374054452375205
+    y[ap_northeast_a100_40_middle_23_2] M15_round_trip[ap_northeast_a100_40_1] 182.93866598662063
+    y[ap_northeast_a100_40_middle_23_2] M16_round_trip_cap[ap_northeast_a100_40] 23.064758277237523
     y[ap_northeast_a100_40_middle_24_0] obj 0.22201677099323075
     y[ap_northeast_a100_40_middle_24_0] M4_cover 24.0
     y[ap_northeast_a100_40_middle_24_0] M1_once[ap_northeast_a100_40] 1.0
@@ -5533,14 +5533,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_24_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_24_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_24_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_middle_24_0] M12_v_le_y[204] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_24_0] M12_v_ge[204] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_24_0] M12_v_le_y[204] -22.839129672769012
+    y[ap_northeast_a100_40_middle_24_0] M12_v_ge[204] -22.839129672769012
     y[ap_northeast_a100_40_middle_24_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.22201677099323075
     y[ap_northeast_a100_40_middle_24_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.22201677099323075
     y[ap_northeast_a100_40_middle_24_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.22201677099323075
     y[ap_northeast_a100_40_middle_24_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.22201677099323075
-    y[ap_northeast_a100_40_middle_24_0] M15_round_trip[ap_northeast_a100_40_1] 28.3162314971453
-    y[ap_northeast_a100_40_middle_24_0] M16_round_trip_cap[ap_northeast_a100_40] 3.733793611762238
+    y[ap_northeast_a100_40_middle_24_0] M15_round_trip[ap_northeast_a100_40_1] 182.93505415314536
+    y[ap_northeast_a100_40_middle_24_0] M16_round_trip_cap[ap_northeast_a100_40] 23.061146443762244
     y[ap_northeast_a100_40_middle_24_1] obj 0.4467278965464615
     y[ap_northeast_a100_40_middle_24_1] M4_cover 24.0
     y[ap_northeast_a100_40_middle_24_1] M1_once[ap_northeast_a100_40] 1.0
@@ -5552,15 +5552,15 @@ COLUMNS
     y[ap_northeast_a100_40_middle_24_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_middle_24_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_middle_24_1] M11_memory[ap_northeast_a100_40] 1.0
-    y[ap_northeast_a100_40_middle_24_1] M12_v_le_y[205] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_24_1] M12_v_ge[205] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_24_1] M12_v_le_y[205] -22.839129672769012
+    y[ap_northeast_a100_40_middle_24_1] M12_v_ge[205] -22.839129672769012
     y[ap_northeast_a100_40_middle_24_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.4467278965464615
     y[ap_northeast_a100_40_middle_24_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.4467278965464615
     y[ap_northeast_a100_40_middle_24_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.4467278965464615
     y[ap_northeast_a100_40_middle_24_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.4467278965464615
-    y[ap_northeast_a100_40_middle_24_1] M15_round_trip[ap_northeast_a100_40_1] 28.3162314971453
-    y[ap_northeast_a100_40_middle_24_1] M15_round_trip[ap_northeast_a100_40_2] 32.05271946346753
-    y[ap_northeast_a100_40_middle_24_1] M16_round_trip_cap[ap_northeast_a100_40] 3.958504737315469
+    y[ap_northeast_a100_40_middle_24_1] M15_round_trip[ap_northeast_a100_40_1] 182.93505415314536
+    y[ap_northeast_a100_40_middle_24_1] M15_round_trip[ap_northeast_a100_40_2] 205.9988949514676
+    y[ap_northeast_a100_40_middle_24_1] M16_round_trip_cap[ap_northeast_a100_40] 23.285857569315475
     y[ap_northeast_a100_40_middle_24_2] obj 0.23543854379323081
     y[ap_northeast_a100_40_middle_24_2] M4_cover 24.0
     y[ap_northeast_a100_40_middle_24_2] M1_once[ap_northeast_a100_40] 1.0
@@ -5572,14 +5572,14 @@ COLUMNS
     y[ap_northeast_a100_40_middle_24_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_middle_24_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_middle_24_2] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_middle_24_2] M12_v_le_y[206] -3.5117768407690075
-    y[ap_northeast_a100_40_middle_24_2] M12_v_ge[206] -3.5117768407690075
+    y[ap_northeast_a100_40_middle_24_2] M12_v_le_y[206] -22.839129672769012
+    y[ap_northeast_a100_40_middle_24_2] M12_v_ge[206] -22.839129672769012
     y[ap_northeast_a100_40_middle_24_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.23543854379323081
     y[ap_northeast_a100_40_middle_24_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.23543854379323081
     y[ap_northeast_a100_40_middle_24_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.23543854379323081
     y[ap_northeast_a100_40_middle_24_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.23543854379323081
-    y[ap_northeast_a100_40_middle_24_2] M15_round_trip[ap_northeast_a100_40_1] 28.329653269945297
-    y[ap_northeast_a100_40_middle_24_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7472153845622382
+    y[ap_northeast_a100_40_middle_24_2] M15_round_trip[ap_northeast_a100_40_1] 182.94847592594536
+    y[ap_northeast_a100_40_middle_24_2] M16_round_trip_cap[ap_northeast_a100_40] 23.07456821656224
     y[ap_northeast_a100_40_only_24_0] obj 0.238312546666693
     y[ap_northeast_a100_40_only_24_0] M2_start 1.0
     y[ap_northeast_a100_40_only_24_0] M3_end 1.0
@@ -5591,15 +5591,15 @@ COLUMNS
     y[ap_northeast_a100_40_only_24_0] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_only_24_0] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_only_24_0] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_only_24_0] M12_v_le_y[207] -3.5117768407690075
-    y[ap_northeast_a100_40_only_24_0] M12_v_ge[207] -3.5117768407690075
+    y[ap_northeast_a100_40_only_24_0] M12_v_le_y[207] -22.839129672769012
+    y[ap_northeast_a100_40_only_24_0] M12_v_ge[207] -22.839129672769012
     y[ap_northeast_a100_40_only_24_0] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.238312546666693
     y[ap_northeast_a100_40_only_24_0] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.238312546666693
     y[ap_northeast_a100_40_only_24_0] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.238312546666693
     y[ap_northeast_a100_40_only_24_0] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.238312546666693
-    y[ap_northeast_a100_40_only_24_0] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_only_24_0] M15_round_trip[ap_northeast_a100_40_1] 28.332527272818762
-    y[ap_northeast_a100_40_only_24_0] M16_round_trip_cap[ap_northeast_a100_40] 3.7500893874357004
+    y[ap_northeast_a100_40_only_24_0] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_only_24_0] M15_round_trip[ap_northeast_a100_40_1] 182.95134992881881
+    y[ap_northeast_a100_40_only_24_0] M16_round_trip_cap[ap_northeast_a100_40] 23.077442219435707
     y[ap_northeast_a100_40_only_24_1] obj 0.479319447893386
     y[ap_northeast_a100_40_only_24_1] M2_start 1.0
     y[ap_northeast_a100_40_only_24_1] M3_end 1.0
@@ -5611,16 +5611,16 @@ COLUMNS
     y[ap_northeast_a100_40_only_24_1] M10_chain[ap_northeast_a100_40_us_east_h100_80] -2.0
     y[ap_northeast_a100_40_only_24_1] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -2.0
     y[ap_northeast_a100_40_only_24_1] M11_memory[ap_northeast_a100_40] 2.0
-    y[ap_northeast_a100_40_only_24_1] M12_v_le_y[208] -3.5117768407690075
-    y[ap_northeast_a100_40_only_24_1] M12_v_ge[208] -3.5117768407690075
+    y[ap_northeast_a100_40_only_24_1] M12_v_le_y[208] -22.839129672769012
+    y[ap_northeast_a100_40_only_24_1] M12_v_ge[208] -22.839129672769012
     y[ap_northeast_a100_40_only_24_1] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.479319447893386
     y[ap_northeast_a100_40_only_24_1] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.479319447893386
     y[ap_northeast_a100_40_only_24_1] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.479319447893386
     y[ap_northeast_a100_40_only_24_1] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.479319447893386
-    y[ap_northeast_a100_40_only_24_1] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_only_24_1] M15_round_trip[ap_northeast_a100_40_1] 28.33015981281299
-    y[ap_northeast_a100_40_only_24_1] M15_round_trip[ap_northeast_a100_40_2] 32.08531101481446
-    y[ap_northeast_a100_40_only_24_1] M16_round_trip_cap[ap_northeast_a100_40] 3.9910962886623933
+    y[ap_northeast_a100_40_only_24_1] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_only_24_1] M15_round_trip[ap_northeast_a100_40_1] 182.94898246881306
+    y[ap_northeast_a100_40_only_24_1] M15_round_trip[ap_northeast_a100_40_2] 206.03148650281452
+    y[ap_northeast_a100_40_only_24_1] M16_round_trip_cap[ap_northeast_a100_40] 23.318449120662397
     y[ap_northeast_a100_40_only_24_2] obj 0.2520948587815912
     y[ap_northeast_a100_40_only_24_2] M2_start 1.0
     y[ap_northeast_a100_40_only_24_2] M3_end 1.0
@@ -5632,15 +5632,15 @@ COLUMNS
     y[ap_northeast_a100_40_only_24_2] M10_chain[ap_northeast_a100_40_us_east_h100_80] -1.0
     y[ap_northeast_a100_40_only_24_2] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -1.0
     y[ap_northeast_a100_40_only_24_2] M11_memory[ap_northeast_a100_40] 3.0
-    y[ap_northeast_a100_40_only_24_2] M12_v_le_y[209] -3.5117768407690075
-    y[ap_northeast_a100_40_only_24_2] M12_v_ge[209] -3.5117768407690075
+    y[ap_northeast_a100_40_only_24_2] M12_v_le_y[209] -22.839129672769012
+    y[ap_northeast_a100_40_only_24_2] M12_v_ge[209] -22.839129672769012
     y[ap_northeast_a100_40_only_24_2] M13_psi[us_east_h100_80_ap_northeast_a100_40] -0.2520948587815912
     y[ap_northeast_a100_40_only_24_2] M14_x[us_east_h100_80_ap_northeast_a100_40] -0.2520948587815912
     y[ap_northeast_a100_40_only_24_2] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -0.2520948587815912
     y[ap_northeast_a100_40_only_24_2] M14_x[eu_west_a100_80_ap_northeast_a100_40] -0.2520948587815912
-    y[ap_northeast_a100_40_only_24_2] M14_x_end[ap_northeast_a100_40] -21.07066104461405
-    y[ap_northeast_a100_40_only_24_2] M15_round_trip[ap_northeast_a100_40_1] 28.346309584933657
-    y[ap_northeast_a100_40_only_24_2] M16_round_trip_cap[ap_northeast_a100_40] 3.7638716995505987
+    y[ap_northeast_a100_40_only_24_2] M14_x_end[ap_northeast_a100_40] -137.03477803661409
+    y[ap_northeast_a100_40_only_24_2] M15_round_trip[ap_northeast_a100_40_1] 182.9651322409337
+    y[ap_northeast_a100_40_only_24_2] M16_round_trip_cap[ap_northeast_a100_40] 23.0912245315506
     y[eu_west_a100_80_end_0_0] obj 0.016214856625230756
     y[eu_west_a100_80_end_0_0] M3_end 1.0
     y[eu_west_a100_80_end_0_0] M1_once[eu_west_a100_80] 1.0
@@ -5650,15 +5650,15 @@ COLUMNS
     y[eu_west_a100_80_end_0_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_0_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_0_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_0_0] M12_v_le_y[210] -3.5117768407690075
-    y[eu_west_a100_80_end_0_0] M12_v_ge[210] -3.5117768407690075
+    y[eu_west_a100_80_end_0_0] M12_v_le_y[210] -22.839129672769012
+    y[eu_west_a100_80_end_0_0] M12_v_ge[210] -22.839129672769012
     y[eu_west_a100_80_end_0_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.016214856625230756
     y[eu_west_a100_80_end_0_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.016214856625230756
     y[eu_west_a100_80_end_0_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.016214856625230756
     y[eu_west_a100_80_end_0_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.016214856625230756
-    y[eu_west_a100_80_end_0_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_0_0] M15_round_trip[eu_west_a100_80_1] 28.110429582777297
-    y[eu_west_a100_80_end_0_0] M16_round_trip_cap[eu_west_a100_80] 3.5279916973942385
+    y[eu_west_a100_80_end_0_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_0_0] M15_round_trip[eu_west_a100_80_1] 182.72925223877735
+    y[eu_west_a100_80_end_0_0] M16_round_trip_cap[eu_west_a100_80] 22.85534452939424
     y[eu_west_a100_80_end_0_1] obj 0.01635466675856409
     y[eu_west_a100_80_end_0_1] M3_end 1.0
     y[eu_west_a100_80_end_0_1] M1_once[eu_west_a100_80] 1.0
@@ -5668,15 +5668,15 @@ COLUMNS
     y[eu_west_a100_80_end_0_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_0_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_0_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_0_1] M12_v_le_y[211] -3.5117768407690075
-    y[eu_west_a100_80_end_0_1] M12_v_ge[211] -3.5117768407690075
+    y[eu_west_a100_80_end_0_1] M12_v_le_y[211] -22.839129672769012
+    y[eu_west_a100_80_end_0_1] M12_v_ge[211] -22.839129672769012
     y[eu_west_a100_80_end_0_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.01635466675856409
     y[eu_west_a100_80_end_0_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.01635466675856409
     y[eu_west_a100_80_end_0_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.01635466675856409
     y[eu_west_a100_80_end_0_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.01635466675856409
-    y[eu_west_a100_80_end_0_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_0_1] M15_round_trip[eu_west_a100_80_1] 28.11056939291063
-    y[eu_west_a100_80_end_0_1] M16_round_trip_cap[eu_west_a100_80] 3.5281315075275717
+    y[eu_west_a100_80_end_0_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_0_1] M15_round_trip[eu_west_a100_80_1] 182.72939204891068
+    y[eu_west_a100_80_end_0_1] M16_round_trip_cap[eu_west_a100_80] 22.855484339527575
     y[eu_west_a100_80_end_1_0] obj 0.025465555416615368
     y[eu_west_a100_80_end_1_0] M3_end 1.0
     y[eu_west_a100_80_end_1_0] M4_cover 1.0
@@ -5687,15 +5687,15 @@ COLUMNS
     y[eu_west_a100_80_end_1_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_1_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_1_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_1_0] M12_v_le_y[212] -3.5117768407690075
-    y[eu_west_a100_80_end_1_0] M12_v_ge[212] -3.5117768407690075
+    y[eu_west_a100_80_end_1_0] M12_v_le_y[212] -22.839129672769012
+    y[eu_west_a100_80_end_1_0] M12_v_ge[212] -22.839129672769012
     y[eu_west_a100_80_end_1_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.025465555416615368
     y[eu_west_a100_80_end_1_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.025465555416615368
     y[eu_west_a100_80_end_1_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.025465555416615368
     y[eu_west_a100_80_end_1_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.025465555416615368
-    y[eu_west_a100_80_end_1_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_1_0] M15_round_trip[eu_west_a100_80_1] 28.119680281568684
-    y[eu_west_a100_80_end_1_0] M16_round_trip_cap[eu_west_a100_80] 3.537242396185623
+    y[eu_west_a100_80_end_1_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_1_0] M15_round_trip[eu_west_a100_80_1] 182.73850293756874
+    y[eu_west_a100_80_end_1_0] M16_round_trip_cap[eu_west_a100_80] 22.864595228185628
     y[eu_west_a100_80_end_1_1] obj 0.02616460608328204
     y[eu_west_a100_80_end_1_1] M3_end 1.0
     y[eu_west_a100_80_end_1_1] M4_cover 1.0
@@ -5706,15 +5706,15 @@ COLUMNS
     y[eu_west_a100_80_end_1_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_1_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_1_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_1_1] M12_v_le_y[213] -3.5117768407690075
-    y[eu_west_a100_80_end_1_1] M12_v_ge[213] -3.5117768407690075
+    y[eu_west_a100_80_end_1_1] M12_v_le_y[213] -22.839129672769012
+    y[eu_west_a100_80_end_1_1] M12_v_ge[213] -22.839129672769012
     y[eu_west_a100_80_end_1_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.02616460608328204
     y[eu_west_a100_80_end_1_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.02616460608328204
     y[eu_west_a100_80_end_1_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.02616460608328204
     y[eu_west_a100_80_end_1_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.02616460608328204
-    y[eu_west_a100_80_end_1_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_1_1] M15_round_trip[eu_west_a100_80_1] 28.12037933223535
-    y[eu_west_a100_80_end_1_1] M16_round_trip_cap[eu_west_a100_80] 3.5379414468522894
+    y[eu_west_a100_80_end_1_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_1_1] M15_round_trip[eu_west_a100_80_1] 182.7392019882354
+    y[eu_west_a100_80_end_1_1] M16_round_trip_cap[eu_west_a100_80] 22.865294278852293
     y[eu_west_a100_80_end_1_2] obj 0.05362546539323074
     y[eu_west_a100_80_end_1_2] M3_end 1.0
     y[eu_west_a100_80_end_1_2] M4_cover 1.0
@@ -5725,16 +5725,16 @@ COLUMNS
     y[eu_west_a100_80_end_1_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_1_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_1_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_1_2] M12_v_le_y[214] -3.5117768407690075
-    y[eu_west_a100_80_end_1_2] M12_v_ge[214] -3.5117768407690075
+    y[eu_west_a100_80_end_1_2] M12_v_le_y[214] -22.839129672769012
+    y[eu_west_a100_80_end_1_2] M12_v_ge[214] -22.839129672769012
     y[eu_west_a100_80_end_1_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05362546539323074
     y[eu_west_a100_80_end_1_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.05362546539323074
     y[eu_west_a100_80_end_1_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05362546539323074
     y[eu_west_a100_80_end_1_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05362546539323074
-    y[eu_west_a100_80_end_1_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_1_2] M15_round_trip[eu_west_a100_80_1] 28.12664443940253
-    y[eu_west_a100_80_end_1_2] M15_round_trip[eu_west_a100_80_2] 31.659617032314305
-    y[eu_west_a100_80_end_1_2] M16_round_trip_cap[eu_west_a100_80] 3.5654023061622384
+    y[eu_west_a100_80_end_1_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_1_2] M15_round_trip[eu_west_a100_80_1] 182.74546709540257
+    y[eu_west_a100_80_end_1_2] M15_round_trip[eu_west_a100_80_2] 205.60579252031437
+    y[eu_west_a100_80_end_1_2] M16_round_trip_cap[eu_west_a100_80] 22.892755138162244
     y[eu_west_a100_80_end_2_0] obj 0.03471625420799998
     y[eu_west_a100_80_end_2_0] M3_end 1.0
     y[eu_west_a100_80_end_2_0] M4_cover 2.0
@@ -5745,15 +5745,15 @@ COLUMNS
     y[eu_west_a100_80_end_2_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_2_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_2_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_2_0] M12_v_le_y[215] -3.5117768407690075
-    y[eu_west_a100_80_end_2_0] M12_v_ge[215] -3.5117768407690075
+    y[eu_west_a100_80_end_2_0] M12_v_le_y[215] -22.839129672769012
+    y[eu_west_a100_80_end_2_0] M12_v_ge[215] -22.839129672769012
     y[eu_west_a100_80_end_2_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.03471625420799998
     y[eu_west_a100_80_end_2_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.03471625420799998
     y[eu_west_a100_80_end_2_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.03471625420799998
     y[eu_west_a100_80_end_2_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.03471625420799998
-    y[eu_west_a100_80_end_2_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_2_0] M15_round_trip[eu_west_a100_80_1] 28.128930980360067
-    y[eu_west_a100_80_end_2_0] M16_round_trip_cap[eu_west_a100_80] 3.5464930949770075
+    y[eu_west_a100_80_end_2_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_2_0] M15_round_trip[eu_west_a100_80_1] 182.74775363636013
+    y[eu_west_a100_80_end_2_0] M16_round_trip_cap[eu_west_a100_80] 22.873845926977012
     y[eu_west_a100_80_end_2_1] obj 0.03597454540799999
     y[eu_west_a100_80_end_2_1] M3_end 1.0
     y[eu_west_a100_80_end_2_1] M4_cover 2.0
@@ -5764,15 +5764,15 @@ COLUMNS
     y[eu_west_a100_80_end_2_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_2_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_2_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_2_1] M12_v_le_y[216] -3.5117768407690075
-    y[eu_west_a100_80_end_2_1] M12_v_ge[216] -3.5117768407690075
+    y[eu_west_a100_80_end_2_1] M12_v_le_y[216] -22.839129672769012
+    y[eu_west_a100_80_end_2_1] M12_v_ge[216] -22.839129672769012
     y[eu_west_a100_80_end_2_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.03597454540799999
     y[eu_west_a100_80_end_2_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.03597454540799999
     y[eu_west_a100_80_end_2_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.03597454540799999
     y[eu_west_a100_80_end_2_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.03597454540799999
-    y[eu_west_a100_80_end_2_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_2_1] M15_round_trip[eu_west_a100_80_1] 28.130189271560067
-    y[eu_west_a100_80_end_2_1] M16_round_trip_cap[eu_west_a100_80] 3.5477513861770076
+    y[eu_west_a100_80_end_2_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_2_1] M15_round_trip[eu_west_a100_80_1] 182.74901192756013
+    y[eu_west_a100_80_end_2_1] M16_round_trip_cap[eu_west_a100_80] 22.87510421817701
     y[eu_west_a100_80_end_2_2] obj 0.07212686297599996
     y[eu_west_a100_80_end_2_2] M3_end 1.0
     y[eu_west_a100_80_end_2_2] M4_cover 2.0
@@ -5783,16 +5783,16 @@ COLUMNS
     y[eu_west_a100_80_end_2_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_2_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_2_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_2_2] M12_v_le_y[217] -3.5117768407690075
-    y[eu_west_a100_80_end_2_2] M12_v_ge[217] -3.5117768407690075
+    y[eu_west_a100_80_end_2_2] M12_v_le_y[217] -22.839129672769012
+    y[eu_west_a100_80_end_2_2] M12_v_ge[217] -22.839129672769012
     y[eu_west_a100_80_end_2_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07212686297599996
     y[eu_west_a100_80_end_2_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.07212686297599996
     y[eu_west_a100_80_end_2_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07212686297599996
     y[eu_west_a100_80_end_2_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07212686297599996
-    y[eu_west_a100_80_end_2_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_2_2] M15_round_trip[eu_west_a100_80_1] 28.12664443940253
-    y[eu_west_a100_80_end_2_2] M15_round_trip[eu_west_a100_80_2] 31.678118429897072
-    y[eu_west_a100_80_end_2_2] M16_round_trip_cap[eu_west_a100_80] 3.5839037037450074
+    y[eu_west_a100_80_end_2_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_2_2] M15_round_trip[eu_west_a100_80_1] 182.74546709540257
+    y[eu_west_a100_80_end_2_2] M15_round_trip[eu_west_a100_80_2] 205.62429391789715
+    y[eu_west_a100_80_end_2_2] M16_round_trip_cap[eu_west_a100_80] 22.91125653574501
     y[eu_west_a100_80_end_3_0] obj 0.04396695299938459
     y[eu_west_a100_80_end_3_0] M3_end 1.0
     y[eu_west_a100_80_end_3_0] M4_cover 3.0
@@ -5803,15 +5803,15 @@ COLUMNS
     y[eu_west_a100_80_end_3_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_3_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_3_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_3_0] M12_v_le_y[218] -3.5117768407690075
-    y[eu_west_a100_80_end_3_0] M12_v_ge[218] -3.5117768407690075
+    y[eu_west_a100_80_end_3_0] M12_v_le_y[218] -22.839129672769012
+    y[eu_west_a100_80_end_3_0] M12_v_ge[218] -22.839129672769012
     y[eu_west_a100_80_end_3_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.04396695299938459
     y[eu_west_a100_80_end_3_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.04396695299938459
     y[eu_west_a100_80_end_3_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.04396695299938459
     y[eu_west_a100_80_end_3_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.04396695299938459
-    y[eu_west_a100_80_end_3_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_3_0] M15_round_trip[eu_west_a100_80_1] 28.13818167915145
-    y[eu_west_a100_80_end_3_0] M16_round_trip_cap[eu_west_a100_80] 3.555743793768392
+    y[eu_west_a100_80_end_3_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_3_0] M15_round_trip[eu_west_a100_80_1] 182.75700433515152
+    y[eu_west_a100_80_end_3_0] M16_round_trip_cap[eu_west_a100_80] 22.883096625768395
     y[eu_west_a100_80_end_3_1] obj 0.04578448473271794
     y[eu_west_a100_80_end_3_1] M3_end 1.0
     y[eu_west_a100_80_end_3_1] M4_cover 3.0
@@ -5822,15 +5822,15 @@ COLUMNS
     y[eu_west_a100_80_end_3_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_3_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_3_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_3_1] M12_v_le_y[219] -3.5117768407690075
-    y[eu_west_a100_80_end_3_1] M12_v_ge[219] -3.5117768407690075
+    y[eu_west_a100_80_end_3_1] M12_v_le_y[219] -22.839129672769012
+    y[eu_west_a100_80_end_3_1] M12_v_ge[219] -22.839129672769012
     y[eu_west_a100_80_end_3_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.04578448473271794
     y[eu_west_a100_80_end_3_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.04578448473271794
     y[eu_west_a100_80_end_3_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.04578448473271794
     y[eu_west_a100_80_end_3_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.04578448473271794
-    y[eu_west_a100_80_end_3_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_3_1] M15_round_trip[eu_west_a100_80_1] 28.139999210884785
-    y[eu_west_a100_80_end_3_1] M16_round_trip_cap[eu_west_a100_80] 3.5575613255017253
+    y[eu_west_a100_80_end_3_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_3_1] M15_round_trip[eu_west_a100_80_1] 182.75882186688483
+    y[eu_west_a100_80_end_3_1] M16_round_trip_cap[eu_west_a100_80] 22.88491415750173
     y[eu_west_a100_80_end_3_2] obj 0.09062826055876919
     y[eu_west_a100_80_end_3_2] M3_end 1.0
     y[eu_west_a100_80_end_3_2] M4_cover 3.0
@@ -5841,16 +5841,16 @@ COLUMNS
     y[eu_west_a100_80_end_3_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_3_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_3_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_3_2] M12_v_le_y[220] -3.5117768407690075
-    y[eu_west_a100_80_end_3_2] M12_v_ge[220] -3.5117768407690075
+    y[eu_west_a100_80_end_3_2] M12_v_le_y[220] -22.839129672769012
+    y[eu_west_a100_80_end_3_2] M12_v_ge[220] -22.839129672769012
     y[eu_west_a100_80_end_3_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09062826055876919
     y[eu_west_a100_80_end_3_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.09062826055876919
     y[eu_west_a100_80_end_3_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09062826055876919
     y[eu_west_a100_80_end_3_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09062826055876919
-    y[eu_west_a100_80_end_3_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_3_2] M15_round_trip[eu_west_a100_80_1] 28.145145836985296
-    y[eu_west_a100_80_end_3_2] M15_round_trip[eu_west_a100_80_2] 31.696619827479843
-    y[eu_west_a100_80_end_3_2] M16_round_trip_cap[eu_west_a100_80] 3.602405101327777
+    y[eu_west_a100_80_end_3_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_3_2] M15_round_trip[eu_west_a100_80_1] 182.76396849298536
+    y[eu_west_a100_80_end_3_2] M15_round_trip[eu_west_a100_80_2] 205.6427953154799
+    y[eu_west_a100_80_end_3_2] M16_round_trip_cap[eu_west_a100_80] 22.92975793332778
     y[eu_west_a100_80_end_4_0] obj 0.053217651790769205
     y[eu_west_a100_80_end_4_0] M3_end 1.0
     y[eu_west_a100_80_end_4_0] M4_cover 4.0
@@ -5861,15 +5861,15 @@ COLUMNS
     y[eu_west_a100_80_end_4_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_4_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_4_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_4_0] M12_v_le_y[221] -3.5117768407690075
-    y[eu_west_a100_80_end_4_0] M12_v_ge[221] -3.5117768407690075
+    y[eu_west_a100_80_end_4_0] M12_v_le_y[221] -22.839129672769012
+    y[eu_west_a100_80_end_4_0] M12_v_ge[221] -22.839129672769012
     y[eu_west_a100_80_end_4_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.053217651790769205
     y[eu_west_a100_80_end_4_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.053217651790769205
     y[eu_west_a100_80_end_4_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.053217651790769205
     y[eu_west_a100_80_end_4_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.053217651790769205
-    y[eu_west_a100_80_end_4_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_4_0] M15_round_trip[eu_west_a100_80_1] 28.147432377942838
-    y[eu_west_a100_80_end_4_0] M16_round_trip_cap[eu_west_a100_80] 3.5649944925597765
+    y[eu_west_a100_80_end_4_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_4_0] M15_round_trip[eu_west_a100_80_1] 182.76625503394288
+    y[eu_west_a100_80_end_4_0] M16_round_trip_cap[eu_west_a100_80] 22.892347324559783
     y[eu_west_a100_80_end_4_1] obj 0.05559442405743589
     y[eu_west_a100_80_end_4_1] M3_end 1.0
     y[eu_west_a100_80_end_4_1] M4_cover 4.0
@@ -5880,15 +5880,15 @@ COLUMNS
     y[eu_west_a100_80_end_4_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_4_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_4_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_4_1] M12_v_le_y[222] -3.5117768407690075
-    y[eu_west_a100_80_end_4_1] M12_v_ge[222] -3.5117768407690075
+    y[eu_west_a100_80_end_4_1] M12_v_le_y[222] -22.839129672769012
+    y[eu_west_a100_80_end_4_1] M12_v_ge[222] -22.839129672769012
     y[eu_west_a100_80_end_4_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05559442405743589
     y[eu_west_a100_80_end_4_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.05559442405743589
     y[eu_west_a100_80_end_4_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05559442405743589
     y[eu_west_a100_80_end_4_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05559442405743589
-    y[eu_west_a100_80_end_4_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_4_1] M15_round_trip[eu_west_a100_80_1] 28.149809150209503
-    y[eu_west_a100_80_end_4_1] M16_round_trip_cap[eu_west_a100_80] 3.5673712648264435
+    y[eu_west_a100_80_end_4_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_4_1] M15_round_trip[eu_west_a100_80_1] 182.76863180620956
+    y[eu_west_a100_80_end_4_1] M16_round_trip_cap[eu_west_a100_80] 22.894724096826447
     y[eu_west_a100_80_end_4_2] obj 0.10912965814153841
     y[eu_west_a100_80_end_4_2] M3_end 1.0
     y[eu_west_a100_80_end_4_2] M4_cover 4.0
@@ -5899,16 +5899,16 @@ COLUMNS
     y[eu_west_a100_80_end_4_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_4_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_4_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_4_2] M12_v_le_y[223] -3.5117768407690075
-    y[eu_west_a100_80_end_4_2] M12_v_ge[223] -3.5117768407690075
+    y[eu_west_a100_80_end_4_2] M12_v_le_y[223] -22.839129672769012
+    y[eu_west_a100_80_end_4_2] M12_v_ge[223] -22.839129672769012
     y[eu_west_a100_80_end_4_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10912965814153841
     y[eu_west_a100_80_end_4_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.10912965814153841
     y[eu_west_a100_80_end_4_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10912965814153841
     y[eu_west_a100_80_end_4_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10912965814153841
-    y[eu_west_a100_80_end_4_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_4_2] M15_round_trip[eu_west_a100_80_1] 28.145145836985296
-    y[eu_west_a100_80_end_4_2] M15_round_trip[eu_west_a100_80_2] 31.71512122506261
-    y[eu_west_a100_80_end_4_2] M16_round_trip_cap[eu_west_a100_80] 3.620906498910546
+    y[eu_west_a100_80_end_4_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_4_2] M15_round_trip[eu_west_a100_80_1] 182.76396849298536
+    y[eu_west_a100_80_end_4_2] M15_round_trip[eu_west_a100_80_2] 205.66129671306268
+    y[eu_west_a100_80_end_4_2] M16_round_trip_cap[eu_west_a100_80] 22.94825933091055
     y[eu_west_a100_80_end_5_0] obj 0.06246835058215382
     y[eu_west_a100_80_end_5_0] M3_end 1.0
     y[eu_west_a100_80_end_5_0] M4_cover 5.0
@@ -5919,15 +5919,15 @@ COLUMNS
     y[eu_west_a100_80_end_5_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_5_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_5_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_5_0] M12_v_le_y[224] -3.5117768407690075
-    y[eu_west_a100_80_end_5_0] M12_v_ge[224] -3.5117768407690075
+    y[eu_west_a100_80_end_5_0] M12_v_le_y[224] -22.839129672769012
+    y[eu_west_a100_80_end_5_0] M12_v_ge[224] -22.839129672769012
     y[eu_west_a100_80_end_5_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.06246835058215382
     y[eu_west_a100_80_end_5_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.06246835058215382
     y[eu_west_a100_80_end_5_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.06246835058215382
     y[eu_west_a100_80_end_5_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.06246835058215382
-    y[eu_west_a100_80_end_5_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_5_0] M15_round_trip[eu_west_a100_80_1] 28.15668307673422
-    y[eu_west_a100_80_end_5_0] M16_round_trip_cap[eu_west_a100_80] 3.5742451913511615
+    y[eu_west_a100_80_end_5_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_5_0] M15_round_trip[eu_west_a100_80_1] 182.77550573273427
+    y[eu_west_a100_80_end_5_0] M16_round_trip_cap[eu_west_a100_80] 22.901598023351166
     y[eu_west_a100_80_end_5_1] obj 0.06540436338215384
     y[eu_west_a100_80_end_5_1] M3_end 1.0
     y[eu_west_a100_80_end_5_1] M4_cover 5.0
@@ -5938,15 +5938,15 @@ COLUMNS
     y[eu_west_a100_80_end_5_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_5_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_5_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_5_1] M12_v_le_y[225] -3.5117768407690075
-    y[eu_west_a100_80_end_5_1] M12_v_ge[225] -3.5117768407690075
+    y[eu_west_a100_80_end_5_1] M12_v_le_y[225] -22.839129672769012
+    y[eu_west_a100_80_end_5_1] M12_v_ge[225] -22.839129672769012
     y[eu_west_a100_80_end_5_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.06540436338215384
     y[eu_west_a100_80_end_5_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.06540436338215384
     y[eu_west_a100_80_end_5_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.06540436338215384
     y[eu_west_a100_80_end_5_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.06540436338215384
-    y[eu_west_a100_80_end_5_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_5_1] M15_round_trip[eu_west_a100_80_1] 28.15961908953422
-    y[eu_west_a100_80_end_5_1] M16_round_trip_cap[eu_west_a100_80] 3.5771812041511613
+    y[eu_west_a100_80_end_5_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_5_1] M15_round_trip[eu_west_a100_80_1] 182.77844174553428
+    y[eu_west_a100_80_end_5_1] M16_round_trip_cap[eu_west_a100_80] 22.904534036151166
     y[eu_west_a100_80_end_5_2] obj 0.12763105572430763
     y[eu_west_a100_80_end_5_2] M3_end 1.0
     y[eu_west_a100_80_end_5_2] M4_cover 5.0
@@ -5957,16 +5957,16 @@ COLUMNS
     y[eu_west_a100_80_end_5_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_5_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_5_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_5_2] M12_v_le_y[226] -3.5117768407690075
-    y[eu_west_a100_80_end_5_2] M12_v_ge[226] -3.5117768407690075
+    y[eu_west_a100_80_end_5_2] M12_v_le_y[226] -22.839129672769012
+    y[eu_west_a100_80_end_5_2] M12_v_ge[226] -22.839129672769012
     y[eu_west_a100_80_end_5_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12763105572430763
     y[eu_west_a100_80_end_5_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.12763105572430763
     y[eu_west_a100_80_end_5_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12763105572430763
     y[eu_west_a100_80_end_5_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12763105572430763
-    y[eu_west_a100_80_end_5_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_5_2] M15_round_trip[eu_west_a100_80_1] 28.163647234568067
-    y[eu_west_a100_80_end_5_2] M15_round_trip[eu_west_a100_80_2] 31.73362262264538
-    y[eu_west_a100_80_end_5_2] M16_round_trip_cap[eu_west_a100_80] 3.639407896493315
+    y[eu_west_a100_80_end_5_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_5_2] M15_round_trip[eu_west_a100_80_1] 182.78246989056814
+    y[eu_west_a100_80_end_5_2] M15_round_trip[eu_west_a100_80_2] 205.67979811064544
+    y[eu_west_a100_80_end_5_2] M16_round_trip_cap[eu_west_a100_80] 22.96676072849332
     y[eu_west_a100_80_end_6_0] obj 0.07171904937353843
     y[eu_west_a100_80_end_6_0] M3_end 1.0
     y[eu_west_a100_80_end_6_0] M4_cover 6.0
@@ -5977,15 +5977,15 @@ COLUMNS
     y[eu_west_a100_80_end_6_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_6_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_6_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_6_0] M12_v_le_y[227] -3.5117768407690075
-    y[eu_west_a100_80_end_6_0] M12_v_ge[227] -3.5117768407690075
+    y[eu_west_a100_80_end_6_0] M12_v_le_y[227] -22.839129672769012
+    y[eu_west_a100_80_end_6_0] M12_v_ge[227] -22.839129672769012
     y[eu_west_a100_80_end_6_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07171904937353843
     y[eu_west_a100_80_end_6_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.07171904937353843
     y[eu_west_a100_80_end_6_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07171904937353843
     y[eu_west_a100_80_end_6_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07171904937353843
-    y[eu_west_a100_80_end_6_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_6_0] M15_round_trip[eu_west_a100_80_1] 28.165933775525605
-    y[eu_west_a100_80_end_6_0] M16_round_trip_cap[eu_west_a100_80] 3.583495890142546
+    y[eu_west_a100_80_end_6_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_6_0] M15_round_trip[eu_west_a100_80_1] 182.78475643152566
+    y[eu_west_a100_80_end_6_0] M16_round_trip_cap[eu_west_a100_80] 22.91084872214255
     y[eu_west_a100_80_end_6_1] obj 0.14613245330707686
     y[eu_west_a100_80_end_6_1] M3_end 1.0
     y[eu_west_a100_80_end_6_1] M4_cover 6.0
@@ -5996,16 +5996,16 @@ COLUMNS
     y[eu_west_a100_80_end_6_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_6_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_6_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_6_1] M12_v_le_y[228] -3.5117768407690075
-    y[eu_west_a100_80_end_6_1] M12_v_ge[228] -3.5117768407690075
+    y[eu_west_a100_80_end_6_1] M12_v_le_y[228] -22.839129672769012
+    y[eu_west_a100_80_end_6_1] M12_v_ge[228] -22.839129672769012
     y[eu_west_a100_80_end_6_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14613245330707686
     y[eu_west_a100_80_end_6_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.14613245330707686
     y[eu_west_a100_80_end_6_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14613245330707686
     y[eu_west_a100_80_end_6_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14613245330707686
-    y[eu_west_a100_80_end_6_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_6_1] M15_round_trip[eu_west_a100_80_1] 28.163647234568067
-    y[eu_west_a100_80_end_6_1] M15_round_trip[eu_west_a100_80_2] 31.75212402022815
-    y[eu_west_a100_80_end_6_1] M16_round_trip_cap[eu_west_a100_80] 3.6579092940760844
+    y[eu_west_a100_80_end_6_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_6_1] M15_round_trip[eu_west_a100_80_1] 182.78246989056814
+    y[eu_west_a100_80_end_6_1] M15_round_trip[eu_west_a100_80_2] 205.69829950822822
+    y[eu_west_a100_80_end_6_1] M16_round_trip_cap[eu_west_a100_80] 22.985262126076087
     y[eu_west_a100_80_end_6_2] obj 0.0752143027068718
     y[eu_west_a100_80_end_6_2] M3_end 1.0
     y[eu_west_a100_80_end_6_2] M4_cover 6.0
@@ -6016,15 +6016,15 @@ COLUMNS
     y[eu_west_a100_80_end_6_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_6_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_6_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_6_2] M12_v_le_y[229] -3.5117768407690075
-    y[eu_west_a100_80_end_6_2] M12_v_ge[229] -3.5117768407690075
+    y[eu_west_a100_80_end_6_2] M12_v_le_y[229] -22.839129672769012
+    y[eu_west_a100_80_end_6_2] M12_v_ge[229] -22.839129672769012
     y[eu_west_a100_80_end_6_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.0752143027068718
     y[eu_west_a100_80_end_6_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.0752143027068718
     y[eu_west_a100_80_end_6_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.0752143027068718
     y[eu_west_a100_80_end_6_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.0752143027068718
-    y[eu_west_a100_80_end_6_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_6_2] M15_round_trip[eu_west_a100_80_1] 28.16942902885894
-    y[eu_west_a100_80_end_6_2] M16_round_trip_cap[eu_west_a100_80] 3.5869911434758794
+    y[eu_west_a100_80_end_6_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_6_2] M15_round_trip[eu_west_a100_80_1] 182.788251684859
+    y[eu_west_a100_80_end_6_2] M16_round_trip_cap[eu_west_a100_80] 22.914343975475884
     y[eu_west_a100_80_end_7_0] obj 0.08096974816492304
     y[eu_west_a100_80_end_7_0] M3_end 1.0
     y[eu_west_a100_80_end_7_0] M4_cover 7.0
@@ -6035,15 +6035,15 @@ COLUMNS
     y[eu_west_a100_80_end_7_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_7_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_7_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_7_0] M12_v_le_y[230] -3.5117768407690075
-    y[eu_west_a100_80_end_7_0] M12_v_ge[230] -3.5117768407690075
+    y[eu_west_a100_80_end_7_0] M12_v_le_y[230] -22.839129672769012
+    y[eu_west_a100_80_end_7_0] M12_v_ge[230] -22.839129672769012
     y[eu_west_a100_80_end_7_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08096974816492304
     y[eu_west_a100_80_end_7_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.08096974816492304
     y[eu_west_a100_80_end_7_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08096974816492304
     y[eu_west_a100_80_end_7_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08096974816492304
-    y[eu_west_a100_80_end_7_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_7_0] M15_round_trip[eu_west_a100_80_1] 28.17518447431699
-    y[eu_west_a100_80_end_7_0] M16_round_trip_cap[eu_west_a100_80] 3.5927465889339305
+    y[eu_west_a100_80_end_7_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_7_0] M15_round_trip[eu_west_a100_80_1] 182.79400713031706
+    y[eu_west_a100_80_end_7_0] M16_round_trip_cap[eu_west_a100_80] 22.920099420933933
     y[eu_west_a100_80_end_7_1] obj 0.08502424203158973
     y[eu_west_a100_80_end_7_1] M3_end 1.0
     y[eu_west_a100_80_end_7_1] M4_cover 7.0
@@ -6054,15 +6054,15 @@ COLUMNS
     y[eu_west_a100_80_end_7_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_7_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_7_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_7_1] M12_v_le_y[231] -3.5117768407690075
-    y[eu_west_a100_80_end_7_1] M12_v_ge[231] -3.5117768407690075
+    y[eu_west_a100_80_end_7_1] M12_v_le_y[231] -22.839129672769012
+    y[eu_west_a100_80_end_7_1] M12_v_ge[231] -22.839129672769012
     y[eu_west_a100_80_end_7_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08502424203158973
     y[eu_west_a100_80_end_7_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.08502424203158973
     y[eu_west_a100_80_end_7_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08502424203158973
     y[eu_west_a100_80_end_7_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08502424203158973
-    y[eu_west_a100_80_end_7_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_7_1] M15_round_trip[eu_west_a100_80_1] 28.179238968183657
-    y[eu_west_a100_80_end_7_1] M16_round_trip_cap[eu_west_a100_80] 3.596801082800597
+    y[eu_west_a100_80_end_7_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_7_1] M15_round_trip[eu_west_a100_80_1] 182.7980616241837
+    y[eu_west_a100_80_end_7_1] M16_round_trip_cap[eu_west_a100_80] 22.924153914800602
     y[eu_west_a100_80_end_7_2] obj 0.16463385088984608
     y[eu_west_a100_80_end_7_2] M3_end 1.0
     y[eu_west_a100_80_end_7_2] M4_cover 7.0
@@ -6073,16 +6073,16 @@ COLUMNS
     y[eu_west_a100_80_end_7_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_7_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_7_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_7_2] M12_v_le_y[232] -3.5117768407690075
-    y[eu_west_a100_80_end_7_2] M12_v_ge[232] -3.5117768407690075
+    y[eu_west_a100_80_end_7_2] M12_v_le_y[232] -22.839129672769012
+    y[eu_west_a100_80_end_7_2] M12_v_ge[232] -22.839129672769012
     y[eu_west_a100_80_end_7_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16463385088984608
     y[eu_west_a100_80_end_7_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.16463385088984608
     y[eu_west_a100_80_end_7_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16463385088984608
     y[eu_west_a100_80_end_7_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16463385088984608
-    y[eu_west_a100_80_end_7_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_7_2] M15_round_trip[eu_west_a100_80_1] 28.182148632150838
-    y[eu_west_a100_80_end_7_2] M15_round_trip[eu_west_a100_80_2] 31.77062541781092
-    y[eu_west_a100_80_end_7_2] M16_round_trip_cap[eu_west_a100_80] 3.6764106916588535
+    y[eu_west_a100_80_end_7_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_7_2] M15_round_trip[eu_west_a100_80_1] 182.8009712881509
+    y[eu_west_a100_80_end_7_2] M15_round_trip[eu_west_a100_80_2] 205.716800905811
+    y[eu_west_a100_80_end_7_2] M16_round_trip_cap[eu_west_a100_80] 23.003763523658858
     y[eu_west_a100_80_end_8_0] obj 0.09022044695630765
     y[eu_west_a100_80_end_8_0] M3_end 1.0
     y[eu_west_a100_80_end_8_0] M4_cover 8.0
@@ -6093,15 +6093,15 @@ COLUMNS
     y[eu_west_a100_80_end_8_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_8_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_8_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_8_0] M12_v_le_y[233] -3.5117768407690075
-    y[eu_west_a100_80_end_8_0] M12_v_ge[233] -3.5117768407690075
+    y[eu_west_a100_80_end_8_0] M12_v_le_y[233] -22.839129672769012
+    y[eu_west_a100_80_end_8_0] M12_v_ge[233] -22.839129672769012
     y[eu_west_a100_80_end_8_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09022044695630765
     y[eu_west_a100_80_end_8_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.09022044695630765
     y[eu_west_a100_80_end_8_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09022044695630765
     y[eu_west_a100_80_end_8_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09022044695630765
-    y[eu_west_a100_80_end_8_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_8_0] M15_round_trip[eu_west_a100_80_1] 28.184435173108376
-    y[eu_west_a100_80_end_8_0] M16_round_trip_cap[eu_west_a100_80] 3.601997287725315
+    y[eu_west_a100_80_end_8_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_8_0] M15_round_trip[eu_west_a100_80_1] 182.80325782910842
+    y[eu_west_a100_80_end_8_0] M16_round_trip_cap[eu_west_a100_80] 22.92935011972532
     y[eu_west_a100_80_end_8_1] obj 0.1831352484726153
     y[eu_west_a100_80_end_8_1] M3_end 1.0
     y[eu_west_a100_80_end_8_1] M4_cover 8.0
@@ -6112,16 +6112,16 @@ COLUMNS
     y[eu_west_a100_80_end_8_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_8_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_8_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_8_1] M12_v_le_y[234] -3.5117768407690075
-    y[eu_west_a100_80_end_8_1] M12_v_ge[234] -3.5117768407690075
+    y[eu_west_a100_80_end_8_1] M12_v_le_y[234] -22.839129672769012
+    y[eu_west_a100_80_end_8_1] M12_v_ge[234] -22.839129672769012
     y[eu_west_a100_80_end_8_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1831352484726153
     y[eu_west_a100_80_end_8_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.1831352484726153
     y[eu_west_a100_80_end_8_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1831352484726153
     y[eu_west_a100_80_end_8_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1831352484726153
-    y[eu_west_a100_80_end_8_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_8_1] M15_round_trip[eu_west_a100_80_1] 28.182148632150838
-    y[eu_west_a100_80_end_8_1] M15_round_trip[eu_west_a100_80_2] 31.78912681539369
-    y[eu_west_a100_80_end_8_1] M16_round_trip_cap[eu_west_a100_80] 3.694912089241623
+    y[eu_west_a100_80_end_8_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_8_1] M15_round_trip[eu_west_a100_80_1] 182.8009712881509
+    y[eu_west_a100_80_end_8_1] M15_round_trip[eu_west_a100_80_2] 205.73530230339375
+    y[eu_west_a100_80_end_8_1] M16_round_trip_cap[eu_west_a100_80] 23.02226492124163
     y[eu_west_a100_80_end_8_2] obj 0.0948341813563077
     y[eu_west_a100_80_end_8_2] M3_end 1.0
     y[eu_west_a100_80_end_8_2] M4_cover 8.0
@@ -6132,15 +6132,15 @@ COLUMNS
     y[eu_west_a100_80_end_8_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_8_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_8_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_8_2] M12_v_le_y[235] -3.5117768407690075
-    y[eu_west_a100_80_end_8_2] M12_v_ge[235] -3.5117768407690075
+    y[eu_west_a100_80_end_8_2] M12_v_le_y[235] -22.839129672769012
+    y[eu_west_a100_80_end_8_2] M12_v_ge[235] -22.839129672769012
     y[eu_west_a100_80_end_8_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.0948341813563077
     y[eu_west_a100_80_end_8_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.0948341813563077
     y[eu_west_a100_80_end_8_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.0948341813563077
     y[eu_west_a100_80_end_8_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.0948341813563077
-    y[eu_west_a100_80_end_8_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_8_2] M15_round_trip[eu_west_a100_80_1] 28.189048907508376
-    y[eu_west_a100_80_end_8_2] M16_round_trip_cap[eu_west_a100_80] 3.6066110221253154
+    y[eu_west_a100_80_end_8_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_8_2] M15_round_trip[eu_west_a100_80_1] 182.80787156350843
+    y[eu_west_a100_80_end_8_2] M16_round_trip_cap[eu_west_a100_80] 22.93396385412532
     y[eu_west_a100_80_end_9_0] obj 0.09947114574769227
     y[eu_west_a100_80_end_9_0] M3_end 1.0
     y[eu_west_a100_80_end_9_0] M4_cover 9.0
@@ -6151,15 +6151,15 @@ COLUMNS
     y[eu_west_a100_80_end_9_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_9_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_9_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_9_0] M12_v_le_y[236] -3.5117768407690075
-    y[eu_west_a100_80_end_9_0] M12_v_ge[236] -3.5117768407690075
+    y[eu_west_a100_80_end_9_0] M12_v_le_y[236] -22.839129672769012
+    y[eu_west_a100_80_end_9_0] M12_v_ge[236] -22.839129672769012
     y[eu_west_a100_80_end_9_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09947114574769227
     y[eu_west_a100_80_end_9_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.09947114574769227
     y[eu_west_a100_80_end_9_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09947114574769227
     y[eu_west_a100_80_end_9_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09947114574769227
-    y[eu_west_a100_80_end_9_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_9_0] M15_round_trip[eu_west_a100_80_1] 28.19368587189976
-    y[eu_west_a100_80_end_9_0] M16_round_trip_cap[eu_west_a100_80] 3.6112479865167
+    y[eu_west_a100_80_end_9_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_9_0] M15_round_trip[eu_west_a100_80_1] 182.8125085278998
+    y[eu_west_a100_80_end_9_0] M16_round_trip_cap[eu_west_a100_80] 22.938600818516704
     y[eu_west_a100_80_end_9_1] obj 0.10464412068102563
     y[eu_west_a100_80_end_9_1] M3_end 1.0
     y[eu_west_a100_80_end_9_1] M4_cover 9.0
@@ -6170,15 +6170,15 @@ COLUMNS
     y[eu_west_a100_80_end_9_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_9_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_9_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_9_1] M12_v_le_y[237] -3.5117768407690075
-    y[eu_west_a100_80_end_9_1] M12_v_ge[237] -3.5117768407690075
+    y[eu_west_a100_80_end_9_1] M12_v_le_y[237] -22.839129672769012
+    y[eu_west_a100_80_end_9_1] M12_v_ge[237] -22.839129672769012
     y[eu_west_a100_80_end_9_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10464412068102563
     y[eu_west_a100_80_end_9_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.10464412068102563
     y[eu_west_a100_80_end_9_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10464412068102563
     y[eu_west_a100_80_end_9_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10464412068102563
-    y[eu_west_a100_80_end_9_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_9_1] M15_round_trip[eu_west_a100_80_1] 28.198858846833094
-    y[eu_west_a100_80_end_9_1] M16_round_trip_cap[eu_west_a100_80] 3.616420961450033
+    y[eu_west_a100_80_end_9_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_9_1] M15_round_trip[eu_west_a100_80_1] 182.81768150283315
+    y[eu_west_a100_80_end_9_1] M16_round_trip_cap[eu_west_a100_80] 22.94377379345004
     y[eu_west_a100_80_end_9_2] obj 0.20163664605538453
     y[eu_west_a100_80_end_9_2] M3_end 1.0
     y[eu_west_a100_80_end_9_2] M4_cover 9.0
@@ -6189,16 +6189,16 @@ COLUMNS
     y[eu_west_a100_80_end_9_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_9_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_9_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_9_2] M12_v_le_y[238] -3.5117768407690075
-    y[eu_west_a100_80_end_9_2] M12_v_ge[238] -3.5117768407690075
+    y[eu_west_a100_80_end_9_2] M12_v_le_y[238] -22.839129672769012
+    y[eu_west_a100_80_end_9_2] M12_v_ge[238] -22.839129672769012
     y[eu_west_a100_80_end_9_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.20163664605538453
     y[eu_west_a100_80_end_9_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.20163664605538453
     y[eu_west_a100_80_end_9_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.20163664605538453
     y[eu_west_a100_80_end_9_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.20163664605538453
-    y[eu_west_a100_80_end_9_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_9_2] M15_round_trip[eu_west_a100_80_1] 28.200650029733605
-    y[eu_west_a100_80_end_9_2] M15_round_trip[eu_west_a100_80_2] 31.807628212976457
-    y[eu_west_a100_80_end_9_2] M16_round_trip_cap[eu_west_a100_80] 3.713413486824392
+    y[eu_west_a100_80_end_9_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_9_2] M15_round_trip[eu_west_a100_80_1] 182.81947268573367
+    y[eu_west_a100_80_end_9_2] M15_round_trip[eu_west_a100_80_2] 205.75380370097653
+    y[eu_west_a100_80_end_9_2] M16_round_trip_cap[eu_west_a100_80] 23.040766318824396
     y[eu_west_a100_80_end_10_0] obj 0.10872184453907688
     y[eu_west_a100_80_end_10_0] M3_end 1.0
     y[eu_west_a100_80_end_10_0] M4_cover 10.0
@@ -6209,15 +6209,15 @@ COLUMNS
     y[eu_west_a100_80_end_10_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_10_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_10_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_10_0] M12_v_le_y[239] -3.5117768407690075
-    y[eu_west_a100_80_end_10_0] M12_v_ge[239] -3.5117768407690075
+    y[eu_west_a100_80_end_10_0] M12_v_le_y[239] -22.839129672769012
+    y[eu_west_a100_80_end_10_0] M12_v_ge[239] -22.839129672769012
     y[eu_west_a100_80_end_10_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10872184453907688
     y[eu_west_a100_80_end_10_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.10872184453907688
     y[eu_west_a100_80_end_10_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10872184453907688
     y[eu_west_a100_80_end_10_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10872184453907688
-    y[eu_west_a100_80_end_10_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_10_0] M15_round_trip[eu_west_a100_80_1] 28.202936570691143
-    y[eu_west_a100_80_end_10_0] M16_round_trip_cap[eu_west_a100_80] 3.6204986853080845
+    y[eu_west_a100_80_end_10_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_10_0] M15_round_trip[eu_west_a100_80_1] 182.8217592266912
+    y[eu_west_a100_80_end_10_0] M16_round_trip_cap[eu_west_a100_80] 22.947851517308088
     y[eu_west_a100_80_end_10_1] obj 0.22013804363815376
     y[eu_west_a100_80_end_10_1] M3_end 1.0
     y[eu_west_a100_80_end_10_1] M4_cover 10.0
@@ -6228,16 +6228,16 @@ COLUMNS
     y[eu_west_a100_80_end_10_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_10_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_10_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_10_1] M12_v_le_y[240] -3.5117768407690075
-    y[eu_west_a100_80_end_10_1] M12_v_ge[240] -3.5117768407690075
+    y[eu_west_a100_80_end_10_1] M12_v_le_y[240] -22.839129672769012
+    y[eu_west_a100_80_end_10_1] M12_v_ge[240] -22.839129672769012
     y[eu_west_a100_80_end_10_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22013804363815376
     y[eu_west_a100_80_end_10_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.22013804363815376
     y[eu_west_a100_80_end_10_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22013804363815376
     y[eu_west_a100_80_end_10_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22013804363815376
-    y[eu_west_a100_80_end_10_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_10_1] M15_round_trip[eu_west_a100_80_1] 28.200650029733605
-    y[eu_west_a100_80_end_10_1] M15_round_trip[eu_west_a100_80_2] 31.826129610559228
-    y[eu_west_a100_80_end_10_1] M16_round_trip_cap[eu_west_a100_80] 3.7319148844071615
+    y[eu_west_a100_80_end_10_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_10_1] M15_round_trip[eu_west_a100_80_1] 182.81947268573367
+    y[eu_west_a100_80_end_10_1] M15_round_trip[eu_west_a100_80_2] 205.7723050985593
+    y[eu_west_a100_80_end_10_1] M16_round_trip_cap[eu_west_a100_80] 23.059267716407167
     y[eu_west_a100_80_end_10_2] obj 0.1144540600057436
     y[eu_west_a100_80_end_10_2] M3_end 1.0
     y[eu_west_a100_80_end_10_2] M4_cover 10.0
@@ -6248,15 +6248,15 @@ COLUMNS
     y[eu_west_a100_80_end_10_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_10_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_10_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_10_2] M12_v_le_y[241] -3.5117768407690075
-    y[eu_west_a100_80_end_10_2] M12_v_ge[241] -3.5117768407690075
+    y[eu_west_a100_80_end_10_2] M12_v_le_y[241] -22.839129672769012
+    y[eu_west_a100_80_end_10_2] M12_v_ge[241] -22.839129672769012
     y[eu_west_a100_80_end_10_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1144540600057436
     y[eu_west_a100_80_end_10_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1144540600057436
     y[eu_west_a100_80_end_10_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1144540600057436
     y[eu_west_a100_80_end_10_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1144540600057436
-    y[eu_west_a100_80_end_10_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_10_2] M15_round_trip[eu_west_a100_80_1] 28.208668786157812
-    y[eu_west_a100_80_end_10_2] M16_round_trip_cap[eu_west_a100_80] 3.6262309007747513
+    y[eu_west_a100_80_end_10_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_10_2] M15_round_trip[eu_west_a100_80_1] 182.82749144215788
+    y[eu_west_a100_80_end_10_2] M16_round_trip_cap[eu_west_a100_80] 22.953583732774756
     y[eu_west_a100_80_end_11_0] obj 0.11797254333046149
     y[eu_west_a100_80_end_11_0] M3_end 1.0
     y[eu_west_a100_80_end_11_0] M4_cover 11.0
@@ -6267,15 +6267,15 @@ COLUMNS
     y[eu_west_a100_80_end_11_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_11_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_11_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_11_0] M12_v_le_y[242] -3.5117768407690075
-    y[eu_west_a100_80_end_11_0] M12_v_ge[242] -3.5117768407690075
+    y[eu_west_a100_80_end_11_0] M12_v_le_y[242] -22.839129672769012
+    y[eu_west_a100_80_end_11_0] M12_v_ge[242] -22.839129672769012
     y[eu_west_a100_80_end_11_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11797254333046149
     y[eu_west_a100_80_end_11_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.11797254333046149
     y[eu_west_a100_80_end_11_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11797254333046149
     y[eu_west_a100_80_end_11_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11797254333046149
-    y[eu_west_a100_80_end_11_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_11_0] M15_round_trip[eu_west_a100_80_1] 28.21218726948253
-    y[eu_west_a100_80_end_11_0] M16_round_trip_cap[eu_west_a100_80] 3.629749384099469
+    y[eu_west_a100_80_end_11_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_11_0] M15_round_trip[eu_west_a100_80_1] 182.8310099254826
+    y[eu_west_a100_80_end_11_0] M16_round_trip_cap[eu_west_a100_80] 22.957102216099475
     y[eu_west_a100_80_end_11_1] obj 0.12426399933046153
     y[eu_west_a100_80_end_11_1] M3_end 1.0
     y[eu_west_a100_80_end_11_1] M4_cover 11.0
@@ -6286,15 +6286,15 @@ COLUMNS
     y[eu_west_a100_80_end_11_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_11_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_11_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_11_1] M12_v_le_y[243] -3.5117768407690075
-    y[eu_west_a100_80_end_11_1] M12_v_ge[243] -3.5117768407690075
+    y[eu_west_a100_80_end_11_1] M12_v_le_y[243] -22.839129672769012
+    y[eu_west_a100_80_end_11_1] M12_v_ge[243] -22.839129672769012
     y[eu_west_a100_80_end_11_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12426399933046153
     y[eu_west_a100_80_end_11_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.12426399933046153
     y[eu_west_a100_80_end_11_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12426399933046153
     y[eu_west_a100_80_end_11_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12426399933046153
-    y[eu_west_a100_80_end_11_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_11_1] M15_round_trip[eu_west_a100_80_1] 28.21847872548253
-    y[eu_west_a100_80_end_11_1] M16_round_trip_cap[eu_west_a100_80] 3.636040840099469
+    y[eu_west_a100_80_end_11_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_11_1] M15_round_trip[eu_west_a100_80_1] 182.83730138148258
+    y[eu_west_a100_80_end_11_1] M16_round_trip_cap[eu_west_a100_80] 22.963393672099475
     y[eu_west_a100_80_end_11_2] obj 0.23863944122092298
     y[eu_west_a100_80_end_11_2] M3_end 1.0
     y[eu_west_a100_80_end_11_2] M4_cover 11.0
@@ -6305,16 +6305,16 @@ COLUMNS
     y[eu_west_a100_80_end_11_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_11_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_11_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_11_2] M12_v_le_y[244] -3.5117768407690075
-    y[eu_west_a100_80_end_11_2] M12_v_ge[244] -3.5117768407690075
+    y[eu_west_a100_80_end_11_2] M12_v_le_y[244] -22.839129672769012
+    y[eu_west_a100_80_end_11_2] M12_v_ge[244] -22.839129672769012
     y[eu_west_a100_80_end_11_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.23863944122092298
     y[eu_west_a100_80_end_11_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.23863944122092298
     y[eu_west_a100_80_end_11_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.23863944122092298
     y[eu_west_a100_80_end_11_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.23863944122092298
-    y[eu_west_a100_80_end_11_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_11_2] M15_round_trip[eu_west_a100_80_1] 28.219151427316376
-    y[eu_west_a100_80_end_11_2] M15_round_trip[eu_west_a100_80_2] 31.844631008141995
-    y[eu_west_a100_80_end_11_2] M16_round_trip_cap[eu_west_a100_80] 3.7504162819899305
+    y[eu_west_a100_80_end_11_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_11_2] M15_round_trip[eu_west_a100_80_1] 182.83797408331642
+    y[eu_west_a100_80_end_11_2] M15_round_trip[eu_west_a100_80_2] 205.79080649614207
+    y[eu_west_a100_80_end_11_2] M16_round_trip_cap[eu_west_a100_80] 23.077769113989934
     y[eu_west_a100_80_end_12_0] obj 0.1272232421218461
     y[eu_west_a100_80_end_12_0] M3_end 1.0
     y[eu_west_a100_80_end_12_0] M4_cover 12.0
@@ -6325,15 +6325,15 @@ COLUMNS
     y[eu_west_a100_80_end_12_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_12_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_12_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_12_0] M12_v_le_y[245] -3.5117768407690075
-    y[eu_west_a100_80_end_12_0] M12_v_ge[245] -3.5117768407690075
+    y[eu_west_a100_80_end_12_0] M12_v_le_y[245] -22.839129672769012
+    y[eu_west_a100_80_end_12_0] M12_v_ge[245] -22.839129672769012
     y[eu_west_a100_80_end_12_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1272232421218461
     y[eu_west_a100_80_end_12_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1272232421218461
     y[eu_west_a100_80_end_12_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1272232421218461
     y[eu_west_a100_80_end_12_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1272232421218461
-    y[eu_west_a100_80_end_12_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_12_0] M15_round_trip[eu_west_a100_80_1] 28.221437968273914
-    y[eu_west_a100_80_end_12_0] M16_round_trip_cap[eu_west_a100_80] 3.6390000828908535
+    y[eu_west_a100_80_end_12_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_12_0] M15_round_trip[eu_west_a100_80_1] 182.84026062427398
+    y[eu_west_a100_80_end_12_0] M16_round_trip_cap[eu_west_a100_80] 22.96635291489086
     y[eu_west_a100_80_end_12_1] obj 0.2571408388036922
     y[eu_west_a100_80_end_12_1] M3_end 1.0
     y[eu_west_a100_80_end_12_1] M4_cover 12.0
@@ -6344,16 +6344,16 @@ COLUMNS
     y[eu_west_a100_80_end_12_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_12_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_12_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_12_1] M12_v_le_y[246] -3.5117768407690075
-    y[eu_west_a100_80_end_12_1] M12_v_ge[246] -3.5117768407690075
+    y[eu_west_a100_80_end_12_1] M12_v_le_y[246] -22.839129672769012
+    y[eu_west_a100_80_end_12_1] M12_v_ge[246] -22.839129672769012
     y[eu_west_a100_80_end_12_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2571408388036922
     y[eu_west_a100_80_end_12_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.2571408388036922
     y[eu_west_a100_80_end_12_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2571408388036922
     y[eu_west_a100_80_end_12_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2571408388036922
-    y[eu_west_a100_80_end_12_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_12_1] M15_round_trip[eu_west_a100_80_1] 28.219151427316376
-    y[eu_west_a100_80_end_12_1] M15_round_trip[eu_west_a100_80_2] 31.863132405724766
-    y[eu_west_a100_80_end_12_1] M16_round_trip_cap[eu_west_a100_80] 3.7689176795726995
+    y[eu_west_a100_80_end_12_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_12_1] M15_round_trip[eu_west_a100_80_1] 182.83797408331642
+    y[eu_west_a100_80_end_12_1] M15_round_trip[eu_west_a100_80_2] 205.80930789372482
+    y[eu_west_a100_80_end_12_1] M16_round_trip_cap[eu_west_a100_80] 23.096270511572705
     y[eu_west_a100_80_end_12_2] obj 0.1340739386551795
     y[eu_west_a100_80_end_12_2] M3_end 1.0
     y[eu_west_a100_80_end_12_2] M4_cover 12.0
@@ -6364,15 +6364,15 @@ COLUMNS
     y[eu_west_a100_80_end_12_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_12_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_12_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_12_2] M12_v_le_y[247] -3.5117768407690075
-    y[eu_west_a100_80_end_12_2] M12_v_ge[247] -3.5117768407690075
+    y[eu_west_a100_80_end_12_2] M12_v_le_y[247] -22.839129672769012
+    y[eu_west_a100_80_end_12_2] M12_v_ge[247] -22.839129672769012
     y[eu_west_a100_80_end_12_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1340739386551795
     y[eu_west_a100_80_end_12_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1340739386551795
     y[eu_west_a100_80_end_12_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1340739386551795
     y[eu_west_a100_80_end_12_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1340739386551795
-    y[eu_west_a100_80_end_12_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_12_2] M15_round_trip[eu_west_a100_80_1] 28.22828866480725
-    y[eu_west_a100_80_end_12_2] M16_round_trip_cap[eu_west_a100_80] 3.6458507794241872
+    y[eu_west_a100_80_end_12_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_12_2] M15_round_trip[eu_west_a100_80_1] 182.8471113208073
+    y[eu_west_a100_80_end_12_2] M16_round_trip_cap[eu_west_a100_80] 22.973203611424193
     y[eu_west_a100_80_end_13_0] obj 0.13647394091323073
     y[eu_west_a100_80_end_13_0] M3_end 1.0
     y[eu_west_a100_80_end_13_0] M4_cover 13.0
@@ -6383,15 +6383,15 @@ COLUMNS
     y[eu_west_a100_80_end_13_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_13_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_13_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_13_0] M12_v_le_y[248] -3.5117768407690075
-    y[eu_west_a100_80_end_13_0] M12_v_ge[248] -3.5117768407690075
+    y[eu_west_a100_80_end_13_0] M12_v_le_y[248] -22.839129672769012
+    y[eu_west_a100_80_end_13_0] M12_v_ge[248] -22.839129672769012
     y[eu_west_a100_80_end_13_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.13647394091323073
     y[eu_west_a100_80_end_13_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.13647394091323073
     y[eu_west_a100_80_end_13_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.13647394091323073
     y[eu_west_a100_80_end_13_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.13647394091323073
-    y[eu_west_a100_80_end_13_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_13_0] M15_round_trip[eu_west_a100_80_1] 28.230688667065298
-    y[eu_west_a100_80_end_13_0] M16_round_trip_cap[eu_west_a100_80] 3.648250781682238
+    y[eu_west_a100_80_end_13_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_13_0] M15_round_trip[eu_west_a100_80_1] 182.84951132306534
+    y[eu_west_a100_80_end_13_0] M16_round_trip_cap[eu_west_a100_80] 22.975603613682242
     y[eu_west_a100_80_end_13_1] obj 0.27564223638646146
     y[eu_west_a100_80_end_13_1] M3_end 1.0
     y[eu_west_a100_80_end_13_1] M4_cover 13.0
@@ -6402,16 +6402,16 @@ COLUMNS
     y[eu_west_a100_80_end_13_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_13_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_13_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_13_1] M12_v_le_y[249] -3.5117768407690075
-    y[eu_west_a100_80_end_13_1] M12_v_ge[249] -3.5117768407690075
+    y[eu_west_a100_80_end_13_1] M12_v_le_y[249] -22.839129672769012
+    y[eu_west_a100_80_end_13_1] M12_v_ge[249] -22.839129672769012
     y[eu_west_a100_80_end_13_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.27564223638646146
     y[eu_west_a100_80_end_13_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.27564223638646146
     y[eu_west_a100_80_end_13_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.27564223638646146
     y[eu_west_a100_80_end_13_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.27564223638646146
-    y[eu_west_a100_80_end_13_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_13_1] M15_round_trip[eu_west_a100_80_1] 28.237652824899143
-    y[eu_west_a100_80_end_13_1] M15_round_trip[eu_west_a100_80_2] 31.881633803307533
-    y[eu_west_a100_80_end_13_1] M16_round_trip_cap[eu_west_a100_80] 3.787419077155469
+    y[eu_west_a100_80_end_13_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_13_1] M15_round_trip[eu_west_a100_80_1] 182.8564754808992
+    y[eu_west_a100_80_end_13_1] M15_round_trip[eu_west_a100_80_2] 205.8278092913076
+    y[eu_west_a100_80_end_13_1] M16_round_trip_cap[eu_west_a100_80] 23.114771909155472
     y[eu_west_a100_80_end_13_2] obj 0.14388387797989743
     y[eu_west_a100_80_end_13_2] M3_end 1.0
     y[eu_west_a100_80_end_13_2] M4_cover 13.0
@@ -6422,15 +6422,15 @@ COLUMNS
     y[eu_west_a100_80_end_13_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_13_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_13_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_13_2] M12_v_le_y[250] -3.5117768407690075
-    y[eu_west_a100_80_end_13_2] M12_v_ge[250] -3.5117768407690075
+    y[eu_west_a100_80_end_13_2] M12_v_le_y[250] -22.839129672769012
+    y[eu_west_a100_80_end_13_2] M12_v_ge[250] -22.839129672769012
     y[eu_west_a100_80_end_13_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14388387797989743
     y[eu_west_a100_80_end_13_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.14388387797989743
     y[eu_west_a100_80_end_13_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14388387797989743
     y[eu_west_a100_80_end_13_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14388387797989743
-    y[eu_west_a100_80_end_13_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_13_2] M15_round_trip[eu_west_a100_80_1] 28.238098604131963
-    y[eu_west_a100_80_end_13_2] M16_round_trip_cap[eu_west_a100_80] 3.655660718748905
+    y[eu_west_a100_80_end_13_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_13_2] M15_round_trip[eu_west_a100_80_1] 182.85692126013203
+    y[eu_west_a100_80_end_13_2] M16_round_trip_cap[eu_west_a100_80] 22.983013550748908
     y[eu_west_a100_80_end_14_0] obj 0.14572463970461533
     y[eu_west_a100_80_end_14_0] M3_end 1.0
     y[eu_west_a100_80_end_14_0] M4_cover 14.0
@@ -6441,15 +6441,15 @@ COLUMNS
     y[eu_west_a100_80_end_14_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_14_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_14_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_14_0] M12_v_le_y[251] -3.5117768407690075
-    y[eu_west_a100_80_end_14_0] M12_v_ge[251] -3.5117768407690075
+    y[eu_west_a100_80_end_14_0] M12_v_le_y[251] -22.839129672769012
+    y[eu_west_a100_80_end_14_0] M12_v_ge[251] -22.839129672769012
     y[eu_west_a100_80_end_14_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14572463970461533
     y[eu_west_a100_80_end_14_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.14572463970461533
     y[eu_west_a100_80_end_14_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14572463970461533
     y[eu_west_a100_80_end_14_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14572463970461533
-    y[eu_west_a100_80_end_14_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_14_0] M15_round_trip[eu_west_a100_80_1] 28.23993936585668
-    y[eu_west_a100_80_end_14_0] M16_round_trip_cap[eu_west_a100_80] 3.657501480473623
+    y[eu_west_a100_80_end_14_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_14_0] M15_round_trip[eu_west_a100_80_1] 182.85876202185673
+    y[eu_west_a100_80_end_14_0] M16_round_trip_cap[eu_west_a100_80] 22.984854312473626
     y[eu_west_a100_80_end_14_1] obj 0.2941436339692307
     y[eu_west_a100_80_end_14_1] M3_end 1.0
     y[eu_west_a100_80_end_14_1] M4_cover 14.0
@@ -6460,16 +6460,16 @@ COLUMNS
     y[eu_west_a100_80_end_14_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_14_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_14_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_14_1] M12_v_le_y[252] -3.5117768407690075
-    y[eu_west_a100_80_end_14_1] M12_v_ge[252] -3.5117768407690075
+    y[eu_west_a100_80_end_14_1] M12_v_le_y[252] -22.839129672769012
+    y[eu_west_a100_80_end_14_1] M12_v_ge[252] -22.839129672769012
     y[eu_west_a100_80_end_14_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2941436339692307
     y[eu_west_a100_80_end_14_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.2941436339692307
     y[eu_west_a100_80_end_14_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2941436339692307
     y[eu_west_a100_80_end_14_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2941436339692307
-    y[eu_west_a100_80_end_14_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_14_1] M15_round_trip[eu_west_a100_80_1] 28.237652824899143
-    y[eu_west_a100_80_end_14_1] M15_round_trip[eu_west_a100_80_2] 31.900135200890304
-    y[eu_west_a100_80_end_14_1] M16_round_trip_cap[eu_west_a100_80] 3.8059204747382385
+    y[eu_west_a100_80_end_14_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_14_1] M15_round_trip[eu_west_a100_80_1] 182.8564754808992
+    y[eu_west_a100_80_end_14_1] M15_round_trip[eu_west_a100_80_2] 205.84631068889038
+    y[eu_west_a100_80_end_14_1] M16_round_trip_cap[eu_west_a100_80] 23.133273306738243
     y[eu_west_a100_80_end_14_2] obj 0.1536938173046154
     y[eu_west_a100_80_end_14_2] M3_end 1.0
     y[eu_west_a100_80_end_14_2] M4_cover 14.0
@@ -6480,15 +6480,15 @@ COLUMNS
     y[eu_west_a100_80_end_14_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_14_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_14_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_14_2] M12_v_le_y[253] -3.5117768407690075
-    y[eu_west_a100_80_end_14_2] M12_v_ge[253] -3.5117768407690075
+    y[eu_west_a100_80_end_14_2] M12_v_le_y[253] -22.839129672769012
+    y[eu_west_a100_80_end_14_2] M12_v_ge[253] -22.839129672769012
     y[eu_west_a100_80_end_14_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1536938173046154
     y[eu_west_a100_80_end_14_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1536938173046154
     y[eu_west_a100_80_end_14_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1536938173046154
     y[eu_west_a100_80_end_14_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1536938173046154
-    y[eu_west_a100_80_end_14_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_14_2] M15_round_trip[eu_west_a100_80_1] 28.24790854345668
-    y[eu_west_a100_80_end_14_2] M16_round_trip_cap[eu_west_a100_80] 3.665470658073623
+    y[eu_west_a100_80_end_14_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_14_2] M15_round_trip[eu_west_a100_80_1] 182.86673119945675
+    y[eu_west_a100_80_end_14_2] M16_round_trip_cap[eu_west_a100_80] 22.992823490073626
     y[eu_west_a100_80_end_15_0] obj 0.15497533849599993
     y[eu_west_a100_80_end_15_0] M3_end 1.0
     y[eu_west_a100_80_end_15_0] M4_cover 15.0
@@ -6499,15 +6499,15 @@ COLUMNS
     y[eu_west_a100_80_end_15_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_15_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_15_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_15_0] M12_v_le_y[254] -3.5117768407690075
-    y[eu_west_a100_80_end_15_0] M12_v_ge[254] -3.5117768407690075
+    y[eu_west_a100_80_end_15_0] M12_v_le_y[254] -22.839129672769012
+    y[eu_west_a100_80_end_15_0] M12_v_ge[254] -22.839129672769012
     y[eu_west_a100_80_end_15_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.15497533849599993
     y[eu_west_a100_80_end_15_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.15497533849599993
     y[eu_west_a100_80_end_15_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.15497533849599993
     y[eu_west_a100_80_end_15_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.15497533849599993
-    y[eu_west_a100_80_end_15_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_15_0] M15_round_trip[eu_west_a100_80_1] 28.24919006464807
-    y[eu_west_a100_80_end_15_0] M16_round_trip_cap[eu_west_a100_80] 3.6667521792650075
+    y[eu_west_a100_80_end_15_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_15_0] M15_round_trip[eu_west_a100_80_1] 182.86801272064812
+    y[eu_west_a100_80_end_15_0] M16_round_trip_cap[eu_west_a100_80] 22.994105011265013
     y[eu_west_a100_80_end_15_1] obj 0.3126450315519999
     y[eu_west_a100_80_end_15_1] M3_end 1.0
     y[eu_west_a100_80_end_15_1] M4_cover 15.0
@@ -6518,16 +6518,16 @@ COLUMNS
     y[eu_west_a100_80_end_15_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_15_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_15_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_15_1] M12_v_le_y[255] -3.5117768407690075
-    y[eu_west_a100_80_end_15_1] M12_v_ge[255] -3.5117768407690075
+    y[eu_west_a100_80_end_15_1] M12_v_le_y[255] -22.839129672769012
+    y[eu_west_a100_80_end_15_1] M12_v_ge[255] -22.839129672769012
     y[eu_west_a100_80_end_15_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3126450315519999
     y[eu_west_a100_80_end_15_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3126450315519999
     y[eu_west_a100_80_end_15_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3126450315519999
     y[eu_west_a100_80_end_15_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3126450315519999
-    y[eu_west_a100_80_end_15_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_15_1] M15_round_trip[eu_west_a100_80_1] 28.256154222481914
-    y[eu_west_a100_80_end_15_1] M15_round_trip[eu_west_a100_80_2] 31.91863659847307
-    y[eu_west_a100_80_end_15_1] M16_round_trip_cap[eu_west_a100_80] 3.8244218723210075
+    y[eu_west_a100_80_end_15_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_15_1] M15_round_trip[eu_west_a100_80_1] 182.87497687848196
+    y[eu_west_a100_80_end_15_1] M15_round_trip[eu_west_a100_80_2] 205.86481208647314
+    y[eu_west_a100_80_end_15_1] M16_round_trip_cap[eu_west_a100_80] 23.15177470432101
     y[eu_west_a100_80_end_15_2] obj 0.16350375662933334
     y[eu_west_a100_80_end_15_2] M3_end 1.0
     y[eu_west_a100_80_end_15_2] M4_cover 15.0
@@ -6538,15 +6538,15 @@ COLUMNS
     y[eu_west_a100_80_end_15_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_15_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_15_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_15_2] M12_v_le_y[256] -3.5117768407690075
-    y[eu_west_a100_80_end_15_2] M12_v_ge[256] -3.5117768407690075
+    y[eu_west_a100_80_end_15_2] M12_v_le_y[256] -22.839129672769012
+    y[eu_west_a100_80_end_15_2] M12_v_ge[256] -22.839129672769012
     y[eu_west_a100_80_end_15_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16350375662933334
     y[eu_west_a100_80_end_15_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.16350375662933334
     y[eu_west_a100_80_end_15_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16350375662933334
     y[eu_west_a100_80_end_15_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16350375662933334
-    y[eu_west_a100_80_end_15_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_15_2] M15_round_trip[eu_west_a100_80_1] 28.2577184827814
-    y[eu_west_a100_80_end_15_2] M16_round_trip_cap[eu_west_a100_80] 3.675280597398341
+    y[eu_west_a100_80_end_15_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_15_2] M15_round_trip[eu_west_a100_80_1] 182.87654113878145
+    y[eu_west_a100_80_end_15_2] M16_round_trip_cap[eu_west_a100_80] 23.002633429398344
     y[eu_west_a100_80_end_16_0] obj 0.16422603728738455
     y[eu_west_a100_80_end_16_0] M3_end 1.0
     y[eu_west_a100_80_end_16_0] M4_cover 16.0
@@ -6557,15 +6557,15 @@ COLUMNS
     y[eu_west_a100_80_end_16_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_16_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_16_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_16_0] M12_v_le_y[257] -3.5117768407690075
-    y[eu_west_a100_80_end_16_0] M12_v_ge[257] -3.5117768407690075
+    y[eu_west_a100_80_end_16_0] M12_v_le_y[257] -22.839129672769012
+    y[eu_west_a100_80_end_16_0] M12_v_ge[257] -22.839129672769012
     y[eu_west_a100_80_end_16_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16422603728738455
     y[eu_west_a100_80_end_16_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.16422603728738455
     y[eu_west_a100_80_end_16_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16422603728738455
     y[eu_west_a100_80_end_16_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16422603728738455
-    y[eu_west_a100_80_end_16_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_16_0] M15_round_trip[eu_west_a100_80_1] 28.258440763439452
-    y[eu_west_a100_80_end_16_0] M16_round_trip_cap[eu_west_a100_80] 3.676002878056392
+    y[eu_west_a100_80_end_16_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_16_0] M15_round_trip[eu_west_a100_80_1] 182.87726341943952
+    y[eu_west_a100_80_end_16_0] M16_round_trip_cap[eu_west_a100_80] 23.003355710056397
     y[eu_west_a100_80_end_16_1] obj 0.3311464291347691
     y[eu_west_a100_80_end_16_1] M3_end 1.0
     y[eu_west_a100_80_end_16_1] M4_cover 16.0
@@ -6576,16 +6576,16 @@ COLUMNS
     y[eu_west_a100_80_end_16_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_16_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_16_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_16_1] M12_v_le_y[258] -3.5117768407690075
-    y[eu_west_a100_80_end_16_1] M12_v_ge[258] -3.5117768407690075
+    y[eu_west_a100_80_end_16_1] M12_v_le_y[258] -22.839129672769012
+    y[eu_west_a100_80_end_16_1] M12_v_ge[258] -22.839129672769012
     y[eu_west_a100_80_end_16_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3311464291347691
     y[eu_west_a100_80_end_16_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3311464291347691
     y[eu_west_a100_80_end_16_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3311464291347691
     y[eu_west_a100_80_end_16_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3311464291347691
-    y[eu_west_a100_80_end_16_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_16_1] M15_round_trip[eu_west_a100_80_1] 28.256154222481914
-    y[eu_west_a100_80_end_16_1] M15_round_trip[eu_west_a100_80_2] 31.937137996055842
-    y[eu_west_a100_80_end_16_1] M16_round_trip_cap[eu_west_a100_80] 3.8429232699037765
+    y[eu_west_a100_80_end_16_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_16_1] M15_round_trip[eu_west_a100_80_1] 182.87497687848196
+    y[eu_west_a100_80_end_16_1] M15_round_trip[eu_west_a100_80_2] 205.88331348405592
+    y[eu_west_a100_80_end_16_1] M16_round_trip_cap[eu_west_a100_80] 23.17027610190378
     y[eu_west_a100_80_end_16_2] obj 0.1733136959540513
     y[eu_west_a100_80_end_16_2] M3_end 1.0
     y[eu_west_a100_80_end_16_2] M4_cover 16.0
@@ -6596,15 +6596,15 @@ COLUMNS
     y[eu_west_a100_80_end_16_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_16_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_16_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_16_2] M12_v_le_y[259] -3.5117768407690075
-    y[eu_west_a100_80_end_16_2] M12_v_ge[259] -3.5117768407690075
+    y[eu_west_a100_80_end_16_2] M12_v_le_y[259] -22.839129672769012
+    y[eu_west_a100_80_end_16_2] M12_v_ge[259] -22.839129672769012
     y[eu_west_a100_80_end_16_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1733136959540513
     y[eu_west_a100_80_end_16_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1733136959540513
     y[eu_west_a100_80_end_16_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1733136959540513
     y[eu_west_a100_80_end_16_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1733136959540513
-    y[eu_west_a100_80_end_16_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_16_2] M15_round_trip[eu_west_a100_80_1] 28.267528422106118
-    y[eu_west_a100_80_end_16_2] M16_round_trip_cap[eu_west_a100_80] 3.6850905367230586
+    y[eu_west_a100_80_end_16_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_16_2] M15_round_trip[eu_west_a100_80_1] 182.88635107810617
+    y[eu_west_a100_80_end_16_2] M16_round_trip_cap[eu_west_a100_80] 23.012443368723062
     y[eu_west_a100_80_end_17_0] obj 0.17347673607876918
     y[eu_west_a100_80_end_17_0] M3_end 1.0
     y[eu_west_a100_80_end_17_0] M4_cover 17.0
@@ -6615,15 +6615,15 @@ COLUMNS
     y[eu_west_a100_80_end_17_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_17_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_17_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_17_0] M12_v_le_y[260] -3.5117768407690075
-    y[eu_west_a100_80_end_17_0] M12_v_ge[260] -3.5117768407690075
+    y[eu_west_a100_80_end_17_0] M12_v_le_y[260] -22.839129672769012
+    y[eu_west_a100_80_end_17_0] M12_v_ge[260] -22.839129672769012
     y[eu_west_a100_80_end_17_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.17347673607876918
     y[eu_west_a100_80_end_17_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.17347673607876918
     y[eu_west_a100_80_end_17_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.17347673607876918
     y[eu_west_a100_80_end_17_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.17347673607876918
-    y[eu_west_a100_80_end_17_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_17_0] M15_round_trip[eu_west_a100_80_1] 28.267691462230836
-    y[eu_west_a100_80_end_17_0] M16_round_trip_cap[eu_west_a100_80] 3.6852535768477765
+    y[eu_west_a100_80_end_17_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_17_0] M15_round_trip[eu_west_a100_80_1] 182.8865141182309
+    y[eu_west_a100_80_end_17_0] M16_round_trip_cap[eu_west_a100_80] 23.01260640884778
     y[eu_west_a100_80_end_17_1] obj 0.34964782671753836
     y[eu_west_a100_80_end_17_1] M3_end 1.0
     y[eu_west_a100_80_end_17_1] M4_cover 17.0
@@ -6634,16 +6634,16 @@ COLUMNS
     y[eu_west_a100_80_end_17_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_17_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_17_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_17_1] M12_v_le_y[261] -3.5117768407690075
-    y[eu_west_a100_80_end_17_1] M12_v_ge[261] -3.5117768407690075
+    y[eu_west_a100_80_end_17_1] M12_v_le_y[261] -22.839129672769012
+    y[eu_west_a100_80_end_17_1] M12_v_ge[261] -22.839129672769012
     y[eu_west_a100_80_end_17_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.34964782671753836
     y[eu_west_a100_80_end_17_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.34964782671753836
     y[eu_west_a100_80_end_17_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.34964782671753836
     y[eu_west_a100_80_end_17_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.34964782671753836
-    y[eu_west_a100_80_end_17_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_17_1] M15_round_trip[eu_west_a100_80_1] 28.27465562006468
-    y[eu_west_a100_80_end_17_1] M15_round_trip[eu_west_a100_80_2] 31.955639393638613
-    y[eu_west_a100_80_end_17_1] M16_round_trip_cap[eu_west_a100_80] 3.861424667486546
+    y[eu_west_a100_80_end_17_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_17_1] M15_round_trip[eu_west_a100_80_1] 182.89347827606474
+    y[eu_west_a100_80_end_17_1] M15_round_trip[eu_west_a100_80_2] 205.90181488163867
+    y[eu_west_a100_80_end_17_1] M16_round_trip_cap[eu_west_a100_80] 23.18877749948655
     y[eu_west_a100_80_end_17_2] obj 0.18312363527876924
     y[eu_west_a100_80_end_17_2] M3_end 1.0
     y[eu_west_a100_80_end_17_2] M4_cover 17.0
@@ -6654,15 +6654,15 @@ COLUMNS
     y[eu_west_a100_80_end_17_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_17_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_17_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_17_2] M12_v_le_y[262] -3.5117768407690075
-    y[eu_west_a100_80_end_17_2] M12_v_ge[262] -3.5117768407690075
+    y[eu_west_a100_80_end_17_2] M12_v_le_y[262] -22.839129672769012
+    y[eu_west_a100_80_end_17_2] M12_v_ge[262] -22.839129672769012
     y[eu_west_a100_80_end_17_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18312363527876924
     y[eu_west_a100_80_end_17_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.18312363527876924
     y[eu_west_a100_80_end_17_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18312363527876924
     y[eu_west_a100_80_end_17_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18312363527876924
-    y[eu_west_a100_80_end_17_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_17_2] M15_round_trip[eu_west_a100_80_1] 28.277338361430836
-    y[eu_west_a100_80_end_17_2] M16_round_trip_cap[eu_west_a100_80] 3.694900476047777
+    y[eu_west_a100_80_end_17_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_17_2] M15_round_trip[eu_west_a100_80_1] 182.8961610174309
+    y[eu_west_a100_80_end_17_2] M16_round_trip_cap[eu_west_a100_80] 23.02225330804778
     y[eu_west_a100_80_end_18_0] obj 0.18272743487015378
     y[eu_west_a100_80_end_18_0] M3_end 1.0
     y[eu_west_a100_80_end_18_0] M4_cover 18.0
@@ -6673,15 +6673,15 @@ COLUMNS
     y[eu_west_a100_80_end_18_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_18_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_18_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_18_0] M12_v_le_y[263] -3.5117768407690075
-    y[eu_west_a100_80_end_18_0] M12_v_ge[263] -3.5117768407690075
+    y[eu_west_a100_80_end_18_0] M12_v_le_y[263] -22.839129672769012
+    y[eu_west_a100_80_end_18_0] M12_v_ge[263] -22.839129672769012
     y[eu_west_a100_80_end_18_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18272743487015378
     y[eu_west_a100_80_end_18_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.18272743487015378
     y[eu_west_a100_80_end_18_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18272743487015378
     y[eu_west_a100_80_end_18_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18272743487015378
-    y[eu_west_a100_80_end_18_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_18_0] M15_round_trip[eu_west_a100_80_1] 28.27694216102222
-    y[eu_west_a100_80_end_18_0] M16_round_trip_cap[eu_west_a100_80] 3.6945042756391615
+    y[eu_west_a100_80_end_18_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_18_0] M15_round_trip[eu_west_a100_80_1] 182.89576481702227
+    y[eu_west_a100_80_end_18_0] M16_round_trip_cap[eu_west_a100_80] 23.021857107639164
     y[eu_west_a100_80_end_18_1] obj 0.3681492243003076
     y[eu_west_a100_80_end_18_1] M3_end 1.0
     y[eu_west_a100_80_end_18_1] M4_cover 18.0
@@ -6692,16 +6692,16 @@ COLUMNS
     y[eu_west_a100_80_end_18_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_18_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_18_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_18_1] M12_v_le_y[264] -3.5117768407690075
-    y[eu_west_a100_80_end_18_1] M12_v_ge[264] -3.5117768407690075
+    y[eu_west_a100_80_end_18_1] M12_v_le_y[264] -22.839129672769012
+    y[eu_west_a100_80_end_18_1] M12_v_ge[264] -22.839129672769012
     y[eu_west_a100_80_end_18_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3681492243003076
     y[eu_west_a100_80_end_18_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3681492243003076
     y[eu_west_a100_80_end_18_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3681492243003076
     y[eu_west_a100_80_end_18_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3681492243003076
-    y[eu_west_a100_80_end_18_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_18_1] M15_round_trip[eu_west_a100_80_1] 28.27465562006468
-    y[eu_west_a100_80_end_18_1] M15_round_trip[eu_west_a100_80_2] 31.97414079122138
-    y[eu_west_a100_80_end_18_1] M16_round_trip_cap[eu_west_a100_80] 3.879926065069315
+    y[eu_west_a100_80_end_18_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_18_1] M15_round_trip[eu_west_a100_80_1] 182.89347827606474
+    y[eu_west_a100_80_end_18_1] M15_round_trip[eu_west_a100_80_2] 205.92031627922145
+    y[eu_west_a100_80_end_18_1] M16_round_trip_cap[eu_west_a100_80] 23.20727889706932
     y[eu_west_a100_80_end_18_2] obj 0.1929335746034872
     y[eu_west_a100_80_end_18_2] M3_end 1.0
     y[eu_west_a100_80_end_18_2] M4_cover 18.0
@@ -6712,15 +6712,15 @@ COLUMNS
     y[eu_west_a100_80_end_18_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_18_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_18_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_18_2] M12_v_le_y[265] -3.5117768407690075
-    y[eu_west_a100_80_end_18_2] M12_v_ge[265] -3.5117768407690075
+    y[eu_west_a100_80_end_18_2] M12_v_le_y[265] -22.839129672769012
+    y[eu_west_a100_80_end_18_2] M12_v_ge[265] -22.839129672769012
     y[eu_west_a100_80_end_18_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1929335746034872
     y[eu_west_a100_80_end_18_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1929335746034872
     y[eu_west_a100_80_end_18_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1929335746034872
     y[eu_west_a100_80_end_18_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1929335746034872
-    y[eu_west_a100_80_end_18_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_18_2] M15_round_trip[eu_west_a100_80_1] 28.287148300755554
-    y[eu_west_a100_80_end_18_2] M16_round_trip_cap[eu_west_a100_80] 3.7047104153724946
+    y[eu_west_a100_80_end_18_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_18_2] M15_round_trip[eu_west_a100_80_1] 182.90597095675562
+    y[eu_west_a100_80_end_18_2] M16_round_trip_cap[eu_west_a100_80] 23.0320632473725
     y[eu_west_a100_80_end_19_0] obj 0.19197813366153837
     y[eu_west_a100_80_end_19_0] M3_end 1.0
     y[eu_west_a100_80_end_19_0] M4_cover 19.0
@@ -6731,15 +6731,15 @@ COLUMNS
     y[eu_west_a100_80_end_19_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_19_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_19_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_19_0] M12_v_le_y[266] -3.5117768407690075
-    y[eu_west_a100_80_end_19_0] M12_v_ge[266] -3.5117768407690075
+    y[eu_west_a100_80_end_19_0] M12_v_le_y[266] -22.839129672769012
+    y[eu_west_a100_80_end_19_0] M12_v_ge[266] -22.839129672769012
     y[eu_west_a100_80_end_19_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.19197813366153837
     y[eu_west_a100_80_end_19_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.19197813366153837
     y[eu_west_a100_80_end_19_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.19197813366153837
     y[eu_west_a100_80_end_19_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.19197813366153837
-    y[eu_west_a100_80_end_19_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_19_0] M15_round_trip[eu_west_a100_80_1] 28.286192859813607
-    y[eu_west_a100_80_end_19_0] M16_round_trip_cap[eu_west_a100_80] 3.703754974430546
+    y[eu_west_a100_80_end_19_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_19_0] M15_round_trip[eu_west_a100_80_1] 182.90501551581366
+    y[eu_west_a100_80_end_19_0] M16_round_trip_cap[eu_west_a100_80] 23.03110780643055
     y[eu_west_a100_80_end_19_1] obj 0.3866506218830768
     y[eu_west_a100_80_end_19_1] M3_end 1.0
     y[eu_west_a100_80_end_19_1] M4_cover 19.0
@@ -6750,16 +6750,16 @@ COLUMNS
     y[eu_west_a100_80_end_19_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_19_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_19_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_19_1] M12_v_le_y[267] -3.5117768407690075
-    y[eu_west_a100_80_end_19_1] M12_v_ge[267] -3.5117768407690075
+    y[eu_west_a100_80_end_19_1] M12_v_le_y[267] -22.839129672769012
+    y[eu_west_a100_80_end_19_1] M12_v_ge[267] -22.839129672769012
     y[eu_west_a100_80_end_19_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3866506218830768
     y[eu_west_a100_80_end_19_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3866506218830768
     y[eu_west_a100_80_end_19_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3866506218830768
     y[eu_west_a100_80_end_19_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3866506218830768
-    y[eu_west_a100_80_end_19_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_19_1] M15_round_trip[eu_west_a100_80_1] 28.293157017647452
-    y[eu_west_a100_80_end_19_1] M15_round_trip[eu_west_a100_80_2] 31.99264218880415
-    y[eu_west_a100_80_end_19_1] M16_round_trip_cap[eu_west_a100_80] 3.8984274626520845
+    y[eu_west_a100_80_end_19_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_19_1] M15_round_trip[eu_west_a100_80_1] 182.9119796736475
+    y[eu_west_a100_80_end_19_1] M15_round_trip[eu_west_a100_80_2] 205.9388176768042
+    y[eu_west_a100_80_end_19_1] M16_round_trip_cap[eu_west_a100_80] 23.22578029465209
     y[eu_west_a100_80_end_19_2] obj 0.20274351392820514
     y[eu_west_a100_80_end_19_2] M3_end 1.0
     y[eu_west_a100_80_end_19_2] M4_cover 19.0
@@ -6770,15 +6770,15 @@ COLUMNS
     y[eu_west_a100_80_end_19_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_19_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_19_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_19_2] M12_v_le_y[268] -3.5117768407690075
-    y[eu_west_a100_80_end_19_2] M12_v_ge[268] -3.5117768407690075
+    y[eu_west_a100_80_end_19_2] M12_v_le_y[268] -22.839129672769012
+    y[eu_west_a100_80_end_19_2] M12_v_ge[268] -22.839129672769012
     y[eu_west_a100_80_end_19_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.20274351392820514
     y[eu_west_a100_80_end_19_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.20274351392820514
     y[eu_west_a100_80_end_19_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.20274351392820514
     y[eu_west_a100_80_end_19_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.20274351392820514
-    y[eu_west_a100_80_end_19_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_19_2] M15_round_trip[eu_west_a100_80_1] 28.296958240080272
-    y[eu_west_a100_80_end_19_2] M16_round_trip_cap[eu_west_a100_80] 3.7145203546972128
+    y[eu_west_a100_80_end_19_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_19_2] M15_round_trip[eu_west_a100_80_1] 182.91578089608032
+    y[eu_west_a100_80_end_19_2] M16_round_trip_cap[eu_west_a100_80] 23.041873186697217
     y[eu_west_a100_80_end_20_0] obj 0.201228832452923
     y[eu_west_a100_80_end_20_0] M3_end 1.0
     y[eu_west_a100_80_end_20_0] M4_cover 20.0
@@ -6789,15 +6789,15 @@ COLUMNS
     y[eu_west_a100_80_end_20_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_20_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_20_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_20_0] M12_v_le_y[269] -3.5117768407690075
-    y[eu_west_a100_80_end_20_0] M12_v_ge[269] -3.5117768407690075
+    y[eu_west_a100_80_end_20_0] M12_v_le_y[269] -22.839129672769012
+    y[eu_west_a100_80_end_20_0] M12_v_ge[269] -22.839129672769012
     y[eu_west_a100_80_end_20_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.201228832452923
     y[eu_west_a100_80_end_20_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.201228832452923
     y[eu_west_a100_80_end_20_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.201228832452923
     y[eu_west_a100_80_end_20_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.201228832452923
-    y[eu_west_a100_80_end_20_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_20_0] M15_round_trip[eu_west_a100_80_1] 28.29544355860499
-    y[eu_west_a100_80_end_20_0] M16_round_trip_cap[eu_west_a100_80] 3.7130056732219305
+    y[eu_west_a100_80_end_20_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_20_0] M15_round_trip[eu_west_a100_80_1] 182.91426621460505
+    y[eu_west_a100_80_end_20_0] M16_round_trip_cap[eu_west_a100_80] 23.040358505221935
     y[eu_west_a100_80_end_20_1] obj 0.405152019465846
     y[eu_west_a100_80_end_20_1] M3_end 1.0
     y[eu_west_a100_80_end_20_1] M4_cover 20.0
@@ -6808,16 +6808,16 @@ COLUMNS
     y[eu_west_a100_80_end_20_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_20_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_20_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_20_1] M12_v_le_y[270] -3.5117768407690075
-    y[eu_west_a100_80_end_20_1] M12_v_ge[270] -3.5117768407690075
+    y[eu_west_a100_80_end_20_1] M12_v_le_y[270] -22.839129672769012
+    y[eu_west_a100_80_end_20_1] M12_v_ge[270] -22.839129672769012
     y[eu_west_a100_80_end_20_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.405152019465846
     y[eu_west_a100_80_end_20_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.405152019465846
     y[eu_west_a100_80_end_20_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.405152019465846
     y[eu_west_a100_80_end_20_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.405152019465846
-    y[eu_west_a100_80_end_20_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_20_1] M15_round_trip[eu_west_a100_80_1] 28.293157017647452
-    y[eu_west_a100_80_end_20_1] M15_round_trip[eu_west_a100_80_2] 32.01114358638692
-    y[eu_west_a100_80_end_20_1] M16_round_trip_cap[eu_west_a100_80] 3.9169288602348535
+    y[eu_west_a100_80_end_20_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_20_1] M15_round_trip[eu_west_a100_80_1] 182.9119796736475
+    y[eu_west_a100_80_end_20_1] M15_round_trip[eu_west_a100_80_2] 205.957319074387
+    y[eu_west_a100_80_end_20_1] M16_round_trip_cap[eu_west_a100_80] 23.244281692234857
     y[eu_west_a100_80_end_20_2] obj 0.21255345325292307
     y[eu_west_a100_80_end_20_2] M3_end 1.0
     y[eu_west_a100_80_end_20_2] M4_cover 20.0
@@ -6828,15 +6828,15 @@ COLUMNS
     y[eu_west_a100_80_end_20_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_20_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_20_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_20_2] M12_v_le_y[271] -3.5117768407690075
-    y[eu_west_a100_80_end_20_2] M12_v_ge[271] -3.5117768407690075
+    y[eu_west_a100_80_end_20_2] M12_v_le_y[271] -22.839129672769012
+    y[eu_west_a100_80_end_20_2] M12_v_ge[271] -22.839129672769012
     y[eu_west_a100_80_end_20_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21255345325292307
     y[eu_west_a100_80_end_20_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.21255345325292307
     y[eu_west_a100_80_end_20_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21255345325292307
     y[eu_west_a100_80_end_20_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21255345325292307
-    y[eu_west_a100_80_end_20_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_20_2] M15_round_trip[eu_west_a100_80_1] 28.30676817940499
-    y[eu_west_a100_80_end_20_2] M16_round_trip_cap[eu_west_a100_80] 3.7243302940219305
+    y[eu_west_a100_80_end_20_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_20_2] M15_round_trip[eu_west_a100_80_1] 182.92559083540505
+    y[eu_west_a100_80_end_20_2] M16_round_trip_cap[eu_west_a100_80] 23.051683126021935
     y[eu_west_a100_80_end_21_0] obj 0.21047953124430763
     y[eu_west_a100_80_end_21_0] M3_end 1.0
     y[eu_west_a100_80_end_21_0] M4_cover 21.0
@@ -6847,15 +6847,15 @@ COLUMNS
     y[eu_west_a100_80_end_21_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_21_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_21_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_21_0] M12_v_le_y[272] -3.5117768407690075
-    y[eu_west_a100_80_end_21_0] M12_v_ge[272] -3.5117768407690075
+    y[eu_west_a100_80_end_21_0] M12_v_le_y[272] -22.839129672769012
+    y[eu_west_a100_80_end_21_0] M12_v_ge[272] -22.839129672769012
     y[eu_west_a100_80_end_21_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21047953124430763
     y[eu_west_a100_80_end_21_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.21047953124430763
     y[eu_west_a100_80_end_21_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21047953124430763
     y[eu_west_a100_80_end_21_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21047953124430763
-    y[eu_west_a100_80_end_21_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_21_0] M15_round_trip[eu_west_a100_80_1] 28.304694257396374
-    y[eu_west_a100_80_end_21_0] M16_round_trip_cap[eu_west_a100_80] 3.722256372013315
+    y[eu_west_a100_80_end_21_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_21_0] M15_round_trip[eu_west_a100_80_1] 182.92351691339644
+    y[eu_west_a100_80_end_21_0] M16_round_trip_cap[eu_west_a100_80] 23.04960920401332
     y[eu_west_a100_80_end_21_1] obj 0.42365341704861526
     y[eu_west_a100_80_end_21_1] M3_end 1.0
     y[eu_west_a100_80_end_21_1] M4_cover 21.0
@@ -6866,16 +6866,16 @@ COLUMNS
     y[eu_west_a100_80_end_21_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_21_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_21_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_21_1] M12_v_le_y[273] -3.5117768407690075
-    y[eu_west_a100_80_end_21_1] M12_v_ge[273] -3.5117768407690075
+    y[eu_west_a100_80_end_21_1] M12_v_le_y[273] -22.839129672769012
+    y[eu_west_a100_80_end_21_1] M12_v_ge[273] -22.839129672769012
     y[eu_west_a100_80_end_21_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.42365341704861526
     y[eu_west_a100_80_end_21_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.42365341704861526
     y[eu_west_a100_80_end_21_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.42365341704861526
     y[eu_west_a100_80_end_21_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.42365341704861526
-    y[eu_west_a100_80_end_21_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_21_1] M15_round_trip[eu_west_a100_80_1] 28.31165841523022
-    y[eu_west_a100_80_end_21_1] M15_round_trip[eu_west_a100_80_2] 32.02964498396969
-    y[eu_west_a100_80_end_21_1] M16_round_trip_cap[eu_west_a100_80] 3.9354302578176226
+    y[eu_west_a100_80_end_21_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_21_1] M15_round_trip[eu_west_a100_80_1] 182.93048107123028
+    y[eu_west_a100_80_end_21_1] M15_round_trip[eu_west_a100_80_2] 205.97582047196977
+    y[eu_west_a100_80_end_21_1] M16_round_trip_cap[eu_west_a100_80] 23.262783089817628
     y[eu_west_a100_80_end_21_2] obj 0.22236339257764104
     y[eu_west_a100_80_end_21_2] M3_end 1.0
     y[eu_west_a100_80_end_21_2] M4_cover 21.0
@@ -6886,15 +6886,15 @@ COLUMNS
     y[eu_west_a100_80_end_21_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_21_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_21_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_21_2] M12_v_le_y[274] -3.5117768407690075
-    y[eu_west_a100_80_end_21_2] M12_v_ge[274] -3.5117768407690075
+    y[eu_west_a100_80_end_21_2] M12_v_le_y[274] -22.839129672769012
+    y[eu_west_a100_80_end_21_2] M12_v_ge[274] -22.839129672769012
     y[eu_west_a100_80_end_21_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22236339257764104
     y[eu_west_a100_80_end_21_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.22236339257764104
     y[eu_west_a100_80_end_21_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22236339257764104
     y[eu_west_a100_80_end_21_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22236339257764104
-    y[eu_west_a100_80_end_21_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_21_2] M15_round_trip[eu_west_a100_80_1] 28.31657811872971
-    y[eu_west_a100_80_end_21_2] M16_round_trip_cap[eu_west_a100_80] 3.7341402333466487
+    y[eu_west_a100_80_end_21_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_21_2] M15_round_trip[eu_west_a100_80_1] 182.93540077472977
+    y[eu_west_a100_80_end_21_2] M16_round_trip_cap[eu_west_a100_80] 23.061493065346653
     y[eu_west_a100_80_end_22_0] obj 0.21973023003569223
     y[eu_west_a100_80_end_22_0] M3_end 1.0
     y[eu_west_a100_80_end_22_0] M4_cover 22.0
@@ -6905,15 +6905,15 @@ COLUMNS
     y[eu_west_a100_80_end_22_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_22_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_22_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_22_0] M12_v_le_y[275] -3.5117768407690075
-    y[eu_west_a100_80_end_22_0] M12_v_ge[275] -3.5117768407690075
+    y[eu_west_a100_80_end_22_0] M12_v_le_y[275] -22.839129672769012
+    y[eu_west_a100_80_end_22_0] M12_v_ge[275] -22.839129672769012
     y[eu_west_a100_80_end_22_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21973023003569223
     y[eu_west_a100_80_end_22_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.21973023003569223
     y[eu_west_a100_80_end_22_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21973023003569223
     y[eu_west_a100_80_end_22_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21973023003569223
-    y[eu_west_a100_80_end_22_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_22_0] M15_round_trip[eu_west_a100_80_1] 28.31394495618776
-    y[eu_west_a100_80_end_22_0] M16_round_trip_cap[eu_west_a100_80] 3.7315070708046996
+    y[eu_west_a100_80_end_22_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_22_0] M15_round_trip[eu_west_a100_80_1] 182.9327676121878
+    y[eu_west_a100_80_end_22_0] M16_round_trip_cap[eu_west_a100_80] 23.058859902804706
     y[eu_west_a100_80_end_22_1] obj 0.44215481463138445
     y[eu_west_a100_80_end_22_1] M3_end 1.0
     y[eu_west_a100_80_end_22_1] M4_cover 22.0
@@ -6924,16 +6924,16 @@ COLUMNS
     y[eu_west_a100_80_end_22_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_22_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_22_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_22_1] M12_v_le_y[276] -3.5117768407690075
-    y[eu_west_a100_80_end_22_1] M12_v_ge[276] -3.5117768407690075
+    y[eu_west_a100_80_end_22_1] M12_v_le_y[276] -22.839129672769012
+    y[eu_west_a100_80_end_22_1] M12_v_ge[276] -22.839129672769012
     y[eu_west_a100_80_end_22_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.44215481463138445
     y[eu_west_a100_80_end_22_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.44215481463138445
     y[eu_west_a100_80_end_22_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.44215481463138445
     y[eu_west_a100_80_end_22_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.44215481463138445
-    y[eu_west_a100_80_end_22_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_22_1] M15_round_trip[eu_west_a100_80_1] 28.31165841523022
-    y[eu_west_a100_80_end_22_1] M15_round_trip[eu_west_a100_80_2] 32.048146381552456
-    y[eu_west_a100_80_end_22_1] M16_round_trip_cap[eu_west_a100_80] 3.953931655400392
+    y[eu_west_a100_80_end_22_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_22_1] M15_round_trip[eu_west_a100_80_1] 182.93048107123028
+    y[eu_west_a100_80_end_22_1] M15_round_trip[eu_west_a100_80_2] 205.99432186955252
+    y[eu_west_a100_80_end_22_1] M16_round_trip_cap[eu_west_a100_80] 23.281284487400395
     y[eu_west_a100_80_end_22_2] obj 0.232173331902359
     y[eu_west_a100_80_end_22_2] M3_end 1.0
     y[eu_west_a100_80_end_22_2] M4_cover 22.0
@@ -6944,15 +6944,15 @@ COLUMNS
     y[eu_west_a100_80_end_22_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_22_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_22_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_22_2] M12_v_le_y[277] -3.5117768407690075
-    y[eu_west_a100_80_end_22_2] M12_v_ge[277] -3.5117768407690075
+    y[eu_west_a100_80_end_22_2] M12_v_le_y[277] -22.839129672769012
+    y[eu_west_a100_80_end_22_2] M12_v_ge[277] -22.839129672769012
     y[eu_west_a100_80_end_22_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.232173331902359
     y[eu_west_a100_80_end_22_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.232173331902359
     y[eu_west_a100_80_end_22_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.232173331902359
     y[eu_west_a100_80_end_22_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.232173331902359
-    y[eu_west_a100_80_end_22_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_22_2] M15_round_trip[eu_west_a100_80_1] 28.326388058054427
-    y[eu_west_a100_80_end_22_2] M16_round_trip_cap[eu_west_a100_80] 3.7439501726713664
+    y[eu_west_a100_80_end_22_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_22_2] M15_round_trip[eu_west_a100_80_1] 182.94521071405447
+    y[eu_west_a100_80_end_22_2] M16_round_trip_cap[eu_west_a100_80] 23.07130300467137
     y[eu_west_a100_80_end_23_0] obj 0.22898092882707682
     y[eu_west_a100_80_end_23_0] M3_end 1.0
     y[eu_west_a100_80_end_23_0] M4_cover 23.0
@@ -6963,15 +6963,15 @@ COLUMNS
     y[eu_west_a100_80_end_23_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_23_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_23_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_23_0] M12_v_le_y[278] -3.5117768407690075
-    y[eu_west_a100_80_end_23_0] M12_v_ge[278] -3.5117768407690075
+    y[eu_west_a100_80_end_23_0] M12_v_le_y[278] -22.839129672769012
+    y[eu_west_a100_80_end_23_0] M12_v_ge[278] -22.839129672769012
     y[eu_west_a100_80_end_23_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22898092882707682
     y[eu_west_a100_80_end_23_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.22898092882707682
     y[eu_west_a100_80_end_23_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22898092882707682
     y[eu_west_a100_80_end_23_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22898092882707682
-    y[eu_west_a100_80_end_23_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_23_0] M15_round_trip[eu_west_a100_80_1] 28.323195654979145
-    y[eu_west_a100_80_end_23_0] M16_round_trip_cap[eu_west_a100_80] 3.7407577695960845
+    y[eu_west_a100_80_end_23_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_23_0] M15_round_trip[eu_west_a100_80_1] 182.9420183109792
+    y[eu_west_a100_80_end_23_0] M16_round_trip_cap[eu_west_a100_80] 23.06811060159609
     y[eu_west_a100_80_end_23_1] obj 0.46065621221415376
     y[eu_west_a100_80_end_23_1] M3_end 1.0
     y[eu_west_a100_80_end_23_1] M4_cover 23.0
@@ -6982,16 +6982,16 @@ COLUMNS
     y[eu_west_a100_80_end_23_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_23_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_23_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_23_1] M12_v_le_y[279] -3.5117768407690075
-    y[eu_west_a100_80_end_23_1] M12_v_ge[279] -3.5117768407690075
+    y[eu_west_a100_80_end_23_1] M12_v_le_y[279] -22.839129672769012
+    y[eu_west_a100_80_end_23_1] M12_v_ge[279] -22.839129672769012
     y[eu_west_a100_80_end_23_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.46065621221415376
     y[eu_west_a100_80_end_23_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.46065621221415376
     y[eu_west_a100_80_end_23_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.46065621221415376
     y[eu_west_a100_80_end_23_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.46065621221415376
-    y[eu_west_a100_80_end_23_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_23_1] M15_round_trip[eu_west_a100_80_1] 28.33015981281299
-    y[eu_west_a100_80_end_23_1] M15_round_trip[eu_west_a100_80_2] 32.066647779135224
-    y[eu_west_a100_80_end_23_1] M16_round_trip_cap[eu_west_a100_80] 3.9724330529831615
+    y[eu_west_a100_80_end_23_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_23_1] M15_round_trip[eu_west_a100_80_1] 182.94898246881306
+    y[eu_west_a100_80_end_23_1] M15_round_trip[eu_west_a100_80_2] 206.0128232671353
+    y[eu_west_a100_80_end_23_1] M16_round_trip_cap[eu_west_a100_80] 23.299785884983166
     y[eu_west_a100_80_end_23_2] obj 0.24198327122707694
     y[eu_west_a100_80_end_23_2] M3_end 1.0
     y[eu_west_a100_80_end_23_2] M4_cover 23.0
@@ -7002,15 +7002,15 @@ COLUMNS
     y[eu_west_a100_80_end_23_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_23_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_23_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_23_2] M12_v_le_y[280] -3.5117768407690075
-    y[eu_west_a100_80_end_23_2] M12_v_ge[280] -3.5117768407690075
+    y[eu_west_a100_80_end_23_2] M12_v_le_y[280] -22.839129672769012
+    y[eu_west_a100_80_end_23_2] M12_v_ge[280] -22.839129672769012
     y[eu_west_a100_80_end_23_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.24198327122707694
     y[eu_west_a100_80_end_23_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.24198327122707694
     y[eu_west_a100_80_end_23_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.24198327122707694
     y[eu_west_a100_80_end_23_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.24198327122707694
-    y[eu_west_a100_80_end_23_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_23_2] M15_round_trip[eu_west_a100_80_1] 28.336197997379145
-    y[eu_west_a100_80_end_23_2] M16_round_trip_cap[eu_west_a100_80] 3.7537601119960846
+    y[eu_west_a100_80_end_23_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_23_2] M15_round_trip[eu_west_a100_80_1] 182.9550206533792
+    y[eu_west_a100_80_end_23_2] M16_round_trip_cap[eu_west_a100_80] 23.08111294399609
     y[eu_west_a100_80_end_24_0] obj 0.23823162761846145
     y[eu_west_a100_80_end_24_0] M3_end 1.0
     y[eu_west_a100_80_end_24_0] M4_cover 24.0
@@ -7021,15 +7021,15 @@ COLUMNS
     y[eu_west_a100_80_end_24_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_24_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_24_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_24_0] M12_v_le_y[281] -3.5117768407690075
-    y[eu_west_a100_80_end_24_0] M12_v_ge[281] -3.5117768407690075
+    y[eu_west_a100_80_end_24_0] M12_v_le_y[281] -22.839129672769012
+    y[eu_west_a100_80_end_24_0] M12_v_ge[281] -22.839129672769012
     y[eu_west_a100_80_end_24_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.23823162761846145
     y[eu_west_a100_80_end_24_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.23823162761846145
     y[eu_west_a100_80_end_24_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.23823162761846145
     y[eu_west_a100_80_end_24_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.23823162761846145
-    y[eu_west_a100_80_end_24_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_24_0] M15_round_trip[eu_west_a100_80_1] 28.33244635377053
-    y[eu_west_a100_80_end_24_0] M16_round_trip_cap[eu_west_a100_80] 3.750008468387469
+    y[eu_west_a100_80_end_24_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_24_0] M15_round_trip[eu_west_a100_80_1] 182.95126900977058
+    y[eu_west_a100_80_end_24_0] M16_round_trip_cap[eu_west_a100_80] 23.077361300387473
     y[eu_west_a100_80_end_24_1] obj 0.4791576097969229
     y[eu_west_a100_80_end_24_1] M3_end 1.0
     y[eu_west_a100_80_end_24_1] M4_cover 24.0
@@ -7040,16 +7040,16 @@ COLUMNS
     y[eu_west_a100_80_end_24_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_end_24_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_end_24_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_end_24_1] M12_v_le_y[282] -3.5117768407690075
-    y[eu_west_a100_80_end_24_1] M12_v_ge[282] -3.5117768407690075
+    y[eu_west_a100_80_end_24_1] M12_v_le_y[282] -22.839129672769012
+    y[eu_west_a100_80_end_24_1] M12_v_ge[282] -22.839129672769012
     y[eu_west_a100_80_end_24_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.4791576097969229
     y[eu_west_a100_80_end_24_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.4791576097969229
     y[eu_west_a100_80_end_24_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.4791576097969229
     y[eu_west_a100_80_end_24_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.4791576097969229
-    y[eu_west_a100_80_end_24_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_24_1] M15_round_trip[eu_west_a100_80_1] 28.33015981281299
-    y[eu_west_a100_80_end_24_1] M15_round_trip[eu_west_a100_80_2] 32.085149176718
-    y[eu_west_a100_80_end_24_1] M16_round_trip_cap[eu_west_a100_80] 3.9909344505659305
+    y[eu_west_a100_80_end_24_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_24_1] M15_round_trip[eu_west_a100_80_1] 182.94898246881306
+    y[eu_west_a100_80_end_24_1] M15_round_trip[eu_west_a100_80_2] 206.03132466471806
+    y[eu_west_a100_80_end_24_1] M16_round_trip_cap[eu_west_a100_80] 23.318287282565933
     y[eu_west_a100_80_end_24_2] obj 0.2517932105517949
     y[eu_west_a100_80_end_24_2] M3_end 1.0
     y[eu_west_a100_80_end_24_2] M4_cover 24.0
@@ -7060,15 +7060,15 @@ COLUMNS
     y[eu_west_a100_80_end_24_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_end_24_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_end_24_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_end_24_2] M12_v_le_y[283] -3.5117768407690075
-    y[eu_west_a100_80_end_24_2] M12_v_ge[283] -3.5117768407690075
+    y[eu_west_a100_80_end_24_2] M12_v_le_y[283] -22.839129672769012
+    y[eu_west_a100_80_end_24_2] M12_v_ge[283] -22.839129672769012
     y[eu_west_a100_80_end_24_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2517932105517949
     y[eu_west_a100_80_end_24_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.2517932105517949
     y[eu_west_a100_80_end_24_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2517932105517949
     y[eu_west_a100_80_end_24_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2517932105517949
-    y[eu_west_a100_80_end_24_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_end_24_2] M15_round_trip[eu_west_a100_80_1] 28.346007936703863
-    y[eu_west_a100_80_end_24_2] M16_round_trip_cap[eu_west_a100_80] 3.7635700513208024
+    y[eu_west_a100_80_end_24_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_end_24_2] M15_round_trip[eu_west_a100_80_1] 182.96483059270392
+    y[eu_west_a100_80_end_24_2] M16_round_trip_cap[eu_west_a100_80] 23.090922883320808
     y[eu_west_a100_80_first_0_0] obj 6.171119176066699e-05
     y[eu_west_a100_80_first_0_0] M2_start 1.0
     y[eu_west_a100_80_first_0_0] M1_once[eu_west_a100_80] 1.0
@@ -7078,14 +7078,14 @@ COLUMNS
     y[eu_west_a100_80_first_0_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_0_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_0_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_0_0] M12_v_le_y[284] -3.5117768407690075
-    y[eu_west_a100_80_first_0_0] M12_v_ge[284] -3.5117768407690075
+    y[eu_west_a100_80_first_0_0] M12_v_le_y[284] -22.839129672769012
+    y[eu_west_a100_80_first_0_0] M12_v_ge[284] -22.839129672769012
     y[eu_west_a100_80_first_0_0] M13_psi[us_east_h100_80_eu_west_a100_80] -6.171119176066699e-05
     y[eu_west_a100_80_first_0_0] M14_x[us_east_h100_80_eu_west_a100_80] -6.171119176066699e-05
     y[eu_west_a100_80_first_0_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -6.171119176066699e-05
     y[eu_west_a100_80_first_0_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -6.171119176066699e-05
-    y[eu_west_a100_80_first_0_0] M15_round_trip[eu_west_a100_80_1] 28.09427643734383
-    y[eu_west_a100_80_first_0_0] M16_round_trip_cap[eu_west_a100_80] 3.511838551960768
+    y[eu_west_a100_80_first_0_0] M15_round_trip[eu_west_a100_80_1] 182.71309909334389
+    y[eu_west_a100_80_first_0_0] M16_round_trip_cap[eu_west_a100_80] 22.839191383960774
     y[eu_west_a100_80_first_0_1] obj 0.0002632325168546673
     y[eu_west_a100_80_first_0_1] M2_start 1.0
     y[eu_west_a100_80_first_0_1] M1_once[eu_west_a100_80] 1.0
@@ -7095,14 +7095,14 @@ COLUMNS
     y[eu_west_a100_80_first_0_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_0_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_0_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_0_1] M12_v_le_y[285] -3.5117768407690075
-    y[eu_west_a100_80_first_0_1] M12_v_ge[285] -3.5117768407690075
+    y[eu_west_a100_80_first_0_1] M12_v_le_y[285] -22.839129672769012
+    y[eu_west_a100_80_first_0_1] M12_v_ge[285] -22.839129672769012
     y[eu_west_a100_80_first_0_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.0002632325168546673
     y[eu_west_a100_80_first_0_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.0002632325168546673
     y[eu_west_a100_80_first_0_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.0002632325168546673
     y[eu_west_a100_80_first_0_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.0002632325168546673
-    y[eu_west_a100_80_first_0_1] M15_round_trip[eu_west_a100_80_1] 28.09447795866892
-    y[eu_west_a100_80_first_0_1] M16_round_trip_cap[eu_west_a100_80] 3.512040073285862
+    y[eu_west_a100_80_first_0_1] M15_round_trip[eu_west_a100_80_1] 182.71330061466898
+    y[eu_west_a100_80_first_0_1] M16_round_trip_cap[eu_west_a100_80] 22.839392905285866
     y[eu_west_a100_80_first_1_0] obj 0.009312409983145281
     y[eu_west_a100_80_first_1_0] M2_start 1.0
     y[eu_west_a100_80_first_1_0] M4_cover 1.0
@@ -7113,14 +7113,14 @@ COLUMNS
     y[eu_west_a100_80_first_1_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_1_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_1_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_1_0] M12_v_le_y[286] -3.5117768407690075
-    y[eu_west_a100_80_first_1_0] M12_v_ge[286] -3.5117768407690075
+    y[eu_west_a100_80_first_1_0] M12_v_le_y[286] -22.839129672769012
+    y[eu_west_a100_80_first_1_0] M12_v_ge[286] -22.839129672769012
     y[eu_west_a100_80_first_1_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.009312409983145281
     y[eu_west_a100_80_first_1_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.009312409983145281
     y[eu_west_a100_80_first_1_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.009312409983145281
     y[eu_west_a100_80_first_1_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.009312409983145281
-    y[eu_west_a100_80_first_1_0] M15_round_trip[eu_west_a100_80_1] 28.103527136135213
-    y[eu_west_a100_80_first_1_0] M16_round_trip_cap[eu_west_a100_80] 3.5210892507521527
+    y[eu_west_a100_80_first_1_0] M15_round_trip[eu_west_a100_80_1] 182.72234979213528
+    y[eu_west_a100_80_first_1_0] M16_round_trip_cap[eu_west_a100_80] 22.848442082752157
     y[eu_west_a100_80_first_1_1] obj 0.010073171841572616
     y[eu_west_a100_80_first_1_1] M2_start 1.0
     y[eu_west_a100_80_first_1_1] M4_cover 1.0
@@ -7131,14 +7131,14 @@ COLUMNS
     y[eu_west_a100_80_first_1_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_1_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_1_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_1_1] M12_v_le_y[287] -3.5117768407690075
-    y[eu_west_a100_80_first_1_1] M12_v_ge[287] -3.5117768407690075
+    y[eu_west_a100_80_first_1_1] M12_v_le_y[287] -22.839129672769012
+    y[eu_west_a100_80_first_1_1] M12_v_ge[287] -22.839129672769012
     y[eu_west_a100_80_first_1_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.010073171841572616
     y[eu_west_a100_80_first_1_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.010073171841572616
     y[eu_west_a100_80_first_1_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.010073171841572616
     y[eu_west_a100_80_first_1_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.010073171841572616
-    y[eu_west_a100_80_first_1_1] M15_round_trip[eu_west_a100_80_1] 28.10428789799364
-    y[eu_west_a100_80_first_1_1] M16_round_trip_cap[eu_west_a100_80] 3.5218500126105803
+    y[eu_west_a100_80_first_1_1] M15_round_trip[eu_west_a100_80_1] 182.7231105539937
+    y[eu_west_a100_80_first_1_1] M16_round_trip_cap[eu_west_a100_80] 22.849202844610584
     y[eu_west_a100_80_first_2_0] obj 0.018563108774529897
     y[eu_west_a100_80_first_2_0] M2_start 1.0
     y[eu_west_a100_80_first_2_0] M4_cover 2.0
@@ -7149,14 +7149,14 @@ COLUMNS
     y[eu_west_a100_80_first_2_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_2_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_2_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_2_0] M12_v_le_y[288] -3.5117768407690075
-    y[eu_west_a100_80_first_2_0] M12_v_ge[288] -3.5117768407690075
+    y[eu_west_a100_80_first_2_0] M12_v_le_y[288] -22.839129672769012
+    y[eu_west_a100_80_first_2_0] M12_v_ge[288] -22.839129672769012
     y[eu_west_a100_80_first_2_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.018563108774529897
     y[eu_west_a100_80_first_2_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.018563108774529897
     y[eu_west_a100_80_first_2_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.018563108774529897
     y[eu_west_a100_80_first_2_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.018563108774529897
-    y[eu_west_a100_80_first_2_0] M15_round_trip[eu_west_a100_80_1] 28.112777834926597
-    y[eu_west_a100_80_first_2_0] M16_round_trip_cap[eu_west_a100_80] 3.5303399495435372
+    y[eu_west_a100_80_first_2_0] M15_round_trip[eu_west_a100_80_1] 182.73160049092667
+    y[eu_west_a100_80_first_2_0] M16_round_trip_cap[eu_west_a100_80] 22.85769278154354
     y[eu_west_a100_80_first_2_1] obj 0.019883111166290563
     y[eu_west_a100_80_first_2_1] M2_start 1.0
     y[eu_west_a100_80_first_2_1] M4_cover 2.0
@@ -7167,14 +7167,14 @@ COLUMNS
     y[eu_west_a100_80_first_2_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_2_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_2_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_2_1] M12_v_le_y[289] -3.5117768407690075
-    y[eu_west_a100_80_first_2_1] M12_v_ge[289] -3.5117768407690075
+    y[eu_west_a100_80_first_2_1] M12_v_le_y[289] -22.839129672769012
+    y[eu_west_a100_80_first_2_1] M12_v_ge[289] -22.839129672769012
     y[eu_west_a100_80_first_2_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.019883111166290563
     y[eu_west_a100_80_first_2_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.019883111166290563
     y[eu_west_a100_80_first_2_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.019883111166290563
     y[eu_west_a100_80_first_2_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.019883111166290563
-    y[eu_west_a100_80_first_2_1] M15_round_trip[eu_west_a100_80_1] 28.114097837318358
-    y[eu_west_a100_80_first_2_1] M16_round_trip_cap[eu_west_a100_80] 3.531659951935298
+    y[eu_west_a100_80_first_2_1] M15_round_trip[eu_west_a100_80_1] 182.7329204933184
+    y[eu_west_a100_80_first_2_1] M16_round_trip_cap[eu_west_a100_80] 22.859012783935302
     y[eu_west_a100_80_first_2_2] obj 0.039820572109059794
     y[eu_west_a100_80_first_2_2] M2_start 1.0
     y[eu_west_a100_80_first_2_2] M4_cover 2.0
@@ -7185,15 +7185,15 @@ COLUMNS
     y[eu_west_a100_80_first_2_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_2_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_2_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_2_2] M12_v_le_y[290] -3.5117768407690075
-    y[eu_west_a100_80_first_2_2] M12_v_ge[290] -3.5117768407690075
+    y[eu_west_a100_80_first_2_2] M12_v_le_y[290] -22.839129672769012
+    y[eu_west_a100_80_first_2_2] M12_v_ge[290] -22.839129672769012
     y[eu_west_a100_80_first_2_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.039820572109059794
     y[eu_west_a100_80_first_2_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.039820572109059794
     y[eu_west_a100_80_first_2_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.039820572109059794
     y[eu_west_a100_80_first_2_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.039820572109059794
-    y[eu_west_a100_80_first_2_2] M15_round_trip[eu_west_a100_80_1] 28.112716123734838
-    y[eu_west_a100_80_first_2_2] M15_round_trip[eu_west_a100_80_2] 31.645812139030134
-    y[eu_west_a100_80_first_2_2] M16_round_trip_cap[eu_west_a100_80] 3.5515974128780674
+    y[eu_west_a100_80_first_2_2] M15_round_trip[eu_west_a100_80_1] 182.7315387797349
+    y[eu_west_a100_80_first_2_2] M15_round_trip[eu_west_a100_80_2] 205.5919876270302
+    y[eu_west_a100_80_first_2_2] M16_round_trip_cap[eu_west_a100_80] 22.878950244878073
     y[eu_west_a100_80_first_3_0] obj 0.02781380756591451
     y[eu_west_a100_80_first_3_0] M2_start 1.0
     y[eu_west_a100_80_first_3_0] M4_cover 3.0
@@ -7204,14 +7204,14 @@ COLUMNS
     y[eu_west_a100_80_first_3_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_3_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_3_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_3_0] M12_v_le_y[291] -3.5117768407690075
-    y[eu_west_a100_80_first_3_0] M12_v_ge[291] -3.5117768407690075
+    y[eu_west_a100_80_first_3_0] M12_v_le_y[291] -22.839129672769012
+    y[eu_west_a100_80_first_3_0] M12_v_ge[291] -22.839129672769012
     y[eu_west_a100_80_first_3_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.02781380756591451
     y[eu_west_a100_80_first_3_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.02781380756591451
     y[eu_west_a100_80_first_3_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.02781380756591451
     y[eu_west_a100_80_first_3_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.02781380756591451
-    y[eu_west_a100_80_first_3_0] M15_round_trip[eu_west_a100_80_1] 28.12202853371798
-    y[eu_west_a100_80_first_3_0] M16_round_trip_cap[eu_west_a100_80] 3.539590648334922
+    y[eu_west_a100_80_first_3_0] M15_round_trip[eu_west_a100_80_1] 182.74085118971803
+    y[eu_west_a100_80_first_3_0] M16_round_trip_cap[eu_west_a100_80] 22.866943480334925
     y[eu_west_a100_80_first_3_1] obj 0.02969305049100851
     y[eu_west_a100_80_first_3_1] M2_start 1.0
     y[eu_west_a100_80_first_3_1] M4_cover 3.0
@@ -7222,14 +7222,14 @@ COLUMNS
     y[eu_west_a100_80_first_3_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_3_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_3_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_3_1] M12_v_le_y[292] -3.5117768407690075
-    y[eu_west_a100_80_first_3_1] M12_v_ge[292] -3.5117768407690075
+    y[eu_west_a100_80_first_3_1] M12_v_le_y[292] -22.839129672769012
+    y[eu_west_a100_80_first_3_1] M12_v_ge[292] -22.839129672769012
     y[eu_west_a100_80_first_3_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.02969305049100851
     y[eu_west_a100_80_first_3_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.02969305049100851
     y[eu_west_a100_80_first_3_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.02969305049100851
     y[eu_west_a100_80_first_3_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.02969305049100851
-    y[eu_west_a100_80_first_3_1] M15_round_trip[eu_west_a100_80_1] 28.123907776643076
-    y[eu_west_a100_80_first_3_1] M16_round_trip_cap[eu_west_a100_80] 3.541469891260016
+    y[eu_west_a100_80_first_3_1] M15_round_trip[eu_west_a100_80_1] 182.74273043264313
+    y[eu_west_a100_80_first_3_1] M16_round_trip_cap[eu_west_a100_80] 22.86882272326002
     y[eu_west_a100_80_first_4_0] obj 0.03706450635729912
     y[eu_west_a100_80_first_4_0] M2_start 1.0
     y[eu_west_a100_80_first_4_0] M4_cover 4.0
@@ -7240,14 +7240,14 @@ COLUMNS
     y[eu_west_a100_80_first_4_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_4_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_4_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_4_0] M12_v_le_y[293] -3.5117768407690075
-    y[eu_west_a100_80_first_4_0] M12_v_ge[293] -3.5117768407690075
+    y[eu_west_a100_80_first_4_0] M12_v_le_y[293] -22.839129672769012
+    y[eu_west_a100_80_first_4_0] M12_v_ge[293] -22.839129672769012
     y[eu_west_a100_80_first_4_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.03706450635729912
     y[eu_west_a100_80_first_4_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.03706450635729912
     y[eu_west_a100_80_first_4_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.03706450635729912
     y[eu_west_a100_80_first_4_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.03706450635729912
-    y[eu_west_a100_80_first_4_0] M15_round_trip[eu_west_a100_80_1] 28.131279232509367
-    y[eu_west_a100_80_first_4_0] M16_round_trip_cap[eu_west_a100_80] 3.5488413471263067
+    y[eu_west_a100_80_first_4_0] M15_round_trip[eu_west_a100_80_1] 182.75010188850942
+    y[eu_west_a100_80_first_4_0] M16_round_trip_cap[eu_west_a100_80] 22.876194179126312
     y[eu_west_a100_80_first_4_1] obj 0.03950298981572646
     y[eu_west_a100_80_first_4_1] M2_start 1.0
     y[eu_west_a100_80_first_4_1] M4_cover 4.0
@@ -7258,14 +7258,14 @@ COLUMNS
     y[eu_west_a100_80_first_4_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_4_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_4_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_4_1] M12_v_le_y[294] -3.5117768407690075
-    y[eu_west_a100_80_first_4_1] M12_v_ge[294] -3.5117768407690075
+    y[eu_west_a100_80_first_4_1] M12_v_le_y[294] -22.839129672769012
+    y[eu_west_a100_80_first_4_1] M12_v_ge[294] -22.839129672769012
     y[eu_west_a100_80_first_4_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.03950298981572646
     y[eu_west_a100_80_first_4_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.03950298981572646
     y[eu_west_a100_80_first_4_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.03950298981572646
     y[eu_west_a100_80_first_4_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.03950298981572646
-    y[eu_west_a100_80_first_4_1] M15_round_trip[eu_west_a100_80_1] 28.133717715967794
-    y[eu_west_a100_80_first_4_1] M16_round_trip_cap[eu_west_a100_80] 3.551279830584734
+    y[eu_west_a100_80_first_4_1] M15_round_trip[eu_west_a100_80_1] 182.75254037196785
+    y[eu_west_a100_80_first_4_1] M16_round_trip_cap[eu_west_a100_80] 22.87863266258474
     y[eu_west_a100_80_first_4_2] obj 0.07682336727459824
     y[eu_west_a100_80_first_4_2] M2_start 1.0
     y[eu_west_a100_80_first_4_2] M4_cover 4.0
@@ -7276,15 +7276,15 @@ COLUMNS
     y[eu_west_a100_80_first_4_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_4_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_4_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_4_2] M12_v_le_y[295] -3.5117768407690075
-    y[eu_west_a100_80_first_4_2] M12_v_ge[295] -3.5117768407690075
+    y[eu_west_a100_80_first_4_2] M12_v_le_y[295] -22.839129672769012
+    y[eu_west_a100_80_first_4_2] M12_v_ge[295] -22.839129672769012
     y[eu_west_a100_80_first_4_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07682336727459824
     y[eu_west_a100_80_first_4_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.07682336727459824
     y[eu_west_a100_80_first_4_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07682336727459824
     y[eu_west_a100_80_first_4_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07682336727459824
-    y[eu_west_a100_80_first_4_2] M15_round_trip[eu_west_a100_80_1] 28.131217521317605
-    y[eu_west_a100_80_first_4_2] M15_round_trip[eu_west_a100_80_2] 31.682814934195672
-    y[eu_west_a100_80_first_4_2] M16_round_trip_cap[eu_west_a100_80] 3.588600208043606
+    y[eu_west_a100_80_first_4_2] M15_round_trip[eu_west_a100_80_1] 182.75004017731766
+    y[eu_west_a100_80_first_4_2] M15_round_trip[eu_west_a100_80_2] 205.62899042219573
+    y[eu_west_a100_80_first_4_2] M16_round_trip_cap[eu_west_a100_80] 22.91595304004361
     y[eu_west_a100_80_first_5_0] obj 0.04631520514868373
     y[eu_west_a100_80_first_5_0] M2_start 1.0
     y[eu_west_a100_80_first_5_0] M4_cover 5.0
@@ -7295,14 +7295,14 @@ COLUMNS
     y[eu_west_a100_80_first_5_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_5_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_5_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_5_0] M12_v_le_y[296] -3.5117768407690075
-    y[eu_west_a100_80_first_5_0] M12_v_ge[296] -3.5117768407690075
+    y[eu_west_a100_80_first_5_0] M12_v_le_y[296] -22.839129672769012
+    y[eu_west_a100_80_first_5_0] M12_v_ge[296] -22.839129672769012
     y[eu_west_a100_80_first_5_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.04631520514868373
     y[eu_west_a100_80_first_5_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.04631520514868373
     y[eu_west_a100_80_first_5_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.04631520514868373
     y[eu_west_a100_80_first_5_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.04631520514868373
-    y[eu_west_a100_80_first_5_0] M15_round_trip[eu_west_a100_80_1] 28.14052993130075
-    y[eu_west_a100_80_first_5_0] M16_round_trip_cap[eu_west_a100_80] 3.5580920459176912
+    y[eu_west_a100_80_first_5_0] M15_round_trip[eu_west_a100_80_1] 182.7593525873008
+    y[eu_west_a100_80_first_5_0] M16_round_trip_cap[eu_west_a100_80] 22.885444877917696
     y[eu_west_a100_80_first_5_1] obj 0.049312929140444405
     y[eu_west_a100_80_first_5_1] M2_start 1.0
     y[eu_west_a100_80_first_5_1] M4_cover 5.0
@@ -7313,14 +7313,14 @@ COLUMNS
     y[eu_west_a100_80_first_5_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_5_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_5_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_5_1] M12_v_le_y[297] -3.5117768407690075
-    y[eu_west_a100_80_first_5_1] M12_v_ge[297] -3.5117768407690075
+    y[eu_west_a100_80_first_5_1] M12_v_le_y[297] -22.839129672769012
+    y[eu_west_a100_80_first_5_1] M12_v_ge[297] -22.839129672769012
     y[eu_west_a100_80_first_5_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.049312929140444405
     y[eu_west_a100_80_first_5_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.049312929140444405
     y[eu_west_a100_80_first_5_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.049312929140444405
     y[eu_west_a100_80_first_5_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.049312929140444405
-    y[eu_west_a100_80_first_5_1] M15_round_trip[eu_west_a100_80_1] 28.143527655292512
-    y[eu_west_a100_80_first_5_1] M16_round_trip_cap[eu_west_a100_80] 3.561089769909452
+    y[eu_west_a100_80_first_5_1] M15_round_trip[eu_west_a100_80_1] 182.76235031129258
+    y[eu_west_a100_80_first_5_1] M16_round_trip_cap[eu_west_a100_80] 22.888442601909457
     y[eu_west_a100_80_first_6_0] obj 0.05556590394006834
     y[eu_west_a100_80_first_6_0] M2_start 1.0
     y[eu_west_a100_80_first_6_0] M4_cover 6.0
@@ -7331,14 +7331,14 @@ COLUMNS
     y[eu_west_a100_80_first_6_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_6_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_6_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_6_0] M12_v_le_y[298] -3.5117768407690075
-    y[eu_west_a100_80_first_6_0] M12_v_ge[298] -3.5117768407690075
+    y[eu_west_a100_80_first_6_0] M12_v_le_y[298] -22.839129672769012
+    y[eu_west_a100_80_first_6_0] M12_v_ge[298] -22.839129672769012
     y[eu_west_a100_80_first_6_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05556590394006834
     y[eu_west_a100_80_first_6_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.05556590394006834
     y[eu_west_a100_80_first_6_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05556590394006834
     y[eu_west_a100_80_first_6_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05556590394006834
-    y[eu_west_a100_80_first_6_0] M15_round_trip[eu_west_a100_80_1] 28.149780630092135
-    y[eu_west_a100_80_first_6_0] M16_round_trip_cap[eu_west_a100_80] 3.5673427447090758
+    y[eu_west_a100_80_first_6_0] M15_round_trip[eu_west_a100_80_1] 182.7686032860922
+    y[eu_west_a100_80_first_6_0] M16_round_trip_cap[eu_west_a100_80] 22.89469557670908
     y[eu_west_a100_80_first_6_1] obj 0.059122868465162355
     y[eu_west_a100_80_first_6_1] M2_start 1.0
     y[eu_west_a100_80_first_6_1] M4_cover 6.0
@@ -7349,14 +7349,14 @@ COLUMNS
     y[eu_west_a100_80_first_6_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_6_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_6_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_6_1] M12_v_le_y[299] -3.5117768407690075
-    y[eu_west_a100_80_first_6_1] M12_v_ge[299] -3.5117768407690075
+    y[eu_west_a100_80_first_6_1] M12_v_le_y[299] -22.839129672769012
+    y[eu_west_a100_80_first_6_1] M12_v_ge[299] -22.839129672769012
     y[eu_west_a100_80_first_6_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.059122868465162355
     y[eu_west_a100_80_first_6_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.059122868465162355
     y[eu_west_a100_80_first_6_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.059122868465162355
     y[eu_west_a100_80_first_6_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.059122868465162355
-    y[eu_west_a100_80_first_6_1] M15_round_trip[eu_west_a100_80_1] 28.15333759461723
-    y[eu_west_a100_80_first_6_1] M16_round_trip_cap[eu_west_a100_80] 3.57089970923417
+    y[eu_west_a100_80_first_6_1] M15_round_trip[eu_west_a100_80_1] 182.77216025061728
+    y[eu_west_a100_80_first_6_1] M16_round_trip_cap[eu_west_a100_80] 22.898252541234175
     y[eu_west_a100_80_first_6_2] obj 0.11382616244013669
     y[eu_west_a100_80_first_6_2] M2_start 1.0
     y[eu_west_a100_80_first_6_2] M4_cover 6.0
@@ -7367,15 +7367,15 @@ COLUMNS
     y[eu_west_a100_80_first_6_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_6_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_6_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_6_2] M12_v_le_y[300] -3.5117768407690075
-    y[eu_west_a100_80_first_6_2] M12_v_ge[300] -3.5117768407690075
+    y[eu_west_a100_80_first_6_2] M12_v_le_y[300] -22.839129672769012
+    y[eu_west_a100_80_first_6_2] M12_v_ge[300] -22.839129672769012
     y[eu_west_a100_80_first_6_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11382616244013669
     y[eu_west_a100_80_first_6_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.11382616244013669
     y[eu_west_a100_80_first_6_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11382616244013669
     y[eu_west_a100_80_first_6_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11382616244013669
-    y[eu_west_a100_80_first_6_2] M15_round_trip[eu_west_a100_80_1] 28.149718918900376
-    y[eu_west_a100_80_first_6_2] M15_round_trip[eu_west_a100_80_2] 31.71981772936121
-    y[eu_west_a100_80_first_6_2] M16_round_trip_cap[eu_west_a100_80] 3.6256030032091444
+    y[eu_west_a100_80_first_6_2] M15_round_trip[eu_west_a100_80_1] 182.76854157490044
+    y[eu_west_a100_80_first_6_2] M15_round_trip[eu_west_a100_80_2] 205.6659932173613
+    y[eu_west_a100_80_first_6_2] M16_round_trip_cap[eu_west_a100_80] 22.95295583520915
     y[eu_west_a100_80_first_7_0] obj 0.06481660273145295
     y[eu_west_a100_80_first_7_0] M2_start 1.0
     y[eu_west_a100_80_first_7_0] M4_cover 7.0
@@ -7386,14 +7386,14 @@ COLUMNS
     y[eu_west_a100_80_first_7_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_7_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_7_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_7_0] M12_v_le_y[301] -3.5117768407690075
-    y[eu_west_a100_80_first_7_0] M12_v_ge[301] -3.5117768407690075
+    y[eu_west_a100_80_first_7_0] M12_v_le_y[301] -22.839129672769012
+    y[eu_west_a100_80_first_7_0] M12_v_ge[301] -22.839129672769012
     y[eu_west_a100_80_first_7_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.06481660273145295
     y[eu_west_a100_80_first_7_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.06481660273145295
     y[eu_west_a100_80_first_7_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.06481660273145295
     y[eu_west_a100_80_first_7_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.06481660273145295
-    y[eu_west_a100_80_first_7_0] M15_round_trip[eu_west_a100_80_1] 28.159031328883522
-    y[eu_west_a100_80_first_7_0] M16_round_trip_cap[eu_west_a100_80] 3.5765934435004603
+    y[eu_west_a100_80_first_7_0] M15_round_trip[eu_west_a100_80_1] 182.77785398488356
+    y[eu_west_a100_80_first_7_0] M16_round_trip_cap[eu_west_a100_80] 22.903946275500466
     y[eu_west_a100_80_first_7_1] obj 0.06893280778988031
     y[eu_west_a100_80_first_7_1] M2_start 1.0
     y[eu_west_a100_80_first_7_1] M4_cover 7.0
@@ -7404,14 +7404,14 @@ COLUMNS
     y[eu_west_a100_80_first_7_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_7_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_7_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_7_1] M12_v_le_y[302] -3.5117768407690075
-    y[eu_west_a100_80_first_7_1] M12_v_ge[302] -3.5117768407690075
+    y[eu_west_a100_80_first_7_1] M12_v_le_y[302] -22.839129672769012
+    y[eu_west_a100_80_first_7_1] M12_v_ge[302] -22.839129672769012
     y[eu_west_a100_80_first_7_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.06893280778988031
     y[eu_west_a100_80_first_7_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.06893280778988031
     y[eu_west_a100_80_first_7_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.06893280778988031
     y[eu_west_a100_80_first_7_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.06893280778988031
-    y[eu_west_a100_80_first_7_1] M15_round_trip[eu_west_a100_80_1] 28.16314753394195
-    y[eu_west_a100_80_first_7_1] M16_round_trip_cap[eu_west_a100_80] 3.580709648558888
+    y[eu_west_a100_80_first_7_1] M15_round_trip[eu_west_a100_80_1] 182.781970189942
+    y[eu_west_a100_80_first_7_1] M16_round_trip_cap[eu_west_a100_80] 22.908062480558893
     y[eu_west_a100_80_first_8_0] obj 0.07406730152283757
     y[eu_west_a100_80_first_8_0] M2_start 1.0
     y[eu_west_a100_80_first_8_0] M4_cover 8.0
@@ -7422,14 +7422,14 @@ COLUMNS
     y[eu_west_a100_80_first_8_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_8_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_8_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_8_0] M12_v_le_y[303] -3.5117768407690075
-    y[eu_west_a100_80_first_8_0] M12_v_ge[303] -3.5117768407690075
+    y[eu_west_a100_80_first_8_0] M12_v_le_y[303] -22.839129672769012
+    y[eu_west_a100_80_first_8_0] M12_v_ge[303] -22.839129672769012
     y[eu_west_a100_80_first_8_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07406730152283757
     y[eu_west_a100_80_first_8_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.07406730152283757
     y[eu_west_a100_80_first_8_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07406730152283757
     y[eu_west_a100_80_first_8_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07406730152283757
-    y[eu_west_a100_80_first_8_0] M15_round_trip[eu_west_a100_80_1] 28.168282027674906
-    y[eu_west_a100_80_first_8_0] M16_round_trip_cap[eu_west_a100_80] 3.5858441422918452
+    y[eu_west_a100_80_first_8_0] M15_round_trip[eu_west_a100_80_1] 182.78710468367495
+    y[eu_west_a100_80_first_8_0] M16_round_trip_cap[eu_west_a100_80] 22.91319697429185
     y[eu_west_a100_80_first_8_1] obj 0.15082895760567513
     y[eu_west_a100_80_first_8_1] M2_start 1.0
     y[eu_west_a100_80_first_8_1] M4_cover 8.0
@@ -7440,15 +7440,15 @@ COLUMNS
     y[eu_west_a100_80_first_8_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_8_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_8_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_8_1] M12_v_le_y[304] -3.5117768407690075
-    y[eu_west_a100_80_first_8_1] M12_v_ge[304] -3.5117768407690075
+    y[eu_west_a100_80_first_8_1] M12_v_le_y[304] -22.839129672769012
+    y[eu_west_a100_80_first_8_1] M12_v_ge[304] -22.839129672769012
     y[eu_west_a100_80_first_8_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.15082895760567513
     y[eu_west_a100_80_first_8_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.15082895760567513
     y[eu_west_a100_80_first_8_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.15082895760567513
     y[eu_west_a100_80_first_8_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.15082895760567513
-    y[eu_west_a100_80_first_8_1] M15_round_trip[eu_west_a100_80_1] 28.168220316483144
-    y[eu_west_a100_80_first_8_1] M15_round_trip[eu_west_a100_80_2] 31.75682052452675
-    y[eu_west_a100_80_first_8_1] M16_round_trip_cap[eu_west_a100_80] 3.6626057983746825
+    y[eu_west_a100_80_first_8_1] M15_round_trip[eu_west_a100_80_1] 182.7870429724832
+    y[eu_west_a100_80_first_8_1] M15_round_trip[eu_west_a100_80_2] 205.70299601252682
+    y[eu_west_a100_80_first_8_1] M16_round_trip_cap[eu_west_a100_80] 22.989958630374687
     y[eu_west_a100_80_first_8_2] obj 0.07874274711459825
     y[eu_west_a100_80_first_8_2] M2_start 1.0
     y[eu_west_a100_80_first_8_2] M4_cover 8.0
@@ -7459,14 +7459,14 @@ COLUMNS
     y[eu_west_a100_80_first_8_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_8_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_8_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_8_2] M12_v_le_y[305] -3.5117768407690075
-    y[eu_west_a100_80_first_8_2] M12_v_ge[305] -3.5117768407690075
+    y[eu_west_a100_80_first_8_2] M12_v_le_y[305] -22.839129672769012
+    y[eu_west_a100_80_first_8_2] M12_v_ge[305] -22.839129672769012
     y[eu_west_a100_80_first_8_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07874274711459825
     y[eu_west_a100_80_first_8_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.07874274711459825
     y[eu_west_a100_80_first_8_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07874274711459825
     y[eu_west_a100_80_first_8_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07874274711459825
-    y[eu_west_a100_80_first_8_2] M15_round_trip[eu_west_a100_80_1] 28.172957473266667
-    y[eu_west_a100_80_first_8_2] M16_round_trip_cap[eu_west_a100_80] 3.590519587883606
+    y[eu_west_a100_80_first_8_2] M15_round_trip[eu_west_a100_80_1] 182.79178012926673
+    y[eu_west_a100_80_first_8_2] M16_round_trip_cap[eu_west_a100_80] 22.91787241988361
     y[eu_west_a100_80_first_9_0] obj 0.08331800031422218
     y[eu_west_a100_80_first_9_0] M2_start 1.0
     y[eu_west_a100_80_first_9_0] M4_cover 9.0
@@ -7477,14 +7477,14 @@ COLUMNS
     y[eu_west_a100_80_first_9_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_9_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_9_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_9_0] M12_v_le_y[306] -3.5117768407690075
-    y[eu_west_a100_80_first_9_0] M12_v_ge[306] -3.5117768407690075
+    y[eu_west_a100_80_first_9_0] M12_v_le_y[306] -22.839129672769012
+    y[eu_west_a100_80_first_9_0] M12_v_ge[306] -22.839129672769012
     y[eu_west_a100_80_first_9_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08331800031422218
     y[eu_west_a100_80_first_9_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.08331800031422218
     y[eu_west_a100_80_first_9_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08331800031422218
     y[eu_west_a100_80_first_9_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08331800031422218
-    y[eu_west_a100_80_first_9_0] M15_round_trip[eu_west_a100_80_1] 28.17753272646629
-    y[eu_west_a100_80_first_9_0] M16_round_trip_cap[eu_west_a100_80] 3.5950948410832297
+    y[eu_west_a100_80_first_9_0] M15_round_trip[eu_west_a100_80_1] 182.79635538246634
+    y[eu_west_a100_80_first_9_0] M16_round_trip_cap[eu_west_a100_80] 22.922447673083234
     y[eu_west_a100_80_first_9_1] obj 0.08855268643931621
     y[eu_west_a100_80_first_9_1] M2_start 1.0
     y[eu_west_a100_80_first_9_1] M4_cover 9.0
@@ -7495,14 +7495,14 @@ COLUMNS
     y[eu_west_a100_80_first_9_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_9_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_9_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_9_1] M12_v_le_y[307] -3.5117768407690075
-    y[eu_west_a100_80_first_9_1] M12_v_ge[307] -3.5117768407690075
+    y[eu_west_a100_80_first_9_1] M12_v_le_y[307] -22.839129672769012
+    y[eu_west_a100_80_first_9_1] M12_v_ge[307] -22.839129672769012
     y[eu_west_a100_80_first_9_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08855268643931621
     y[eu_west_a100_80_first_9_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.08855268643931621
     y[eu_west_a100_80_first_9_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08855268643931621
     y[eu_west_a100_80_first_9_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08855268643931621
-    y[eu_west_a100_80_first_9_1] M15_round_trip[eu_west_a100_80_1] 28.182767412591385
-    y[eu_west_a100_80_first_9_1] M16_round_trip_cap[eu_west_a100_80] 3.6003295272083236
+    y[eu_west_a100_80_first_9_1] M15_round_trip[eu_west_a100_80_1] 182.80159006859145
+    y[eu_west_a100_80_first_9_1] M16_round_trip_cap[eu_west_a100_80] 22.92768235920833
     y[eu_west_a100_80_first_10_0] obj 0.09256869910560679
     y[eu_west_a100_80_first_10_0] M2_start 1.0
     y[eu_west_a100_80_first_10_0] M4_cover 10.0
@@ -7513,14 +7513,14 @@ COLUMNS
     y[eu_west_a100_80_first_10_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_10_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_10_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_10_0] M12_v_le_y[308] -3.5117768407690075
-    y[eu_west_a100_80_first_10_0] M12_v_ge[308] -3.5117768407690075
+    y[eu_west_a100_80_first_10_0] M12_v_le_y[308] -22.839129672769012
+    y[eu_west_a100_80_first_10_0] M12_v_ge[308] -22.839129672769012
     y[eu_west_a100_80_first_10_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09256869910560679
     y[eu_west_a100_80_first_10_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.09256869910560679
     y[eu_west_a100_80_first_10_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09256869910560679
     y[eu_west_a100_80_first_10_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09256869910560679
-    y[eu_west_a100_80_first_10_0] M15_round_trip[eu_west_a100_80_1] 28.186783425257673
-    y[eu_west_a100_80_first_10_0] M16_round_trip_cap[eu_west_a100_80] 3.6043455398746143
+    y[eu_west_a100_80_first_10_0] M15_round_trip[eu_west_a100_80_1] 182.80560608125774
+    y[eu_west_a100_80_first_10_0] M16_round_trip_cap[eu_west_a100_80] 22.931698371874617
     y[eu_west_a100_80_first_10_1] obj 0.18783175277121358
     y[eu_west_a100_80_first_10_1] M2_start 1.0
     y[eu_west_a100_80_first_10_1] M4_cover 10.0
@@ -7531,15 +7531,15 @@ COLUMNS
     y[eu_west_a100_80_first_10_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_10_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_10_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_10_1] M12_v_le_y[309] -3.5117768407690075
-    y[eu_west_a100_80_first_10_1] M12_v_ge[309] -3.5117768407690075
+    y[eu_west_a100_80_first_10_1] M12_v_le_y[309] -22.839129672769012
+    y[eu_west_a100_80_first_10_1] M12_v_ge[309] -22.839129672769012
     y[eu_west_a100_80_first_10_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18783175277121358
     y[eu_west_a100_80_first_10_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.18783175277121358
     y[eu_west_a100_80_first_10_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18783175277121358
     y[eu_west_a100_80_first_10_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18783175277121358
-    y[eu_west_a100_80_first_10_1] M15_round_trip[eu_west_a100_80_1] 28.186721714065914
-    y[eu_west_a100_80_first_10_1] M15_round_trip[eu_west_a100_80_2] 31.793823319692287
-    y[eu_west_a100_80_first_10_1] M16_round_trip_cap[eu_west_a100_80] 3.699608593540221
+    y[eu_west_a100_80_first_10_1] M15_round_trip[eu_west_a100_80_1] 182.80554437006597
+    y[eu_west_a100_80_first_10_1] M15_round_trip[eu_west_a100_80_2] 205.73999880769236
+    y[eu_west_a100_80_first_10_1] M16_round_trip_cap[eu_west_a100_80] 23.026961425540225
     y[eu_west_a100_80_first_10_2] obj 0.09836262576403415
     y[eu_west_a100_80_first_10_2] M2_start 1.0
     y[eu_west_a100_80_first_10_2] M4_cover 10.0
@@ -7550,14 +7550,14 @@ COLUMNS
     y[eu_west_a100_80_first_10_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_10_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_10_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_10_2] M12_v_le_y[310] -3.5117768407690075
-    y[eu_west_a100_80_first_10_2] M12_v_ge[310] -3.5117768407690075
+    y[eu_west_a100_80_first_10_2] M12_v_le_y[310] -22.839129672769012
+    y[eu_west_a100_80_first_10_2] M12_v_ge[310] -22.839129672769012
     y[eu_west_a100_80_first_10_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09836262576403415
     y[eu_west_a100_80_first_10_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.09836262576403415
     y[eu_west_a100_80_first_10_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09836262576403415
     y[eu_west_a100_80_first_10_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09836262576403415
-    y[eu_west_a100_80_first_10_2] M15_round_trip[eu_west_a100_80_1] 28.1925773519161
-    y[eu_west_a100_80_first_10_2] M16_round_trip_cap[eu_west_a100_80] 3.6101394665330417
+    y[eu_west_a100_80_first_10_2] M15_round_trip[eu_west_a100_80_1] 182.81140000791615
+    y[eu_west_a100_80_first_10_2] M16_round_trip_cap[eu_west_a100_80] 22.937492298533044
     y[eu_west_a100_80_first_11_0] obj 0.10181939789699142
     y[eu_west_a100_80_first_11_0] M2_start 1.0
     y[eu_west_a100_80_first_11_0] M4_cover 11.0
@@ -7568,14 +7568,14 @@ COLUMNS
     y[eu_west_a100_80_first_11_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_11_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_11_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_11_0] M12_v_le_y[311] -3.5117768407690075
-    y[eu_west_a100_80_first_11_0] M12_v_ge[311] -3.5117768407690075
+    y[eu_west_a100_80_first_11_0] M12_v_le_y[311] -22.839129672769012
+    y[eu_west_a100_80_first_11_0] M12_v_ge[311] -22.839129672769012
     y[eu_west_a100_80_first_11_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10181939789699142
     y[eu_west_a100_80_first_11_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.10181939789699142
     y[eu_west_a100_80_first_11_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10181939789699142
     y[eu_west_a100_80_first_11_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10181939789699142
-    y[eu_west_a100_80_first_11_0] M15_round_trip[eu_west_a100_80_1] 28.19603412404906
-    y[eu_west_a100_80_first_11_0] M16_round_trip_cap[eu_west_a100_80] 3.6135962386659988
+    y[eu_west_a100_80_first_11_0] M15_round_trip[eu_west_a100_80_1] 182.81485678004913
+    y[eu_west_a100_80_first_11_0] M16_round_trip_cap[eu_west_a100_80] 22.940949070666004
     y[eu_west_a100_80_first_11_1] obj 0.10817256508875212
     y[eu_west_a100_80_first_11_1] M2_start 1.0
     y[eu_west_a100_80_first_11_1] M4_cover 11.0
@@ -7586,14 +7586,14 @@ COLUMNS
     y[eu_west_a100_80_first_11_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_11_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_11_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_11_1] M12_v_le_y[312] -3.5117768407690075
-    y[eu_west_a100_80_first_11_1] M12_v_ge[312] -3.5117768407690075
+    y[eu_west_a100_80_first_11_1] M12_v_le_y[312] -22.839129672769012
+    y[eu_west_a100_80_first_11_1] M12_v_ge[312] -22.839129672769012
     y[eu_west_a100_80_first_11_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10817256508875212
     y[eu_west_a100_80_first_11_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.10817256508875212
     y[eu_west_a100_80_first_11_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10817256508875212
     y[eu_west_a100_80_first_11_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10817256508875212
-    y[eu_west_a100_80_first_11_1] M15_round_trip[eu_west_a100_80_1] 28.202387291240818
-    y[eu_west_a100_80_first_11_1] M16_round_trip_cap[eu_west_a100_80] 3.6199494058577595
+    y[eu_west_a100_80_first_11_1] M15_round_trip[eu_west_a100_80_1] 182.82120994724087
+    y[eu_west_a100_80_first_11_1] M16_round_trip_cap[eu_west_a100_80] 22.947302237857762
     y[eu_west_a100_80_first_12_0] obj 0.11107009668837603
     y[eu_west_a100_80_first_12_0] M2_start 1.0
     y[eu_west_a100_80_first_12_0] M4_cover 12.0
@@ -7604,14 +7604,14 @@ COLUMNS
     y[eu_west_a100_80_first_12_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_12_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_12_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_12_0] M12_v_le_y[313] -3.5117768407690075
-    y[eu_west_a100_80_first_12_0] M12_v_ge[313] -3.5117768407690075
+    y[eu_west_a100_80_first_12_0] M12_v_le_y[313] -22.839129672769012
+    y[eu_west_a100_80_first_12_0] M12_v_ge[313] -22.839129672769012
     y[eu_west_a100_80_first_12_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11107009668837603
     y[eu_west_a100_80_first_12_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.11107009668837603
     y[eu_west_a100_80_first_12_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11107009668837603
     y[eu_west_a100_80_first_12_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11107009668837603
-    y[eu_west_a100_80_first_12_0] M15_round_trip[eu_west_a100_80_1] 28.205284822840444
-    y[eu_west_a100_80_first_12_0] M16_round_trip_cap[eu_west_a100_80] 3.6228469374573837
+    y[eu_west_a100_80_first_12_0] M15_round_trip[eu_west_a100_80_1] 182.8241074788405
+    y[eu_west_a100_80_first_12_0] M16_round_trip_cap[eu_west_a100_80] 22.950199769457388
     y[eu_west_a100_80_first_12_1] obj 0.22483454793675206
     y[eu_west_a100_80_first_12_1] M2_start 1.0
     y[eu_west_a100_80_first_12_1] M4_cover 12.0
@@ -7622,15 +7622,15 @@ COLUMNS
     y[eu_west_a100_80_first_12_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_12_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_12_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_12_1] M12_v_le_y[314] -3.5117768407690075
-    y[eu_west_a100_80_first_12_1] M12_v_ge[314] -3.5117768407690075
+    y[eu_west_a100_80_first_12_1] M12_v_le_y[314] -22.839129672769012
+    y[eu_west_a100_80_first_12_1] M12_v_ge[314] -22.839129672769012
     y[eu_west_a100_80_first_12_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22483454793675206
     y[eu_west_a100_80_first_12_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.22483454793675206
     y[eu_west_a100_80_first_12_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22483454793675206
     y[eu_west_a100_80_first_12_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22483454793675206
-    y[eu_west_a100_80_first_12_1] M15_round_trip[eu_west_a100_80_1] 28.20522311164868
-    y[eu_west_a100_80_first_12_1] M15_round_trip[eu_west_a100_80_2] 31.830826114857825
-    y[eu_west_a100_80_first_12_1] M16_round_trip_cap[eu_west_a100_80] 3.7366113887057595
+    y[eu_west_a100_80_first_12_1] M15_round_trip[eu_west_a100_80_1] 182.82404576764873
+    y[eu_west_a100_80_first_12_1] M15_round_trip[eu_west_a100_80_2] 205.7770016028579
+    y[eu_west_a100_80_first_12_1] M16_round_trip_cap[eu_west_a100_80] 23.063964220705763
     y[eu_west_a100_80_first_12_2] obj 0.11798250441347005
     y[eu_west_a100_80_first_12_2] M2_start 1.0
     y[eu_west_a100_80_first_12_2] M4_cover 12.0
@@ -7641,14 +7641,14 @@ COLUMNS
     y[eu_west_a100_80_first_12_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_12_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_12_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_12_2] M12_v_le_y[315] -3.5117768407690075
-    y[eu_west_a100_80_first_12_2] M12_v_ge[315] -3.5117768407690075
+    y[eu_west_a100_80_first_12_2] M12_v_le_y[315] -22.839129672769012
+    y[eu_west_a100_80_first_12_2] M12_v_ge[315] -22.839129672769012
     y[eu_west_a100_80_first_12_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11798250441347005
     y[eu_west_a100_80_first_12_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.11798250441347005
     y[eu_west_a100_80_first_12_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11798250441347005
     y[eu_west_a100_80_first_12_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11798250441347005
-    y[eu_west_a100_80_first_12_2] M15_round_trip[eu_west_a100_80_1] 28.212197230565536
-    y[eu_west_a100_80_first_12_2] M16_round_trip_cap[eu_west_a100_80] 3.6297593451824777
+    y[eu_west_a100_80_first_12_2] M15_round_trip[eu_west_a100_80_1] 182.8310198865656
+    y[eu_west_a100_80_first_12_2] M16_round_trip_cap[eu_west_a100_80] 22.95711217718248
     y[eu_west_a100_80_first_13_0] obj 0.12032079547976064
     y[eu_west_a100_80_first_13_0] M2_start 1.0
     y[eu_west_a100_80_first_13_0] M4_cover 13.0
@@ -7659,14 +7659,14 @@ COLUMNS
     y[eu_west_a100_80_first_13_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_13_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_13_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_13_0] M12_v_le_y[316] -3.5117768407690075
-    y[eu_west_a100_80_first_13_0] M12_v_ge[316] -3.5117768407690075
+    y[eu_west_a100_80_first_13_0] M12_v_le_y[316] -22.839129672769012
+    y[eu_west_a100_80_first_13_0] M12_v_ge[316] -22.839129672769012
     y[eu_west_a100_80_first_13_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12032079547976064
     y[eu_west_a100_80_first_13_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.12032079547976064
     y[eu_west_a100_80_first_13_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12032079547976064
     y[eu_west_a100_80_first_13_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12032079547976064
-    y[eu_west_a100_80_first_13_0] M15_round_trip[eu_west_a100_80_1] 28.214535521631827
-    y[eu_west_a100_80_first_13_0] M16_round_trip_cap[eu_west_a100_80] 3.6320976362487682
+    y[eu_west_a100_80_first_13_0] M15_round_trip[eu_west_a100_80_1] 182.83335817763188
+    y[eu_west_a100_80_first_13_0] M16_round_trip_cap[eu_west_a100_80] 22.95945046824877
     y[eu_west_a100_80_first_13_1] obj 0.12779244373818802
     y[eu_west_a100_80_first_13_1] M2_start 1.0
     y[eu_west_a100_80_first_13_1] M4_cover 13.0
@@ -7677,14 +7677,14 @@ COLUMNS
     y[eu_west_a100_80_first_13_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_13_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_13_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_13_1] M12_v_le_y[317] -3.5117768407690075
-    y[eu_west_a100_80_first_13_1] M12_v_ge[317] -3.5117768407690075
+    y[eu_west_a100_80_first_13_1] M12_v_le_y[317] -22.839129672769012
+    y[eu_west_a100_80_first_13_1] M12_v_ge[317] -22.839129672769012
     y[eu_west_a100_80_first_13_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12779244373818802
     y[eu_west_a100_80_first_13_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.12779244373818802
     y[eu_west_a100_80_first_13_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12779244373818802
     y[eu_west_a100_80_first_13_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12779244373818802
-    y[eu_west_a100_80_first_13_1] M15_round_trip[eu_west_a100_80_1] 28.222007169890254
-    y[eu_west_a100_80_first_13_1] M16_round_trip_cap[eu_west_a100_80] 3.6395692845071954
+    y[eu_west_a100_80_first_13_1] M15_round_trip[eu_west_a100_80_1] 182.84082982589032
+    y[eu_west_a100_80_first_13_1] M16_round_trip_cap[eu_west_a100_80] 22.9669221165072
     y[eu_west_a100_80_first_14_0] obj 0.12957149427114525
     y[eu_west_a100_80_first_14_0] M2_start 1.0
     y[eu_west_a100_80_first_14_0] M4_cover 14.0
@@ -7695,14 +7695,14 @@ COLUMNS
     y[eu_west_a100_80_first_14_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_14_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_14_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_14_0] M12_v_le_y[318] -3.5117768407690075
-    y[eu_west_a100_80_first_14_0] M12_v_ge[318] -3.5117768407690075
+    y[eu_west_a100_80_first_14_0] M12_v_le_y[318] -22.839129672769012
+    y[eu_west_a100_80_first_14_0] M12_v_ge[318] -22.839129672769012
     y[eu_west_a100_80_first_14_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12957149427114525
     y[eu_west_a100_80_first_14_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.12957149427114525
     y[eu_west_a100_80_first_14_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12957149427114525
     y[eu_west_a100_80_first_14_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12957149427114525
-    y[eu_west_a100_80_first_14_0] M15_round_trip[eu_west_a100_80_1] 28.223786220423214
-    y[eu_west_a100_80_first_14_0] M16_round_trip_cap[eu_west_a100_80] 3.6413483350401528
+    y[eu_west_a100_80_first_14_0] M15_round_trip[eu_west_a100_80_1] 182.84260887642327
+    y[eu_west_a100_80_first_14_0] M16_round_trip_cap[eu_west_a100_80] 22.96870116704016
     y[eu_west_a100_80_first_14_1] obj 0.2618373431022905
     y[eu_west_a100_80_first_14_1] M2_start 1.0
     y[eu_west_a100_80_first_14_1] M4_cover 14.0
@@ -7713,15 +7713,15 @@ COLUMNS
     y[eu_west_a100_80_first_14_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_14_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_14_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_14_1] M12_v_le_y[319] -3.5117768407690075
-    y[eu_west_a100_80_first_14_1] M12_v_ge[319] -3.5117768407690075
+    y[eu_west_a100_80_first_14_1] M12_v_le_y[319] -22.839129672769012
+    y[eu_west_a100_80_first_14_1] M12_v_ge[319] -22.839129672769012
     y[eu_west_a100_80_first_14_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2618373431022905
     y[eu_west_a100_80_first_14_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.2618373431022905
     y[eu_west_a100_80_first_14_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2618373431022905
     y[eu_west_a100_80_first_14_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2618373431022905
-    y[eu_west_a100_80_first_14_1] M15_round_trip[eu_west_a100_80_1] 28.223724509231452
-    y[eu_west_a100_80_first_14_1] M15_round_trip[eu_west_a100_80_2] 31.867828910023363
-    y[eu_west_a100_80_first_14_1] M16_round_trip_cap[eu_west_a100_80] 3.773614183871298
+    y[eu_west_a100_80_first_14_1] M15_round_trip[eu_west_a100_80_1] 182.8425471652315
+    y[eu_west_a100_80_first_14_1] M15_round_trip[eu_west_a100_80_2] 205.81400439802343
+    y[eu_west_a100_80_first_14_1] M16_round_trip_cap[eu_west_a100_80] 23.1009670158713
     y[eu_west_a100_80_first_14_2] obj 0.13760238306290595
     y[eu_west_a100_80_first_14_2] M2_start 1.0
     y[eu_west_a100_80_first_14_2] M4_cover 14.0
@@ -7732,14 +7732,14 @@ COLUMNS
     y[eu_west_a100_80_first_14_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_14_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_14_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_14_2] M12_v_le_y[320] -3.5117768407690075
-    y[eu_west_a100_80_first_14_2] M12_v_ge[320] -3.5117768407690075
+    y[eu_west_a100_80_first_14_2] M12_v_le_y[320] -22.839129672769012
+    y[eu_west_a100_80_first_14_2] M12_v_ge[320] -22.839129672769012
     y[eu_west_a100_80_first_14_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.13760238306290595
     y[eu_west_a100_80_first_14_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.13760238306290595
     y[eu_west_a100_80_first_14_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.13760238306290595
     y[eu_west_a100_80_first_14_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.13760238306290595
-    y[eu_west_a100_80_first_14_2] M15_round_trip[eu_west_a100_80_1] 28.231817109214973
-    y[eu_west_a100_80_first_14_2] M16_round_trip_cap[eu_west_a100_80] 3.6493792238319136
+    y[eu_west_a100_80_first_14_2] M15_round_trip[eu_west_a100_80_1] 182.85063976521502
+    y[eu_west_a100_80_first_14_2] M16_round_trip_cap[eu_west_a100_80] 22.976732055831917
     y[eu_west_a100_80_first_15_0] obj 0.13882219306252985
     y[eu_west_a100_80_first_15_0] M2_start 1.0
     y[eu_west_a100_80_first_15_0] M4_cover 15.0
@@ -7750,14 +7750,14 @@ COLUMNS
     y[eu_west_a100_80_first_15_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_15_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_15_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_15_0] M12_v_le_y[321] -3.5117768407690075
-    y[eu_west_a100_80_first_15_0] M12_v_ge[321] -3.5117768407690075
+    y[eu_west_a100_80_first_15_0] M12_v_le_y[321] -22.839129672769012
+    y[eu_west_a100_80_first_15_0] M12_v_ge[321] -22.839129672769012
     y[eu_west_a100_80_first_15_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.13882219306252985
     y[eu_west_a100_80_first_15_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.13882219306252985
     y[eu_west_a100_80_first_15_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.13882219306252985
     y[eu_west_a100_80_first_15_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.13882219306252985
-    y[eu_west_a100_80_first_15_0] M15_round_trip[eu_west_a100_80_1] 28.233036919214598
-    y[eu_west_a100_80_first_15_0] M16_round_trip_cap[eu_west_a100_80] 3.6505990338315373
+    y[eu_west_a100_80_first_15_0] M15_round_trip[eu_west_a100_80_1] 182.85185957521466
+    y[eu_west_a100_80_first_15_0] M16_round_trip_cap[eu_west_a100_80] 22.977951865831542
     y[eu_west_a100_80_first_15_1] obj 0.14741232238762392
     y[eu_west_a100_80_first_15_1] M2_start 1.0
     y[eu_west_a100_80_first_15_1] M4_cover 15.0
@@ -7768,14 +7768,14 @@ COLUMNS
     y[eu_west_a100_80_first_15_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_15_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_15_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_15_1] M12_v_le_y[322] -3.5117768407690075
-    y[eu_west_a100_80_first_15_1] M12_v_ge[322] -3.5117768407690075
+    y[eu_west_a100_80_first_15_1] M12_v_le_y[322] -22.839129672769012
+    y[eu_west_a100_80_first_15_1] M12_v_ge[322] -22.839129672769012
     y[eu_west_a100_80_first_15_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14741232238762392
     y[eu_west_a100_80_first_15_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.14741232238762392
     y[eu_west_a100_80_first_15_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14741232238762392
     y[eu_west_a100_80_first_15_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14741232238762392
-    y[eu_west_a100_80_first_15_1] M15_round_trip[eu_west_a100_80_1] 28.24162704853969
-    y[eu_west_a100_80_first_15_1] M16_round_trip_cap[eu_west_a100_80] 3.6591891631566313
+    y[eu_west_a100_80_first_15_1] M15_round_trip[eu_west_a100_80_1] 182.86044970453975
+    y[eu_west_a100_80_first_15_1] M16_round_trip_cap[eu_west_a100_80] 22.986541995156635
     y[eu_west_a100_80_first_16_0] obj 0.14807289185391448
     y[eu_west_a100_80_first_16_0] M2_start 1.0
     y[eu_west_a100_80_first_16_0] M4_cover 16.0
@@ -7786,14 +7786,14 @@ COLUMNS
     y[eu_west_a100_80_first_16_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_16_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_16_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_16_0] M12_v_le_y[323] -3.5117768407690075
-    y[eu_west_a100_80_first_16_0] M12_v_ge[323] -3.5117768407690075
+    y[eu_west_a100_80_first_16_0] M12_v_le_y[323] -22.839129672769012
+    y[eu_west_a100_80_first_16_0] M12_v_ge[323] -22.839129672769012
     y[eu_west_a100_80_first_16_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14807289185391448
     y[eu_west_a100_80_first_16_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.14807289185391448
     y[eu_west_a100_80_first_16_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14807289185391448
     y[eu_west_a100_80_first_16_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14807289185391448
-    y[eu_west_a100_80_first_16_0] M15_round_trip[eu_west_a100_80_1] 28.24228761800598
-    y[eu_west_a100_80_first_16_0] M16_round_trip_cap[eu_west_a100_80] 3.659849732622922
+    y[eu_west_a100_80_first_16_0] M15_round_trip[eu_west_a100_80_1] 182.86111027400605
+    y[eu_west_a100_80_first_16_0] M16_round_trip_cap[eu_west_a100_80] 22.987202564622926
     y[eu_west_a100_80_first_16_1] obj 0.29884013826782896
     y[eu_west_a100_80_first_16_1] M2_start 1.0
     y[eu_west_a100_80_first_16_1] M4_cover 16.0
@@ -7804,15 +7804,15 @@ COLUMNS
     y[eu_west_a100_80_first_16_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_16_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_16_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_16_1] M12_v_le_y[324] -3.5117768407690075
-    y[eu_west_a100_80_first_16_1] M12_v_ge[324] -3.5117768407690075
+    y[eu_west_a100_80_first_16_1] M12_v_le_y[324] -22.839129672769012
+    y[eu_west_a100_80_first_16_1] M12_v_ge[324] -22.839129672769012
     y[eu_west_a100_80_first_16_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.29884013826782896
     y[eu_west_a100_80_first_16_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.29884013826782896
     y[eu_west_a100_80_first_16_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.29884013826782896
     y[eu_west_a100_80_first_16_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.29884013826782896
-    y[eu_west_a100_80_first_16_1] M15_round_trip[eu_west_a100_80_1] 28.24222590681422
-    y[eu_west_a100_80_first_16_1] M15_round_trip[eu_west_a100_80_2] 31.9048317051889
-    y[eu_west_a100_80_first_16_1] M16_round_trip_cap[eu_west_a100_80] 3.8106169790368365
+    y[eu_west_a100_80_first_16_1] M15_round_trip[eu_west_a100_80_1] 182.8610485628143
+    y[eu_west_a100_80_first_16_1] M15_round_trip[eu_west_a100_80_2] 205.85100719318896
+    y[eu_west_a100_80_first_16_1] M16_round_trip_cap[eu_west_a100_80] 23.13796981103684
     y[eu_west_a100_80_first_16_2] obj 0.15722226171234185
     y[eu_west_a100_80_first_16_2] M2_start 1.0
     y[eu_west_a100_80_first_16_2] M4_cover 16.0
@@ -7823,14 +7823,14 @@ COLUMNS
     y[eu_west_a100_80_first_16_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_16_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_16_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_16_2] M12_v_le_y[325] -3.5117768407690075
-    y[eu_west_a100_80_first_16_2] M12_v_ge[325] -3.5117768407690075
+    y[eu_west_a100_80_first_16_2] M12_v_le_y[325] -22.839129672769012
+    y[eu_west_a100_80_first_16_2] M12_v_ge[325] -22.839129672769012
     y[eu_west_a100_80_first_16_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.15722226171234185
     y[eu_west_a100_80_first_16_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.15722226171234185
     y[eu_west_a100_80_first_16_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.15722226171234185
     y[eu_west_a100_80_first_16_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.15722226171234185
-    y[eu_west_a100_80_first_16_2] M15_round_trip[eu_west_a100_80_1] 28.25143698786441
-    y[eu_west_a100_80_first_16_2] M16_round_trip_cap[eu_west_a100_80] 3.6689991024813495
+    y[eu_west_a100_80_first_16_2] M15_round_trip[eu_west_a100_80_1] 182.87025964386447
+    y[eu_west_a100_80_first_16_2] M16_round_trip_cap[eu_west_a100_80] 22.996351934481353
     y[eu_west_a100_80_first_17_0] obj 0.1573235906452991
     y[eu_west_a100_80_first_17_0] M2_start 1.0
     y[eu_west_a100_80_first_17_0] M4_cover 17.0
@@ -7841,14 +7841,14 @@ COLUMNS
     y[eu_west_a100_80_first_17_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_17_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_17_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_17_0] M12_v_le_y[326] -3.5117768407690075
-    y[eu_west_a100_80_first_17_0] M12_v_ge[326] -3.5117768407690075
+    y[eu_west_a100_80_first_17_0] M12_v_le_y[326] -22.839129672769012
+    y[eu_west_a100_80_first_17_0] M12_v_ge[326] -22.839129672769012
     y[eu_west_a100_80_first_17_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1573235906452991
     y[eu_west_a100_80_first_17_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1573235906452991
     y[eu_west_a100_80_first_17_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1573235906452991
     y[eu_west_a100_80_first_17_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1573235906452991
-    y[eu_west_a100_80_first_17_0] M15_round_trip[eu_west_a100_80_1] 28.251538316797365
-    y[eu_west_a100_80_first_17_0] M16_round_trip_cap[eu_west_a100_80] 3.6691004314143068
+    y[eu_west_a100_80_first_17_0] M15_round_trip[eu_west_a100_80_1] 182.8703609727974
+    y[eu_west_a100_80_first_17_0] M16_round_trip_cap[eu_west_a100_80] 22.99645326341431
     y[eu_west_a100_80_first_17_1] obj 0.16703220103705982
     y[eu_west_a100_80_first_17_1] M2_start 1.0
     y[eu_west_a100_80_first_17_1] M4_cover 17.0
@@ -7859,14 +7859,14 @@ COLUMNS
     y[eu_west_a100_80_first_17_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_17_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_17_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_17_1] M12_v_le_y[327] -3.5117768407690075
-    y[eu_west_a100_80_first_17_1] M12_v_ge[327] -3.5117768407690075
+    y[eu_west_a100_80_first_17_1] M12_v_le_y[327] -22.839129672769012
+    y[eu_west_a100_80_first_17_1] M12_v_ge[327] -22.839129672769012
     y[eu_west_a100_80_first_17_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16703220103705982
     y[eu_west_a100_80_first_17_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.16703220103705982
     y[eu_west_a100_80_first_17_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16703220103705982
     y[eu_west_a100_80_first_17_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16703220103705982
-    y[eu_west_a100_80_first_17_1] M15_round_trip[eu_west_a100_80_1] 28.261246927189127
-    y[eu_west_a100_80_first_17_1] M16_round_trip_cap[eu_west_a100_80] 3.6788090418060673
+    y[eu_west_a100_80_first_17_1] M15_round_trip[eu_west_a100_80_1] 182.8800695831892
+    y[eu_west_a100_80_first_17_1] M16_round_trip_cap[eu_west_a100_80] 23.00616187380607
     y[eu_west_a100_80_first_18_0] obj 0.1665742894366837
     y[eu_west_a100_80_first_18_0] M2_start 1.0
     y[eu_west_a100_80_first_18_0] M4_cover 18.0
@@ -7877,14 +7877,14 @@ COLUMNS
     y[eu_west_a100_80_first_18_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_18_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_18_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_18_0] M12_v_le_y[328] -3.5117768407690075
-    y[eu_west_a100_80_first_18_0] M12_v_ge[328] -3.5117768407690075
+    y[eu_west_a100_80_first_18_0] M12_v_le_y[328] -22.839129672769012
+    y[eu_west_a100_80_first_18_0] M12_v_ge[328] -22.839129672769012
     y[eu_west_a100_80_first_18_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1665742894366837
     y[eu_west_a100_80_first_18_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1665742894366837
     y[eu_west_a100_80_first_18_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1665742894366837
     y[eu_west_a100_80_first_18_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1665742894366837
-    y[eu_west_a100_80_first_18_0] M15_round_trip[eu_west_a100_80_1] 28.260789015588752
-    y[eu_west_a100_80_first_18_0] M16_round_trip_cap[eu_west_a100_80] 3.6783511302056913
+    y[eu_west_a100_80_first_18_0] M15_round_trip[eu_west_a100_80_1] 182.8796116715888
+    y[eu_west_a100_80_first_18_0] M16_round_trip_cap[eu_west_a100_80] 23.005703962205697
     y[eu_west_a100_80_first_18_1] obj 0.3358429334333674
     y[eu_west_a100_80_first_18_1] M2_start 1.0
     y[eu_west_a100_80_first_18_1] M4_cover 18.0
@@ -7895,15 +7895,15 @@ COLUMNS
     y[eu_west_a100_80_first_18_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_18_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_18_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_18_1] M12_v_le_y[329] -3.5117768407690075
-    y[eu_west_a100_80_first_18_1] M12_v_ge[329] -3.5117768407690075
+    y[eu_west_a100_80_first_18_1] M12_v_le_y[329] -22.839129672769012
+    y[eu_west_a100_80_first_18_1] M12_v_ge[329] -22.839129672769012
     y[eu_west_a100_80_first_18_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3358429334333674
     y[eu_west_a100_80_first_18_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3358429334333674
     y[eu_west_a100_80_first_18_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3358429334333674
     y[eu_west_a100_80_first_18_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3358429334333674
-    y[eu_west_a100_80_first_18_1] M15_round_trip[eu_west_a100_80_1] 28.26072730439699
-    y[eu_west_a100_80_first_18_1] M15_round_trip[eu_west_a100_80_2] 31.94183450035444
-    y[eu_west_a100_80_first_18_1] M16_round_trip_cap[eu_west_a100_80] 3.847619774202375
+    y[eu_west_a100_80_first_18_1] M15_round_trip[eu_west_a100_80_1] 182.87954996039704
+    y[eu_west_a100_80_first_18_1] M15_round_trip[eu_west_a100_80_2] 205.8880099883545
+    y[eu_west_a100_80_first_18_1] M16_round_trip_cap[eu_west_a100_80] 23.174972606202378
     y[eu_west_a100_80_first_18_2] obj 0.17684214036177776
     y[eu_west_a100_80_first_18_2] M2_start 1.0
     y[eu_west_a100_80_first_18_2] M4_cover 18.0
@@ -7914,14 +7914,14 @@ COLUMNS
     y[eu_west_a100_80_first_18_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_18_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_18_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_18_2] M12_v_le_y[330] -3.5117768407690075
-    y[eu_west_a100_80_first_18_2] M12_v_ge[330] -3.5117768407690075
+    y[eu_west_a100_80_first_18_2] M12_v_le_y[330] -22.839129672769012
+    y[eu_west_a100_80_first_18_2] M12_v_ge[330] -22.839129672769012
     y[eu_west_a100_80_first_18_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.17684214036177776
     y[eu_west_a100_80_first_18_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.17684214036177776
     y[eu_west_a100_80_first_18_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.17684214036177776
     y[eu_west_a100_80_first_18_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.17684214036177776
-    y[eu_west_a100_80_first_18_2] M15_round_trip[eu_west_a100_80_1] 28.271056866513845
-    y[eu_west_a100_80_first_18_2] M16_round_trip_cap[eu_west_a100_80] 3.6886189811307855
+    y[eu_west_a100_80_first_18_2] M15_round_trip[eu_west_a100_80_1] 182.8898795225139
+    y[eu_west_a100_80_first_18_2] M16_round_trip_cap[eu_west_a100_80] 23.01597181313079
     y[eu_west_a100_80_first_19_0] obj 0.1758249882280683
     y[eu_west_a100_80_first_19_0] M2_start 1.0
     y[eu_west_a100_80_first_19_0] M4_cover 19.0
@@ -7932,14 +7932,14 @@ COLUMNS
     y[eu_west_a100_80_first_19_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_19_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_19_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_19_0] M12_v_le_y[331] -3.5117768407690075
-    y[eu_west_a100_80_first_19_0] M12_v_ge[331] -3.5117768407690075
+    y[eu_west_a100_80_first_19_0] M12_v_le_y[331] -22.839129672769012
+    y[eu_west_a100_80_first_19_0] M12_v_ge[331] -22.839129672769012
     y[eu_west_a100_80_first_19_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1758249882280683
     y[eu_west_a100_80_first_19_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1758249882280683
     y[eu_west_a100_80_first_19_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1758249882280683
     y[eu_west_a100_80_first_19_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1758249882280683
-    y[eu_west_a100_80_first_19_0] M15_round_trip[eu_west_a100_80_1] 28.270039714380136
-    y[eu_west_a100_80_first_19_0] M16_round_trip_cap[eu_west_a100_80] 3.687601828997076
+    y[eu_west_a100_80_first_19_0] M15_round_trip[eu_west_a100_80_1] 182.8888623703802
+    y[eu_west_a100_80_first_19_0] M16_round_trip_cap[eu_west_a100_80] 23.01495466099708
     y[eu_west_a100_80_first_19_1] obj 0.18665207968649572
     y[eu_west_a100_80_first_19_1] M2_start 1.0
     y[eu_west_a100_80_first_19_1] M4_cover 19.0
@@ -7950,14 +7950,14 @@ COLUMNS
     y[eu_west_a100_80_first_19_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_19_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_19_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_19_1] M12_v_le_y[332] -3.5117768407690075
-    y[eu_west_a100_80_first_19_1] M12_v_ge[332] -3.5117768407690075
+    y[eu_west_a100_80_first_19_1] M12_v_le_y[332] -22.839129672769012
+    y[eu_west_a100_80_first_19_1] M12_v_ge[332] -22.839129672769012
     y[eu_west_a100_80_first_19_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18665207968649572
     y[eu_west_a100_80_first_19_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.18665207968649572
     y[eu_west_a100_80_first_19_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18665207968649572
     y[eu_west_a100_80_first_19_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18665207968649572
-    y[eu_west_a100_80_first_19_1] M15_round_trip[eu_west_a100_80_1] 28.280866805838563
-    y[eu_west_a100_80_first_19_1] M16_round_trip_cap[eu_west_a100_80] 3.698428920455503
+    y[eu_west_a100_80_first_19_1] M15_round_trip[eu_west_a100_80_1] 182.89968946183862
+    y[eu_west_a100_80_first_19_1] M16_round_trip_cap[eu_west_a100_80] 23.025781752455508
     y[eu_west_a100_80_first_20_0] obj 0.18507568701945293
     y[eu_west_a100_80_first_20_0] M2_start 1.0
     y[eu_west_a100_80_first_20_0] M4_cover 20.0
@@ -7968,14 +7968,14 @@ COLUMNS
     y[eu_west_a100_80_first_20_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_20_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_20_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_20_0] M12_v_le_y[333] -3.5117768407690075
-    y[eu_west_a100_80_first_20_0] M12_v_ge[333] -3.5117768407690075
+    y[eu_west_a100_80_first_20_0] M12_v_le_y[333] -22.839129672769012
+    y[eu_west_a100_80_first_20_0] M12_v_ge[333] -22.839129672769012
     y[eu_west_a100_80_first_20_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18507568701945293
     y[eu_west_a100_80_first_20_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.18507568701945293
     y[eu_west_a100_80_first_20_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18507568701945293
     y[eu_west_a100_80_first_20_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18507568701945293
-    y[eu_west_a100_80_first_20_0] M15_round_trip[eu_west_a100_80_1] 28.27929041317152
-    y[eu_west_a100_80_first_20_0] M16_round_trip_cap[eu_west_a100_80] 3.6968525277884603
+    y[eu_west_a100_80_first_20_0] M15_round_trip[eu_west_a100_80_1] 182.8981130691716
+    y[eu_west_a100_80_first_20_0] M16_round_trip_cap[eu_west_a100_80] 23.024205359788464
     y[eu_west_a100_80_first_20_1] obj 0.37284572859890586
     y[eu_west_a100_80_first_20_1] M2_start 1.0
     y[eu_west_a100_80_first_20_1] M4_cover 20.0
@@ -7986,15 +7986,15 @@ COLUMNS
     y[eu_west_a100_80_first_20_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_20_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_20_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_20_1] M12_v_le_y[334] -3.5117768407690075
-    y[eu_west_a100_80_first_20_1] M12_v_ge[334] -3.5117768407690075
+    y[eu_west_a100_80_first_20_1] M12_v_le_y[334] -22.839129672769012
+    y[eu_west_a100_80_first_20_1] M12_v_ge[334] -22.839129672769012
     y[eu_west_a100_80_first_20_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.37284572859890586
     y[eu_west_a100_80_first_20_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.37284572859890586
     y[eu_west_a100_80_first_20_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.37284572859890586
     y[eu_west_a100_80_first_20_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.37284572859890586
-    y[eu_west_a100_80_first_20_1] M15_round_trip[eu_west_a100_80_1] 28.27922870197976
-    y[eu_west_a100_80_first_20_1] M15_round_trip[eu_west_a100_80_2] 31.97883729551998
-    y[eu_west_a100_80_first_20_1] M16_round_trip_cap[eu_west_a100_80] 3.8846225693679135
+    y[eu_west_a100_80_first_20_1] M15_round_trip[eu_west_a100_80_1] 182.89805135797982
+    y[eu_west_a100_80_first_20_1] M15_round_trip[eu_west_a100_80_2] 205.92501278352006
+    y[eu_west_a100_80_first_20_1] M16_round_trip_cap[eu_west_a100_80] 23.21197540136792
     y[eu_west_a100_80_first_20_2] obj 0.19646201901121366
     y[eu_west_a100_80_first_20_2] M2_start 1.0
     y[eu_west_a100_80_first_20_2] M4_cover 20.0
@@ -8005,14 +8005,14 @@ COLUMNS
     y[eu_west_a100_80_first_20_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_20_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_20_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_20_2] M12_v_le_y[335] -3.5117768407690075
-    y[eu_west_a100_80_first_20_2] M12_v_ge[335] -3.5117768407690075
+    y[eu_west_a100_80_first_20_2] M12_v_le_y[335] -22.839129672769012
+    y[eu_west_a100_80_first_20_2] M12_v_ge[335] -22.839129672769012
     y[eu_west_a100_80_first_20_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.19646201901121366
     y[eu_west_a100_80_first_20_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.19646201901121366
     y[eu_west_a100_80_first_20_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.19646201901121366
     y[eu_west_a100_80_first_20_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.19646201901121366
-    y[eu_west_a100_80_first_20_2] M15_round_trip[eu_west_a100_80_1] 28.29067674516328
-    y[eu_west_a100_80_first_20_2] M16_round_trip_cap[eu_west_a100_80] 3.7082388597802214
+    y[eu_west_a100_80_first_20_2] M15_round_trip[eu_west_a100_80_1] 182.90949940116334
+    y[eu_west_a100_80_first_20_2] M16_round_trip_cap[eu_west_a100_80] 23.035591691780226
     y[eu_west_a100_80_first_21_0] obj 0.19432638581083755
     y[eu_west_a100_80_first_21_0] M2_start 1.0
     y[eu_west_a100_80_first_21_0] M4_cover 21.0
@@ -8023,14 +8023,14 @@ COLUMNS
     y[eu_west_a100_80_first_21_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_21_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_21_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_21_0] M12_v_le_y[336] -3.5117768407690075
-    y[eu_west_a100_80_first_21_0] M12_v_ge[336] -3.5117768407690075
+    y[eu_west_a100_80_first_21_0] M12_v_le_y[336] -22.839129672769012
+    y[eu_west_a100_80_first_21_0] M12_v_ge[336] -22.839129672769012
     y[eu_west_a100_80_first_21_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.19432638581083755
     y[eu_west_a100_80_first_21_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.19432638581083755
     y[eu_west_a100_80_first_21_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.19432638581083755
     y[eu_west_a100_80_first_21_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.19432638581083755
-    y[eu_west_a100_80_first_21_0] M15_round_trip[eu_west_a100_80_1] 28.288541111962903
-    y[eu_west_a100_80_first_21_0] M16_round_trip_cap[eu_west_a100_80] 3.7061032265798453
+    y[eu_west_a100_80_first_21_0] M15_round_trip[eu_west_a100_80_1] 182.90736376796295
+    y[eu_west_a100_80_first_21_0] M16_round_trip_cap[eu_west_a100_80] 23.033456058579848
     y[eu_west_a100_80_first_21_1] obj 0.2062719583359316
     y[eu_west_a100_80_first_21_1] M2_start 1.0
     y[eu_west_a100_80_first_21_1] M4_cover 21.0
@@ -8041,14 +8041,14 @@ COLUMNS
     y[eu_west_a100_80_first_21_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_21_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_21_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_21_1] M12_v_le_y[337] -3.5117768407690075
-    y[eu_west_a100_80_first_21_1] M12_v_ge[337] -3.5117768407690075
+    y[eu_west_a100_80_first_21_1] M12_v_le_y[337] -22.839129672769012
+    y[eu_west_a100_80_first_21_1] M12_v_ge[337] -22.839129672769012
     y[eu_west_a100_80_first_21_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2062719583359316
     y[eu_west_a100_80_first_21_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.2062719583359316
     y[eu_west_a100_80_first_21_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2062719583359316
     y[eu_west_a100_80_first_21_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2062719583359316
-    y[eu_west_a100_80_first_21_1] M15_round_trip[eu_west_a100_80_1] 28.300486684488
-    y[eu_west_a100_80_first_21_1] M16_round_trip_cap[eu_west_a100_80] 3.718048799104939
+    y[eu_west_a100_80_first_21_1] M15_round_trip[eu_west_a100_80_1] 182.91930934048804
+    y[eu_west_a100_80_first_21_1] M16_round_trip_cap[eu_west_a100_80] 23.045401631104944
     y[eu_west_a100_80_first_22_0] obj 0.20357708460222215
     y[eu_west_a100_80_first_22_0] M2_start 1.0
     y[eu_west_a100_80_first_22_0] M4_cover 22.0
@@ -8059,14 +8059,14 @@ COLUMNS
     y[eu_west_a100_80_first_22_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_22_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_22_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_22_0] M12_v_le_y[338] -3.5117768407690075
-    y[eu_west_a100_80_first_22_0] M12_v_ge[338] -3.5117768407690075
+    y[eu_west_a100_80_first_22_0] M12_v_le_y[338] -22.839129672769012
+    y[eu_west_a100_80_first_22_0] M12_v_ge[338] -22.839129672769012
     y[eu_west_a100_80_first_22_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.20357708460222215
     y[eu_west_a100_80_first_22_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.20357708460222215
     y[eu_west_a100_80_first_22_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.20357708460222215
     y[eu_west_a100_80_first_22_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.20357708460222215
-    y[eu_west_a100_80_first_22_0] M15_round_trip[eu_west_a100_80_1] 28.29779181075429
-    y[eu_west_a100_80_first_22_0] M16_round_trip_cap[eu_west_a100_80] 3.7153539253712298
+    y[eu_west_a100_80_first_22_0] M15_round_trip[eu_west_a100_80_1] 182.91661446675434
+    y[eu_west_a100_80_first_22_0] M16_round_trip_cap[eu_west_a100_80] 23.042706757371235
     y[eu_west_a100_80_first_22_1] obj 0.4098485237644443
     y[eu_west_a100_80_first_22_1] M2_start 1.0
     y[eu_west_a100_80_first_22_1] M4_cover 22.0
@@ -8077,15 +8077,15 @@ COLUMNS
     y[eu_west_a100_80_first_22_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_22_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_22_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_22_1] M12_v_le_y[339] -3.5117768407690075
-    y[eu_west_a100_80_first_22_1] M12_v_ge[339] -3.5117768407690075
+    y[eu_west_a100_80_first_22_1] M12_v_le_y[339] -22.839129672769012
+    y[eu_west_a100_80_first_22_1] M12_v_ge[339] -22.839129672769012
     y[eu_west_a100_80_first_22_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.4098485237644443
     y[eu_west_a100_80_first_22_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.4098485237644443
     y[eu_west_a100_80_first_22_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.4098485237644443
     y[eu_west_a100_80_first_22_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.4098485237644443
-    y[eu_west_a100_80_first_22_1] M15_round_trip[eu_west_a100_80_1] 28.29773009956253
-    y[eu_west_a100_80_first_22_1] M15_round_trip[eu_west_a100_80_2] 32.015840090685515
-    y[eu_west_a100_80_first_22_1] M16_round_trip_cap[eu_west_a100_80] 3.921625364533452
+    y[eu_west_a100_80_first_22_1] M15_round_trip[eu_west_a100_80_1] 182.91655275556258
+    y[eu_west_a100_80_first_22_1] M15_round_trip[eu_west_a100_80_2] 205.9620155786856
+    y[eu_west_a100_80_first_22_1] M16_round_trip_cap[eu_west_a100_80] 23.248978196533457
     y[eu_west_a100_80_first_22_2] obj 0.21608189766064956
     y[eu_west_a100_80_first_22_2] M2_start 1.0
     y[eu_west_a100_80_first_22_2] M4_cover 22.0
@@ -8096,14 +8096,14 @@ COLUMNS
     y[eu_west_a100_80_first_22_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_22_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_22_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_22_2] M12_v_le_y[340] -3.5117768407690075
-    y[eu_west_a100_80_first_22_2] M12_v_ge[340] -3.5117768407690075
+    y[eu_west_a100_80_first_22_2] M12_v_le_y[340] -22.839129672769012
+    y[eu_west_a100_80_first_22_2] M12_v_ge[340] -22.839129672769012
     y[eu_west_a100_80_first_22_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21608189766064956
     y[eu_west_a100_80_first_22_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.21608189766064956
     y[eu_west_a100_80_first_22_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21608189766064956
     y[eu_west_a100_80_first_22_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21608189766064956
-    y[eu_west_a100_80_first_22_2] M15_round_trip[eu_west_a100_80_1] 28.310296623812718
-    y[eu_west_a100_80_first_22_2] M16_round_trip_cap[eu_west_a100_80] 3.7278587384296573
+    y[eu_west_a100_80_first_22_2] M15_round_trip[eu_west_a100_80_1] 182.92911927981277
+    y[eu_west_a100_80_first_22_2] M16_round_trip_cap[eu_west_a100_80] 23.055211570429663
     y[eu_west_a100_80_first_23_0] obj 0.21282778339360675
     y[eu_west_a100_80_first_23_0] M2_start 1.0
     y[eu_west_a100_80_first_23_0] M4_cover 23.0
@@ -8114,14 +8114,14 @@ COLUMNS
     y[eu_west_a100_80_first_23_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_23_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_23_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_23_0] M12_v_le_y[341] -3.5117768407690075
-    y[eu_west_a100_80_first_23_0] M12_v_ge[341] -3.5117768407690075
+    y[eu_west_a100_80_first_23_0] M12_v_le_y[341] -22.839129672769012
+    y[eu_west_a100_80_first_23_0] M12_v_ge[341] -22.839129672769012
     y[eu_west_a100_80_first_23_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21282778339360675
     y[eu_west_a100_80_first_23_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.21282778339360675
     y[eu_west_a100_80_first_23_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21282778339360675
     y[eu_west_a100_80_first_23_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21282778339360675
-    y[eu_west_a100_80_first_23_0] M15_round_trip[eu_west_a100_80_1] 28.307042509545674
-    y[eu_west_a100_80_first_23_0] M16_round_trip_cap[eu_west_a100_80] 3.7246046241626143
+    y[eu_west_a100_80_first_23_0] M15_round_trip[eu_west_a100_80_1] 182.92586516554573
+    y[eu_west_a100_80_first_23_0] M16_round_trip_cap[eu_west_a100_80] 23.05195745616262
     y[eu_west_a100_80_first_23_1] obj 0.22589183698536752
     y[eu_west_a100_80_first_23_1] M2_start 1.0
     y[eu_west_a100_80_first_23_1] M4_cover 23.0
@@ -8132,14 +8132,14 @@ COLUMNS
     y[eu_west_a100_80_first_23_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_23_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_23_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_23_1] M12_v_le_y[342] -3.5117768407690075
-    y[eu_west_a100_80_first_23_1] M12_v_ge[342] -3.5117768407690075
+    y[eu_west_a100_80_first_23_1] M12_v_le_y[342] -22.839129672769012
+    y[eu_west_a100_80_first_23_1] M12_v_ge[342] -22.839129672769012
     y[eu_west_a100_80_first_23_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22589183698536752
     y[eu_west_a100_80_first_23_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.22589183698536752
     y[eu_west_a100_80_first_23_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22589183698536752
     y[eu_west_a100_80_first_23_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22589183698536752
-    y[eu_west_a100_80_first_23_1] M15_round_trip[eu_west_a100_80_1] 28.320106563137436
-    y[eu_west_a100_80_first_23_1] M16_round_trip_cap[eu_west_a100_80] 3.737668677754375
+    y[eu_west_a100_80_first_23_1] M15_round_trip[eu_west_a100_80_1] 182.9389292191375
+    y[eu_west_a100_80_first_23_1] M16_round_trip_cap[eu_west_a100_80] 23.06502150975438
     y[eu_west_a100_80_first_24_0] obj 0.22207848218499138
     y[eu_west_a100_80_first_24_0] M2_start 1.0
     y[eu_west_a100_80_first_24_0] M4_cover 24.0
@@ -8150,14 +8150,14 @@ COLUMNS
     y[eu_west_a100_80_first_24_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_24_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_24_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_24_0] M12_v_le_y[343] -3.5117768407690075
-    y[eu_west_a100_80_first_24_0] M12_v_ge[343] -3.5117768407690075
+    y[eu_west_a100_80_first_24_0] M12_v_le_y[343] -22.839129672769012
+    y[eu_west_a100_80_first_24_0] M12_v_ge[343] -22.839129672769012
     y[eu_west_a100_80_first_24_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22207848218499138
     y[eu_west_a100_80_first_24_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.22207848218499138
     y[eu_west_a100_80_first_24_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22207848218499138
     y[eu_west_a100_80_first_24_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22207848218499138
-    y[eu_west_a100_80_first_24_0] M15_round_trip[eu_west_a100_80_1] 28.316293208337058
-    y[eu_west_a100_80_first_24_0] M16_round_trip_cap[eu_west_a100_80] 3.733855322953999
+    y[eu_west_a100_80_first_24_0] M15_round_trip[eu_west_a100_80_1] 182.93511586433712
+    y[eu_west_a100_80_first_24_0] M16_round_trip_cap[eu_west_a100_80] 23.061208154954002
     y[eu_west_a100_80_first_24_1] obj 0.44685131892998275
     y[eu_west_a100_80_first_24_1] M2_start 1.0
     y[eu_west_a100_80_first_24_1] M4_cover 24.0
@@ -8168,15 +8168,15 @@ COLUMNS
     y[eu_west_a100_80_first_24_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_first_24_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_first_24_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_first_24_1] M12_v_le_y[344] -3.5117768407690075
-    y[eu_west_a100_80_first_24_1] M12_v_ge[344] -3.5117768407690075
+    y[eu_west_a100_80_first_24_1] M12_v_le_y[344] -22.839129672769012
+    y[eu_west_a100_80_first_24_1] M12_v_ge[344] -22.839129672769012
     y[eu_west_a100_80_first_24_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.44685131892998275
     y[eu_west_a100_80_first_24_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.44685131892998275
     y[eu_west_a100_80_first_24_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.44685131892998275
     y[eu_west_a100_80_first_24_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.44685131892998275
-    y[eu_west_a100_80_first_24_1] M15_round_trip[eu_west_a100_80_1] 28.3162314971453
-    y[eu_west_a100_80_first_24_1] M15_round_trip[eu_west_a100_80_2] 32.05284288585106
-    y[eu_west_a100_80_first_24_1] M16_round_trip_cap[eu_west_a100_80] 3.95862815969899
+    y[eu_west_a100_80_first_24_1] M15_round_trip[eu_west_a100_80_1] 182.93505415314536
+    y[eu_west_a100_80_first_24_1] M15_round_trip[eu_west_a100_80_2] 205.99901837385113
+    y[eu_west_a100_80_first_24_1] M16_round_trip_cap[eu_west_a100_80] 23.285980991698995
     y[eu_west_a100_80_first_24_2] obj 0.23570177631008546
     y[eu_west_a100_80_first_24_2] M2_start 1.0
     y[eu_west_a100_80_first_24_2] M4_cover 24.0
@@ -8187,14 +8187,14 @@ COLUMNS
     y[eu_west_a100_80_first_24_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_first_24_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_first_24_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_first_24_2] M12_v_le_y[345] -3.5117768407690075
-    y[eu_west_a100_80_first_24_2] M12_v_ge[345] -3.5117768407690075
+    y[eu_west_a100_80_first_24_2] M12_v_le_y[345] -22.839129672769012
+    y[eu_west_a100_80_first_24_2] M12_v_ge[345] -22.839129672769012
     y[eu_west_a100_80_first_24_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.23570177631008546
     y[eu_west_a100_80_first_24_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.23570177631008546
     y[eu_west_a100_80_first_24_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.23570177631008546
     y[eu_west_a100_80_first_24_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.23570177631008546
-    y[eu_west_a100_80_first_24_2] M15_round_trip[eu_west_a100_80_1] 28.329916502462154
-    y[eu_west_a100_80_first_24_2] M16_round_trip_cap[eu_west_a100_80] 3.747478617079093
+    y[eu_west_a100_80_first_24_2] M15_round_trip[eu_west_a100_80_1] 182.94873915846222
+    y[eu_west_a100_80_first_24_2] M16_round_trip_cap[eu_west_a100_80] 23.0748314490791
     y[eu_west_a100_80_middle_1_0] obj 0.009250698791384616
     y[eu_west_a100_80_middle_1_0] M4_cover 1.0
     y[eu_west_a100_80_middle_1_0] M1_once[eu_west_a100_80] 1.0
@@ -8205,14 +8205,14 @@ COLUMNS
     y[eu_west_a100_80_middle_1_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_1_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_1_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_1_0] M12_v_le_y[346] -3.5117768407690075
-    y[eu_west_a100_80_middle_1_0] M12_v_ge[346] -3.5117768407690075
+    y[eu_west_a100_80_middle_1_0] M12_v_le_y[346] -22.839129672769012
+    y[eu_west_a100_80_middle_1_0] M12_v_ge[346] -22.839129672769012
     y[eu_west_a100_80_middle_1_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.009250698791384616
     y[eu_west_a100_80_middle_1_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.009250698791384616
     y[eu_west_a100_80_middle_1_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.009250698791384616
     y[eu_west_a100_80_middle_1_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.009250698791384616
-    y[eu_west_a100_80_middle_1_0] M15_round_trip[eu_west_a100_80_1] 28.10346542494345
-    y[eu_west_a100_80_middle_1_0] M16_round_trip_cap[eu_west_a100_80] 3.521027539560392
+    y[eu_west_a100_80_middle_1_0] M15_round_trip[eu_west_a100_80_1] 182.7222880809435
+    y[eu_west_a100_80_middle_1_0] M16_round_trip_cap[eu_west_a100_80] 22.848380371560395
     y[eu_west_a100_80_middle_2_0] obj 0.01850139758276923
     y[eu_west_a100_80_middle_2_0] M4_cover 2.0
     y[eu_west_a100_80_middle_2_0] M1_once[eu_west_a100_80] 1.0
@@ -8223,14 +8223,14 @@ COLUMNS
     y[eu_west_a100_80_middle_2_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_2_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_2_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_2_0] M12_v_le_y[347] -3.5117768407690075
-    y[eu_west_a100_80_middle_2_0] M12_v_ge[347] -3.5117768407690075
+    y[eu_west_a100_80_middle_2_0] M12_v_le_y[347] -22.839129672769012
+    y[eu_west_a100_80_middle_2_0] M12_v_ge[347] -22.839129672769012
     y[eu_west_a100_80_middle_2_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.01850139758276923
     y[eu_west_a100_80_middle_2_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.01850139758276923
     y[eu_west_a100_80_middle_2_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.01850139758276923
     y[eu_west_a100_80_middle_2_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.01850139758276923
-    y[eu_west_a100_80_middle_2_0] M15_round_trip[eu_west_a100_80_1] 28.112716123734838
-    y[eu_west_a100_80_middle_2_0] M16_round_trip_cap[eu_west_a100_80] 3.5302782383517766
+    y[eu_west_a100_80_middle_2_0] M15_round_trip[eu_west_a100_80_1] 182.7315387797349
+    y[eu_west_a100_80_middle_2_0] M16_round_trip_cap[eu_west_a100_80] 22.857631070351783
     y[eu_west_a100_80_middle_2_1] obj 0.019619878649435894
     y[eu_west_a100_80_middle_2_1] M4_cover 2.0
     y[eu_west_a100_80_middle_2_1] M1_once[eu_west_a100_80] 1.0
@@ -8241,14 +8241,14 @@ COLUMNS
     y[eu_west_a100_80_middle_2_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_2_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_2_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_2_1] M12_v_le_y[348] -3.5117768407690075
-    y[eu_west_a100_80_middle_2_1] M12_v_ge[348] -3.5117768407690075
+    y[eu_west_a100_80_middle_2_1] M12_v_le_y[348] -22.839129672769012
+    y[eu_west_a100_80_middle_2_1] M12_v_ge[348] -22.839129672769012
     y[eu_west_a100_80_middle_2_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.019619878649435894
     y[eu_west_a100_80_middle_2_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.019619878649435894
     y[eu_west_a100_80_middle_2_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.019619878649435894
     y[eu_west_a100_80_middle_2_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.019619878649435894
-    y[eu_west_a100_80_middle_2_1] M15_round_trip[eu_west_a100_80_1] 28.113834604801504
-    y[eu_west_a100_80_middle_2_1] M16_round_trip_cap[eu_west_a100_80] 3.5313967194184435
+    y[eu_west_a100_80_middle_2_1] M15_round_trip[eu_west_a100_80_1] 182.73265726080155
+    y[eu_west_a100_80_middle_2_1] M16_round_trip_cap[eu_west_a100_80] 22.858749551418448
     y[eu_west_a100_80_middle_2_2] obj 0.039697149725538464
     y[eu_west_a100_80_middle_2_2] M4_cover 2.0
     y[eu_west_a100_80_middle_2_2] M1_once[eu_west_a100_80] 1.0
@@ -8259,15 +8259,15 @@ COLUMNS
     y[eu_west_a100_80_middle_2_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_2_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_2_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_2_2] M12_v_le_y[349] -3.5117768407690075
-    y[eu_west_a100_80_middle_2_2] M12_v_ge[349] -3.5117768407690075
+    y[eu_west_a100_80_middle_2_2] M12_v_le_y[349] -22.839129672769012
+    y[eu_west_a100_80_middle_2_2] M12_v_ge[349] -22.839129672769012
     y[eu_west_a100_80_middle_2_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.039697149725538464
     y[eu_west_a100_80_middle_2_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.039697149725538464
     y[eu_west_a100_80_middle_2_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.039697149725538464
     y[eu_west_a100_80_middle_2_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.039697149725538464
-    y[eu_west_a100_80_middle_2_2] M15_round_trip[eu_west_a100_80_1] 28.112716123734838
-    y[eu_west_a100_80_middle_2_2] M15_round_trip[eu_west_a100_80_2] 31.64568871664661
-    y[eu_west_a100_80_middle_2_2] M16_round_trip_cap[eu_west_a100_80] 3.551473990494546
+    y[eu_west_a100_80_middle_2_2] M15_round_trip[eu_west_a100_80_1] 182.7315387797349
+    y[eu_west_a100_80_middle_2_2] M15_round_trip[eu_west_a100_80_2] 205.59186420464667
+    y[eu_west_a100_80_middle_2_2] M16_round_trip_cap[eu_west_a100_80] 22.87882682249455
     y[eu_west_a100_80_middle_3_0] obj 0.027752096374153844
     y[eu_west_a100_80_middle_3_0] M4_cover 3.0
     y[eu_west_a100_80_middle_3_0] M1_once[eu_west_a100_80] 1.0
@@ -8278,14 +8278,14 @@ COLUMNS
     y[eu_west_a100_80_middle_3_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_3_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_3_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_3_0] M12_v_le_y[350] -3.5117768407690075
-    y[eu_west_a100_80_middle_3_0] M12_v_ge[350] -3.5117768407690075
+    y[eu_west_a100_80_middle_3_0] M12_v_le_y[350] -22.839129672769012
+    y[eu_west_a100_80_middle_3_0] M12_v_ge[350] -22.839129672769012
     y[eu_west_a100_80_middle_3_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.027752096374153844
     y[eu_west_a100_80_middle_3_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.027752096374153844
     y[eu_west_a100_80_middle_3_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.027752096374153844
     y[eu_west_a100_80_middle_3_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.027752096374153844
-    y[eu_west_a100_80_middle_3_0] M15_round_trip[eu_west_a100_80_1] 28.121966822526222
-    y[eu_west_a100_80_middle_3_0] M16_round_trip_cap[eu_west_a100_80] 3.5395289371431615
+    y[eu_west_a100_80_middle_3_0] M15_round_trip[eu_west_a100_80_1] 182.74078947852627
+    y[eu_west_a100_80_middle_3_0] M16_round_trip_cap[eu_west_a100_80] 22.866881769143166
     y[eu_west_a100_80_middle_3_1] obj 0.029429817974153845
     y[eu_west_a100_80_middle_3_1] M4_cover 3.0
     y[eu_west_a100_80_middle_3_1] M1_once[eu_west_a100_80] 1.0
@@ -8296,14 +8296,14 @@ COLUMNS
     y[eu_west_a100_80_middle_3_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_3_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_3_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_3_1] M12_v_le_y[351] -3.5117768407690075
-    y[eu_west_a100_80_middle_3_1] M12_v_ge[351] -3.5117768407690075
+    y[eu_west_a100_80_middle_3_1] M12_v_le_y[351] -22.839129672769012
+    y[eu_west_a100_80_middle_3_1] M12_v_ge[351] -22.839129672769012
     y[eu_west_a100_80_middle_3_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.029429817974153845
     y[eu_west_a100_80_middle_3_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.029429817974153845
     y[eu_west_a100_80_middle_3_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.029429817974153845
     y[eu_west_a100_80_middle_3_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.029429817974153845
-    y[eu_west_a100_80_middle_3_1] M15_round_trip[eu_west_a100_80_1] 28.123644544126222
-    y[eu_west_a100_80_middle_3_1] M16_round_trip_cap[eu_west_a100_80] 3.541206658743161
+    y[eu_west_a100_80_middle_3_1] M15_round_trip[eu_west_a100_80_1] 182.74246720012627
+    y[eu_west_a100_80_middle_3_1] M16_round_trip_cap[eu_west_a100_80] 22.868559490743166
     y[eu_west_a100_80_middle_3_2] obj 0.05819854730830769
     y[eu_west_a100_80_middle_3_2] M4_cover 3.0
     y[eu_west_a100_80_middle_3_2] M1_once[eu_west_a100_80] 1.0
@@ -8314,15 +8314,15 @@ COLUMNS
     y[eu_west_a100_80_middle_3_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_3_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_3_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_3_2] M12_v_le_y[352] -3.5117768407690075
-    y[eu_west_a100_80_middle_3_2] M12_v_ge[352] -3.5117768407690075
+    y[eu_west_a100_80_middle_3_2] M12_v_le_y[352] -22.839129672769012
+    y[eu_west_a100_80_middle_3_2] M12_v_ge[352] -22.839129672769012
     y[eu_west_a100_80_middle_3_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05819854730830769
     y[eu_west_a100_80_middle_3_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.05819854730830769
     y[eu_west_a100_80_middle_3_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05819854730830769
     y[eu_west_a100_80_middle_3_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05819854730830769
-    y[eu_west_a100_80_middle_3_2] M15_round_trip[eu_west_a100_80_1] 28.131217521317605
-    y[eu_west_a100_80_middle_3_2] M15_round_trip[eu_west_a100_80_2] 31.66419011422938
-    y[eu_west_a100_80_middle_3_2] M16_round_trip_cap[eu_west_a100_80] 3.569975388077315
+    y[eu_west_a100_80_middle_3_2] M15_round_trip[eu_west_a100_80_1] 182.75004017731766
+    y[eu_west_a100_80_middle_3_2] M15_round_trip[eu_west_a100_80_2] 205.61036560222945
+    y[eu_west_a100_80_middle_3_2] M16_round_trip_cap[eu_west_a100_80] 22.89732822007732
     y[eu_west_a100_80_middle_4_0] obj 0.037002795165538456
     y[eu_west_a100_80_middle_4_0] M4_cover 4.0
     y[eu_west_a100_80_middle_4_0] M1_once[eu_west_a100_80] 1.0
@@ -8333,14 +8333,14 @@ COLUMNS
     y[eu_west_a100_80_middle_4_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_4_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_4_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_4_0] M12_v_le_y[353] -3.5117768407690075
-    y[eu_west_a100_80_middle_4_0] M12_v_ge[353] -3.5117768407690075
+    y[eu_west_a100_80_middle_4_0] M12_v_le_y[353] -22.839129672769012
+    y[eu_west_a100_80_middle_4_0] M12_v_ge[353] -22.839129672769012
     y[eu_west_a100_80_middle_4_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.037002795165538456
     y[eu_west_a100_80_middle_4_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.037002795165538456
     y[eu_west_a100_80_middle_4_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.037002795165538456
     y[eu_west_a100_80_middle_4_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.037002795165538456
-    y[eu_west_a100_80_middle_4_0] M15_round_trip[eu_west_a100_80_1] 28.131217521317605
-    y[eu_west_a100_80_middle_4_0] M16_round_trip_cap[eu_west_a100_80] 3.548779635934546
+    y[eu_west_a100_80_middle_4_0] M15_round_trip[eu_west_a100_80_1] 182.75004017731766
+    y[eu_west_a100_80_middle_4_0] M16_round_trip_cap[eu_west_a100_80] 22.87613246793455
     y[eu_west_a100_80_middle_4_1] obj 0.03923975729887179
     y[eu_west_a100_80_middle_4_1] M4_cover 4.0
     y[eu_west_a100_80_middle_4_1] M1_once[eu_west_a100_80] 1.0
@@ -8351,14 +8351,14 @@ COLUMNS
     y[eu_west_a100_80_middle_4_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_4_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_4_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_4_1] M12_v_le_y[354] -3.5117768407690075
-    y[eu_west_a100_80_middle_4_1] M12_v_ge[354] -3.5117768407690075
+    y[eu_west_a100_80_middle_4_1] M12_v_le_y[354] -22.839129672769012
+    y[eu_west_a100_80_middle_4_1] M12_v_ge[354] -22.839129672769012
     y[eu_west_a100_80_middle_4_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.03923975729887179
     y[eu_west_a100_80_middle_4_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.03923975729887179
     y[eu_west_a100_80_middle_4_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.03923975729887179
     y[eu_west_a100_80_middle_4_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.03923975729887179
-    y[eu_west_a100_80_middle_4_1] M15_round_trip[eu_west_a100_80_1] 28.13345448345094
-    y[eu_west_a100_80_middle_4_1] M16_round_trip_cap[eu_west_a100_80] 3.5510165980678794
+    y[eu_west_a100_80_middle_4_1] M15_round_trip[eu_west_a100_80_1] 182.752277139451
+    y[eu_west_a100_80_middle_4_1] M16_round_trip_cap[eu_west_a100_80] 22.878369430067885
     y[eu_west_a100_80_middle_4_2] obj 0.07669994489107691
     y[eu_west_a100_80_middle_4_2] M4_cover 4.0
     y[eu_west_a100_80_middle_4_2] M1_once[eu_west_a100_80] 1.0
@@ -8369,15 +8369,15 @@ COLUMNS
     y[eu_west_a100_80_middle_4_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_4_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_4_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_4_2] M12_v_le_y[355] -3.5117768407690075
-    y[eu_west_a100_80_middle_4_2] M12_v_ge[355] -3.5117768407690075
+    y[eu_west_a100_80_middle_4_2] M12_v_le_y[355] -22.839129672769012
+    y[eu_west_a100_80_middle_4_2] M12_v_ge[355] -22.839129672769012
     y[eu_west_a100_80_middle_4_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07669994489107691
     y[eu_west_a100_80_middle_4_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.07669994489107691
     y[eu_west_a100_80_middle_4_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07669994489107691
     y[eu_west_a100_80_middle_4_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07669994489107691
-    y[eu_west_a100_80_middle_4_2] M15_round_trip[eu_west_a100_80_1] 28.131217521317605
-    y[eu_west_a100_80_middle_4_2] M15_round_trip[eu_west_a100_80_2] 31.68269151181215
-    y[eu_west_a100_80_middle_4_2] M16_round_trip_cap[eu_west_a100_80] 3.5884767856600845
+    y[eu_west_a100_80_middle_4_2] M15_round_trip[eu_west_a100_80_1] 182.75004017731766
+    y[eu_west_a100_80_middle_4_2] M15_round_trip[eu_west_a100_80_2] 205.62886699981223
+    y[eu_west_a100_80_middle_4_2] M16_round_trip_cap[eu_west_a100_80] 22.915829617660087
     y[eu_west_a100_80_middle_5_0] obj 0.04625349395692307
     y[eu_west_a100_80_middle_5_0] M4_cover 5.0
     y[eu_west_a100_80_middle_5_0] M1_once[eu_west_a100_80] 1.0
@@ -8388,14 +8388,14 @@ COLUMNS
     y[eu_west_a100_80_middle_5_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_5_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_5_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_5_0] M12_v_le_y[356] -3.5117768407690075
-    y[eu_west_a100_80_middle_5_0] M12_v_ge[356] -3.5117768407690075
+    y[eu_west_a100_80_middle_5_0] M12_v_le_y[356] -22.839129672769012
+    y[eu_west_a100_80_middle_5_0] M12_v_ge[356] -22.839129672769012
     y[eu_west_a100_80_middle_5_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.04625349395692307
     y[eu_west_a100_80_middle_5_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.04625349395692307
     y[eu_west_a100_80_middle_5_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.04625349395692307
     y[eu_west_a100_80_middle_5_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.04625349395692307
-    y[eu_west_a100_80_middle_5_0] M15_round_trip[eu_west_a100_80_1] 28.14046822010899
-    y[eu_west_a100_80_middle_5_0] M16_round_trip_cap[eu_west_a100_80] 3.5580303347259306
+    y[eu_west_a100_80_middle_5_0] M15_round_trip[eu_west_a100_80_1] 182.75929087610905
+    y[eu_west_a100_80_middle_5_0] M16_round_trip_cap[eu_west_a100_80] 22.885383166725934
     y[eu_west_a100_80_middle_5_1] obj 0.04904969662358974
     y[eu_west_a100_80_middle_5_1] M4_cover 5.0
     y[eu_west_a100_80_middle_5_1] M1_once[eu_west_a100_80] 1.0
@@ -8406,14 +8406,14 @@ COLUMNS
     y[eu_west_a100_80_middle_5_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_5_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_5_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_5_1] M12_v_le_y[357] -3.5117768407690075
-    y[eu_west_a100_80_middle_5_1] M12_v_ge[357] -3.5117768407690075
+    y[eu_west_a100_80_middle_5_1] M12_v_le_y[357] -22.839129672769012
+    y[eu_west_a100_80_middle_5_1] M12_v_ge[357] -22.839129672769012
     y[eu_west_a100_80_middle_5_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.04904969662358974
     y[eu_west_a100_80_middle_5_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.04904969662358974
     y[eu_west_a100_80_middle_5_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.04904969662358974
     y[eu_west_a100_80_middle_5_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.04904969662358974
-    y[eu_west_a100_80_middle_5_1] M15_round_trip[eu_west_a100_80_1] 28.14326442277566
-    y[eu_west_a100_80_middle_5_1] M16_round_trip_cap[eu_west_a100_80] 3.560826537392597
+    y[eu_west_a100_80_middle_5_1] M15_round_trip[eu_west_a100_80_1] 182.76208707877572
+    y[eu_west_a100_80_middle_5_1] M16_round_trip_cap[eu_west_a100_80] 22.888179369392603
     y[eu_west_a100_80_middle_5_2] obj 0.09520134247384614
     y[eu_west_a100_80_middle_5_2] M4_cover 5.0
     y[eu_west_a100_80_middle_5_2] M1_once[eu_west_a100_80] 1.0
@@ -8424,15 +8424,15 @@ COLUMNS
     y[eu_west_a100_80_middle_5_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_5_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_5_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_5_2] M12_v_le_y[358] -3.5117768407690075
-    y[eu_west_a100_80_middle_5_2] M12_v_ge[358] -3.5117768407690075
+    y[eu_west_a100_80_middle_5_2] M12_v_le_y[358] -22.839129672769012
+    y[eu_west_a100_80_middle_5_2] M12_v_ge[358] -22.839129672769012
     y[eu_west_a100_80_middle_5_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09520134247384614
     y[eu_west_a100_80_middle_5_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.09520134247384614
     y[eu_west_a100_80_middle_5_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09520134247384614
     y[eu_west_a100_80_middle_5_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09520134247384614
-    y[eu_west_a100_80_middle_5_2] M15_round_trip[eu_west_a100_80_1] 28.149718918900376
-    y[eu_west_a100_80_middle_5_2] M15_round_trip[eu_west_a100_80_2] 31.70119290939492
-    y[eu_west_a100_80_middle_5_2] M16_round_trip_cap[eu_west_a100_80] 3.6069781832428536
+    y[eu_west_a100_80_middle_5_2] M15_round_trip[eu_west_a100_80_1] 182.76854157490044
+    y[eu_west_a100_80_middle_5_2] M15_round_trip[eu_west_a100_80_2] 205.64736839739498
+    y[eu_west_a100_80_middle_5_2] M16_round_trip_cap[eu_west_a100_80] 22.934331015242858
     y[eu_west_a100_80_middle_6_0] obj 0.05550419274830769
     y[eu_west_a100_80_middle_6_0] M4_cover 6.0
     y[eu_west_a100_80_middle_6_0] M1_once[eu_west_a100_80] 1.0
@@ -8443,14 +8443,14 @@ COLUMNS
     y[eu_west_a100_80_middle_6_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_6_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_6_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_6_0] M12_v_le_y[359] -3.5117768407690075
-    y[eu_west_a100_80_middle_6_0] M12_v_ge[359] -3.5117768407690075
+    y[eu_west_a100_80_middle_6_0] M12_v_le_y[359] -22.839129672769012
+    y[eu_west_a100_80_middle_6_0] M12_v_ge[359] -22.839129672769012
     y[eu_west_a100_80_middle_6_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05550419274830769
     y[eu_west_a100_80_middle_6_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.05550419274830769
     y[eu_west_a100_80_middle_6_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05550419274830769
     y[eu_west_a100_80_middle_6_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05550419274830769
-    y[eu_west_a100_80_middle_6_0] M15_round_trip[eu_west_a100_80_1] 28.149718918900376
-    y[eu_west_a100_80_middle_6_0] M16_round_trip_cap[eu_west_a100_80] 3.567281033517315
+    y[eu_west_a100_80_middle_6_0] M15_round_trip[eu_west_a100_80_1] 182.76854157490044
+    y[eu_west_a100_80_middle_6_0] M16_round_trip_cap[eu_west_a100_80] 22.89463386551732
     y[eu_west_a100_80_middle_6_1] obj 0.05885963594830769
     y[eu_west_a100_80_middle_6_1] M4_cover 6.0
     y[eu_west_a100_80_middle_6_1] M1_once[eu_west_a100_80] 1.0
@@ -8461,14 +8461,14 @@ COLUMNS
     y[eu_west_a100_80_middle_6_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_6_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_6_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_6_1] M12_v_le_y[360] -3.5117768407690075
-    y[eu_west_a100_80_middle_6_1] M12_v_ge[360] -3.5117768407690075
+    y[eu_west_a100_80_middle_6_1] M12_v_le_y[360] -22.839129672769012
+    y[eu_west_a100_80_middle_6_1] M12_v_ge[360] -22.839129672769012
     y[eu_west_a100_80_middle_6_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.05885963594830769
     y[eu_west_a100_80_middle_6_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.05885963594830769
     y[eu_west_a100_80_middle_6_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.05885963594830769
     y[eu_west_a100_80_middle_6_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.05885963594830769
-    y[eu_west_a100_80_middle_6_1] M15_round_trip[eu_west_a100_80_1] 28.153074362100377
-    y[eu_west_a100_80_middle_6_1] M16_round_trip_cap[eu_west_a100_80] 3.5706364767173153
+    y[eu_west_a100_80_middle_6_1] M15_round_trip[eu_west_a100_80_1] 182.77189701810042
+    y[eu_west_a100_80_middle_6_1] M16_round_trip_cap[eu_west_a100_80] 22.89798930871732
     y[eu_west_a100_80_middle_6_2] obj 0.11370274005661536
     y[eu_west_a100_80_middle_6_2] M4_cover 6.0
     y[eu_west_a100_80_middle_6_2] M1_once[eu_west_a100_80] 1.0
@@ -8479,15 +8479,15 @@ COLUMNS
     y[eu_west_a100_80_middle_6_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_6_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_6_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_6_2] M12_v_le_y[361] -3.5117768407690075
-    y[eu_west_a100_80_middle_6_2] M12_v_ge[361] -3.5117768407690075
+    y[eu_west_a100_80_middle_6_2] M12_v_le_y[361] -22.839129672769012
+    y[eu_west_a100_80_middle_6_2] M12_v_ge[361] -22.839129672769012
     y[eu_west_a100_80_middle_6_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11370274005661536
     y[eu_west_a100_80_middle_6_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.11370274005661536
     y[eu_west_a100_80_middle_6_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11370274005661536
     y[eu_west_a100_80_middle_6_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11370274005661536
-    y[eu_west_a100_80_middle_6_2] M15_round_trip[eu_west_a100_80_1] 28.149718918900376
-    y[eu_west_a100_80_middle_6_2] M15_round_trip[eu_west_a100_80_2] 31.71969430697769
-    y[eu_west_a100_80_middle_6_2] M16_round_trip_cap[eu_west_a100_80] 3.625479580825623
+    y[eu_west_a100_80_middle_6_2] M15_round_trip[eu_west_a100_80_1] 182.76854157490044
+    y[eu_west_a100_80_middle_6_2] M15_round_trip[eu_west_a100_80_2] 205.66586979497777
+    y[eu_west_a100_80_middle_6_2] M16_round_trip_cap[eu_west_a100_80] 22.95283241282563
     y[eu_west_a100_80_middle_7_0] obj 0.0647548915396923
     y[eu_west_a100_80_middle_7_0] M4_cover 7.0
     y[eu_west_a100_80_middle_7_0] M1_once[eu_west_a100_80] 1.0
@@ -8498,14 +8498,14 @@ COLUMNS
     y[eu_west_a100_80_middle_7_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_7_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_7_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_7_0] M12_v_le_y[362] -3.5117768407690075
-    y[eu_west_a100_80_middle_7_0] M12_v_ge[362] -3.5117768407690075
+    y[eu_west_a100_80_middle_7_0] M12_v_le_y[362] -22.839129672769012
+    y[eu_west_a100_80_middle_7_0] M12_v_ge[362] -22.839129672769012
     y[eu_west_a100_80_middle_7_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.0647548915396923
     y[eu_west_a100_80_middle_7_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.0647548915396923
     y[eu_west_a100_80_middle_7_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.0647548915396923
     y[eu_west_a100_80_middle_7_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.0647548915396923
-    y[eu_west_a100_80_middle_7_0] M15_round_trip[eu_west_a100_80_1] 28.15896961769176
-    y[eu_west_a100_80_middle_7_0] M16_round_trip_cap[eu_west_a100_80] 3.5765317323087
+    y[eu_west_a100_80_middle_7_0] M15_round_trip[eu_west_a100_80_1] 182.7777922736918
+    y[eu_west_a100_80_middle_7_0] M16_round_trip_cap[eu_west_a100_80] 22.903884564308704
     y[eu_west_a100_80_middle_7_1] obj 0.06866957527302564
     y[eu_west_a100_80_middle_7_1] M4_cover 7.0
     y[eu_west_a100_80_middle_7_1] M1_once[eu_west_a100_80] 1.0
@@ -8516,14 +8516,14 @@ COLUMNS
     y[eu_west_a100_80_middle_7_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_7_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_7_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_7_1] M12_v_le_y[363] -3.5117768407690075
-    y[eu_west_a100_80_middle_7_1] M12_v_ge[363] -3.5117768407690075
+    y[eu_west_a100_80_middle_7_1] M12_v_le_y[363] -22.839129672769012
+    y[eu_west_a100_80_middle_7_1] M12_v_ge[363] -22.839129672769012
     y[eu_west_a100_80_middle_7_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.06866957527302564
     y[eu_west_a100_80_middle_7_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.06866957527302564
     y[eu_west_a100_80_middle_7_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.06866957527302564
     y[eu_west_a100_80_middle_7_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.06866957527302564
-    y[eu_west_a100_80_middle_7_1] M15_round_trip[eu_west_a100_80_1] 28.162884301425095
-    y[eu_west_a100_80_middle_7_1] M16_round_trip_cap[eu_west_a100_80] 3.580446416042033
+    y[eu_west_a100_80_middle_7_1] M15_round_trip[eu_west_a100_80_1] 182.78170695742514
+    y[eu_west_a100_80_middle_7_1] M16_round_trip_cap[eu_west_a100_80] 22.90779924804204
     y[eu_west_a100_80_middle_7_2] obj 0.1322041376393846
     y[eu_west_a100_80_middle_7_2] M4_cover 7.0
     y[eu_west_a100_80_middle_7_2] M1_once[eu_west_a100_80] 1.0
@@ -8534,15 +8534,15 @@ COLUMNS
     y[eu_west_a100_80_middle_7_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_7_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_7_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_7_2] M12_v_le_y[364] -3.5117768407690075
-    y[eu_west_a100_80_middle_7_2] M12_v_ge[364] -3.5117768407690075
+    y[eu_west_a100_80_middle_7_2] M12_v_le_y[364] -22.839129672769012
+    y[eu_west_a100_80_middle_7_2] M12_v_ge[364] -22.839129672769012
     y[eu_west_a100_80_middle_7_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1322041376393846
     y[eu_west_a100_80_middle_7_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1322041376393846
     y[eu_west_a100_80_middle_7_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1322041376393846
     y[eu_west_a100_80_middle_7_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1322041376393846
-    y[eu_west_a100_80_middle_7_2] M15_round_trip[eu_west_a100_80_1] 28.168220316483144
-    y[eu_west_a100_80_middle_7_2] M15_round_trip[eu_west_a100_80_2] 31.738195704560457
-    y[eu_west_a100_80_middle_7_2] M16_round_trip_cap[eu_west_a100_80] 3.643980978408392
+    y[eu_west_a100_80_middle_7_2] M15_round_trip[eu_west_a100_80_1] 182.7870429724832
+    y[eu_west_a100_80_middle_7_2] M15_round_trip[eu_west_a100_80_2] 205.68437119256052
+    y[eu_west_a100_80_middle_7_2] M16_round_trip_cap[eu_west_a100_80] 22.971333810408396
     y[eu_west_a100_80_middle_8_0] obj 0.07400559033107691
     y[eu_west_a100_80_middle_8_0] M4_cover 8.0
     y[eu_west_a100_80_middle_8_0] M1_once[eu_west_a100_80] 1.0
@@ -8553,14 +8553,14 @@ COLUMNS
     y[eu_west_a100_80_middle_8_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_8_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_8_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_8_0] M12_v_le_y[365] -3.5117768407690075
-    y[eu_west_a100_80_middle_8_0] M12_v_ge[365] -3.5117768407690075
+    y[eu_west_a100_80_middle_8_0] M12_v_le_y[365] -22.839129672769012
+    y[eu_west_a100_80_middle_8_0] M12_v_ge[365] -22.839129672769012
     y[eu_west_a100_80_middle_8_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07400559033107691
     y[eu_west_a100_80_middle_8_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.07400559033107691
     y[eu_west_a100_80_middle_8_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07400559033107691
     y[eu_west_a100_80_middle_8_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07400559033107691
-    y[eu_west_a100_80_middle_8_0] M15_round_trip[eu_west_a100_80_1] 28.168220316483144
-    y[eu_west_a100_80_middle_8_0] M16_round_trip_cap[eu_west_a100_80] 3.5857824311000845
+    y[eu_west_a100_80_middle_8_0] M15_round_trip[eu_west_a100_80_1] 182.7870429724832
+    y[eu_west_a100_80_middle_8_0] M16_round_trip_cap[eu_west_a100_80] 22.913135263100088
     y[eu_west_a100_80_middle_8_1] obj 0.1507055352221538
     y[eu_west_a100_80_middle_8_1] M4_cover 8.0
     y[eu_west_a100_80_middle_8_1] M1_once[eu_west_a100_80] 1.0
@@ -8571,15 +8571,15 @@ COLUMNS
     y[eu_west_a100_80_middle_8_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_8_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_8_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_8_1] M12_v_le_y[366] -3.5117768407690075
-    y[eu_west_a100_80_middle_8_1] M12_v_ge[366] -3.5117768407690075
+    y[eu_west_a100_80_middle_8_1] M12_v_le_y[366] -22.839129672769012
+    y[eu_west_a100_80_middle_8_1] M12_v_ge[366] -22.839129672769012
     y[eu_west_a100_80_middle_8_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1507055352221538
     y[eu_west_a100_80_middle_8_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.1507055352221538
     y[eu_west_a100_80_middle_8_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1507055352221538
     y[eu_west_a100_80_middle_8_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1507055352221538
-    y[eu_west_a100_80_middle_8_1] M15_round_trip[eu_west_a100_80_1] 28.168220316483144
-    y[eu_west_a100_80_middle_8_1] M15_round_trip[eu_west_a100_80_2] 31.756697102143228
-    y[eu_west_a100_80_middle_8_1] M16_round_trip_cap[eu_west_a100_80] 3.6624823759911616
+    y[eu_west_a100_80_middle_8_1] M15_round_trip[eu_west_a100_80_1] 182.7870429724832
+    y[eu_west_a100_80_middle_8_1] M15_round_trip[eu_west_a100_80_2] 205.7028725901433
+    y[eu_west_a100_80_middle_8_1] M16_round_trip_cap[eu_west_a100_80] 22.989835207991167
     y[eu_west_a100_80_middle_8_2] obj 0.07847951459774359
     y[eu_west_a100_80_middle_8_2] M4_cover 8.0
     y[eu_west_a100_80_middle_8_2] M1_once[eu_west_a100_80] 1.0
@@ -8590,14 +8590,14 @@ COLUMNS
     y[eu_west_a100_80_middle_8_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_8_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_8_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_8_2] M12_v_le_y[367] -3.5117768407690075
-    y[eu_west_a100_80_middle_8_2] M12_v_ge[367] -3.5117768407690075
+    y[eu_west_a100_80_middle_8_2] M12_v_le_y[367] -22.839129672769012
+    y[eu_west_a100_80_middle_8_2] M12_v_ge[367] -22.839129672769012
     y[eu_west_a100_80_middle_8_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.07847951459774359
     y[eu_west_a100_80_middle_8_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.07847951459774359
     y[eu_west_a100_80_middle_8_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.07847951459774359
     y[eu_west_a100_80_middle_8_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.07847951459774359
-    y[eu_west_a100_80_middle_8_2] M15_round_trip[eu_west_a100_80_1] 28.17269424074981
-    y[eu_west_a100_80_middle_8_2] M16_round_trip_cap[eu_west_a100_80] 3.5902563553667513
+    y[eu_west_a100_80_middle_8_2] M15_round_trip[eu_west_a100_80_1] 182.79151689674987
+    y[eu_west_a100_80_middle_8_2] M16_round_trip_cap[eu_west_a100_80] 22.917609187366754
     y[eu_west_a100_80_middle_9_0] obj 0.08325628912246152
     y[eu_west_a100_80_middle_9_0] M4_cover 9.0
     y[eu_west_a100_80_middle_9_0] M1_once[eu_west_a100_80] 1.0
@@ -8608,14 +8608,14 @@ COLUMNS
     y[eu_west_a100_80_middle_9_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_9_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_9_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_9_0] M12_v_le_y[368] -3.5117768407690075
-    y[eu_west_a100_80_middle_9_0] M12_v_ge[368] -3.5117768407690075
+    y[eu_west_a100_80_middle_9_0] M12_v_le_y[368] -22.839129672769012
+    y[eu_west_a100_80_middle_9_0] M12_v_ge[368] -22.839129672769012
     y[eu_west_a100_80_middle_9_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08325628912246152
     y[eu_west_a100_80_middle_9_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.08325628912246152
     y[eu_west_a100_80_middle_9_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08325628912246152
     y[eu_west_a100_80_middle_9_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08325628912246152
-    y[eu_west_a100_80_middle_9_0] M15_round_trip[eu_west_a100_80_1] 28.177471015274527
-    y[eu_west_a100_80_middle_9_0] M16_round_trip_cap[eu_west_a100_80] 3.595033129891469
+    y[eu_west_a100_80_middle_9_0] M15_round_trip[eu_west_a100_80_1] 182.79629367127458
+    y[eu_west_a100_80_middle_9_0] M16_round_trip_cap[eu_west_a100_80] 22.92238596189147
     y[eu_west_a100_80_middle_9_1] obj 0.08828945392246154
     y[eu_west_a100_80_middle_9_1] M4_cover 9.0
     y[eu_west_a100_80_middle_9_1] M1_once[eu_west_a100_80] 1.0
@@ -8626,14 +8626,14 @@ COLUMNS
     y[eu_west_a100_80_middle_9_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_9_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_9_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_9_1] M12_v_le_y[369] -3.5117768407690075
-    y[eu_west_a100_80_middle_9_1] M12_v_ge[369] -3.5117768407690075
+    y[eu_west_a100_80_middle_9_1] M12_v_le_y[369] -22.839129672769012
+    y[eu_west_a100_80_middle_9_1] M12_v_ge[369] -22.839129672769012
     y[eu_west_a100_80_middle_9_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.08828945392246154
     y[eu_west_a100_80_middle_9_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.08828945392246154
     y[eu_west_a100_80_middle_9_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.08828945392246154
     y[eu_west_a100_80_middle_9_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.08828945392246154
-    y[eu_west_a100_80_middle_9_1] M15_round_trip[eu_west_a100_80_1] 28.182504180074528
-    y[eu_west_a100_80_middle_9_1] M16_round_trip_cap[eu_west_a100_80] 3.600066294691469
+    y[eu_west_a100_80_middle_9_1] M15_round_trip[eu_west_a100_80_1] 182.8013268360746
+    y[eu_west_a100_80_middle_9_1] M16_round_trip_cap[eu_west_a100_80] 22.927419126691472
     y[eu_west_a100_80_middle_9_2] obj 0.16920693280492305
     y[eu_west_a100_80_middle_9_2] M4_cover 9.0
     y[eu_west_a100_80_middle_9_2] M1_once[eu_west_a100_80] 1.0
@@ -8644,15 +8644,15 @@ COLUMNS
     y[eu_west_a100_80_middle_9_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_9_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_9_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_9_2] M12_v_le_y[370] -3.5117768407690075
-    y[eu_west_a100_80_middle_9_2] M12_v_ge[370] -3.5117768407690075
+    y[eu_west_a100_80_middle_9_2] M12_v_le_y[370] -22.839129672769012
+    y[eu_west_a100_80_middle_9_2] M12_v_ge[370] -22.839129672769012
     y[eu_west_a100_80_middle_9_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16920693280492305
     y[eu_west_a100_80_middle_9_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.16920693280492305
     y[eu_west_a100_80_middle_9_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16920693280492305
     y[eu_west_a100_80_middle_9_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16920693280492305
-    y[eu_west_a100_80_middle_9_2] M15_round_trip[eu_west_a100_80_1] 28.186721714065914
-    y[eu_west_a100_80_middle_9_2] M15_round_trip[eu_west_a100_80_2] 31.775198499725995
-    y[eu_west_a100_80_middle_9_2] M16_round_trip_cap[eu_west_a100_80] 3.6809837735739306
+    y[eu_west_a100_80_middle_9_2] M15_round_trip[eu_west_a100_80_1] 182.80554437006597
+    y[eu_west_a100_80_middle_9_2] M15_round_trip[eu_west_a100_80_2] 205.72137398772605
+    y[eu_west_a100_80_middle_9_2] M16_round_trip_cap[eu_west_a100_80] 23.008336605573934
     y[eu_west_a100_80_middle_10_0] obj 0.09250698791384614
     y[eu_west_a100_80_middle_10_0] M4_cover 10.0
     y[eu_west_a100_80_middle_10_0] M1_once[eu_west_a100_80] 1.0
@@ -8663,14 +8663,14 @@ COLUMNS
     y[eu_west_a100_80_middle_10_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_10_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_10_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_10_0] M12_v_le_y[371] -3.5117768407690075
-    y[eu_west_a100_80_middle_10_0] M12_v_ge[371] -3.5117768407690075
+    y[eu_west_a100_80_middle_10_0] M12_v_le_y[371] -22.839129672769012
+    y[eu_west_a100_80_middle_10_0] M12_v_ge[371] -22.839129672769012
     y[eu_west_a100_80_middle_10_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.09250698791384614
     y[eu_west_a100_80_middle_10_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.09250698791384614
     y[eu_west_a100_80_middle_10_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.09250698791384614
     y[eu_west_a100_80_middle_10_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.09250698791384614
-    y[eu_west_a100_80_middle_10_0] M15_round_trip[eu_west_a100_80_1] 28.186721714065914
-    y[eu_west_a100_80_middle_10_0] M16_round_trip_cap[eu_west_a100_80] 3.6042838286828536
+    y[eu_west_a100_80_middle_10_0] M15_round_trip[eu_west_a100_80_1] 182.80554437006597
+    y[eu_west_a100_80_middle_10_0] M16_round_trip_cap[eu_west_a100_80] 22.93163666068286
     y[eu_west_a100_80_middle_10_1] obj 0.18770833038769225
     y[eu_west_a100_80_middle_10_1] M4_cover 10.0
     y[eu_west_a100_80_middle_10_1] M1_once[eu_west_a100_80] 1.0
@@ -8681,15 +8681,15 @@ COLUMNS
     y[eu_west_a100_80_middle_10_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_10_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_10_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_10_1] M12_v_le_y[372] -3.5117768407690075
-    y[eu_west_a100_80_middle_10_1] M12_v_ge[372] -3.5117768407690075
+    y[eu_west_a100_80_middle_10_1] M12_v_le_y[372] -22.839129672769012
+    y[eu_west_a100_80_middle_10_1] M12_v_ge[372] -22.839129672769012
     y[eu_west_a100_80_middle_10_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18770833038769225
     y[eu_west_a100_80_middle_10_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.18770833038769225
     y[eu_west_a100_80_middle_10_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18770833038769225
     y[eu_west_a100_80_middle_10_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18770833038769225
-    y[eu_west_a100_80_middle_10_1] M15_round_trip[eu_west_a100_80_1] 28.186721714065914
-    y[eu_west_a100_80_middle_10_1] M15_round_trip[eu_west_a100_80_2] 31.793699897308766
-    y[eu_west_a100_80_middle_10_1] M16_round_trip_cap[eu_west_a100_80] 3.6994851711566996
+    y[eu_west_a100_80_middle_10_1] M15_round_trip[eu_west_a100_80_1] 182.80554437006597
+    y[eu_west_a100_80_middle_10_1] M15_round_trip[eu_west_a100_80_2] 205.73987538530884
+    y[eu_west_a100_80_middle_10_1] M16_round_trip_cap[eu_west_a100_80] 23.026838003156705
     y[eu_west_a100_80_middle_10_2] obj 0.0980993932471795
     y[eu_west_a100_80_middle_10_2] M4_cover 10.0
     y[eu_west_a100_80_middle_10_2] M1_once[eu_west_a100_80] 1.0
@@ -8700,14 +8700,14 @@ COLUMNS
     y[eu_west_a100_80_middle_10_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_10_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_10_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_10_2] M12_v_le_y[373] -3.5117768407690075
-    y[eu_west_a100_80_middle_10_2] M12_v_ge[373] -3.5117768407690075
+    y[eu_west_a100_80_middle_10_2] M12_v_le_y[373] -22.839129672769012
+    y[eu_west_a100_80_middle_10_2] M12_v_ge[373] -22.839129672769012
     y[eu_west_a100_80_middle_10_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.0980993932471795
     y[eu_west_a100_80_middle_10_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.0980993932471795
     y[eu_west_a100_80_middle_10_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.0980993932471795
     y[eu_west_a100_80_middle_10_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.0980993932471795
-    y[eu_west_a100_80_middle_10_2] M15_round_trip[eu_west_a100_80_1] 28.192314119399246
-    y[eu_west_a100_80_middle_10_2] M16_round_trip_cap[eu_west_a100_80] 3.609876234016187
+    y[eu_west_a100_80_middle_10_2] M15_round_trip[eu_west_a100_80_1] 182.8111367753993
+    y[eu_west_a100_80_middle_10_2] M16_round_trip_cap[eu_west_a100_80] 22.93722906601619
     y[eu_west_a100_80_middle_11_0] obj 0.10175768670523075
     y[eu_west_a100_80_middle_11_0] M4_cover 11.0
     y[eu_west_a100_80_middle_11_0] M1_once[eu_west_a100_80] 1.0
@@ -8718,14 +8718,14 @@ COLUMNS
     y[eu_west_a100_80_middle_11_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_11_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_11_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_11_0] M12_v_le_y[374] -3.5117768407690075
-    y[eu_west_a100_80_middle_11_0] M12_v_ge[374] -3.5117768407690075
+    y[eu_west_a100_80_middle_11_0] M12_v_le_y[374] -22.839129672769012
+    y[eu_west_a100_80_middle_11_0] M12_v_ge[374] -22.839129672769012
     y[eu_west_a100_80_middle_11_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10175768670523075
     y[eu_west_a100_80_middle_11_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.10175768670523075
     y[eu_west_a100_80_middle_11_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10175768670523075
     y[eu_west_a100_80_middle_11_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10175768670523075
-    y[eu_west_a100_80_middle_11_0] M15_round_trip[eu_west_a100_80_1] 28.195972412857298
-    y[eu_west_a100_80_middle_11_0] M16_round_trip_cap[eu_west_a100_80] 3.613534527474238
+    y[eu_west_a100_80_middle_11_0] M15_round_trip[eu_west_a100_80_1] 182.81479506885736
+    y[eu_west_a100_80_middle_11_0] M16_round_trip_cap[eu_west_a100_80] 22.940887359474242
     y[eu_west_a100_80_middle_11_1] obj 0.10790933257189744
     y[eu_west_a100_80_middle_11_1] M4_cover 11.0
     y[eu_west_a100_80_middle_11_1] M1_once[eu_west_a100_80] 1.0
@@ -8736,14 +8736,14 @@ COLUMNS
     y[eu_west_a100_80_middle_11_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_11_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_11_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_11_1] M12_v_le_y[375] -3.5117768407690075
-    y[eu_west_a100_80_middle_11_1] M12_v_ge[375] -3.5117768407690075
+    y[eu_west_a100_80_middle_11_1] M12_v_le_y[375] -22.839129672769012
+    y[eu_west_a100_80_middle_11_1] M12_v_ge[375] -22.839129672769012
     y[eu_west_a100_80_middle_11_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.10790933257189744
     y[eu_west_a100_80_middle_11_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.10790933257189744
     y[eu_west_a100_80_middle_11_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.10790933257189744
     y[eu_west_a100_80_middle_11_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.10790933257189744
-    y[eu_west_a100_80_middle_11_1] M15_round_trip[eu_west_a100_80_1] 28.202124058723964
-    y[eu_west_a100_80_middle_11_1] M16_round_trip_cap[eu_west_a100_80] 3.619686173340905
+    y[eu_west_a100_80_middle_11_1] M15_round_trip[eu_west_a100_80_1] 182.82094671472402
+    y[eu_west_a100_80_middle_11_1] M16_round_trip_cap[eu_west_a100_80] 22.94703900534091
     y[eu_west_a100_80_middle_11_2] obj 0.2062097279704615
     y[eu_west_a100_80_middle_11_2] M4_cover 11.0
     y[eu_west_a100_80_middle_11_2] M1_once[eu_west_a100_80] 1.0
@@ -8754,15 +8754,15 @@ COLUMNS
     y[eu_west_a100_80_middle_11_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_11_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_11_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_11_2] M12_v_le_y[376] -3.5117768407690075
-    y[eu_west_a100_80_middle_11_2] M12_v_ge[376] -3.5117768407690075
+    y[eu_west_a100_80_middle_11_2] M12_v_le_y[376] -22.839129672769012
+    y[eu_west_a100_80_middle_11_2] M12_v_ge[376] -22.839129672769012
     y[eu_west_a100_80_middle_11_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2062097279704615
     y[eu_west_a100_80_middle_11_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.2062097279704615
     y[eu_west_a100_80_middle_11_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2062097279704615
     y[eu_west_a100_80_middle_11_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2062097279704615
-    y[eu_west_a100_80_middle_11_2] M15_round_trip[eu_west_a100_80_1] 28.20522311164868
-    y[eu_west_a100_80_middle_11_2] M15_round_trip[eu_west_a100_80_2] 31.812201294891533
-    y[eu_west_a100_80_middle_11_2] M16_round_trip_cap[eu_west_a100_80] 3.717986568739469
+    y[eu_west_a100_80_middle_11_2] M15_round_trip[eu_west_a100_80_1] 182.82404576764873
+    y[eu_west_a100_80_middle_11_2] M15_round_trip[eu_west_a100_80_2] 205.75837678289162
+    y[eu_west_a100_80_middle_11_2] M16_round_trip_cap[eu_west_a100_80] 23.045339400739472
     y[eu_west_a100_80_middle_12_0] obj 0.11100838549661537
     y[eu_west_a100_80_middle_12_0] M4_cover 12.0
     y[eu_west_a100_80_middle_12_0] M1_once[eu_west_a100_80] 1.0
@@ -8773,14 +8773,14 @@ COLUMNS
     y[eu_west_a100_80_middle_12_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_12_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_12_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_12_0] M12_v_le_y[377] -3.5117768407690075
-    y[eu_west_a100_80_middle_12_0] M12_v_ge[377] -3.5117768407690075
+    y[eu_west_a100_80_middle_12_0] M12_v_le_y[377] -22.839129672769012
+    y[eu_west_a100_80_middle_12_0] M12_v_ge[377] -22.839129672769012
     y[eu_west_a100_80_middle_12_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11100838549661537
     y[eu_west_a100_80_middle_12_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.11100838549661537
     y[eu_west_a100_80_middle_12_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11100838549661537
     y[eu_west_a100_80_middle_12_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11100838549661537
-    y[eu_west_a100_80_middle_12_0] M15_round_trip[eu_west_a100_80_1] 28.20522311164868
-    y[eu_west_a100_80_middle_12_0] M16_round_trip_cap[eu_west_a100_80] 3.622785226265623
+    y[eu_west_a100_80_middle_12_0] M15_round_trip[eu_west_a100_80_1] 182.82404576764873
+    y[eu_west_a100_80_middle_12_0] M16_round_trip_cap[eu_west_a100_80] 22.950138058265626
     y[eu_west_a100_80_middle_12_1] obj 0.22471112555323075
     y[eu_west_a100_80_middle_12_1] M4_cover 12.0
     y[eu_west_a100_80_middle_12_1] M1_once[eu_west_a100_80] 1.0
@@ -8791,15 +8791,15 @@ COLUMNS
     y[eu_west_a100_80_middle_12_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_12_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_12_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_12_1] M12_v_le_y[378] -3.5117768407690075
-    y[eu_west_a100_80_middle_12_1] M12_v_ge[378] -3.5117768407690075
+    y[eu_west_a100_80_middle_12_1] M12_v_le_y[378] -22.839129672769012
+    y[eu_west_a100_80_middle_12_1] M12_v_ge[378] -22.839129672769012
     y[eu_west_a100_80_middle_12_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22471112555323075
     y[eu_west_a100_80_middle_12_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.22471112555323075
     y[eu_west_a100_80_middle_12_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22471112555323075
     y[eu_west_a100_80_middle_12_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22471112555323075
-    y[eu_west_a100_80_middle_12_1] M15_round_trip[eu_west_a100_80_1] 28.20522311164868
-    y[eu_west_a100_80_middle_12_1] M15_round_trip[eu_west_a100_80_2] 31.830702692474304
-    y[eu_west_a100_80_middle_12_1] M16_round_trip_cap[eu_west_a100_80] 3.736487966322238
+    y[eu_west_a100_80_middle_12_1] M15_round_trip[eu_west_a100_80_1] 182.82404576764873
+    y[eu_west_a100_80_middle_12_1] M15_round_trip[eu_west_a100_80_2] 205.77687818047437
+    y[eu_west_a100_80_middle_12_1] M16_round_trip_cap[eu_west_a100_80] 23.063840798322243
     y[eu_west_a100_80_middle_12_2] obj 0.11771927189661541
     y[eu_west_a100_80_middle_12_2] M4_cover 12.0
     y[eu_west_a100_80_middle_12_2] M1_once[eu_west_a100_80] 1.0
@@ -8810,14 +8810,14 @@ COLUMNS
     y[eu_west_a100_80_middle_12_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_12_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_12_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_12_2] M12_v_le_y[379] -3.5117768407690075
-    y[eu_west_a100_80_middle_12_2] M12_v_ge[379] -3.5117768407690075
+    y[eu_west_a100_80_middle_12_2] M12_v_le_y[379] -22.839129672769012
+    y[eu_west_a100_80_middle_12_2] M12_v_ge[379] -22.839129672769012
     y[eu_west_a100_80_middle_12_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.11771927189661541
     y[eu_west_a100_80_middle_12_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.11771927189661541
     y[eu_west_a100_80_middle_12_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.11771927189661541
     y[eu_west_a100_80_middle_12_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.11771927189661541
-    y[eu_west_a100_80_middle_12_2] M15_round_trip[eu_west_a100_80_1] 28.211933998048682
-    y[eu_west_a100_80_middle_12_2] M16_round_trip_cap[eu_west_a100_80] 3.629496112665623
+    y[eu_west_a100_80_middle_12_2] M15_round_trip[eu_west_a100_80_1] 182.83075665404874
+    y[eu_west_a100_80_middle_12_2] M16_round_trip_cap[eu_west_a100_80] 22.956848944665627
     y[eu_west_a100_80_middle_13_0] obj 0.12025908428799997
     y[eu_west_a100_80_middle_13_0] M4_cover 13.0
     y[eu_west_a100_80_middle_13_0] M1_once[eu_west_a100_80] 1.0
@@ -8828,14 +8828,14 @@ COLUMNS
     y[eu_west_a100_80_middle_13_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_13_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_13_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_13_0] M12_v_le_y[380] -3.5117768407690075
-    y[eu_west_a100_80_middle_13_0] M12_v_ge[380] -3.5117768407690075
+    y[eu_west_a100_80_middle_13_0] M12_v_le_y[380] -22.839129672769012
+    y[eu_west_a100_80_middle_13_0] M12_v_ge[380] -22.839129672769012
     y[eu_west_a100_80_middle_13_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12025908428799997
     y[eu_west_a100_80_middle_13_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.12025908428799997
     y[eu_west_a100_80_middle_13_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12025908428799997
     y[eu_west_a100_80_middle_13_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12025908428799997
-    y[eu_west_a100_80_middle_13_0] M15_round_trip[eu_west_a100_80_1] 28.21447381044007
-    y[eu_west_a100_80_middle_13_0] M16_round_trip_cap[eu_west_a100_80] 3.6320359250570076
+    y[eu_west_a100_80_middle_13_0] M15_round_trip[eu_west_a100_80_1] 182.83329646644012
+    y[eu_west_a100_80_middle_13_0] M16_round_trip_cap[eu_west_a100_80] 22.959388757057013
     y[eu_west_a100_80_middle_13_1] obj 0.12752921122133334
     y[eu_west_a100_80_middle_13_1] M4_cover 13.0
     y[eu_west_a100_80_middle_13_1] M1_once[eu_west_a100_80] 1.0
@@ -8846,14 +8846,14 @@ COLUMNS
     y[eu_west_a100_80_middle_13_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_13_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_13_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_13_1] M12_v_le_y[381] -3.5117768407690075
-    y[eu_west_a100_80_middle_13_1] M12_v_ge[381] -3.5117768407690075
+    y[eu_west_a100_80_middle_13_1] M12_v_le_y[381] -22.839129672769012
+    y[eu_west_a100_80_middle_13_1] M12_v_ge[381] -22.839129672769012
     y[eu_west_a100_80_middle_13_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.12752921122133334
     y[eu_west_a100_80_middle_13_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.12752921122133334
     y[eu_west_a100_80_middle_13_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.12752921122133334
     y[eu_west_a100_80_middle_13_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.12752921122133334
-    y[eu_west_a100_80_middle_13_1] M15_round_trip[eu_west_a100_80_1] 28.2217439373734
-    y[eu_west_a100_80_middle_13_1] M16_round_trip_cap[eu_west_a100_80] 3.639306051990341
+    y[eu_west_a100_80_middle_13_1] M15_round_trip[eu_west_a100_80_1] 182.84056659337347
+    y[eu_west_a100_80_middle_13_1] M16_round_trip_cap[eu_west_a100_80] 22.966658883990345
     y[eu_west_a100_80_middle_13_2] obj 0.24321252313599998
     y[eu_west_a100_80_middle_13_2] M4_cover 13.0
     y[eu_west_a100_80_middle_13_2] M1_once[eu_west_a100_80] 1.0
@@ -8864,15 +8864,15 @@ COLUMNS
     y[eu_west_a100_80_middle_13_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_13_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_13_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_13_2] M12_v_le_y[382] -3.5117768407690075
-    y[eu_west_a100_80_middle_13_2] M12_v_ge[382] -3.5117768407690075
+    y[eu_west_a100_80_middle_13_2] M12_v_le_y[382] -22.839129672769012
+    y[eu_west_a100_80_middle_13_2] M12_v_ge[382] -22.839129672769012
     y[eu_west_a100_80_middle_13_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.24321252313599998
     y[eu_west_a100_80_middle_13_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.24321252313599998
     y[eu_west_a100_80_middle_13_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.24321252313599998
     y[eu_west_a100_80_middle_13_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.24321252313599998
-    y[eu_west_a100_80_middle_13_2] M15_round_trip[eu_west_a100_80_1] 28.223724509231452
-    y[eu_west_a100_80_middle_13_2] M15_round_trip[eu_west_a100_80_2] 31.84920409005707
-    y[eu_west_a100_80_middle_13_2] M16_round_trip_cap[eu_west_a100_80] 3.7549893639050076
+    y[eu_west_a100_80_middle_13_2] M15_round_trip[eu_west_a100_80_1] 182.8425471652315
+    y[eu_west_a100_80_middle_13_2] M15_round_trip[eu_west_a100_80_2] 205.79537957805715
+    y[eu_west_a100_80_middle_13_2] M16_round_trip_cap[eu_west_a100_80] 23.08234219590501
     y[eu_west_a100_80_middle_14_0] obj 0.1295097830793846
     y[eu_west_a100_80_middle_14_0] M4_cover 14.0
     y[eu_west_a100_80_middle_14_0] M1_once[eu_west_a100_80] 1.0
@@ -8883,14 +8883,14 @@ COLUMNS
     y[eu_west_a100_80_middle_14_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_14_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_14_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_14_0] M12_v_le_y[383] -3.5117768407690075
-    y[eu_west_a100_80_middle_14_0] M12_v_ge[383] -3.5117768407690075
+    y[eu_west_a100_80_middle_14_0] M12_v_le_y[383] -22.839129672769012
+    y[eu_west_a100_80_middle_14_0] M12_v_ge[383] -22.839129672769012
     y[eu_west_a100_80_middle_14_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1295097830793846
     y[eu_west_a100_80_middle_14_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1295097830793846
     y[eu_west_a100_80_middle_14_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1295097830793846
     y[eu_west_a100_80_middle_14_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1295097830793846
-    y[eu_west_a100_80_middle_14_0] M15_round_trip[eu_west_a100_80_1] 28.223724509231452
-    y[eu_west_a100_80_middle_14_0] M16_round_trip_cap[eu_west_a100_80] 3.641286623848392
+    y[eu_west_a100_80_middle_14_0] M15_round_trip[eu_west_a100_80_1] 182.8425471652315
+    y[eu_west_a100_80_middle_14_0] M16_round_trip_cap[eu_west_a100_80] 22.968639455848397
     y[eu_west_a100_80_middle_14_1] obj 0.2617139207187692
     y[eu_west_a100_80_middle_14_1] M4_cover 14.0
     y[eu_west_a100_80_middle_14_1] M1_once[eu_west_a100_80] 1.0
@@ -8901,15 +8901,15 @@ COLUMNS
     y[eu_west_a100_80_middle_14_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_14_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_14_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_14_1] M12_v_le_y[384] -3.5117768407690075
-    y[eu_west_a100_80_middle_14_1] M12_v_ge[384] -3.5117768407690075
+    y[eu_west_a100_80_middle_14_1] M12_v_le_y[384] -22.839129672769012
+    y[eu_west_a100_80_middle_14_1] M12_v_ge[384] -22.839129672769012
     y[eu_west_a100_80_middle_14_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2617139207187692
     y[eu_west_a100_80_middle_14_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.2617139207187692
     y[eu_west_a100_80_middle_14_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2617139207187692
     y[eu_west_a100_80_middle_14_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2617139207187692
-    y[eu_west_a100_80_middle_14_1] M15_round_trip[eu_west_a100_80_1] 28.223724509231452
-    y[eu_west_a100_80_middle_14_1] M15_round_trip[eu_west_a100_80_2] 31.867705487639842
-    y[eu_west_a100_80_middle_14_1] M16_round_trip_cap[eu_west_a100_80] 3.7734907614877766
+    y[eu_west_a100_80_middle_14_1] M15_round_trip[eu_west_a100_80_1] 182.8425471652315
+    y[eu_west_a100_80_middle_14_1] M15_round_trip[eu_west_a100_80_2] 205.8138809756399
+    y[eu_west_a100_80_middle_14_1] M16_round_trip_cap[eu_west_a100_80] 23.10084359348778
     y[eu_west_a100_80_middle_14_2] obj 0.1373391505460513
     y[eu_west_a100_80_middle_14_2] M4_cover 14.0
     y[eu_west_a100_80_middle_14_2] M1_once[eu_west_a100_80] 1.0
@@ -8920,14 +8920,14 @@ COLUMNS
     y[eu_west_a100_80_middle_14_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_14_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_14_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_14_2] M12_v_le_y[385] -3.5117768407690075
-    y[eu_west_a100_80_middle_14_2] M12_v_ge[385] -3.5117768407690075
+    y[eu_west_a100_80_middle_14_2] M12_v_le_y[385] -22.839129672769012
+    y[eu_west_a100_80_middle_14_2] M12_v_ge[385] -22.839129672769012
     y[eu_west_a100_80_middle_14_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1373391505460513
     y[eu_west_a100_80_middle_14_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1373391505460513
     y[eu_west_a100_80_middle_14_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1373391505460513
     y[eu_west_a100_80_middle_14_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1373391505460513
-    y[eu_west_a100_80_middle_14_2] M15_round_trip[eu_west_a100_80_1] 28.23155387669812
-    y[eu_west_a100_80_middle_14_2] M16_round_trip_cap[eu_west_a100_80] 3.649115991315059
+    y[eu_west_a100_80_middle_14_2] M15_round_trip[eu_west_a100_80_1] 182.85037653269816
+    y[eu_west_a100_80_middle_14_2] M16_round_trip_cap[eu_west_a100_80] 22.976468823315063
     y[eu_west_a100_80_middle_15_0] obj 0.1387604818707692
     y[eu_west_a100_80_middle_15_0] M4_cover 15.0
     y[eu_west_a100_80_middle_15_0] M1_once[eu_west_a100_80] 1.0
@@ -8938,14 +8938,14 @@ COLUMNS
     y[eu_west_a100_80_middle_15_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_15_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_15_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_15_0] M12_v_le_y[386] -3.5117768407690075
-    y[eu_west_a100_80_middle_15_0] M12_v_ge[386] -3.5117768407690075
+    y[eu_west_a100_80_middle_15_0] M12_v_le_y[386] -22.839129672769012
+    y[eu_west_a100_80_middle_15_0] M12_v_ge[386] -22.839129672769012
     y[eu_west_a100_80_middle_15_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1387604818707692
     y[eu_west_a100_80_middle_15_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.1387604818707692
     y[eu_west_a100_80_middle_15_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1387604818707692
     y[eu_west_a100_80_middle_15_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1387604818707692
-    y[eu_west_a100_80_middle_15_0] M15_round_trip[eu_west_a100_80_1] 28.232975208022836
-    y[eu_west_a100_80_middle_15_0] M16_round_trip_cap[eu_west_a100_80] 3.6505373226397766
+    y[eu_west_a100_80_middle_15_0] M15_round_trip[eu_west_a100_80_1] 182.8517978640229
+    y[eu_west_a100_80_middle_15_0] M16_round_trip_cap[eu_west_a100_80] 22.97789015463978
     y[eu_west_a100_80_middle_15_1] obj 0.14714908987076925
     y[eu_west_a100_80_middle_15_1] M4_cover 15.0
     y[eu_west_a100_80_middle_15_1] M1_once[eu_west_a100_80] 1.0
@@ -8956,14 +8956,14 @@ COLUMNS
     y[eu_west_a100_80_middle_15_1] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_15_1] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_15_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_15_1] M12_v_le_y[387] -3.5117768407690075
-    y[eu_west_a100_80_middle_15_1] M12_v_ge[387] -3.5117768407690075
+    y[eu_west_a100_80_middle_15_1] M12_v_le_y[387] -22.839129672769012
+    y[eu_west_a100_80_middle_15_1] M12_v_ge[387] -22.839129672769012
     y[eu_west_a100_80_middle_15_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14714908987076925
     y[eu_west_a100_80_middle_15_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.14714908987076925
     y[eu_west_a100_80_middle_15_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14714908987076925
     y[eu_west_a100_80_middle_15_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14714908987076925
-    y[eu_west_a100_80_middle_15_1] M15_round_trip[eu_west_a100_80_1] 28.241363816022837
-    y[eu_west_a100_80_middle_15_1] M16_round_trip_cap[eu_west_a100_80] 3.658925930639777
+    y[eu_west_a100_80_middle_15_1] M15_round_trip[eu_west_a100_80_1] 182.8601864720229
+    y[eu_west_a100_80_middle_15_1] M16_round_trip_cap[eu_west_a100_80] 22.98627876263978
     y[eu_west_a100_80_middle_15_2] obj 0.28021531830153845
     y[eu_west_a100_80_middle_15_2] M4_cover 15.0
     y[eu_west_a100_80_middle_15_2] M1_once[eu_west_a100_80] 1.0
@@ -8974,15 +8974,15 @@ COLUMNS
     y[eu_west_a100_80_middle_15_2] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_15_2] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_15_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_15_2] M12_v_le_y[388] -3.5117768407690075
-    y[eu_west_a100_80_middle_15_2] M12_v_ge[388] -3.5117768407690075
+    y[eu_west_a100_80_middle_15_2] M12_v_le_y[388] -22.839129672769012
+    y[eu_west_a100_80_middle_15_2] M12_v_ge[388] -22.839129672769012
     y[eu_west_a100_80_middle_15_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.28021531830153845
     y[eu_west_a100_80_middle_15_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.28021531830153845
     y[eu_west_a100_80_middle_15_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.28021531830153845
     y[eu_west_a100_80_middle_15_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.28021531830153845
-    y[eu_west_a100_80_middle_15_2] M15_round_trip[eu_west_a100_80_1] 28.24222590681422
-    y[eu_west_a100_80_middle_15_2] M15_round_trip[eu_west_a100_80_2] 31.886206885222613
-    y[eu_west_a100_80_middle_15_2] M16_round_trip_cap[eu_west_a100_80] 3.791992159070546
+    y[eu_west_a100_80_middle_15_2] M15_round_trip[eu_west_a100_80_1] 182.8610485628143
+    y[eu_west_a100_80_middle_15_2] M15_round_trip[eu_west_a100_80_2] 205.83238237322269
+    y[eu_west_a100_80_middle_15_2] M16_round_trip_cap[eu_west_a100_80] 23.11934499107055
     y[eu_west_a100_80_middle_16_0] obj 0.14801118066215382
     y[eu_west_a100_80_middle_16_0] M4_cover 16.0
     y[eu_west_a100_80_middle_16_0] M1_once[eu_west_a100_80] 1.0
@@ -8993,14 +8993,14 @@ COLUMNS
     y[eu_west_a100_80_middle_16_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_16_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_16_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_16_0] M12_v_le_y[389] -3.5117768407690075
-    y[eu_west_a100_80_middle_16_0] M12_v_ge[389] -3.5117768407690075
+    y[eu_west_a100_80_middle_16_0] M12_v_le_y[389] -22.839129672769012
+    y[eu_west_a100_80_middle_16_0] M12_v_ge[389] -22.839129672769012
     y[eu_west_a100_80_middle_16_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.14801118066215382
     y[eu_west_a100_80_middle_16_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.14801118066215382
     y[eu_west_a100_80_middle_16_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.14801118066215382
     y[eu_west_a100_80_middle_16_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.14801118066215382
-    y[eu_west_a100_80_middle_16_0] M15_round_trip[eu_west_a100_80_1] 28.24222590681422
-    y[eu_west_a100_80_middle_16_0] M16_round_trip_cap[eu_west_a100_80] 3.6597880214311616
+    y[eu_west_a100_80_middle_16_0] M15_round_trip[eu_west_a100_80_1] 182.8610485628143
+    y[eu_west_a100_80_middle_16_0] M16_round_trip_cap[eu_west_a100_80] 22.987140853431164
     y[eu_west_a100_80_middle_16_1] obj 0.29871671588430765
     y[eu_west_a100_80_middle_16_1] M4_cover 16.0
     y[eu_west_a100_80_middle_16_1] M1_once[eu_west_a100_80] 1.0
@@ -9011,15 +9011,15 @@ COLUMNS
     y[eu_west_a100_80_middle_16_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_16_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_16_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_16_1] M12_v_le_y[390] -3.5117768407690075
-    y[eu_west_a100_80_middle_16_1] M12_v_ge[390] -3.5117768407690075
+    y[eu_west_a100_80_middle_16_1] M12_v_le_y[390] -22.839129672769012
+    y[eu_west_a100_80_middle_16_1] M12_v_ge[390] -22.839129672769012
     y[eu_west_a100_80_middle_16_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.29871671588430765
     y[eu_west_a100_80_middle_16_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.29871671588430765
     y[eu_west_a100_80_middle_16_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.29871671588430765
     y[eu_west_a100_80_middle_16_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.29871671588430765
-    y[eu_west_a100_80_middle_16_1] M15_round_trip[eu_west_a100_80_1] 28.24222590681422
-    y[eu_west_a100_80_middle_16_1] M15_round_trip[eu_west_a100_80_2] 31.90470828280538
-    y[eu_west_a100_80_middle_16_1] M16_round_trip_cap[eu_west_a100_80] 3.810493556653315
+    y[eu_west_a100_80_middle_16_1] M15_round_trip[eu_west_a100_80_1] 182.8610485628143
+    y[eu_west_a100_80_middle_16_1] M15_round_trip[eu_west_a100_80_2] 205.85088377080544
+    y[eu_west_a100_80_middle_16_1] M16_round_trip_cap[eu_west_a100_80] 23.13784638865332
     y[eu_west_a100_80_middle_16_2] obj 0.1569590291954872
     y[eu_west_a100_80_middle_16_2] M4_cover 16.0
     y[eu_west_a100_80_middle_16_2] M1_once[eu_west_a100_80] 1.0
@@ -9030,14 +9030,14 @@ COLUMNS
     y[eu_west_a100_80_middle_16_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_16_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_16_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_16_2] M12_v_le_y[391] -3.5117768407690075
-    y[eu_west_a100_80_middle_16_2] M12_v_ge[391] -3.5117768407690075
+    y[eu_west_a100_80_middle_16_2] M12_v_le_y[391] -22.839129672769012
+    y[eu_west_a100_80_middle_16_2] M12_v_ge[391] -22.839129672769012
     y[eu_west_a100_80_middle_16_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1569590291954872
     y[eu_west_a100_80_middle_16_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1569590291954872
     y[eu_west_a100_80_middle_16_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1569590291954872
     y[eu_west_a100_80_middle_16_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1569590291954872
-    y[eu_west_a100_80_middle_16_2] M15_round_trip[eu_west_a100_80_1] 28.251173755347555
-    y[eu_west_a100_80_middle_16_2] M16_round_trip_cap[eu_west_a100_80] 3.668735869964495
+    y[eu_west_a100_80_middle_16_2] M15_round_trip[eu_west_a100_80_1] 182.8699964113476
+    y[eu_west_a100_80_middle_16_2] M16_round_trip_cap[eu_west_a100_80] 22.9960887019645
     y[eu_west_a100_80_middle_17_0] obj 0.15726187945353842
     y[eu_west_a100_80_middle_17_0] M4_cover 17.0
     y[eu_west_a100_80_middle_17_0] M1_once[eu_west_a100_80] 1.0
@@ -9048,14 +9048,14 @@ COLUMNS
     y[eu_west_a100_80_middle_17_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_17_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_17_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_17_0] M12_v_le_y[392] -3.5117768407690075
-    y[eu_west_a100_80_middle_17_0] M12_v_ge[392] -3.5117768407690075
+    y[eu_west_a100_80_middle_17_0] M12_v_le_y[392] -22.839129672769012
+    y[eu_west_a100_80_middle_17_0] M12_v_ge[392] -22.839129672769012
     y[eu_west_a100_80_middle_17_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.15726187945353842
     y[eu_west_a100_80_middle_17_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.15726187945353842
     y[eu_west_a100_80_middle_17_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.15726187945353842
     y[eu_west_a100_80_middle_17_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.15726187945353842
-    y[eu_west_a100_80_middle_17_0] M15_round_trip[eu_west_a100_80_1] 28.251476605605607
-    y[eu_west_a100_80_middle_17_0] M16_round_trip_cap[eu_west_a100_80] 3.669038720222546
+    y[eu_west_a100_80_middle_17_0] M15_round_trip[eu_west_a100_80_1] 182.87029926160565
+    y[eu_west_a100_80_middle_17_0] M16_round_trip_cap[eu_west_a100_80] 22.99639155222255
     y[eu_west_a100_80_middle_17_1] obj 0.31721811346707685
     y[eu_west_a100_80_middle_17_1] M4_cover 17.0
     y[eu_west_a100_80_middle_17_1] M1_once[eu_west_a100_80] 1.0
@@ -9066,15 +9066,15 @@ COLUMNS
     y[eu_west_a100_80_middle_17_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_17_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_17_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_17_1] M12_v_le_y[393] -3.5117768407690075
-    y[eu_west_a100_80_middle_17_1] M12_v_ge[393] -3.5117768407690075
+    y[eu_west_a100_80_middle_17_1] M12_v_le_y[393] -22.839129672769012
+    y[eu_west_a100_80_middle_17_1] M12_v_ge[393] -22.839129672769012
     y[eu_west_a100_80_middle_17_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.31721811346707685
     y[eu_west_a100_80_middle_17_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.31721811346707685
     y[eu_west_a100_80_middle_17_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.31721811346707685
     y[eu_west_a100_80_middle_17_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.31721811346707685
-    y[eu_west_a100_80_middle_17_1] M15_round_trip[eu_west_a100_80_1] 28.26072730439699
-    y[eu_west_a100_80_middle_17_1] M15_round_trip[eu_west_a100_80_2] 31.92320968038815
-    y[eu_west_a100_80_middle_17_1] M16_round_trip_cap[eu_west_a100_80] 3.8289949542360846
+    y[eu_west_a100_80_middle_17_1] M15_round_trip[eu_west_a100_80_1] 182.87954996039704
+    y[eu_west_a100_80_middle_17_1] M15_round_trip[eu_west_a100_80_2] 205.86938516838822
+    y[eu_west_a100_80_middle_17_1] M16_round_trip_cap[eu_west_a100_80] 23.15634778623609
     y[eu_west_a100_80_middle_17_2] obj 0.16676896852020515
     y[eu_west_a100_80_middle_17_2] M4_cover 17.0
     y[eu_west_a100_80_middle_17_2] M1_once[eu_west_a100_80] 1.0
@@ -9085,14 +9085,14 @@ COLUMNS
     y[eu_west_a100_80_middle_17_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_17_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_17_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_17_2] M12_v_le_y[394] -3.5117768407690075
-    y[eu_west_a100_80_middle_17_2] M12_v_ge[394] -3.5117768407690075
+    y[eu_west_a100_80_middle_17_2] M12_v_le_y[394] -22.839129672769012
+    y[eu_west_a100_80_middle_17_2] M12_v_ge[394] -22.839129672769012
     y[eu_west_a100_80_middle_17_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16676896852020515
     y[eu_west_a100_80_middle_17_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.16676896852020515
     y[eu_west_a100_80_middle_17_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16676896852020515
     y[eu_west_a100_80_middle_17_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16676896852020515
-    y[eu_west_a100_80_middle_17_2] M15_round_trip[eu_west_a100_80_1] 28.260983694672273
-    y[eu_west_a100_80_middle_17_2] M16_round_trip_cap[eu_west_a100_80] 3.6785458092892127
+    y[eu_west_a100_80_middle_17_2] M15_round_trip[eu_west_a100_80_1] 182.87980635067234
+    y[eu_west_a100_80_middle_17_2] M16_round_trip_cap[eu_west_a100_80] 23.005898641289217
     y[eu_west_a100_80_middle_18_0] obj 0.16651257824492305
     y[eu_west_a100_80_middle_18_0] M4_cover 18.0
     y[eu_west_a100_80_middle_18_0] M1_once[eu_west_a100_80] 1.0
@@ -9103,14 +9103,14 @@ COLUMNS
     y[eu_west_a100_80_middle_18_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_18_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_18_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_18_0] M12_v_le_y[395] -3.5117768407690075
-    y[eu_west_a100_80_middle_18_0] M12_v_ge[395] -3.5117768407690075
+    y[eu_west_a100_80_middle_18_0] M12_v_le_y[395] -22.839129672769012
+    y[eu_west_a100_80_middle_18_0] M12_v_ge[395] -22.839129672769012
     y[eu_west_a100_80_middle_18_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.16651257824492305
     y[eu_west_a100_80_middle_18_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.16651257824492305
     y[eu_west_a100_80_middle_18_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.16651257824492305
     y[eu_west_a100_80_middle_18_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.16651257824492305
-    y[eu_west_a100_80_middle_18_0] M15_round_trip[eu_west_a100_80_1] 28.26072730439699
-    y[eu_west_a100_80_middle_18_0] M16_round_trip_cap[eu_west_a100_80] 3.6782894190139306
+    y[eu_west_a100_80_middle_18_0] M15_round_trip[eu_west_a100_80_1] 182.87954996039704
+    y[eu_west_a100_80_middle_18_0] M16_round_trip_cap[eu_west_a100_80] 23.005642251013935
     y[eu_west_a100_80_middle_18_1] obj 0.3357195110498461
     y[eu_west_a100_80_middle_18_1] M4_cover 18.0
     y[eu_west_a100_80_middle_18_1] M1_once[eu_west_a100_80] 1.0
@@ -9121,15 +9121,15 @@ COLUMNS
     y[eu_west_a100_80_middle_18_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_18_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_18_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_18_1] M12_v_le_y[396] -3.5117768407690075
-    y[eu_west_a100_80_middle_18_1] M12_v_ge[396] -3.5117768407690075
+    y[eu_west_a100_80_middle_18_1] M12_v_le_y[396] -22.839129672769012
+    y[eu_west_a100_80_middle_18_1] M12_v_ge[396] -22.839129672769012
     y[eu_west_a100_80_middle_18_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.3357195110498461
     y[eu_west_a100_80_middle_18_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.3357195110498461
     y[eu_west_a100_80_middle_18_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.3357195110498461
     y[eu_west_a100_80_middle_18_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.3357195110498461
-    y[eu_west_a100_80_middle_18_1] M15_round_trip[eu_west_a100_80_1] 28.26072730439699
-    y[eu_west_a100_80_middle_18_1] M15_round_trip[eu_west_a100_80_2] 31.94171107797092
-    y[eu_west_a100_80_middle_18_1] M16_round_trip_cap[eu_west_a100_80] 3.8474963518188536
+    y[eu_west_a100_80_middle_18_1] M15_round_trip[eu_west_a100_80_1] 182.87954996039704
+    y[eu_west_a100_80_middle_18_1] M15_round_trip[eu_west_a100_80_2] 205.887886565971
+    y[eu_west_a100_80_middle_18_1] M16_round_trip_cap[eu_west_a100_80] 23.174849183818857
     y[eu_west_a100_80_middle_18_2] obj 0.1765789078449231
     y[eu_west_a100_80_middle_18_2] M4_cover 18.0
     y[eu_west_a100_80_middle_18_2] M1_once[eu_west_a100_80] 1.0
@@ -9140,14 +9140,14 @@ COLUMNS
     y[eu_west_a100_80_middle_18_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_18_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_18_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_18_2] M12_v_le_y[397] -3.5117768407690075
-    y[eu_west_a100_80_middle_18_2] M12_v_ge[397] -3.5117768407690075
+    y[eu_west_a100_80_middle_18_2] M12_v_le_y[397] -22.839129672769012
+    y[eu_west_a100_80_middle_18_2] M12_v_ge[397] -22.839129672769012
     y[eu_west_a100_80_middle_18_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.1765789078449231
     y[eu_west_a100_80_middle_18_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.1765789078449231
     y[eu_west_a100_80_middle_18_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.1765789078449231
     y[eu_west_a100_80_middle_18_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.1765789078449231
-    y[eu_west_a100_80_middle_18_2] M15_round_trip[eu_west_a100_80_1] 28.27079363399699
-    y[eu_west_a100_80_middle_18_2] M16_round_trip_cap[eu_west_a100_80] 3.6883557486139305
+    y[eu_west_a100_80_middle_18_2] M15_round_trip[eu_west_a100_80_1] 182.88961628999704
+    y[eu_west_a100_80_middle_18_2] M16_round_trip_cap[eu_west_a100_80] 23.015708580613936
     y[eu_west_a100_80_middle_19_0] obj 0.17576327703630765
     y[eu_west_a100_80_middle_19_0] M4_cover 19.0
     y[eu_west_a100_80_middle_19_0] M1_once[eu_west_a100_80] 1.0
@@ -9158,14 +9158,14 @@ COLUMNS
     y[eu_west_a100_80_middle_19_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_19_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_19_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_19_0] M12_v_le_y[398] -3.5117768407690075
-    y[eu_west_a100_80_middle_19_0] M12_v_ge[398] -3.5117768407690075
+    y[eu_west_a100_80_middle_19_0] M12_v_le_y[398] -22.839129672769012
+    y[eu_west_a100_80_middle_19_0] M12_v_ge[398] -22.839129672769012
     y[eu_west_a100_80_middle_19_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.17576327703630765
     y[eu_west_a100_80_middle_19_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.17576327703630765
     y[eu_west_a100_80_middle_19_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.17576327703630765
     y[eu_west_a100_80_middle_19_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.17576327703630765
-    y[eu_west_a100_80_middle_19_0] M15_round_trip[eu_west_a100_80_1] 28.269978003188374
-    y[eu_west_a100_80_middle_19_0] M16_round_trip_cap[eu_west_a100_80] 3.687540117805315
+    y[eu_west_a100_80_middle_19_0] M15_round_trip[eu_west_a100_80_1] 182.88880065918843
+    y[eu_west_a100_80_middle_19_0] M16_round_trip_cap[eu_west_a100_80] 23.01489294980532
     y[eu_west_a100_80_middle_19_1] obj 0.35422090863261535
     y[eu_west_a100_80_middle_19_1] M4_cover 19.0
     y[eu_west_a100_80_middle_19_1] M1_once[eu_west_a100_80] 1.0
@@ -9176,15 +9176,15 @@ COLUMNS
     y[eu_west_a100_80_middle_19_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_19_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_19_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_19_1] M12_v_le_y[399] -3.5117768407690075
-    y[eu_west_a100_80_middle_19_1] M12_v_ge[399] -3.5117768407690075
+    y[eu_west_a100_80_middle_19_1] M12_v_le_y[399] -22.839129672769012
+    y[eu_west_a100_80_middle_19_1] M12_v_ge[399] -22.839129672769012
     y[eu_west_a100_80_middle_19_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.35422090863261535
     y[eu_west_a100_80_middle_19_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.35422090863261535
     y[eu_west_a100_80_middle_19_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.35422090863261535
     y[eu_west_a100_80_middle_19_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.35422090863261535
-    y[eu_west_a100_80_middle_19_1] M15_round_trip[eu_west_a100_80_1] 28.27922870197976
-    y[eu_west_a100_80_middle_19_1] M15_round_trip[eu_west_a100_80_2] 31.96021247555369
-    y[eu_west_a100_80_middle_19_1] M16_round_trip_cap[eu_west_a100_80] 3.8659977494016227
+    y[eu_west_a100_80_middle_19_1] M15_round_trip[eu_west_a100_80_1] 182.89805135797982
+    y[eu_west_a100_80_middle_19_1] M15_round_trip[eu_west_a100_80_2] 205.90638796355375
+    y[eu_west_a100_80_middle_19_1] M16_round_trip_cap[eu_west_a100_80] 23.193350581401628
     y[eu_west_a100_80_middle_19_2] obj 0.18638884716964105
     y[eu_west_a100_80_middle_19_2] M4_cover 19.0
     y[eu_west_a100_80_middle_19_2] M1_once[eu_west_a100_80] 1.0
@@ -9195,14 +9195,14 @@ COLUMNS
     y[eu_west_a100_80_middle_19_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_19_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_19_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_19_2] M12_v_le_y[400] -3.5117768407690075
-    y[eu_west_a100_80_middle_19_2] M12_v_ge[400] -3.5117768407690075
+    y[eu_west_a100_80_middle_19_2] M12_v_le_y[400] -22.839129672769012
+    y[eu_west_a100_80_middle_19_2] M12_v_ge[400] -22.839129672769012
     y[eu_west_a100_80_middle_19_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18638884716964105
     y[eu_west_a100_80_middle_19_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.18638884716964105
     y[eu_west_a100_80_middle_19_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18638884716964105
     y[eu_west_a100_80_middle_19_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18638884716964105
-    y[eu_west_a100_80_middle_19_2] M15_round_trip[eu_west_a100_80_1] 28.28060357332171
-    y[eu_west_a100_80_middle_19_2] M16_round_trip_cap[eu_west_a100_80] 3.6981656879386486
+    y[eu_west_a100_80_middle_19_2] M15_round_trip[eu_west_a100_80_1] 182.89942622932176
+    y[eu_west_a100_80_middle_19_2] M16_round_trip_cap[eu_west_a100_80] 23.025518519938654
     y[eu_west_a100_80_middle_20_0] obj 0.18501397582769227
     y[eu_west_a100_80_middle_20_0] M4_cover 20.0
     y[eu_west_a100_80_middle_20_0] M1_once[eu_west_a100_80] 1.0
@@ -9213,14 +9213,14 @@ COLUMNS
     y[eu_west_a100_80_middle_20_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_20_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_20_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_20_0] M12_v_le_y[401] -3.5117768407690075
-    y[eu_west_a100_80_middle_20_0] M12_v_ge[401] -3.5117768407690075
+    y[eu_west_a100_80_middle_20_0] M12_v_le_y[401] -22.839129672769012
+    y[eu_west_a100_80_middle_20_0] M12_v_ge[401] -22.839129672769012
     y[eu_west_a100_80_middle_20_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.18501397582769227
     y[eu_west_a100_80_middle_20_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.18501397582769227
     y[eu_west_a100_80_middle_20_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.18501397582769227
     y[eu_west_a100_80_middle_20_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.18501397582769227
-    y[eu_west_a100_80_middle_20_0] M15_round_trip[eu_west_a100_80_1] 28.27922870197976
-    y[eu_west_a100_80_middle_20_0] M16_round_trip_cap[eu_west_a100_80] 3.6967908165966996
+    y[eu_west_a100_80_middle_20_0] M15_round_trip[eu_west_a100_80_1] 182.89805135797982
+    y[eu_west_a100_80_middle_20_0] M16_round_trip_cap[eu_west_a100_80] 23.024143648596706
     y[eu_west_a100_80_middle_20_1] obj 0.37272230621538455
     y[eu_west_a100_80_middle_20_1] M4_cover 20.0
     y[eu_west_a100_80_middle_20_1] M1_once[eu_west_a100_80] 1.0
@@ -9231,15 +9231,15 @@ COLUMNS
     y[eu_west_a100_80_middle_20_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_20_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_20_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_20_1] M12_v_le_y[402] -3.5117768407690075
-    y[eu_west_a100_80_middle_20_1] M12_v_ge[402] -3.5117768407690075
+    y[eu_west_a100_80_middle_20_1] M12_v_le_y[402] -22.839129672769012
+    y[eu_west_a100_80_middle_20_1] M12_v_ge[402] -22.839129672769012
     y[eu_west_a100_80_middle_20_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.37272230621538455
     y[eu_west_a100_80_middle_20_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.37272230621538455
     y[eu_west_a100_80_middle_20_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.37272230621538455
     y[eu_west_a100_80_middle_20_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.37272230621538455
-    y[eu_west_a100_80_middle_20_1] M15_round_trip[eu_west_a100_80_1] 28.27922870197976
-    y[eu_west_a100_80_middle_20_1] M15_round_trip[eu_west_a100_80_2] 31.978713873136456
-    y[eu_west_a100_80_middle_20_1] M16_round_trip_cap[eu_west_a100_80] 3.884499146984392
+    y[eu_west_a100_80_middle_20_1] M15_round_trip[eu_west_a100_80_1] 182.89805135797982
+    y[eu_west_a100_80_middle_20_1] M15_round_trip[eu_west_a100_80_2] 205.92488936113654
+    y[eu_west_a100_80_middle_20_1] M16_round_trip_cap[eu_west_a100_80] 23.211851978984395
     y[eu_west_a100_80_middle_20_2] obj 0.196198786494359
     y[eu_west_a100_80_middle_20_2] M4_cover 20.0
     y[eu_west_a100_80_middle_20_2] M1_once[eu_west_a100_80] 1.0
@@ -9250,14 +9250,14 @@ COLUMNS
     y[eu_west_a100_80_middle_20_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_20_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_20_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_20_2] M12_v_le_y[403] -3.5117768407690075
-    y[eu_west_a100_80_middle_20_2] M12_v_ge[403] -3.5117768407690075
+    y[eu_west_a100_80_middle_20_2] M12_v_le_y[403] -22.839129672769012
+    y[eu_west_a100_80_middle_20_2] M12_v_ge[403] -22.839129672769012
     y[eu_west_a100_80_middle_20_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.196198786494359
     y[eu_west_a100_80_middle_20_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.196198786494359
     y[eu_west_a100_80_middle_20_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.196198786494359
     y[eu_west_a100_80_middle_20_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.196198786494359
-    y[eu_west_a100_80_middle_20_2] M15_round_trip[eu_west_a100_80_1] 28.290413512646428
-    y[eu_west_a100_80_middle_20_2] M16_round_trip_cap[eu_west_a100_80] 3.7079756272633664
+    y[eu_west_a100_80_middle_20_2] M15_round_trip[eu_west_a100_80_1] 182.9092361686465
+    y[eu_west_a100_80_middle_20_2] M16_round_trip_cap[eu_west_a100_80] 23.035328459263372
     y[eu_west_a100_80_middle_21_0] obj 0.19426467461907687
     y[eu_west_a100_80_middle_21_0] M4_cover 21.0
     y[eu_west_a100_80_middle_21_0] M1_once[eu_west_a100_80] 1.0
@@ -9268,14 +9268,14 @@ COLUMNS
     y[eu_west_a100_80_middle_21_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_21_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_21_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_21_0] M12_v_le_y[404] -3.5117768407690075
-    y[eu_west_a100_80_middle_21_0] M12_v_ge[404] -3.5117768407690075
+    y[eu_west_a100_80_middle_21_0] M12_v_le_y[404] -22.839129672769012
+    y[eu_west_a100_80_middle_21_0] M12_v_ge[404] -22.839129672769012
     y[eu_west_a100_80_middle_21_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.19426467461907687
     y[eu_west_a100_80_middle_21_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.19426467461907687
     y[eu_west_a100_80_middle_21_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.19426467461907687
     y[eu_west_a100_80_middle_21_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.19426467461907687
-    y[eu_west_a100_80_middle_21_0] M15_round_trip[eu_west_a100_80_1] 28.288479400771145
-    y[eu_west_a100_80_middle_21_0] M16_round_trip_cap[eu_west_a100_80] 3.7060415153880846
+    y[eu_west_a100_80_middle_21_0] M15_round_trip[eu_west_a100_80_1] 182.9073020567712
+    y[eu_west_a100_80_middle_21_0] M16_round_trip_cap[eu_west_a100_80] 23.03339434738809
     y[eu_west_a100_80_middle_21_1] obj 0.39122370379815374
     y[eu_west_a100_80_middle_21_1] M4_cover 21.0
     y[eu_west_a100_80_middle_21_1] M1_once[eu_west_a100_80] 1.0
@@ -9286,15 +9286,15 @@ COLUMNS
     y[eu_west_a100_80_middle_21_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_21_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_21_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_21_1] M12_v_le_y[405] -3.5117768407690075
-    y[eu_west_a100_80_middle_21_1] M12_v_ge[405] -3.5117768407690075
+    y[eu_west_a100_80_middle_21_1] M12_v_le_y[405] -22.839129672769012
+    y[eu_west_a100_80_middle_21_1] M12_v_ge[405] -22.839129672769012
     y[eu_west_a100_80_middle_21_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.39122370379815374
     y[eu_west_a100_80_middle_21_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.39122370379815374
     y[eu_west_a100_80_middle_21_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.39122370379815374
     y[eu_west_a100_80_middle_21_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.39122370379815374
-    y[eu_west_a100_80_middle_21_1] M15_round_trip[eu_west_a100_80_1] 28.29773009956253
-    y[eu_west_a100_80_middle_21_1] M15_round_trip[eu_west_a100_80_2] 31.997215270719227
-    y[eu_west_a100_80_middle_21_1] M16_round_trip_cap[eu_west_a100_80] 3.903000544567161
+    y[eu_west_a100_80_middle_21_1] M15_round_trip[eu_west_a100_80_1] 182.91655275556258
+    y[eu_west_a100_80_middle_21_1] M15_round_trip[eu_west_a100_80_2] 205.9433907587193
+    y[eu_west_a100_80_middle_21_1] M16_round_trip_cap[eu_west_a100_80] 23.230353376567166
     y[eu_west_a100_80_middle_21_2] obj 0.20600872581907695
     y[eu_west_a100_80_middle_21_2] M4_cover 21.0
     y[eu_west_a100_80_middle_21_2] M1_once[eu_west_a100_80] 1.0
@@ -9305,14 +9305,14 @@ COLUMNS
     y[eu_west_a100_80_middle_21_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_21_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_21_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_21_2] M12_v_le_y[406] -3.5117768407690075
-    y[eu_west_a100_80_middle_21_2] M12_v_ge[406] -3.5117768407690075
+    y[eu_west_a100_80_middle_21_2] M12_v_le_y[406] -22.839129672769012
+    y[eu_west_a100_80_middle_21_2] M12_v_ge[406] -22.839129672769012
     y[eu_west_a100_80_middle_21_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.20600872581907695
     y[eu_west_a100_80_middle_21_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.20600872581907695
     y[eu_west_a100_80_middle_21_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.20600872581907695
     y[eu_west_a100_80_middle_21_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.20600872581907695
-    y[eu_west_a100_80_middle_21_2] M15_round_trip[eu_west_a100_80_1] 28.300223451971146
-    y[eu_west_a100_80_middle_21_2] M16_round_trip_cap[eu_west_a100_80] 3.7177855665880846
+    y[eu_west_a100_80_middle_21_2] M15_round_trip[eu_west_a100_80_1] 182.9190461079712
+    y[eu_west_a100_80_middle_21_2] M16_round_trip_cap[eu_west_a100_80] 23.04513839858809
     y[eu_west_a100_80_middle_22_0] obj 0.20351537341046147
     y[eu_west_a100_80_middle_22_0] M4_cover 22.0
     y[eu_west_a100_80_middle_22_0] M1_once[eu_west_a100_80] 1.0
@@ -9323,14 +9323,14 @@ COLUMNS
     y[eu_west_a100_80_middle_22_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_22_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_22_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_22_0] M12_v_le_y[407] -3.5117768407690075
-    y[eu_west_a100_80_middle_22_0] M12_v_ge[407] -3.5117768407690075
+    y[eu_west_a100_80_middle_22_0] M12_v_le_y[407] -22.839129672769012
+    y[eu_west_a100_80_middle_22_0] M12_v_ge[407] -22.839129672769012
     y[eu_west_a100_80_middle_22_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.20351537341046147
     y[eu_west_a100_80_middle_22_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.20351537341046147
     y[eu_west_a100_80_middle_22_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.20351537341046147
     y[eu_west_a100_80_middle_22_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.20351537341046147
-    y[eu_west_a100_80_middle_22_0] M15_round_trip[eu_west_a100_80_1] 28.29773009956253
-    y[eu_west_a100_80_middle_22_0] M16_round_trip_cap[eu_west_a100_80] 3.715292214179469
+    y[eu_west_a100_80_middle_22_0] M15_round_trip[eu_west_a100_80_1] 182.91655275556258
+    y[eu_west_a100_80_middle_22_0] M16_round_trip_cap[eu_west_a100_80] 23.042645046179473
     y[eu_west_a100_80_middle_22_1] obj 0.409725101380923
     y[eu_west_a100_80_middle_22_1] M4_cover 22.0
     y[eu_west_a100_80_middle_22_1] M1_once[eu_west_a100_80] 1.0
@@ -9341,15 +9341,15 @@ COLUMNS
     y[eu_west_a100_80_middle_22_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_22_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_22_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_22_1] M12_v_le_y[408] -3.5117768407690075
-    y[eu_west_a100_80_middle_22_1] M12_v_ge[408] -3.5117768407690075
+    y[eu_west_a100_80_middle_22_1] M12_v_le_y[408] -22.839129672769012
+    y[eu_west_a100_80_middle_22_1] M12_v_ge[408] -22.839129672769012
     y[eu_west_a100_80_middle_22_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.409725101380923
     y[eu_west_a100_80_middle_22_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.409725101380923
     y[eu_west_a100_80_middle_22_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.409725101380923
     y[eu_west_a100_80_middle_22_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.409725101380923
-    y[eu_west_a100_80_middle_22_1] M15_round_trip[eu_west_a100_80_1] 28.29773009956253
-    y[eu_west_a100_80_middle_22_1] M15_round_trip[eu_west_a100_80_2] 32.015716668302
-    y[eu_west_a100_80_middle_22_1] M16_round_trip_cap[eu_west_a100_80] 3.9215019421499306
+    y[eu_west_a100_80_middle_22_1] M15_round_trip[eu_west_a100_80_1] 182.91655275556258
+    y[eu_west_a100_80_middle_22_1] M15_round_trip[eu_west_a100_80_2] 205.96189215630207
+    y[eu_west_a100_80_middle_22_1] M16_round_trip_cap[eu_west_a100_80] 23.248854774149933
     y[eu_west_a100_80_middle_22_2] obj 0.21581866514379489
     y[eu_west_a100_80_middle_22_2] M4_cover 22.0
     y[eu_west_a100_80_middle_22_2] M1_once[eu_west_a100_80] 1.0
@@ -9360,14 +9360,14 @@ COLUMNS
     y[eu_west_a100_80_middle_22_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_22_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_22_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_22_2] M12_v_le_y[409] -3.5117768407690075
-    y[eu_west_a100_80_middle_22_2] M12_v_ge[409] -3.5117768407690075
+    y[eu_west_a100_80_middle_22_2] M12_v_le_y[409] -22.839129672769012
+    y[eu_west_a100_80_middle_22_2] M12_v_ge[409] -22.839129672769012
     y[eu_west_a100_80_middle_22_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21581866514379489
     y[eu_west_a100_80_middle_22_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.21581866514379489
     y[eu_west_a100_80_middle_22_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21581866514379489
     y[eu_west_a100_80_middle_22_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21581866514379489
-    y[eu_west_a100_80_middle_22_2] M15_round_trip[eu_west_a100_80_1] 28.310033391295864
-    y[eu_west_a100_80_middle_22_2] M16_round_trip_cap[eu_west_a100_80] 3.7275955059128023
+    y[eu_west_a100_80_middle_22_2] M15_round_trip[eu_west_a100_80_1] 182.9288560472959
+    y[eu_west_a100_80_middle_22_2] M16_round_trip_cap[eu_west_a100_80] 23.05494833791281
     y[eu_west_a100_80_middle_23_0] obj 0.21276607220184607
     y[eu_west_a100_80_middle_23_0] M4_cover 23.0
     y[eu_west_a100_80_middle_23_0] M1_once[eu_west_a100_80] 1.0
@@ -9378,14 +9378,14 @@ COLUMNS
     y[eu_west_a100_80_middle_23_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_23_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_23_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_23_0] M12_v_le_y[410] -3.5117768407690075
-    y[eu_west_a100_80_middle_23_0] M12_v_ge[410] -3.5117768407690075
+    y[eu_west_a100_80_middle_23_0] M12_v_le_y[410] -22.839129672769012
+    y[eu_west_a100_80_middle_23_0] M12_v_ge[410] -22.839129672769012
     y[eu_west_a100_80_middle_23_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.21276607220184607
     y[eu_west_a100_80_middle_23_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.21276607220184607
     y[eu_west_a100_80_middle_23_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.21276607220184607
     y[eu_west_a100_80_middle_23_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.21276607220184607
-    y[eu_west_a100_80_middle_23_0] M15_round_trip[eu_west_a100_80_1] 28.306980798353912
-    y[eu_west_a100_80_middle_23_0] M16_round_trip_cap[eu_west_a100_80] 3.7245429129708536
+    y[eu_west_a100_80_middle_23_0] M15_round_trip[eu_west_a100_80_1] 182.92580345435397
+    y[eu_west_a100_80_middle_23_0] M16_round_trip_cap[eu_west_a100_80] 23.051895744970857
     y[eu_west_a100_80_middle_23_1] obj 0.4282264989636922
     y[eu_west_a100_80_middle_23_1] M4_cover 23.0
     y[eu_west_a100_80_middle_23_1] M1_once[eu_west_a100_80] 1.0
@@ -9396,15 +9396,15 @@ COLUMNS
     y[eu_west_a100_80_middle_23_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_23_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_23_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_23_1] M12_v_le_y[411] -3.5117768407690075
-    y[eu_west_a100_80_middle_23_1] M12_v_ge[411] -3.5117768407690075
+    y[eu_west_a100_80_middle_23_1] M12_v_le_y[411] -22.839129672769012
+    y[eu_west_a100_80_middle_23_1] M12_v_ge[411] -22.839129672769012
     y[eu_west_a100_80_middle_23_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.4282264989636922
     y[eu_west_a100_80_middle_23_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.4282264989636922
     y[eu_west_a100_80_middle_23_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.4282264989636922
     y[eu_west_a100_80_middle_23_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.4282264989636922
-    y[eu_west_a100_80_middle_23_1] M15_round_trip[eu_west_a100_80_1] 28.3162314971453
-    y[eu_west_a100_80_middle_23_1] M15_round_trip[eu_west_a100_80_2] 32.034218065884765
-    y[eu_west_a100_80_middle_23_1] M16_round_trip_cap[eu_west_a100_80] 3.9400033397326997
+    y[eu_west_a100_80_middle_23_1] M15_round_trip[eu_west_a100_80_1] 182.93505415314536
+    y[eu_west_a100_80_middle_23_1] M15_round_trip[eu_west_a100_80_2] 205.98039355388482
+    y[eu_west_a100_80_middle_23_1] M16_round_trip_cap[eu_west_a100_80] 23.267356171732704
     y[eu_west_a100_80_middle_23_2] obj 0.22562860446851285
     y[eu_west_a100_80_middle_23_2] M4_cover 23.0
     y[eu_west_a100_80_middle_23_2] M1_once[eu_west_a100_80] 1.0
@@ -9415,14 +9415,14 @@ COLUMNS
     y[eu_west_a100_80_middle_23_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_23_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_23_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_23_2] M12_v_le_y[412] -3.5117768407690075
-    y[eu_west_a100_80_middle_23_2] M12_v_ge[412] -3.5117768407690075
+    y[eu_west_a100_80_middle_23_2] M12_v_le_y[412] -22.839129672769012
+    y[eu_west_a100_80_middle_23_2] M12_v_ge[412] -22.839129672769012
     y[eu_west_a100_80_middle_23_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.22562860446851285
     y[eu_west_a100_80_middle_23_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.22562860446851285
     y[eu_west_a100_80_middle_23_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.22562860446851285
     y[eu_west_a100_80_middle_23_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.22562860446851285
-    y[eu_west_a100_80_middle_23_2] M15_round_trip[eu_west_a100_80_1] 28.31984333062058
-    y[eu_west_a100_80_middle_23_2] M16_round_trip_cap[eu_west_a100_80] 3.7374054452375205
+    y[eu_west_a100_80_middle_23_2] M15_round_trip[eu_west_a100_80_1] 182.93866598662063
+    y[eu_west_a100_80_middle_23_2] M16_round_trip_cap[eu_west_a100_80] 23.064758277237523
     y[eu_west_a100_80_middle_24_0] obj 0.2220167709932307
     y[eu_west_a100_80_middle_24_0] M4_cover 24.0
     y[eu_west_a100_80_middle_24_0] M1_once[eu_west_a100_80] 1.0
@@ -9433,14 +9433,14 @@ COLUMNS
     y[eu_west_a100_80_middle_24_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_24_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_24_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_24_0] M12_v_le_y[413] -3.5117768407690075
-    y[eu_west_a100_80_middle_24_0] M12_v_ge[413] -3.5117768407690075
+    y[eu_west_a100_80_middle_24_0] M12_v_le_y[413] -22.839129672769012
+    y[eu_west_a100_80_middle_24_0] M12_v_ge[413] -22.839129672769012
     y[eu_west_a100_80_middle_24_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.2220167709932307
     y[eu_west_a100_80_middle_24_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.2220167709932307
     y[eu_west_a100_80_middle_24_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.2220167709932307
     y[eu_west_a100_80_middle_24_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.2220167709932307
-    y[eu_west_a100_80_middle_24_0] M15_round_trip[eu_west_a100_80_1] 28.3162314971453
-    y[eu_west_a100_80_middle_24_0] M16_round_trip_cap[eu_west_a100_80] 3.733793611762238
+    y[eu_west_a100_80_middle_24_0] M15_round_trip[eu_west_a100_80_1] 182.93505415314536
+    y[eu_west_a100_80_middle_24_0] M16_round_trip_cap[eu_west_a100_80] 23.061146443762244
     y[eu_west_a100_80_middle_24_1] obj 0.44672789654646144
     y[eu_west_a100_80_middle_24_1] M4_cover 24.0
     y[eu_west_a100_80_middle_24_1] M1_once[eu_west_a100_80] 1.0
@@ -9451,15 +9451,15 @@ COLUMNS
     y[eu_west_a100_80_middle_24_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_middle_24_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_middle_24_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_middle_24_1] M12_v_le_y[414] -3.5117768407690075
-    y[eu_west_a100_80_middle_24_1] M12_v_ge[414] -3.5117768407690075
+    y[eu_west_a100_80_middle_24_1] M12_v_le_y[414] -22.839129672769012
+    y[eu_west_a100_80_middle_24_1] M12_v_ge[414] -22.839129672769012
     y[eu_west_a100_80_middle_24_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.44672789654646144
     y[eu_west_a100_80_middle_24_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.44672789654646144
     y[eu_west_a100_80_middle_24_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.44672789654646144
     y[eu_west_a100_80_middle_24_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.44672789654646144
-    y[eu_west_a100_80_middle_24_1] M15_round_trip[eu_west_a100_80_1] 28.3162314971453
-    y[eu_west_a100_80_middle_24_1] M15_round_trip[eu_west_a100_80_2] 32.05271946346753
-    y[eu_west_a100_80_middle_24_1] M16_round_trip_cap[eu_west_a100_80] 3.958504737315469
+    y[eu_west_a100_80_middle_24_1] M15_round_trip[eu_west_a100_80_1] 182.93505415314536
+    y[eu_west_a100_80_middle_24_1] M15_round_trip[eu_west_a100_80_2] 205.9988949514676
+    y[eu_west_a100_80_middle_24_1] M16_round_trip_cap[eu_west_a100_80] 23.285857569315475
     y[eu_west_a100_80_middle_24_2] obj 0.23543854379323081
     y[eu_west_a100_80_middle_24_2] M4_cover 24.0
     y[eu_west_a100_80_middle_24_2] M1_once[eu_west_a100_80] 1.0
@@ -9470,14 +9470,14 @@ COLUMNS
     y[eu_west_a100_80_middle_24_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_middle_24_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_middle_24_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_middle_24_2] M12_v_le_y[415] -3.5117768407690075
-    y[eu_west_a100_80_middle_24_2] M12_v_ge[415] -3.5117768407690075
+    y[eu_west_a100_80_middle_24_2] M12_v_le_y[415] -22.839129672769012
+    y[eu_west_a100_80_middle_24_2] M12_v_ge[415] -22.839129672769012
     y[eu_west_a100_80_middle_24_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.23543854379323081
     y[eu_west_a100_80_middle_24_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.23543854379323081
     y[eu_west_a100_80_middle_24_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.23543854379323081
     y[eu_west_a100_80_middle_24_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.23543854379323081
-    y[eu_west_a100_80_middle_24_2] M15_round_trip[eu_west_a100_80_1] 28.329653269945297
-    y[eu_west_a100_80_middle_24_2] M16_round_trip_cap[eu_west_a100_80] 3.7472153845622382
+    y[eu_west_a100_80_middle_24_2] M15_round_trip[eu_west_a100_80_1] 182.94847592594536
+    y[eu_west_a100_80_middle_24_2] M16_round_trip_cap[eu_west_a100_80] 23.07456821656224
     y[eu_west_a100_80_only_24_0] obj 0.23829333881022213
     y[eu_west_a100_80_only_24_0] M2_start 1.0
     y[eu_west_a100_80_only_24_0] M3_end 1.0
@@ -9488,15 +9488,15 @@ COLUMNS
     y[eu_west_a100_80_only_24_0] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_only_24_0] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_only_24_0] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_only_24_0] M12_v_le_y[416] -3.5117768407690075
-    y[eu_west_a100_80_only_24_0] M12_v_ge[416] -3.5117768407690075
+    y[eu_west_a100_80_only_24_0] M12_v_le_y[416] -22.839129672769012
+    y[eu_west_a100_80_only_24_0] M12_v_ge[416] -22.839129672769012
     y[eu_west_a100_80_only_24_0] M13_psi[us_east_h100_80_eu_west_a100_80] -0.23829333881022213
     y[eu_west_a100_80_only_24_0] M14_x[us_east_h100_80_eu_west_a100_80] -0.23829333881022213
     y[eu_west_a100_80_only_24_0] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.23829333881022213
     y[eu_west_a100_80_only_24_0] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.23829333881022213
-    y[eu_west_a100_80_only_24_0] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_only_24_0] M15_round_trip[eu_west_a100_80_1] 28.33250806496229
-    y[eu_west_a100_80_only_24_0] M16_round_trip_cap[eu_west_a100_80] 3.7500701795792297
+    y[eu_west_a100_80_only_24_0] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_only_24_0] M15_round_trip[eu_west_a100_80_1] 182.95133072096235
+    y[eu_west_a100_80_only_24_0] M16_round_trip_cap[eu_west_a100_80] 23.077423011579235
     y[eu_west_a100_80_only_24_1] obj 0.47928103218044427
     y[eu_west_a100_80_only_24_1] M2_start 1.0
     y[eu_west_a100_80_only_24_1] M3_end 1.0
@@ -9507,16 +9507,16 @@ COLUMNS
     y[eu_west_a100_80_only_24_1] M10_own[eu_west_a100_80] -2.0
     y[eu_west_a100_80_only_24_1] M10_chain[eu_west_a100_80_us_east_h100_80] -2.0
     y[eu_west_a100_80_only_24_1] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -2.0
-    y[eu_west_a100_80_only_24_1] M12_v_le_y[417] -3.5117768407690075
-    y[eu_west_a100_80_only_24_1] M12_v_ge[417] -3.5117768407690075
+    y[eu_west_a100_80_only_24_1] M12_v_le_y[417] -22.839129672769012
+    y[eu_west_a100_80_only_24_1] M12_v_ge[417] -22.839129672769012
     y[eu_west_a100_80_only_24_1] M13_psi[us_east_h100_80_eu_west_a100_80] -0.47928103218044427
     y[eu_west_a100_80_only_24_1] M14_x[us_east_h100_80_eu_west_a100_80] -0.47928103218044427
     y[eu_west_a100_80_only_24_1] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.47928103218044427
     y[eu_west_a100_80_only_24_1] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.47928103218044427
-    y[eu_west_a100_80_only_24_1] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_only_24_1] M15_round_trip[eu_west_a100_80_1] 28.33015981281299
-    y[eu_west_a100_80_only_24_1] M15_round_trip[eu_west_a100_80_2] 32.085272599101515
-    y[eu_west_a100_80_only_24_1] M16_round_trip_cap[eu_west_a100_80] 3.991057872949452
+    y[eu_west_a100_80_only_24_1] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_only_24_1] M15_round_trip[eu_west_a100_80_1] 182.94898246881306
+    y[eu_west_a100_80_only_24_1] M15_round_trip[eu_west_a100_80_2] 206.03144808710158
+    y[eu_west_a100_80_only_24_1] M16_round_trip_cap[eu_west_a100_80] 23.318410704949457
     y[eu_west_a100_80_only_24_2] obj 0.25205644306864955
     y[eu_west_a100_80_only_24_2] M2_start 1.0
     y[eu_west_a100_80_only_24_2] M3_end 1.0
@@ -9527,15 +9527,15 @@ COLUMNS
     y[eu_west_a100_80_only_24_2] M10_own[eu_west_a100_80] -1.0
     y[eu_west_a100_80_only_24_2] M10_chain[eu_west_a100_80_us_east_h100_80] -1.0
     y[eu_west_a100_80_only_24_2] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -1.0
-    y[eu_west_a100_80_only_24_2] M12_v_le_y[418] -3.5117768407690075
-    y[eu_west_a100_80_only_24_2] M12_v_ge[418] -3.5117768407690075
+    y[eu_west_a100_80_only_24_2] M12_v_le_y[418] -22.839129672769012
+    y[eu_west_a100_80_only_24_2] M12_v_ge[418] -22.839129672769012
     y[eu_west_a100_80_only_24_2] M13_psi[us_east_h100_80_eu_west_a100_80] -0.25205644306864955
     y[eu_west_a100_80_only_24_2] M14_x[us_east_h100_80_eu_west_a100_80] -0.25205644306864955
     y[eu_west_a100_80_only_24_2] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -0.25205644306864955
     y[eu_west_a100_80_only_24_2] M14_x[ap_northeast_a100_40_eu_west_a100_80] -0.25205644306864955
-    y[eu_west_a100_80_only_24_2] M14_x_end[eu_west_a100_80] -21.07066104461405
-    y[eu_west_a100_80_only_24_2] M15_round_trip[eu_west_a100_80_1] 28.346271169220717
-    y[eu_west_a100_80_only_24_2] M16_round_trip_cap[eu_west_a100_80] 3.763833283837657
+    y[eu_west_a100_80_only_24_2] M14_x_end[eu_west_a100_80] -137.03477803661409
+    y[eu_west_a100_80_only_24_2] M15_round_trip[eu_west_a100_80_1] 182.96509382522078
+    y[eu_west_a100_80_only_24_2] M16_round_trip_cap[eu_west_a100_80] 23.09118611583766
     y[us_east_h100_80_end_0_0] obj 0.0113673413483249
     y[us_east_h100_80_end_0_0] M3_end 1.0
     y[us_east_h100_80_end_0_0] M1_once[us_east_h100_80] 1.0
@@ -9546,15 +9546,15 @@ COLUMNS
     y[us_east_h100_80_end_0_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_0_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_0_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_0_0] M12_v_le_y[419] -3.5117768407690075
-    y[us_east_h100_80_end_0_0] M12_v_ge[419] -3.5117768407690075
+    y[us_east_h100_80_end_0_0] M12_v_le_y[419] -22.839129672769012
+    y[us_east_h100_80_end_0_0] M12_v_ge[419] -22.839129672769012
     y[us_east_h100_80_end_0_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.0113673413483249
     y[us_east_h100_80_end_0_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.0113673413483249
     y[us_east_h100_80_end_0_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.0113673413483249
     y[us_east_h100_80_end_0_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.0113673413483249
-    y[us_east_h100_80_end_0_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_0_0] M15_round_trip[us_east_h100_80_1] 28.105582067500393
-    y[us_east_h100_80_end_0_0] M16_round_trip_cap[us_east_h100_80] 3.5231441821173326
+    y[us_east_h100_80_end_0_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_0_0] M15_round_trip[us_east_h100_80_1] 182.72440472350044
+    y[us_east_h100_80_end_0_0] M16_round_trip_cap[us_east_h100_80] 22.850497014117337
     y[us_east_h100_80_end_1_0] obj 0.017852495876831805
     y[us_east_h100_80_end_1_0] M3_end 1.0
     y[us_east_h100_80_end_1_0] M4_cover 1.0
@@ -9566,15 +9566,15 @@ COLUMNS
     y[us_east_h100_80_end_1_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_1_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_1_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_1_0] M12_v_le_y[420] -3.5117768407690075
-    y[us_east_h100_80_end_1_0] M12_v_ge[420] -3.5117768407690075
+    y[us_east_h100_80_end_1_0] M12_v_le_y[420] -22.839129672769012
+    y[us_east_h100_80_end_1_0] M12_v_ge[420] -22.839129672769012
     y[us_east_h100_80_end_1_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.017852495876831805
     y[us_east_h100_80_end_1_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.017852495876831805
     y[us_east_h100_80_end_1_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.017852495876831805
     y[us_east_h100_80_end_1_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.017852495876831805
-    y[us_east_h100_80_end_1_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_1_0] M15_round_trip[us_east_h100_80_1] 28.112067222028898
-    y[us_east_h100_80_end_1_0] M16_round_trip_cap[us_east_h100_80] 3.5296293366458396
+    y[us_east_h100_80_end_1_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_1_0] M15_round_trip[us_east_h100_80_1] 182.73088987802896
+    y[us_east_h100_80_end_1_0] M16_round_trip_cap[us_east_h100_80] 22.856982168645843
     y[us_east_h100_80_end_2_0] obj 0.02433765040533871
     y[us_east_h100_80_end_2_0] M3_end 1.0
     y[us_east_h100_80_end_2_0] M4_cover 2.0
@@ -9586,15 +9586,15 @@ COLUMNS
     y[us_east_h100_80_end_2_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_2_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_2_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_2_0] M12_v_le_y[421] -3.5117768407690075
-    y[us_east_h100_80_end_2_0] M12_v_ge[421] -3.5117768407690075
+    y[us_east_h100_80_end_2_0] M12_v_le_y[421] -22.839129672769012
+    y[us_east_h100_80_end_2_0] M12_v_ge[421] -22.839129672769012
     y[us_east_h100_80_end_2_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.02433765040533871
     y[us_east_h100_80_end_2_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.02433765040533871
     y[us_east_h100_80_end_2_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.02433765040533871
     y[us_east_h100_80_end_2_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.02433765040533871
-    y[us_east_h100_80_end_2_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_2_0] M15_round_trip[us_east_h100_80_1] 28.118552376557407
-    y[us_east_h100_80_end_2_0] M16_round_trip_cap[us_east_h100_80] 3.536114491174346
+    y[us_east_h100_80_end_2_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_2_0] M15_round_trip[us_east_h100_80_1] 182.73737503255745
+    y[us_east_h100_80_end_2_0] M16_round_trip_cap[us_east_h100_80] 22.86346732317435
     y[us_east_h100_80_end_3_0] obj 0.030822804933845614
     y[us_east_h100_80_end_3_0] M3_end 1.0
     y[us_east_h100_80_end_3_0] M4_cover 3.0
@@ -9606,15 +9606,15 @@ COLUMNS
     y[us_east_h100_80_end_3_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_3_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_3_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_3_0] M12_v_le_y[422] -3.5117768407690075
-    y[us_east_h100_80_end_3_0] M12_v_ge[422] -3.5117768407690075
+    y[us_east_h100_80_end_3_0] M12_v_le_y[422] -22.839129672769012
+    y[us_east_h100_80_end_3_0] M12_v_ge[422] -22.839129672769012
     y[us_east_h100_80_end_3_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.030822804933845614
     y[us_east_h100_80_end_3_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.030822804933845614
     y[us_east_h100_80_end_3_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.030822804933845614
     y[us_east_h100_80_end_3_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.030822804933845614
-    y[us_east_h100_80_end_3_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_3_0] M15_round_trip[us_east_h100_80_1] 28.125037531085912
-    y[us_east_h100_80_end_3_0] M16_round_trip_cap[us_east_h100_80] 3.542599645702853
+    y[us_east_h100_80_end_3_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_3_0] M15_round_trip[us_east_h100_80_1] 182.74386018708597
+    y[us_east_h100_80_end_3_0] M16_round_trip_cap[us_east_h100_80] 22.869952477702856
     y[us_east_h100_80_end_4_0] obj 0.03730795946235252
     y[us_east_h100_80_end_4_0] M3_end 1.0
     y[us_east_h100_80_end_4_0] M4_cover 4.0
@@ -9626,15 +9626,15 @@ COLUMNS
     y[us_east_h100_80_end_4_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_4_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_4_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_4_0] M12_v_le_y[423] -3.5117768407690075
-    y[us_east_h100_80_end_4_0] M12_v_ge[423] -3.5117768407690075
+    y[us_east_h100_80_end_4_0] M12_v_le_y[423] -22.839129672769012
+    y[us_east_h100_80_end_4_0] M12_v_ge[423] -22.839129672769012
     y[us_east_h100_80_end_4_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.03730795946235252
     y[us_east_h100_80_end_4_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.03730795946235252
     y[us_east_h100_80_end_4_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.03730795946235252
     y[us_east_h100_80_end_4_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.03730795946235252
-    y[us_east_h100_80_end_4_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_4_0] M15_round_trip[us_east_h100_80_1] 28.13152268561442
-    y[us_east_h100_80_end_4_0] M16_round_trip_cap[us_east_h100_80] 3.54908480023136
+    y[us_east_h100_80_end_4_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_4_0] M15_round_trip[us_east_h100_80_1] 182.75034534161446
+    y[us_east_h100_80_end_4_0] M16_round_trip_cap[us_east_h100_80] 22.876437632231365
     y[us_east_h100_80_end_5_0] obj 0.043793113990859424
     y[us_east_h100_80_end_5_0] M3_end 1.0
     y[us_east_h100_80_end_5_0] M4_cover 5.0
@@ -9646,15 +9646,15 @@ COLUMNS
     y[us_east_h100_80_end_5_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_5_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_5_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_5_0] M12_v_le_y[424] -3.5117768407690075
-    y[us_east_h100_80_end_5_0] M12_v_ge[424] -3.5117768407690075
+    y[us_east_h100_80_end_5_0] M12_v_le_y[424] -22.839129672769012
+    y[us_east_h100_80_end_5_0] M12_v_ge[424] -22.839129672769012
     y[us_east_h100_80_end_5_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.043793113990859424
     y[us_east_h100_80_end_5_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.043793113990859424
     y[us_east_h100_80_end_5_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.043793113990859424
     y[us_east_h100_80_end_5_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.043793113990859424
-    y[us_east_h100_80_end_5_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_5_0] M15_round_trip[us_east_h100_80_1] 28.138007840142926
-    y[us_east_h100_80_end_5_0] M16_round_trip_cap[us_east_h100_80] 3.555569954759867
+    y[us_east_h100_80_end_5_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_5_0] M15_round_trip[us_east_h100_80_1] 182.75683049614298
+    y[us_east_h100_80_end_5_0] M16_round_trip_cap[us_east_h100_80] 22.88292278675987
     y[us_east_h100_80_end_6_0] obj 0.05027826851936633
     y[us_east_h100_80_end_6_0] M3_end 1.0
     y[us_east_h100_80_end_6_0] M4_cover 6.0
@@ -9666,15 +9666,15 @@ COLUMNS
     y[us_east_h100_80_end_6_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_6_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_6_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_6_0] M12_v_le_y[425] -3.5117768407690075
-    y[us_east_h100_80_end_6_0] M12_v_ge[425] -3.5117768407690075
+    y[us_east_h100_80_end_6_0] M12_v_le_y[425] -22.839129672769012
+    y[us_east_h100_80_end_6_0] M12_v_ge[425] -22.839129672769012
     y[us_east_h100_80_end_6_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.05027826851936633
     y[us_east_h100_80_end_6_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.05027826851936633
     y[us_east_h100_80_end_6_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.05027826851936633
     y[us_east_h100_80_end_6_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.05027826851936633
-    y[us_east_h100_80_end_6_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_6_0] M15_round_trip[us_east_h100_80_1] 28.144492994671435
-    y[us_east_h100_80_end_6_0] M16_round_trip_cap[us_east_h100_80] 3.562055109288374
+    y[us_east_h100_80_end_6_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_6_0] M15_round_trip[us_east_h100_80_1] 182.7633156506715
+    y[us_east_h100_80_end_6_0] M16_round_trip_cap[us_east_h100_80] 22.88940794128838
     y[us_east_h100_80_end_7_0] obj 0.056763423047873234
     y[us_east_h100_80_end_7_0] M3_end 1.0
     y[us_east_h100_80_end_7_0] M4_cover 7.0
@@ -9686,15 +9686,15 @@ COLUMNS
     y[us_east_h100_80_end_7_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_7_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_7_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_7_0] M12_v_le_y[426] -3.5117768407690075
-    y[us_east_h100_80_end_7_0] M12_v_ge[426] -3.5117768407690075
+    y[us_east_h100_80_end_7_0] M12_v_le_y[426] -22.839129672769012
+    y[us_east_h100_80_end_7_0] M12_v_ge[426] -22.839129672769012
     y[us_east_h100_80_end_7_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.056763423047873234
     y[us_east_h100_80_end_7_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.056763423047873234
     y[us_east_h100_80_end_7_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.056763423047873234
     y[us_east_h100_80_end_7_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.056763423047873234
-    y[us_east_h100_80_end_7_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_7_0] M15_round_trip[us_east_h100_80_1] 28.15097814919994
-    y[us_east_h100_80_end_7_0] M16_round_trip_cap[us_east_h100_80] 3.568540263816881
+    y[us_east_h100_80_end_7_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_7_0] M15_round_trip[us_east_h100_80_1] 182.7698008052
+    y[us_east_h100_80_end_7_0] M16_round_trip_cap[us_east_h100_80] 22.895893095816884
     y[us_east_h100_80_end_8_0] obj 0.06324857757638014
     y[us_east_h100_80_end_8_0] M3_end 1.0
     y[us_east_h100_80_end_8_0] M4_cover 8.0
@@ -9706,15 +9706,15 @@ COLUMNS
     y[us_east_h100_80_end_8_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_8_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_8_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_8_0] M12_v_le_y[427] -3.5117768407690075
-    y[us_east_h100_80_end_8_0] M12_v_ge[427] -3.5117768407690075
+    y[us_east_h100_80_end_8_0] M12_v_le_y[427] -22.839129672769012
+    y[us_east_h100_80_end_8_0] M12_v_ge[427] -22.839129672769012
     y[us_east_h100_80_end_8_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.06324857757638014
     y[us_east_h100_80_end_8_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.06324857757638014
     y[us_east_h100_80_end_8_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.06324857757638014
     y[us_east_h100_80_end_8_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.06324857757638014
-    y[us_east_h100_80_end_8_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_8_0] M15_round_trip[us_east_h100_80_1] 28.15746330372845
-    y[us_east_h100_80_end_8_0] M16_round_trip_cap[us_east_h100_80] 3.575025418345388
+    y[us_east_h100_80_end_8_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_8_0] M15_round_trip[us_east_h100_80_1] 182.7762859597285
+    y[us_east_h100_80_end_8_0] M16_round_trip_cap[us_east_h100_80] 22.902378250345393
     y[us_east_h100_80_end_9_0] obj 0.06973373210488704
     y[us_east_h100_80_end_9_0] M3_end 1.0
     y[us_east_h100_80_end_9_0] M4_cover 9.0
@@ -9726,15 +9726,15 @@ COLUMNS
     y[us_east_h100_80_end_9_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_9_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_9_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_9_0] M12_v_le_y[428] -3.5117768407690075
-    y[us_east_h100_80_end_9_0] M12_v_ge[428] -3.5117768407690075
+    y[us_east_h100_80_end_9_0] M12_v_le_y[428] -22.839129672769012
+    y[us_east_h100_80_end_9_0] M12_v_ge[428] -22.839129672769012
     y[us_east_h100_80_end_9_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.06973373210488704
     y[us_east_h100_80_end_9_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.06973373210488704
     y[us_east_h100_80_end_9_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.06973373210488704
     y[us_east_h100_80_end_9_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.06973373210488704
-    y[us_east_h100_80_end_9_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_9_0] M15_round_trip[us_east_h100_80_1] 28.163948458256954
-    y[us_east_h100_80_end_9_0] M16_round_trip_cap[us_east_h100_80] 3.5815105728738947
+    y[us_east_h100_80_end_9_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_9_0] M15_round_trip[us_east_h100_80_1] 182.782771114257
+    y[us_east_h100_80_end_9_0] M16_round_trip_cap[us_east_h100_80] 22.908863404873898
     y[us_east_h100_80_end_10_0] obj 0.07621888663339395
     y[us_east_h100_80_end_10_0] M3_end 1.0
     y[us_east_h100_80_end_10_0] M4_cover 10.0
@@ -9746,15 +9746,15 @@ COLUMNS
     y[us_east_h100_80_end_10_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_10_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_10_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_10_0] M12_v_le_y[429] -3.5117768407690075
-    y[us_east_h100_80_end_10_0] M12_v_ge[429] -3.5117768407690075
+    y[us_east_h100_80_end_10_0] M12_v_le_y[429] -22.839129672769012
+    y[us_east_h100_80_end_10_0] M12_v_ge[429] -22.839129672769012
     y[us_east_h100_80_end_10_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.07621888663339395
     y[us_east_h100_80_end_10_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.07621888663339395
     y[us_east_h100_80_end_10_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.07621888663339395
     y[us_east_h100_80_end_10_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.07621888663339395
-    y[us_east_h100_80_end_10_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_10_0] M15_round_trip[us_east_h100_80_1] 28.170433612785462
-    y[us_east_h100_80_end_10_0] M16_round_trip_cap[us_east_h100_80] 3.5879957274024017
+    y[us_east_h100_80_end_10_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_10_0] M15_round_trip[us_east_h100_80_1] 182.78925626878552
+    y[us_east_h100_80_end_10_0] M16_round_trip_cap[us_east_h100_80] 22.915348559402407
     y[us_east_h100_80_end_11_0] obj 0.08270404116190086
     y[us_east_h100_80_end_11_0] M3_end 1.0
     y[us_east_h100_80_end_11_0] M4_cover 11.0
@@ -9766,15 +9766,15 @@ COLUMNS
     y[us_east_h100_80_end_11_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_11_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_11_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_11_0] M12_v_le_y[430] -3.5117768407690075
-    y[us_east_h100_80_end_11_0] M12_v_ge[430] -3.5117768407690075
+    y[us_east_h100_80_end_11_0] M12_v_le_y[430] -22.839129672769012
+    y[us_east_h100_80_end_11_0] M12_v_ge[430] -22.839129672769012
     y[us_east_h100_80_end_11_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.08270404116190086
     y[us_east_h100_80_end_11_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.08270404116190086
     y[us_east_h100_80_end_11_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.08270404116190086
     y[us_east_h100_80_end_11_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.08270404116190086
-    y[us_east_h100_80_end_11_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_11_0] M15_round_trip[us_east_h100_80_1] 28.176918767313968
-    y[us_east_h100_80_end_11_0] M16_round_trip_cap[us_east_h100_80] 3.594480881930908
+    y[us_east_h100_80_end_11_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_11_0] M15_round_trip[us_east_h100_80_1] 182.795741423314
+    y[us_east_h100_80_end_11_0] M16_round_trip_cap[us_east_h100_80] 22.921833713930912
     y[us_east_h100_80_end_12_0] obj 0.08918919569040776
     y[us_east_h100_80_end_12_0] M3_end 1.0
     y[us_east_h100_80_end_12_0] M4_cover 12.0
@@ -9786,15 +9786,15 @@ COLUMNS
     y[us_east_h100_80_end_12_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_12_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_12_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_12_0] M12_v_le_y[431] -3.5117768407690075
-    y[us_east_h100_80_end_12_0] M12_v_ge[431] -3.5117768407690075
+    y[us_east_h100_80_end_12_0] M12_v_le_y[431] -22.839129672769012
+    y[us_east_h100_80_end_12_0] M12_v_ge[431] -22.839129672769012
     y[us_east_h100_80_end_12_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.08918919569040776
     y[us_east_h100_80_end_12_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.08918919569040776
     y[us_east_h100_80_end_12_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.08918919569040776
     y[us_east_h100_80_end_12_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.08918919569040776
-    y[us_east_h100_80_end_12_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_12_0] M15_round_trip[us_east_h100_80_1] 28.183403921842476
-    y[us_east_h100_80_end_12_0] M16_round_trip_cap[us_east_h100_80] 3.600966036459415
+    y[us_east_h100_80_end_12_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_12_0] M15_round_trip[us_east_h100_80_1] 182.80222657784253
+    y[us_east_h100_80_end_12_0] M16_round_trip_cap[us_east_h100_80] 22.92831886845942
     y[us_east_h100_80_end_13_0] obj 0.09567435021891466
     y[us_east_h100_80_end_13_0] M3_end 1.0
     y[us_east_h100_80_end_13_0] M4_cover 13.0
@@ -9806,15 +9806,15 @@ COLUMNS
     y[us_east_h100_80_end_13_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_13_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_13_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_13_0] M12_v_le_y[432] -3.5117768407690075
-    y[us_east_h100_80_end_13_0] M12_v_ge[432] -3.5117768407690075
+    y[us_east_h100_80_end_13_0] M12_v_le_y[432] -22.839129672769012
+    y[us_east_h100_80_end_13_0] M12_v_ge[432] -22.839129672769012
     y[us_east_h100_80_end_13_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.09567435021891466
     y[us_east_h100_80_end_13_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.09567435021891466
     y[us_east_h100_80_end_13_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.09567435021891466
     y[us_east_h100_80_end_13_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.09567435021891466
-    y[us_east_h100_80_end_13_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_13_0] M15_round_trip[us_east_h100_80_1] 28.18988907637098
-    y[us_east_h100_80_end_13_0] M16_round_trip_cap[us_east_h100_80] 3.607451190987922
+    y[us_east_h100_80_end_13_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_13_0] M15_round_trip[us_east_h100_80_1] 182.80871173237105
+    y[us_east_h100_80_end_13_0] M16_round_trip_cap[us_east_h100_80] 22.934804022987926
     y[us_east_h100_80_end_14_0] obj 0.10215950474742157
     y[us_east_h100_80_end_14_0] M3_end 1.0
     y[us_east_h100_80_end_14_0] M4_cover 14.0
@@ -9826,15 +9826,15 @@ COLUMNS
     y[us_east_h100_80_end_14_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_14_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_14_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_14_0] M12_v_le_y[433] -3.5117768407690075
-    y[us_east_h100_80_end_14_0] M12_v_ge[433] -3.5117768407690075
+    y[us_east_h100_80_end_14_0] M12_v_le_y[433] -22.839129672769012
+    y[us_east_h100_80_end_14_0] M12_v_ge[433] -22.839129672769012
     y[us_east_h100_80_end_14_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.10215950474742157
     y[us_east_h100_80_end_14_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.10215950474742157
     y[us_east_h100_80_end_14_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.10215950474742157
     y[us_east_h100_80_end_14_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.10215950474742157
-    y[us_east_h100_80_end_14_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_14_0] M15_round_trip[us_east_h100_80_1] 28.19637423089949
-    y[us_east_h100_80_end_14_0] M16_round_trip_cap[us_east_h100_80] 3.613936345516429
+    y[us_east_h100_80_end_14_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_14_0] M15_round_trip[us_east_h100_80_1] 182.81519688689954
+    y[us_east_h100_80_end_14_0] M16_round_trip_cap[us_east_h100_80] 22.941289177516435
     y[us_east_h100_80_end_15_0] obj 0.10864465927592848
     y[us_east_h100_80_end_15_0] M3_end 1.0
     y[us_east_h100_80_end_15_0] M4_cover 15.0
@@ -9846,15 +9846,15 @@ COLUMNS
     y[us_east_h100_80_end_15_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_15_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_15_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_end_15_0] M12_v_le_y[434] -3.5117768407690075
-    y[us_east_h100_80_end_15_0] M12_v_ge[434] -3.5117768407690075
+    y[us_east_h100_80_end_15_0] M12_v_le_y[434] -22.839129672769012
+    y[us_east_h100_80_end_15_0] M12_v_ge[434] -22.839129672769012
     y[us_east_h100_80_end_15_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.10864465927592848
     y[us_east_h100_80_end_15_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.10864465927592848
     y[us_east_h100_80_end_15_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.10864465927592848
     y[us_east_h100_80_end_15_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.10864465927592848
-    y[us_east_h100_80_end_15_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_15_0] M15_round_trip[us_east_h100_80_1] 28.202859385427995
-    y[us_east_h100_80_end_15_0] M16_round_trip_cap[us_east_h100_80] 3.620421500044936
+    y[us_east_h100_80_end_15_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_15_0] M15_round_trip[us_east_h100_80_1] 182.82168204142806
+    y[us_east_h100_80_end_15_0] M16_round_trip_cap[us_east_h100_80] 22.94777433204494
     y[us_east_h100_80_end_16_0] obj 0.11512981380443538
     y[us_east_h100_80_end_16_0] M3_end 1.0
     y[us_east_h100_80_end_16_0] M4_cover 16.0
@@ -9865,15 +9865,15 @@ COLUMNS
     y[us_east_h100_80_end_16_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_end_16_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_16_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_end_16_0] M12_v_le_y[435] -3.5117768407690075
-    y[us_east_h100_80_end_16_0] M12_v_ge[435] -3.5117768407690075
+    y[us_east_h100_80_end_16_0] M12_v_le_y[435] -22.839129672769012
+    y[us_east_h100_80_end_16_0] M12_v_ge[435] -22.839129672769012
     y[us_east_h100_80_end_16_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.11512981380443538
     y[us_east_h100_80_end_16_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.11512981380443538
     y[us_east_h100_80_end_16_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.11512981380443538
     y[us_east_h100_80_end_16_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.11512981380443538
-    y[us_east_h100_80_end_16_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_16_0] M15_round_trip[us_east_h100_80_1] 28.209344539956504
-    y[us_east_h100_80_end_16_0] M16_round_trip_cap[us_east_h100_80] 3.626906654573443
+    y[us_east_h100_80_end_16_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_16_0] M15_round_trip[us_east_h100_80_1] 182.82816719595655
+    y[us_east_h100_80_end_16_0] M16_round_trip_cap[us_east_h100_80] 22.95425948657345
     y[us_east_h100_80_end_17_0] obj 0.12161496833294227
     y[us_east_h100_80_end_17_0] M3_end 1.0
     y[us_east_h100_80_end_17_0] M4_cover 17.0
@@ -9884,15 +9884,15 @@ COLUMNS
     y[us_east_h100_80_end_17_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_end_17_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_17_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_end_17_0] M12_v_le_y[436] -3.5117768407690075
-    y[us_east_h100_80_end_17_0] M12_v_ge[436] -3.5117768407690075
+    y[us_east_h100_80_end_17_0] M12_v_le_y[436] -22.839129672769012
+    y[us_east_h100_80_end_17_0] M12_v_ge[436] -22.839129672769012
     y[us_east_h100_80_end_17_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.12161496833294227
     y[us_east_h100_80_end_17_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.12161496833294227
     y[us_east_h100_80_end_17_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.12161496833294227
     y[us_east_h100_80_end_17_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.12161496833294227
-    y[us_east_h100_80_end_17_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_17_0] M15_round_trip[us_east_h100_80_1] 28.21582969448501
-    y[us_east_h100_80_end_17_0] M16_round_trip_cap[us_east_h100_80] 3.63339180910195
+    y[us_east_h100_80_end_17_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_17_0] M15_round_trip[us_east_h100_80_1] 182.83465235048507
+    y[us_east_h100_80_end_17_0] M16_round_trip_cap[us_east_h100_80] 22.960744641101954
     y[us_east_h100_80_end_18_0] obj 0.12810012286144917
     y[us_east_h100_80_end_18_0] M3_end 1.0
     y[us_east_h100_80_end_18_0] M4_cover 18.0
@@ -9903,15 +9903,15 @@ COLUMNS
     y[us_east_h100_80_end_18_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_end_18_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_18_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_end_18_0] M12_v_le_y[437] -3.5117768407690075
-    y[us_east_h100_80_end_18_0] M12_v_ge[437] -3.5117768407690075
+    y[us_east_h100_80_end_18_0] M12_v_le_y[437] -22.839129672769012
+    y[us_east_h100_80_end_18_0] M12_v_ge[437] -22.839129672769012
     y[us_east_h100_80_end_18_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.12810012286144917
     y[us_east_h100_80_end_18_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.12810012286144917
     y[us_east_h100_80_end_18_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.12810012286144917
     y[us_east_h100_80_end_18_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.12810012286144917
-    y[us_east_h100_80_end_18_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_18_0] M15_round_trip[us_east_h100_80_1] 28.222314849013518
-    y[us_east_h100_80_end_18_0] M16_round_trip_cap[us_east_h100_80] 3.639876963630457
+    y[us_east_h100_80_end_18_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_18_0] M15_round_trip[us_east_h100_80_1] 182.84113750501356
+    y[us_east_h100_80_end_18_0] M16_round_trip_cap[us_east_h100_80] 22.967229795630463
     y[us_east_h100_80_end_19_0] obj 0.13458527738995613
     y[us_east_h100_80_end_19_0] M3_end 1.0
     y[us_east_h100_80_end_19_0] M4_cover 19.0
@@ -9923,15 +9923,15 @@ COLUMNS
     y[us_east_h100_80_end_19_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_19_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_19_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_end_19_0] M12_v_le_y[438] -3.5117768407690075
-    y[us_east_h100_80_end_19_0] M12_v_ge[438] -3.5117768407690075
+    y[us_east_h100_80_end_19_0] M12_v_le_y[438] -22.839129672769012
+    y[us_east_h100_80_end_19_0] M12_v_ge[438] -22.839129672769012
     y[us_east_h100_80_end_19_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.13458527738995613
     y[us_east_h100_80_end_19_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.13458527738995613
     y[us_east_h100_80_end_19_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.13458527738995613
     y[us_east_h100_80_end_19_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.13458527738995613
-    y[us_east_h100_80_end_19_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_19_0] M15_round_trip[us_east_h100_80_1] 28.228800003542023
-    y[us_east_h100_80_end_19_0] M16_round_trip_cap[us_east_h100_80] 3.646362118158964
+    y[us_east_h100_80_end_19_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_19_0] M15_round_trip[us_east_h100_80_1] 182.84762265954208
+    y[us_east_h100_80_end_19_0] M16_round_trip_cap[us_east_h100_80] 22.973714950158968
     y[us_east_h100_80_end_20_0] obj 0.14107043191846302
     y[us_east_h100_80_end_20_0] M3_end 1.0
     y[us_east_h100_80_end_20_0] M4_cover 20.0
@@ -9943,15 +9943,15 @@ COLUMNS
     y[us_east_h100_80_end_20_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_20_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_20_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_end_20_0] M12_v_le_y[439] -3.5117768407690075
-    y[us_east_h100_80_end_20_0] M12_v_ge[439] -3.5117768407690075
+    y[us_east_h100_80_end_20_0] M12_v_le_y[439] -22.839129672769012
+    y[us_east_h100_80_end_20_0] M12_v_ge[439] -22.839129672769012
     y[us_east_h100_80_end_20_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14107043191846302
     y[us_east_h100_80_end_20_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14107043191846302
     y[us_east_h100_80_end_20_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14107043191846302
     y[us_east_h100_80_end_20_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14107043191846302
-    y[us_east_h100_80_end_20_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_20_0] M15_round_trip[us_east_h100_80_1] 28.235285158070532
-    y[us_east_h100_80_end_20_0] M16_round_trip_cap[us_east_h100_80] 3.6528472726874703
+    y[us_east_h100_80_end_20_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_20_0] M15_round_trip[us_east_h100_80_1] 182.85410781407057
+    y[us_east_h100_80_end_20_0] M16_round_trip_cap[us_east_h100_80] 22.980200104687476
     y[us_east_h100_80_end_21_0] obj 0.14755558644696992
     y[us_east_h100_80_end_21_0] M3_end 1.0
     y[us_east_h100_80_end_21_0] M4_cover 21.0
@@ -9963,15 +9963,15 @@ COLUMNS
     y[us_east_h100_80_end_21_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_21_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_21_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_end_21_0] M12_v_le_y[440] -3.5117768407690075
-    y[us_east_h100_80_end_21_0] M12_v_ge[440] -3.5117768407690075
+    y[us_east_h100_80_end_21_0] M12_v_le_y[440] -22.839129672769012
+    y[us_east_h100_80_end_21_0] M12_v_ge[440] -22.839129672769012
     y[us_east_h100_80_end_21_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14755558644696992
     y[us_east_h100_80_end_21_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14755558644696992
     y[us_east_h100_80_end_21_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14755558644696992
     y[us_east_h100_80_end_21_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14755558644696992
-    y[us_east_h100_80_end_21_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_21_0] M15_round_trip[us_east_h100_80_1] 28.241770312599037
-    y[us_east_h100_80_end_21_0] M16_round_trip_cap[us_east_h100_80] 3.6593324272159773
+    y[us_east_h100_80_end_21_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_21_0] M15_round_trip[us_east_h100_80_1] 182.8605929685991
+    y[us_east_h100_80_end_21_0] M16_round_trip_cap[us_east_h100_80] 22.98668525921598
     y[us_east_h100_80_end_22_0] obj 0.15404074097547682
     y[us_east_h100_80_end_22_0] M3_end 1.0
     y[us_east_h100_80_end_22_0] M4_cover 22.0
@@ -9983,15 +9983,15 @@ COLUMNS
     y[us_east_h100_80_end_22_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_22_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_22_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_end_22_0] M12_v_le_y[441] -3.5117768407690075
-    y[us_east_h100_80_end_22_0] M12_v_ge[441] -3.5117768407690075
+    y[us_east_h100_80_end_22_0] M12_v_le_y[441] -22.839129672769012
+    y[us_east_h100_80_end_22_0] M12_v_ge[441] -22.839129672769012
     y[us_east_h100_80_end_22_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.15404074097547682
     y[us_east_h100_80_end_22_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.15404074097547682
     y[us_east_h100_80_end_22_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.15404074097547682
     y[us_east_h100_80_end_22_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.15404074097547682
-    y[us_east_h100_80_end_22_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_22_0] M15_round_trip[us_east_h100_80_1] 28.248255467127546
-    y[us_east_h100_80_end_22_0] M16_round_trip_cap[us_east_h100_80] 3.6658175817444842
+    y[us_east_h100_80_end_22_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_22_0] M15_round_trip[us_east_h100_80_1] 182.8670781231276
+    y[us_east_h100_80_end_22_0] M16_round_trip_cap[us_east_h100_80] 22.99317041374449
     y[us_east_h100_80_end_23_0] obj 0.16052589550398372
     y[us_east_h100_80_end_23_0] M3_end 1.0
     y[us_east_h100_80_end_23_0] M4_cover 23.0
@@ -10003,15 +10003,15 @@ COLUMNS
     y[us_east_h100_80_end_23_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_23_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_23_0] M11_memory[us_east_h100_80] 2.0
-    y[us_east_h100_80_end_23_0] M12_v_le_y[442] -3.5117768407690075
-    y[us_east_h100_80_end_23_0] M12_v_ge[442] -3.5117768407690075
+    y[us_east_h100_80_end_23_0] M12_v_le_y[442] -22.839129672769012
+    y[us_east_h100_80_end_23_0] M12_v_ge[442] -22.839129672769012
     y[us_east_h100_80_end_23_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.16052589550398372
     y[us_east_h100_80_end_23_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.16052589550398372
     y[us_east_h100_80_end_23_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.16052589550398372
     y[us_east_h100_80_end_23_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.16052589550398372
-    y[us_east_h100_80_end_23_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_23_0] M15_round_trip[us_east_h100_80_1] 28.25474062165605
-    y[us_east_h100_80_end_23_0] M16_round_trip_cap[us_east_h100_80] 3.672302736272991
+    y[us_east_h100_80_end_23_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_23_0] M15_round_trip[us_east_h100_80_1] 182.8735632776561
+    y[us_east_h100_80_end_23_0] M16_round_trip_cap[us_east_h100_80] 22.999655568272996
     y[us_east_h100_80_end_24_0] obj 0.16701105003249067
     y[us_east_h100_80_end_24_0] M3_end 1.0
     y[us_east_h100_80_end_24_0] M4_cover 24.0
@@ -10023,15 +10023,15 @@ COLUMNS
     y[us_east_h100_80_end_24_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_end_24_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_end_24_0] M11_memory[us_east_h100_80] 2.0
-    y[us_east_h100_80_end_24_0] M12_v_le_y[443] -3.5117768407690075
-    y[us_east_h100_80_end_24_0] M12_v_ge[443] -3.5117768407690075
+    y[us_east_h100_80_end_24_0] M12_v_le_y[443] -22.839129672769012
+    y[us_east_h100_80_end_24_0] M12_v_ge[443] -22.839129672769012
     y[us_east_h100_80_end_24_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.16701105003249067
     y[us_east_h100_80_end_24_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.16701105003249067
     y[us_east_h100_80_end_24_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.16701105003249067
     y[us_east_h100_80_end_24_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.16701105003249067
-    y[us_east_h100_80_end_24_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_end_24_0] M15_round_trip[us_east_h100_80_1] 28.26122577618456
-    y[us_east_h100_80_end_24_0] M16_round_trip_cap[us_east_h100_80] 3.678787890801498
+    y[us_east_h100_80_end_24_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_end_24_0] M15_round_trip[us_east_h100_80_1] 182.88004843218462
+    y[us_east_h100_80_end_24_0] M16_round_trip_cap[us_east_h100_80] 23.006140722801504
     y[us_east_h100_80_first_0_0] obj 7.512186268656716e-05
     y[us_east_h100_80_first_0_0] M2_start 1.0
     y[us_east_h100_80_first_0_0] M1_once[us_east_h100_80] 1.0
@@ -10042,14 +10042,14 @@ COLUMNS
     y[us_east_h100_80_first_0_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_0_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_0_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_0_0] M12_v_le_y[444] -3.5117768407690075
-    y[us_east_h100_80_first_0_0] M12_v_ge[444] -3.5117768407690075
+    y[us_east_h100_80_first_0_0] M12_v_le_y[444] -22.839129672769012
+    y[us_east_h100_80_first_0_0] M12_v_ge[444] -22.839129672769012
     y[us_east_h100_80_first_0_0] M13_psi[eu_west_a100_80_us_east_h100_80] -7.512186268656716e-05
     y[us_east_h100_80_first_0_0] M14_x[eu_west_a100_80_us_east_h100_80] -7.512186268656716e-05
     y[us_east_h100_80_first_0_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -7.512186268656716e-05
     y[us_east_h100_80_first_0_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -7.512186268656716e-05
-    y[us_east_h100_80_first_0_0] M15_round_trip[us_east_h100_80_1] 28.094289848014753
-    y[us_east_h100_80_first_0_0] M16_round_trip_cap[us_east_h100_80] 3.511851962631694
+    y[us_east_h100_80_first_0_0] M15_round_trip[us_east_h100_80_1] 182.71311250401482
+    y[us_east_h100_80_first_0_0] M16_round_trip_cap[us_east_h100_80] 22.839204794631698
     y[us_east_h100_80_first_1_0] obj 0.006560276391193476
     y[us_east_h100_80_first_1_0] M2_start 1.0
     y[us_east_h100_80_first_1_0] M4_cover 1.0
@@ -10061,14 +10061,14 @@ COLUMNS
     y[us_east_h100_80_first_1_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_1_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_1_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_1_0] M12_v_le_y[445] -3.5117768407690075
-    y[us_east_h100_80_first_1_0] M12_v_ge[445] -3.5117768407690075
+    y[us_east_h100_80_first_1_0] M12_v_le_y[445] -22.839129672769012
+    y[us_east_h100_80_first_1_0] M12_v_ge[445] -22.839129672769012
     y[us_east_h100_80_first_1_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.006560276391193476
     y[us_east_h100_80_first_1_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.006560276391193476
     y[us_east_h100_80_first_1_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.006560276391193476
     y[us_east_h100_80_first_1_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.006560276391193476
-    y[us_east_h100_80_first_1_0] M15_round_trip[us_east_h100_80_1] 28.100775002543262
-    y[us_east_h100_80_first_1_0] M16_round_trip_cap[us_east_h100_80] 3.518337117160201
+    y[us_east_h100_80_first_1_0] M15_round_trip[us_east_h100_80_1] 182.7195976585433
+    y[us_east_h100_80_first_1_0] M16_round_trip_cap[us_east_h100_80] 22.845689949160207
     y[us_east_h100_80_first_2_0] obj 0.013045430919700384
     y[us_east_h100_80_first_2_0] M2_start 1.0
     y[us_east_h100_80_first_2_0] M4_cover 2.0
@@ -10080,14 +10080,14 @@ COLUMNS
     y[us_east_h100_80_first_2_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_2_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_2_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_2_0] M12_v_le_y[446] -3.5117768407690075
-    y[us_east_h100_80_first_2_0] M12_v_ge[446] -3.5117768407690075
+    y[us_east_h100_80_first_2_0] M12_v_le_y[446] -22.839129672769012
+    y[us_east_h100_80_first_2_0] M12_v_ge[446] -22.839129672769012
     y[us_east_h100_80_first_2_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.013045430919700384
     y[us_east_h100_80_first_2_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.013045430919700384
     y[us_east_h100_80_first_2_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.013045430919700384
     y[us_east_h100_80_first_2_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.013045430919700384
-    y[us_east_h100_80_first_2_0] M15_round_trip[us_east_h100_80_1] 28.107260157071767
-    y[us_east_h100_80_first_2_0] M16_round_trip_cap[us_east_h100_80] 3.524822271688708
+    y[us_east_h100_80_first_2_0] M15_round_trip[us_east_h100_80_1] 182.72608281307183
+    y[us_east_h100_80_first_2_0] M16_round_trip_cap[us_east_h100_80] 22.85217510368871
     y[us_east_h100_80_first_3_0] obj 0.019530585448207294
     y[us_east_h100_80_first_3_0] M2_start 1.0
     y[us_east_h100_80_first_3_0] M4_cover 3.0
@@ -10099,14 +10099,14 @@ COLUMNS
     y[us_east_h100_80_first_3_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_3_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_3_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_3_0] M12_v_le_y[447] -3.5117768407690075
-    y[us_east_h100_80_first_3_0] M12_v_ge[447] -3.5117768407690075
+    y[us_east_h100_80_first_3_0] M12_v_le_y[447] -22.839129672769012
+    y[us_east_h100_80_first_3_0] M12_v_ge[447] -22.839129672769012
     y[us_east_h100_80_first_3_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.019530585448207294
     y[us_east_h100_80_first_3_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.019530585448207294
     y[us_east_h100_80_first_3_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.019530585448207294
     y[us_east_h100_80_first_3_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.019530585448207294
-    y[us_east_h100_80_first_3_0] M15_round_trip[us_east_h100_80_1] 28.113745311600276
-    y[us_east_h100_80_first_3_0] M16_round_trip_cap[us_east_h100_80] 3.531307426217215
+    y[us_east_h100_80_first_3_0] M15_round_trip[us_east_h100_80_1] 182.73256796760032
+    y[us_east_h100_80_first_3_0] M16_round_trip_cap[us_east_h100_80] 22.85866025821722
     y[us_east_h100_80_first_4_0] obj 0.026015739976714206
     y[us_east_h100_80_first_4_0] M2_start 1.0
     y[us_east_h100_80_first_4_0] M4_cover 4.0
@@ -10118,14 +10118,14 @@ COLUMNS
     y[us_east_h100_80_first_4_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_4_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_4_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_4_0] M12_v_le_y[448] -3.5117768407690075
-    y[us_east_h100_80_first_4_0] M12_v_ge[448] -3.5117768407690075
+    y[us_east_h100_80_first_4_0] M12_v_le_y[448] -22.839129672769012
+    y[us_east_h100_80_first_4_0] M12_v_ge[448] -22.839129672769012
     y[us_east_h100_80_first_4_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.026015739976714206
     y[us_east_h100_80_first_4_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.026015739976714206
     y[us_east_h100_80_first_4_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.026015739976714206
     y[us_east_h100_80_first_4_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.026015739976714206
-    y[us_east_h100_80_first_4_0] M15_round_trip[us_east_h100_80_1] 28.12023046612878
-    y[us_east_h100_80_first_4_0] M16_round_trip_cap[us_east_h100_80] 3.537792580745722
+    y[us_east_h100_80_first_4_0] M15_round_trip[us_east_h100_80_1] 182.73905312212884
+    y[us_east_h100_80_first_4_0] M16_round_trip_cap[us_east_h100_80] 22.865145412745726
     y[us_east_h100_80_first_5_0] obj 0.03250089450522112
     y[us_east_h100_80_first_5_0] M2_start 1.0
     y[us_east_h100_80_first_5_0] M4_cover 5.0
@@ -10137,14 +10137,14 @@ COLUMNS
     y[us_east_h100_80_first_5_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_5_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_5_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_5_0] M12_v_le_y[449] -3.5117768407690075
-    y[us_east_h100_80_first_5_0] M12_v_ge[449] -3.5117768407690075
+    y[us_east_h100_80_first_5_0] M12_v_le_y[449] -22.839129672769012
+    y[us_east_h100_80_first_5_0] M12_v_ge[449] -22.839129672769012
     y[us_east_h100_80_first_5_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.03250089450522112
     y[us_east_h100_80_first_5_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.03250089450522112
     y[us_east_h100_80_first_5_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.03250089450522112
     y[us_east_h100_80_first_5_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.03250089450522112
-    y[us_east_h100_80_first_5_0] M15_round_trip[us_east_h100_80_1] 28.12671562065729
-    y[us_east_h100_80_first_5_0] M16_round_trip_cap[us_east_h100_80] 3.5442777352742287
+    y[us_east_h100_80_first_5_0] M15_round_trip[us_east_h100_80_1] 182.74553827665736
+    y[us_east_h100_80_first_5_0] M16_round_trip_cap[us_east_h100_80] 22.871630567274234
     y[us_east_h100_80_first_6_0] obj 0.03898604903372802
     y[us_east_h100_80_first_6_0] M2_start 1.0
     y[us_east_h100_80_first_6_0] M4_cover 6.0
@@ -10156,14 +10156,14 @@ COLUMNS
     y[us_east_h100_80_first_6_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_6_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_6_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_6_0] M12_v_le_y[450] -3.5117768407690075
-    y[us_east_h100_80_first_6_0] M12_v_ge[450] -3.5117768407690075
+    y[us_east_h100_80_first_6_0] M12_v_le_y[450] -22.839129672769012
+    y[us_east_h100_80_first_6_0] M12_v_ge[450] -22.839129672769012
     y[us_east_h100_80_first_6_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.03898604903372802
     y[us_east_h100_80_first_6_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.03898604903372802
     y[us_east_h100_80_first_6_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.03898604903372802
     y[us_east_h100_80_first_6_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.03898604903372802
-    y[us_east_h100_80_first_6_0] M15_round_trip[us_east_h100_80_1] 28.133200775185795
-    y[us_east_h100_80_first_6_0] M16_round_trip_cap[us_east_h100_80] 3.5507628898027357
+    y[us_east_h100_80_first_6_0] M15_round_trip[us_east_h100_80_1] 182.75202343118585
+    y[us_east_h100_80_first_6_0] M16_round_trip_cap[us_east_h100_80] 22.87811572180274
     y[us_east_h100_80_first_7_0] obj 0.045471203562234934
     y[us_east_h100_80_first_7_0] M2_start 1.0
     y[us_east_h100_80_first_7_0] M4_cover 7.0
@@ -10175,14 +10175,14 @@ COLUMNS
     y[us_east_h100_80_first_7_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_7_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_7_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_7_0] M12_v_le_y[451] -3.5117768407690075
-    y[us_east_h100_80_first_7_0] M12_v_ge[451] -3.5117768407690075
+    y[us_east_h100_80_first_7_0] M12_v_le_y[451] -22.839129672769012
+    y[us_east_h100_80_first_7_0] M12_v_ge[451] -22.839129672769012
     y[us_east_h100_80_first_7_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.045471203562234934
     y[us_east_h100_80_first_7_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.045471203562234934
     y[us_east_h100_80_first_7_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.045471203562234934
     y[us_east_h100_80_first_7_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.045471203562234934
-    y[us_east_h100_80_first_7_0] M15_round_trip[us_east_h100_80_1] 28.139685929714304
-    y[us_east_h100_80_first_7_0] M16_round_trip_cap[us_east_h100_80] 3.5572480443312426
+    y[us_east_h100_80_first_7_0] M15_round_trip[us_east_h100_80_1] 182.75850858571437
+    y[us_east_h100_80_first_7_0] M16_round_trip_cap[us_east_h100_80] 22.88460087633125
     y[us_east_h100_80_first_8_0] obj 0.05195635809074184
     y[us_east_h100_80_first_8_0] M2_start 1.0
     y[us_east_h100_80_first_8_0] M4_cover 8.0
@@ -10194,14 +10194,14 @@ COLUMNS
     y[us_east_h100_80_first_8_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_8_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_8_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_8_0] M12_v_le_y[452] -3.5117768407690075
-    y[us_east_h100_80_first_8_0] M12_v_ge[452] -3.5117768407690075
+    y[us_east_h100_80_first_8_0] M12_v_le_y[452] -22.839129672769012
+    y[us_east_h100_80_first_8_0] M12_v_ge[452] -22.839129672769012
     y[us_east_h100_80_first_8_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.05195635809074184
     y[us_east_h100_80_first_8_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.05195635809074184
     y[us_east_h100_80_first_8_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.05195635809074184
     y[us_east_h100_80_first_8_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.05195635809074184
-    y[us_east_h100_80_first_8_0] M15_round_trip[us_east_h100_80_1] 28.14617108424281
-    y[us_east_h100_80_first_8_0] M16_round_trip_cap[us_east_h100_80] 3.563733198859749
+    y[us_east_h100_80_first_8_0] M15_round_trip[us_east_h100_80_1] 182.76499374024286
+    y[us_east_h100_80_first_8_0] M16_round_trip_cap[us_east_h100_80] 22.891086030859753
     y[us_east_h100_80_first_9_0] obj 0.058441512619248744
     y[us_east_h100_80_first_9_0] M2_start 1.0
     y[us_east_h100_80_first_9_0] M4_cover 9.0
@@ -10213,14 +10213,14 @@ COLUMNS
     y[us_east_h100_80_first_9_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_9_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_9_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_9_0] M12_v_le_y[453] -3.5117768407690075
-    y[us_east_h100_80_first_9_0] M12_v_ge[453] -3.5117768407690075
+    y[us_east_h100_80_first_9_0] M12_v_le_y[453] -22.839129672769012
+    y[us_east_h100_80_first_9_0] M12_v_ge[453] -22.839129672769012
     y[us_east_h100_80_first_9_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.058441512619248744
     y[us_east_h100_80_first_9_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.058441512619248744
     y[us_east_h100_80_first_9_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.058441512619248744
     y[us_east_h100_80_first_9_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.058441512619248744
-    y[us_east_h100_80_first_9_0] M15_round_trip[us_east_h100_80_1] 28.152656238771318
-    y[us_east_h100_80_first_9_0] M16_round_trip_cap[us_east_h100_80] 3.570218353388256
+    y[us_east_h100_80_first_9_0] M15_round_trip[us_east_h100_80_1] 182.77147889477138
+    y[us_east_h100_80_first_9_0] M16_round_trip_cap[us_east_h100_80] 22.897571185388262
     y[us_east_h100_80_first_10_0] obj 0.06492666714775565
     y[us_east_h100_80_first_10_0] M2_start 1.0
     y[us_east_h100_80_first_10_0] M4_cover 10.0
@@ -10232,14 +10232,14 @@ COLUMNS
     y[us_east_h100_80_first_10_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_10_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_10_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_10_0] M12_v_le_y[454] -3.5117768407690075
-    y[us_east_h100_80_first_10_0] M12_v_ge[454] -3.5117768407690075
+    y[us_east_h100_80_first_10_0] M12_v_le_y[454] -22.839129672769012
+    y[us_east_h100_80_first_10_0] M12_v_ge[454] -22.839129672769012
     y[us_east_h100_80_first_10_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.06492666714775565
     y[us_east_h100_80_first_10_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.06492666714775565
     y[us_east_h100_80_first_10_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.06492666714775565
     y[us_east_h100_80_first_10_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.06492666714775565
-    y[us_east_h100_80_first_10_0] M15_round_trip[us_east_h100_80_1] 28.159141393299823
-    y[us_east_h100_80_first_10_0] M16_round_trip_cap[us_east_h100_80] 3.576703507916763
+    y[us_east_h100_80_first_10_0] M15_round_trip[us_east_h100_80_1] 182.77796404929987
+    y[us_east_h100_80_first_10_0] M16_round_trip_cap[us_east_h100_80] 22.904056339916767
     y[us_east_h100_80_first_11_0] obj 0.07141182167626256
     y[us_east_h100_80_first_11_0] M2_start 1.0
     y[us_east_h100_80_first_11_0] M4_cover 11.0
@@ -10251,14 +10251,14 @@ COLUMNS
     y[us_east_h100_80_first_11_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_11_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_11_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_11_0] M12_v_le_y[455] -3.5117768407690075
-    y[us_east_h100_80_first_11_0] M12_v_ge[455] -3.5117768407690075
+    y[us_east_h100_80_first_11_0] M12_v_le_y[455] -22.839129672769012
+    y[us_east_h100_80_first_11_0] M12_v_ge[455] -22.839129672769012
     y[us_east_h100_80_first_11_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.07141182167626256
     y[us_east_h100_80_first_11_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.07141182167626256
     y[us_east_h100_80_first_11_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.07141182167626256
     y[us_east_h100_80_first_11_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.07141182167626256
-    y[us_east_h100_80_first_11_0] M15_round_trip[us_east_h100_80_1] 28.16562654782833
-    y[us_east_h100_80_first_11_0] M16_round_trip_cap[us_east_h100_80] 3.58318866244527
+    y[us_east_h100_80_first_11_0] M15_round_trip[us_east_h100_80_1] 182.7844492038284
+    y[us_east_h100_80_first_11_0] M16_round_trip_cap[us_east_h100_80] 22.910541494445276
     y[us_east_h100_80_first_12_0] obj 0.07789697620476946
     y[us_east_h100_80_first_12_0] M2_start 1.0
     y[us_east_h100_80_first_12_0] M4_cover 12.0
@@ -10270,14 +10270,14 @@ COLUMNS
     y[us_east_h100_80_first_12_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_12_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_12_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_12_0] M12_v_le_y[456] -3.5117768407690075
-    y[us_east_h100_80_first_12_0] M12_v_ge[456] -3.5117768407690075
+    y[us_east_h100_80_first_12_0] M12_v_le_y[456] -22.839129672769012
+    y[us_east_h100_80_first_12_0] M12_v_ge[456] -22.839129672769012
     y[us_east_h100_80_first_12_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.07789697620476946
     y[us_east_h100_80_first_12_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.07789697620476946
     y[us_east_h100_80_first_12_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.07789697620476946
     y[us_east_h100_80_first_12_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.07789697620476946
-    y[us_east_h100_80_first_12_0] M15_round_trip[us_east_h100_80_1] 28.172111702356837
-    y[us_east_h100_80_first_12_0] M16_round_trip_cap[us_east_h100_80] 3.589673816973777
+    y[us_east_h100_80_first_12_0] M15_round_trip[us_east_h100_80_1] 182.7909343583569
+    y[us_east_h100_80_first_12_0] M16_round_trip_cap[us_east_h100_80] 22.91702664897378
     y[us_east_h100_80_first_13_0] obj 0.08438213073327636
     y[us_east_h100_80_first_13_0] M2_start 1.0
     y[us_east_h100_80_first_13_0] M4_cover 13.0
@@ -10289,14 +10289,14 @@ COLUMNS
     y[us_east_h100_80_first_13_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_13_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_13_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_13_0] M12_v_le_y[457] -3.5117768407690075
-    y[us_east_h100_80_first_13_0] M12_v_ge[457] -3.5117768407690075
+    y[us_east_h100_80_first_13_0] M12_v_le_y[457] -22.839129672769012
+    y[us_east_h100_80_first_13_0] M12_v_ge[457] -22.839129672769012
     y[us_east_h100_80_first_13_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.08438213073327636
     y[us_east_h100_80_first_13_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.08438213073327636
     y[us_east_h100_80_first_13_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.08438213073327636
     y[us_east_h100_80_first_13_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.08438213073327636
-    y[us_east_h100_80_first_13_0] M15_round_trip[us_east_h100_80_1] 28.178596856885342
-    y[us_east_h100_80_first_13_0] M16_round_trip_cap[us_east_h100_80] 3.596158971502284
+    y[us_east_h100_80_first_13_0] M15_round_trip[us_east_h100_80_1] 182.7974195128854
+    y[us_east_h100_80_first_13_0] M16_round_trip_cap[us_east_h100_80] 22.923511803502286
     y[us_east_h100_80_first_14_0] obj 0.09086728526178327
     y[us_east_h100_80_first_14_0] M2_start 1.0
     y[us_east_h100_80_first_14_0] M4_cover 14.0
@@ -10308,14 +10308,14 @@ COLUMNS
     y[us_east_h100_80_first_14_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_14_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_14_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_14_0] M12_v_le_y[458] -3.5117768407690075
-    y[us_east_h100_80_first_14_0] M12_v_ge[458] -3.5117768407690075
+    y[us_east_h100_80_first_14_0] M12_v_le_y[458] -22.839129672769012
+    y[us_east_h100_80_first_14_0] M12_v_ge[458] -22.839129672769012
     y[us_east_h100_80_first_14_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.09086728526178327
     y[us_east_h100_80_first_14_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.09086728526178327
     y[us_east_h100_80_first_14_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.09086728526178327
     y[us_east_h100_80_first_14_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.09086728526178327
-    y[us_east_h100_80_first_14_0] M15_round_trip[us_east_h100_80_1] 28.18508201141385
-    y[us_east_h100_80_first_14_0] M16_round_trip_cap[us_east_h100_80] 3.602644126030791
+    y[us_east_h100_80_first_14_0] M15_round_trip[us_east_h100_80_1] 182.80390466741392
+    y[us_east_h100_80_first_14_0] M16_round_trip_cap[us_east_h100_80] 22.929996958030795
     y[us_east_h100_80_first_15_0] obj 0.09735243979029018
     y[us_east_h100_80_first_15_0] M2_start 1.0
     y[us_east_h100_80_first_15_0] M4_cover 15.0
@@ -10327,14 +10327,14 @@ COLUMNS
     y[us_east_h100_80_first_15_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_15_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_15_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_15_0] M12_v_le_y[459] -3.5117768407690075
-    y[us_east_h100_80_first_15_0] M12_v_ge[459] -3.5117768407690075
+    y[us_east_h100_80_first_15_0] M12_v_le_y[459] -22.839129672769012
+    y[us_east_h100_80_first_15_0] M12_v_ge[459] -22.839129672769012
     y[us_east_h100_80_first_15_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.09735243979029018
     y[us_east_h100_80_first_15_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.09735243979029018
     y[us_east_h100_80_first_15_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.09735243979029018
     y[us_east_h100_80_first_15_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.09735243979029018
-    y[us_east_h100_80_first_15_0] M15_round_trip[us_east_h100_80_1] 28.191567165942356
-    y[us_east_h100_80_first_15_0] M16_round_trip_cap[us_east_h100_80] 3.609129280559298
+    y[us_east_h100_80_first_15_0] M15_round_trip[us_east_h100_80_1] 182.8103898219424
+    y[us_east_h100_80_first_15_0] M16_round_trip_cap[us_east_h100_80] 22.9364821125593
     y[us_east_h100_80_first_16_0] obj 0.10383759431879708
     y[us_east_h100_80_first_16_0] M2_start 1.0
     y[us_east_h100_80_first_16_0] M4_cover 16.0
@@ -10346,14 +10346,14 @@ COLUMNS
     y[us_east_h100_80_first_16_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_16_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_16_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_16_0] M12_v_le_y[460] -3.5117768407690075
-    y[us_east_h100_80_first_16_0] M12_v_ge[460] -3.5117768407690075
+    y[us_east_h100_80_first_16_0] M12_v_le_y[460] -22.839129672769012
+    y[us_east_h100_80_first_16_0] M12_v_ge[460] -22.839129672769012
     y[us_east_h100_80_first_16_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.10383759431879708
     y[us_east_h100_80_first_16_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.10383759431879708
     y[us_east_h100_80_first_16_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.10383759431879708
     y[us_east_h100_80_first_16_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.10383759431879708
-    y[us_east_h100_80_first_16_0] M15_round_trip[us_east_h100_80_1] 28.198052320470865
-    y[us_east_h100_80_first_16_0] M16_round_trip_cap[us_east_h100_80] 3.615614435087805
+    y[us_east_h100_80_first_16_0] M15_round_trip[us_east_h100_80_1] 182.81687497647093
+    y[us_east_h100_80_first_16_0] M16_round_trip_cap[us_east_h100_80] 22.94296726708781
     y[us_east_h100_80_first_17_0] obj 0.11032274884730398
     y[us_east_h100_80_first_17_0] M2_start 1.0
     y[us_east_h100_80_first_17_0] M4_cover 17.0
@@ -10365,14 +10365,14 @@ COLUMNS
     y[us_east_h100_80_first_17_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_17_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_17_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_17_0] M12_v_le_y[461] -3.5117768407690075
-    y[us_east_h100_80_first_17_0] M12_v_ge[461] -3.5117768407690075
+    y[us_east_h100_80_first_17_0] M12_v_le_y[461] -22.839129672769012
+    y[us_east_h100_80_first_17_0] M12_v_ge[461] -22.839129672769012
     y[us_east_h100_80_first_17_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.11032274884730398
     y[us_east_h100_80_first_17_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.11032274884730398
     y[us_east_h100_80_first_17_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.11032274884730398
     y[us_east_h100_80_first_17_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.11032274884730398
-    y[us_east_h100_80_first_17_0] M15_round_trip[us_east_h100_80_1] 28.20453747499937
-    y[us_east_h100_80_first_17_0] M16_round_trip_cap[us_east_h100_80] 3.6220995896163117
+    y[us_east_h100_80_first_17_0] M15_round_trip[us_east_h100_80_1] 182.82336013099942
+    y[us_east_h100_80_first_17_0] M16_round_trip_cap[us_east_h100_80] 22.949452421616314
     y[us_east_h100_80_first_18_0] obj 0.11680790337581089
     y[us_east_h100_80_first_18_0] M2_start 1.0
     y[us_east_h100_80_first_18_0] M4_cover 18.0
@@ -10384,14 +10384,14 @@ COLUMNS
     y[us_east_h100_80_first_18_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_18_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_18_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_first_18_0] M12_v_le_y[462] -3.5117768407690075
-    y[us_east_h100_80_first_18_0] M12_v_ge[462] -3.5117768407690075
+    y[us_east_h100_80_first_18_0] M12_v_le_y[462] -22.839129672769012
+    y[us_east_h100_80_first_18_0] M12_v_ge[462] -22.839129672769012
     y[us_east_h100_80_first_18_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.11680790337581089
     y[us_east_h100_80_first_18_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.11680790337581089
     y[us_east_h100_80_first_18_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.11680790337581089
     y[us_east_h100_80_first_18_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.11680790337581089
-    y[us_east_h100_80_first_18_0] M15_round_trip[us_east_h100_80_1] 28.21102262952788
-    y[us_east_h100_80_first_18_0] M16_round_trip_cap[us_east_h100_80] 3.6285847441448182
+    y[us_east_h100_80_first_18_0] M15_round_trip[us_east_h100_80_1] 182.82984528552794
+    y[us_east_h100_80_first_18_0] M16_round_trip_cap[us_east_h100_80] 22.955937576144823
     y[us_east_h100_80_first_19_0] obj 0.1232930579043178
     y[us_east_h100_80_first_19_0] M2_start 1.0
     y[us_east_h100_80_first_19_0] M4_cover 19.0
@@ -10402,14 +10402,14 @@ COLUMNS
     y[us_east_h100_80_first_19_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_first_19_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_19_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_first_19_0] M12_v_le_y[463] -3.5117768407690075
-    y[us_east_h100_80_first_19_0] M12_v_ge[463] -3.5117768407690075
+    y[us_east_h100_80_first_19_0] M12_v_le_y[463] -22.839129672769012
+    y[us_east_h100_80_first_19_0] M12_v_ge[463] -22.839129672769012
     y[us_east_h100_80_first_19_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.1232930579043178
     y[us_east_h100_80_first_19_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.1232930579043178
     y[us_east_h100_80_first_19_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.1232930579043178
     y[us_east_h100_80_first_19_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.1232930579043178
-    y[us_east_h100_80_first_19_0] M15_round_trip[us_east_h100_80_1] 28.217507784056384
-    y[us_east_h100_80_first_19_0] M16_round_trip_cap[us_east_h100_80] 3.635069898673325
+    y[us_east_h100_80_first_19_0] M15_round_trip[us_east_h100_80_1] 182.83633044005643
+    y[us_east_h100_80_first_19_0] M16_round_trip_cap[us_east_h100_80] 22.962422730673328
     y[us_east_h100_80_first_20_0] obj 0.1297782124328247
     y[us_east_h100_80_first_20_0] M2_start 1.0
     y[us_east_h100_80_first_20_0] M4_cover 20.0
@@ -10420,14 +10420,14 @@ COLUMNS
     y[us_east_h100_80_first_20_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_first_20_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_20_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_first_20_0] M12_v_le_y[464] -3.5117768407690075
-    y[us_east_h100_80_first_20_0] M12_v_ge[464] -3.5117768407690075
+    y[us_east_h100_80_first_20_0] M12_v_le_y[464] -22.839129672769012
+    y[us_east_h100_80_first_20_0] M12_v_ge[464] -22.839129672769012
     y[us_east_h100_80_first_20_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.1297782124328247
     y[us_east_h100_80_first_20_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.1297782124328247
     y[us_east_h100_80_first_20_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.1297782124328247
     y[us_east_h100_80_first_20_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.1297782124328247
-    y[us_east_h100_80_first_20_0] M15_round_trip[us_east_h100_80_1] 28.223992938584892
-    y[us_east_h100_80_first_20_0] M16_round_trip_cap[us_east_h100_80] 3.641555053201832
+    y[us_east_h100_80_first_20_0] M15_round_trip[us_east_h100_80_1] 182.84281559458495
+    y[us_east_h100_80_first_20_0] M16_round_trip_cap[us_east_h100_80] 22.968907885201837
     y[us_east_h100_80_first_21_0] obj 0.1362633669613316
     y[us_east_h100_80_first_21_0] M2_start 1.0
     y[us_east_h100_80_first_21_0] M4_cover 21.0
@@ -10438,14 +10438,14 @@ COLUMNS
     y[us_east_h100_80_first_21_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_first_21_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_21_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_first_21_0] M12_v_le_y[465] -3.5117768407690075
-    y[us_east_h100_80_first_21_0] M12_v_ge[465] -3.5117768407690075
+    y[us_east_h100_80_first_21_0] M12_v_le_y[465] -22.839129672769012
+    y[us_east_h100_80_first_21_0] M12_v_ge[465] -22.839129672769012
     y[us_east_h100_80_first_21_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.1362633669613316
     y[us_east_h100_80_first_21_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.1362633669613316
     y[us_east_h100_80_first_21_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.1362633669613316
     y[us_east_h100_80_first_21_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.1362633669613316
-    y[us_east_h100_80_first_21_0] M15_round_trip[us_east_h100_80_1] 28.230478093113398
-    y[us_east_h100_80_first_21_0] M16_round_trip_cap[us_east_h100_80] 3.648040207730339
+    y[us_east_h100_80_first_21_0] M15_round_trip[us_east_h100_80_1] 182.84930074911347
+    y[us_east_h100_80_first_21_0] M16_round_trip_cap[us_east_h100_80] 22.975393039730342
     y[us_east_h100_80_first_22_0] obj 0.14274852148983852
     y[us_east_h100_80_first_22_0] M2_start 1.0
     y[us_east_h100_80_first_22_0] M4_cover 22.0
@@ -10457,14 +10457,14 @@ COLUMNS
     y[us_east_h100_80_first_22_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_22_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_22_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_first_22_0] M12_v_le_y[466] -3.5117768407690075
-    y[us_east_h100_80_first_22_0] M12_v_ge[466] -3.5117768407690075
+    y[us_east_h100_80_first_22_0] M12_v_le_y[466] -22.839129672769012
+    y[us_east_h100_80_first_22_0] M12_v_ge[466] -22.839129672769012
     y[us_east_h100_80_first_22_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14274852148983852
     y[us_east_h100_80_first_22_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14274852148983852
     y[us_east_h100_80_first_22_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14274852148983852
     y[us_east_h100_80_first_22_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14274852148983852
-    y[us_east_h100_80_first_22_0] M15_round_trip[us_east_h100_80_1] 28.236963247641906
-    y[us_east_h100_80_first_22_0] M16_round_trip_cap[us_east_h100_80] 3.654525362258846
+    y[us_east_h100_80_first_22_0] M15_round_trip[us_east_h100_80_1] 182.85578590364196
+    y[us_east_h100_80_first_22_0] M16_round_trip_cap[us_east_h100_80] 22.98187819425885
     y[us_east_h100_80_first_23_0] obj 0.14923367601834542
     y[us_east_h100_80_first_23_0] M2_start 1.0
     y[us_east_h100_80_first_23_0] M4_cover 23.0
@@ -10476,14 +10476,14 @@ COLUMNS
     y[us_east_h100_80_first_23_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_23_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_23_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_first_23_0] M12_v_le_y[467] -3.5117768407690075
-    y[us_east_h100_80_first_23_0] M12_v_ge[467] -3.5117768407690075
+    y[us_east_h100_80_first_23_0] M12_v_le_y[467] -22.839129672769012
+    y[us_east_h100_80_first_23_0] M12_v_ge[467] -22.839129672769012
     y[us_east_h100_80_first_23_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14923367601834542
     y[us_east_h100_80_first_23_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14923367601834542
     y[us_east_h100_80_first_23_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14923367601834542
     y[us_east_h100_80_first_23_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14923367601834542
-    y[us_east_h100_80_first_23_0] M15_round_trip[us_east_h100_80_1] 28.24344840217041
-    y[us_east_h100_80_first_23_0] M16_round_trip_cap[us_east_h100_80] 3.661010516787353
+    y[us_east_h100_80_first_23_0] M15_round_trip[us_east_h100_80_1] 182.86227105817048
+    y[us_east_h100_80_first_23_0] M16_round_trip_cap[us_east_h100_80] 22.988363348787356
     y[us_east_h100_80_first_24_0] obj 0.15571883054685232
     y[us_east_h100_80_first_24_0] M2_start 1.0
     y[us_east_h100_80_first_24_0] M4_cover 24.0
@@ -10495,14 +10495,14 @@ COLUMNS
     y[us_east_h100_80_first_24_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_first_24_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_first_24_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_first_24_0] M12_v_le_y[468] -3.5117768407690075
-    y[us_east_h100_80_first_24_0] M12_v_ge[468] -3.5117768407690075
+    y[us_east_h100_80_first_24_0] M12_v_le_y[468] -22.839129672769012
+    y[us_east_h100_80_first_24_0] M12_v_ge[468] -22.839129672769012
     y[us_east_h100_80_first_24_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.15571883054685232
     y[us_east_h100_80_first_24_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.15571883054685232
     y[us_east_h100_80_first_24_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.15571883054685232
     y[us_east_h100_80_first_24_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.15571883054685232
-    y[us_east_h100_80_first_24_0] M15_round_trip[us_east_h100_80_1] 28.24993355669892
-    y[us_east_h100_80_first_24_0] M16_round_trip_cap[us_east_h100_80] 3.66749567131586
+    y[us_east_h100_80_first_24_0] M15_round_trip[us_east_h100_80_1] 182.86875621269897
+    y[us_east_h100_80_first_24_0] M16_round_trip_cap[us_east_h100_80] 22.994848503315865
     y[us_east_h100_80_middle_1_0] obj 0.006485154528506908
     y[us_east_h100_80_middle_1_0] M4_cover 1.0
     y[us_east_h100_80_middle_1_0] M1_once[us_east_h100_80] 1.0
@@ -10514,14 +10514,14 @@ COLUMNS
     y[us_east_h100_80_middle_1_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_1_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_1_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_1_0] M12_v_le_y[469] -3.5117768407690075
-    y[us_east_h100_80_middle_1_0] M12_v_ge[469] -3.5117768407690075
+    y[us_east_h100_80_middle_1_0] M12_v_le_y[469] -22.839129672769012
+    y[us_east_h100_80_middle_1_0] M12_v_ge[469] -22.839129672769012
     y[us_east_h100_80_middle_1_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.006485154528506908
     y[us_east_h100_80_middle_1_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.006485154528506908
     y[us_east_h100_80_middle_1_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.006485154528506908
     y[us_east_h100_80_middle_1_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.006485154528506908
-    y[us_east_h100_80_middle_1_0] M15_round_trip[us_east_h100_80_1] 28.100699880680573
-    y[us_east_h100_80_middle_1_0] M16_round_trip_cap[us_east_h100_80] 3.5182619952975145
+    y[us_east_h100_80_middle_1_0] M15_round_trip[us_east_h100_80_1] 182.71952253668064
+    y[us_east_h100_80_middle_1_0] M16_round_trip_cap[us_east_h100_80] 22.845614827297517
     y[us_east_h100_80_middle_2_0] obj 0.012970309057013817
     y[us_east_h100_80_middle_2_0] M4_cover 2.0
     y[us_east_h100_80_middle_2_0] M1_once[us_east_h100_80] 1.0
@@ -10533,14 +10533,14 @@ COLUMNS
     y[us_east_h100_80_middle_2_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_2_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_2_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_2_0] M12_v_le_y[470] -3.5117768407690075
-    y[us_east_h100_80_middle_2_0] M12_v_ge[470] -3.5117768407690075
+    y[us_east_h100_80_middle_2_0] M12_v_le_y[470] -22.839129672769012
+    y[us_east_h100_80_middle_2_0] M12_v_ge[470] -22.839129672769012
     y[us_east_h100_80_middle_2_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.012970309057013817
     y[us_east_h100_80_middle_2_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.012970309057013817
     y[us_east_h100_80_middle_2_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.012970309057013817
     y[us_east_h100_80_middle_2_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.012970309057013817
-    y[us_east_h100_80_middle_2_0] M15_round_trip[us_east_h100_80_1] 28.10718503520908
-    y[us_east_h100_80_middle_2_0] M16_round_trip_cap[us_east_h100_80] 3.5247471498260214
+    y[us_east_h100_80_middle_2_0] M15_round_trip[us_east_h100_80_1] 182.72600769120913
+    y[us_east_h100_80_middle_2_0] M16_round_trip_cap[us_east_h100_80] 22.852099981826026
     y[us_east_h100_80_middle_3_0] obj 0.01945546358552073
     y[us_east_h100_80_middle_3_0] M4_cover 3.0
     y[us_east_h100_80_middle_3_0] M1_once[us_east_h100_80] 1.0
@@ -10552,14 +10552,14 @@ COLUMNS
     y[us_east_h100_80_middle_3_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_3_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_3_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_3_0] M12_v_le_y[471] -3.5117768407690075
-    y[us_east_h100_80_middle_3_0] M12_v_ge[471] -3.5117768407690075
+    y[us_east_h100_80_middle_3_0] M12_v_le_y[471] -22.839129672769012
+    y[us_east_h100_80_middle_3_0] M12_v_ge[471] -22.839129672769012
     y[us_east_h100_80_middle_3_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.01945546358552073
     y[us_east_h100_80_middle_3_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.01945546358552073
     y[us_east_h100_80_middle_3_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.01945546358552073
     y[us_east_h100_80_middle_3_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.01945546358552073
-    y[us_east_h100_80_middle_3_0] M15_round_trip[us_east_h100_80_1] 28.113670189737586
-    y[us_east_h100_80_middle_3_0] M16_round_trip_cap[us_east_h100_80] 3.5312323043545284
+    y[us_east_h100_80_middle_3_0] M15_round_trip[us_east_h100_80_1] 182.73249284573765
+    y[us_east_h100_80_middle_3_0] M16_round_trip_cap[us_east_h100_80] 22.85858513635453
     y[us_east_h100_80_middle_4_0] obj 0.025940618114027633
     y[us_east_h100_80_middle_4_0] M4_cover 4.0
     y[us_east_h100_80_middle_4_0] M1_once[us_east_h100_80] 1.0
@@ -10571,14 +10571,14 @@ COLUMNS
     y[us_east_h100_80_middle_4_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_4_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_4_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_4_0] M12_v_le_y[472] -3.5117768407690075
-    y[us_east_h100_80_middle_4_0] M12_v_ge[472] -3.5117768407690075
+    y[us_east_h100_80_middle_4_0] M12_v_le_y[472] -22.839129672769012
+    y[us_east_h100_80_middle_4_0] M12_v_ge[472] -22.839129672769012
     y[us_east_h100_80_middle_4_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.025940618114027633
     y[us_east_h100_80_middle_4_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.025940618114027633
     y[us_east_h100_80_middle_4_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.025940618114027633
     y[us_east_h100_80_middle_4_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.025940618114027633
-    y[us_east_h100_80_middle_4_0] M15_round_trip[us_east_h100_80_1] 28.120155344266095
-    y[us_east_h100_80_middle_4_0] M16_round_trip_cap[us_east_h100_80] 3.5377174588830353
+    y[us_east_h100_80_middle_4_0] M15_round_trip[us_east_h100_80_1] 182.73897800026614
+    y[us_east_h100_80_middle_4_0] M16_round_trip_cap[us_east_h100_80] 22.86507029088304
     y[us_east_h100_80_middle_5_0] obj 0.032425772642534545
     y[us_east_h100_80_middle_5_0] M4_cover 5.0
     y[us_east_h100_80_middle_5_0] M1_once[us_east_h100_80] 1.0
@@ -10590,14 +10590,14 @@ COLUMNS
     y[us_east_h100_80_middle_5_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_5_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_5_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_5_0] M12_v_le_y[473] -3.5117768407690075
-    y[us_east_h100_80_middle_5_0] M12_v_ge[473] -3.5117768407690075
+    y[us_east_h100_80_middle_5_0] M12_v_le_y[473] -22.839129672769012
+    y[us_east_h100_80_middle_5_0] M12_v_ge[473] -22.839129672769012
     y[us_east_h100_80_middle_5_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.032425772642534545
     y[us_east_h100_80_middle_5_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.032425772642534545
     y[us_east_h100_80_middle_5_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.032425772642534545
     y[us_east_h100_80_middle_5_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.032425772642534545
-    y[us_east_h100_80_middle_5_0] M15_round_trip[us_east_h100_80_1] 28.1266404987946
-    y[us_east_h100_80_middle_5_0] M16_round_trip_cap[us_east_h100_80] 3.5442026134115423
+    y[us_east_h100_80_middle_5_0] M15_round_trip[us_east_h100_80_1] 182.74546315479466
+    y[us_east_h100_80_middle_5_0] M16_round_trip_cap[us_east_h100_80] 22.871555445411545
     y[us_east_h100_80_middle_6_0] obj 0.03891092717104146
     y[us_east_h100_80_middle_6_0] M4_cover 6.0
     y[us_east_h100_80_middle_6_0] M1_once[us_east_h100_80] 1.0
@@ -10609,14 +10609,14 @@ COLUMNS
     y[us_east_h100_80_middle_6_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_6_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_6_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_6_0] M12_v_le_y[474] -3.5117768407690075
-    y[us_east_h100_80_middle_6_0] M12_v_ge[474] -3.5117768407690075
+    y[us_east_h100_80_middle_6_0] M12_v_le_y[474] -22.839129672769012
+    y[us_east_h100_80_middle_6_0] M12_v_ge[474] -22.839129672769012
     y[us_east_h100_80_middle_6_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.03891092717104146
     y[us_east_h100_80_middle_6_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.03891092717104146
     y[us_east_h100_80_middle_6_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.03891092717104146
     y[us_east_h100_80_middle_6_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.03891092717104146
-    y[us_east_h100_80_middle_6_0] M15_round_trip[us_east_h100_80_1] 28.13312565332311
-    y[us_east_h100_80_middle_6_0] M16_round_trip_cap[us_east_h100_80] 3.550687767940049
+    y[us_east_h100_80_middle_6_0] M15_round_trip[us_east_h100_80_1] 182.75194830932315
+    y[us_east_h100_80_middle_6_0] M16_round_trip_cap[us_east_h100_80] 22.878040599940054
     y[us_east_h100_80_middle_7_0] obj 0.04539608169954837
     y[us_east_h100_80_middle_7_0] M4_cover 7.0
     y[us_east_h100_80_middle_7_0] M1_once[us_east_h100_80] 1.0
@@ -10628,14 +10628,14 @@ COLUMNS
     y[us_east_h100_80_middle_7_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_7_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_7_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_7_0] M12_v_le_y[475] -3.5117768407690075
-    y[us_east_h100_80_middle_7_0] M12_v_ge[475] -3.5117768407690075
+    y[us_east_h100_80_middle_7_0] M12_v_le_y[475] -22.839129672769012
+    y[us_east_h100_80_middle_7_0] M12_v_ge[475] -22.839129672769012
     y[us_east_h100_80_middle_7_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.04539608169954837
     y[us_east_h100_80_middle_7_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.04539608169954837
     y[us_east_h100_80_middle_7_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.04539608169954837
     y[us_east_h100_80_middle_7_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.04539608169954837
-    y[us_east_h100_80_middle_7_0] M15_round_trip[us_east_h100_80_1] 28.139610807851614
-    y[us_east_h100_80_middle_7_0] M16_round_trip_cap[us_east_h100_80] 3.5571729224685558
+    y[us_east_h100_80_middle_7_0] M15_round_trip[us_east_h100_80_1] 182.75843346385167
+    y[us_east_h100_80_middle_7_0] M16_round_trip_cap[us_east_h100_80] 22.88452575446856
     y[us_east_h100_80_middle_8_0] obj 0.051881236228055266
     y[us_east_h100_80_middle_8_0] M4_cover 8.0
     y[us_east_h100_80_middle_8_0] M1_once[us_east_h100_80] 1.0
@@ -10647,14 +10647,14 @@ COLUMNS
     y[us_east_h100_80_middle_8_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_8_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_8_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_8_0] M12_v_le_y[476] -3.5117768407690075
-    y[us_east_h100_80_middle_8_0] M12_v_ge[476] -3.5117768407690075
+    y[us_east_h100_80_middle_8_0] M12_v_le_y[476] -22.839129672769012
+    y[us_east_h100_80_middle_8_0] M12_v_ge[476] -22.839129672769012
     y[us_east_h100_80_middle_8_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.051881236228055266
     y[us_east_h100_80_middle_8_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.051881236228055266
     y[us_east_h100_80_middle_8_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.051881236228055266
     y[us_east_h100_80_middle_8_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.051881236228055266
-    y[us_east_h100_80_middle_8_0] M15_round_trip[us_east_h100_80_1] 28.146095962380123
-    y[us_east_h100_80_middle_8_0] M16_round_trip_cap[us_east_h100_80] 3.5636580769970627
+    y[us_east_h100_80_middle_8_0] M15_round_trip[us_east_h100_80_1] 182.76491861838016
+    y[us_east_h100_80_middle_8_0] M16_round_trip_cap[us_east_h100_80] 22.891010908997067
     y[us_east_h100_80_middle_9_0] obj 0.05836639075656218
     y[us_east_h100_80_middle_9_0] M4_cover 9.0
     y[us_east_h100_80_middle_9_0] M1_once[us_east_h100_80] 1.0
@@ -10666,14 +10666,14 @@ COLUMNS
     y[us_east_h100_80_middle_9_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_9_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_9_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_9_0] M12_v_le_y[477] -3.5117768407690075
-    y[us_east_h100_80_middle_9_0] M12_v_ge[477] -3.5117768407690075
+    y[us_east_h100_80_middle_9_0] M12_v_le_y[477] -22.839129672769012
+    y[us_east_h100_80_middle_9_0] M12_v_ge[477] -22.839129672769012
     y[us_east_h100_80_middle_9_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.05836639075656218
     y[us_east_h100_80_middle_9_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.05836639075656218
     y[us_east_h100_80_middle_9_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.05836639075656218
     y[us_east_h100_80_middle_9_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.05836639075656218
-    y[us_east_h100_80_middle_9_0] M15_round_trip[us_east_h100_80_1] 28.152581116908628
-    y[us_east_h100_80_middle_9_0] M16_round_trip_cap[us_east_h100_80] 3.5701432315255697
+    y[us_east_h100_80_middle_9_0] M15_round_trip[us_east_h100_80_1] 182.77140377290868
+    y[us_east_h100_80_middle_9_0] M16_round_trip_cap[us_east_h100_80] 22.897496063525573
     y[us_east_h100_80_middle_10_0] obj 0.06485154528506908
     y[us_east_h100_80_middle_10_0] M4_cover 10.0
     y[us_east_h100_80_middle_10_0] M1_once[us_east_h100_80] 1.0
@@ -10685,14 +10685,14 @@ COLUMNS
     y[us_east_h100_80_middle_10_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_10_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_10_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_10_0] M12_v_le_y[478] -3.5117768407690075
-    y[us_east_h100_80_middle_10_0] M12_v_ge[478] -3.5117768407690075
+    y[us_east_h100_80_middle_10_0] M12_v_le_y[478] -22.839129672769012
+    y[us_east_h100_80_middle_10_0] M12_v_ge[478] -22.839129672769012
     y[us_east_h100_80_middle_10_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.06485154528506908
     y[us_east_h100_80_middle_10_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.06485154528506908
     y[us_east_h100_80_middle_10_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.06485154528506908
     y[us_east_h100_80_middle_10_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.06485154528506908
-    y[us_east_h100_80_middle_10_0] M15_round_trip[us_east_h100_80_1] 28.159066271437137
-    y[us_east_h100_80_middle_10_0] M16_round_trip_cap[us_east_h100_80] 3.5766283860540766
+    y[us_east_h100_80_middle_10_0] M15_round_trip[us_east_h100_80_1] 182.7778889274372
+    y[us_east_h100_80_middle_10_0] M16_round_trip_cap[us_east_h100_80] 22.90398121805408
     y[us_east_h100_80_middle_11_0] obj 0.07133669981357599
     y[us_east_h100_80_middle_11_0] M4_cover 11.0
     y[us_east_h100_80_middle_11_0] M1_once[us_east_h100_80] 1.0
@@ -10704,14 +10704,14 @@ COLUMNS
     y[us_east_h100_80_middle_11_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_11_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_11_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_11_0] M12_v_le_y[479] -3.5117768407690075
-    y[us_east_h100_80_middle_11_0] M12_v_ge[479] -3.5117768407690075
+    y[us_east_h100_80_middle_11_0] M12_v_le_y[479] -22.839129672769012
+    y[us_east_h100_80_middle_11_0] M12_v_ge[479] -22.839129672769012
     y[us_east_h100_80_middle_11_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.07133669981357599
     y[us_east_h100_80_middle_11_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.07133669981357599
     y[us_east_h100_80_middle_11_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.07133669981357599
     y[us_east_h100_80_middle_11_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.07133669981357599
-    y[us_east_h100_80_middle_11_0] M15_round_trip[us_east_h100_80_1] 28.165551425965642
-    y[us_east_h100_80_middle_11_0] M16_round_trip_cap[us_east_h100_80] 3.5831135405825836
+    y[us_east_h100_80_middle_11_0] M15_round_trip[us_east_h100_80_1] 182.7843740819657
+    y[us_east_h100_80_middle_11_0] M16_round_trip_cap[us_east_h100_80] 22.910466372582587
     y[us_east_h100_80_middle_12_0] obj 0.07782185434208289
     y[us_east_h100_80_middle_12_0] M4_cover 12.0
     y[us_east_h100_80_middle_12_0] M1_once[us_east_h100_80] 1.0
@@ -10723,14 +10723,14 @@ COLUMNS
     y[us_east_h100_80_middle_12_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_12_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_12_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_12_0] M12_v_le_y[480] -3.5117768407690075
-    y[us_east_h100_80_middle_12_0] M12_v_ge[480] -3.5117768407690075
+    y[us_east_h100_80_middle_12_0] M12_v_le_y[480] -22.839129672769012
+    y[us_east_h100_80_middle_12_0] M12_v_ge[480] -22.839129672769012
     y[us_east_h100_80_middle_12_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.07782185434208289
     y[us_east_h100_80_middle_12_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.07782185434208289
     y[us_east_h100_80_middle_12_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.07782185434208289
     y[us_east_h100_80_middle_12_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.07782185434208289
-    y[us_east_h100_80_middle_12_0] M15_round_trip[us_east_h100_80_1] 28.17203658049415
-    y[us_east_h100_80_middle_12_0] M16_round_trip_cap[us_east_h100_80] 3.5895986951110905
+    y[us_east_h100_80_middle_12_0] M15_round_trip[us_east_h100_80_1] 182.7908592364942
+    y[us_east_h100_80_middle_12_0] M16_round_trip_cap[us_east_h100_80] 22.916951527111095
     y[us_east_h100_80_middle_13_0] obj 0.0843070088705898
     y[us_east_h100_80_middle_13_0] M4_cover 13.0
     y[us_east_h100_80_middle_13_0] M1_once[us_east_h100_80] 1.0
@@ -10742,14 +10742,14 @@ COLUMNS
     y[us_east_h100_80_middle_13_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_13_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_13_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_13_0] M12_v_le_y[481] -3.5117768407690075
-    y[us_east_h100_80_middle_13_0] M12_v_ge[481] -3.5117768407690075
+    y[us_east_h100_80_middle_13_0] M12_v_le_y[481] -22.839129672769012
+    y[us_east_h100_80_middle_13_0] M12_v_ge[481] -22.839129672769012
     y[us_east_h100_80_middle_13_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.0843070088705898
     y[us_east_h100_80_middle_13_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.0843070088705898
     y[us_east_h100_80_middle_13_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.0843070088705898
     y[us_east_h100_80_middle_13_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.0843070088705898
-    y[us_east_h100_80_middle_13_0] M15_round_trip[us_east_h100_80_1] 28.178521735022656
-    y[us_east_h100_80_middle_13_0] M16_round_trip_cap[us_east_h100_80] 3.5960838496395975
+    y[us_east_h100_80_middle_13_0] M15_round_trip[us_east_h100_80_1] 182.7973443910227
+    y[us_east_h100_80_middle_13_0] M16_round_trip_cap[us_east_h100_80] 22.9234366816396
     y[us_east_h100_80_middle_14_0] obj 0.0907921633990967
     y[us_east_h100_80_middle_14_0] M4_cover 14.0
     y[us_east_h100_80_middle_14_0] M1_once[us_east_h100_80] 1.0
@@ -10761,14 +10761,14 @@ COLUMNS
     y[us_east_h100_80_middle_14_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_14_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_14_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_14_0] M12_v_le_y[482] -3.5117768407690075
-    y[us_east_h100_80_middle_14_0] M12_v_ge[482] -3.5117768407690075
+    y[us_east_h100_80_middle_14_0] M12_v_le_y[482] -22.839129672769012
+    y[us_east_h100_80_middle_14_0] M12_v_ge[482] -22.839129672769012
     y[us_east_h100_80_middle_14_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.0907921633990967
     y[us_east_h100_80_middle_14_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.0907921633990967
     y[us_east_h100_80_middle_14_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.0907921633990967
     y[us_east_h100_80_middle_14_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.0907921633990967
-    y[us_east_h100_80_middle_14_0] M15_round_trip[us_east_h100_80_1] 28.185006889551165
-    y[us_east_h100_80_middle_14_0] M16_round_trip_cap[us_east_h100_80] 3.6025690041681044
+    y[us_east_h100_80_middle_14_0] M15_round_trip[us_east_h100_80_1] 182.80382954555122
+    y[us_east_h100_80_middle_14_0] M16_round_trip_cap[us_east_h100_80] 22.92992183616811
     y[us_east_h100_80_middle_15_0] obj 0.09727731792760361
     y[us_east_h100_80_middle_15_0] M4_cover 15.0
     y[us_east_h100_80_middle_15_0] M1_once[us_east_h100_80] 1.0
@@ -10780,14 +10780,14 @@ COLUMNS
     y[us_east_h100_80_middle_15_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_15_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_15_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_15_0] M12_v_le_y[483] -3.5117768407690075
-    y[us_east_h100_80_middle_15_0] M12_v_ge[483] -3.5117768407690075
+    y[us_east_h100_80_middle_15_0] M12_v_le_y[483] -22.839129672769012
+    y[us_east_h100_80_middle_15_0] M12_v_ge[483] -22.839129672769012
     y[us_east_h100_80_middle_15_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.09727731792760361
     y[us_east_h100_80_middle_15_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.09727731792760361
     y[us_east_h100_80_middle_15_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.09727731792760361
     y[us_east_h100_80_middle_15_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.09727731792760361
-    y[us_east_h100_80_middle_15_0] M15_round_trip[us_east_h100_80_1] 28.19149204407967
-    y[us_east_h100_80_middle_15_0] M16_round_trip_cap[us_east_h100_80] 3.609054158696611
+    y[us_east_h100_80_middle_15_0] M15_round_trip[us_east_h100_80_1] 182.81031470007972
+    y[us_east_h100_80_middle_15_0] M16_round_trip_cap[us_east_h100_80] 22.936406990696614
     y[us_east_h100_80_middle_16_0] obj 0.10376247245611052
     y[us_east_h100_80_middle_16_0] M4_cover 16.0
     y[us_east_h100_80_middle_16_0] M1_once[us_east_h100_80] 1.0
@@ -10799,14 +10799,14 @@ COLUMNS
     y[us_east_h100_80_middle_16_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_16_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_16_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_16_0] M12_v_le_y[484] -3.5117768407690075
-    y[us_east_h100_80_middle_16_0] M12_v_ge[484] -3.5117768407690075
+    y[us_east_h100_80_middle_16_0] M12_v_le_y[484] -22.839129672769012
+    y[us_east_h100_80_middle_16_0] M12_v_ge[484] -22.839129672769012
     y[us_east_h100_80_middle_16_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.10376247245611052
     y[us_east_h100_80_middle_16_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.10376247245611052
     y[us_east_h100_80_middle_16_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.10376247245611052
     y[us_east_h100_80_middle_16_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.10376247245611052
-    y[us_east_h100_80_middle_16_0] M15_round_trip[us_east_h100_80_1] 28.19797719860818
-    y[us_east_h100_80_middle_16_0] M16_round_trip_cap[us_east_h100_80] 3.615539313225118
+    y[us_east_h100_80_middle_16_0] M15_round_trip[us_east_h100_80_1] 182.81679985460823
+    y[us_east_h100_80_middle_16_0] M16_round_trip_cap[us_east_h100_80] 22.942892145225123
     y[us_east_h100_80_middle_17_0] obj 0.11024762698461743
     y[us_east_h100_80_middle_17_0] M4_cover 17.0
     y[us_east_h100_80_middle_17_0] M1_once[us_east_h100_80] 1.0
@@ -10818,14 +10818,14 @@ COLUMNS
     y[us_east_h100_80_middle_17_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_17_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_17_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_17_0] M12_v_le_y[485] -3.5117768407690075
-    y[us_east_h100_80_middle_17_0] M12_v_ge[485] -3.5117768407690075
+    y[us_east_h100_80_middle_17_0] M12_v_le_y[485] -22.839129672769012
+    y[us_east_h100_80_middle_17_0] M12_v_ge[485] -22.839129672769012
     y[us_east_h100_80_middle_17_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.11024762698461743
     y[us_east_h100_80_middle_17_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.11024762698461743
     y[us_east_h100_80_middle_17_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.11024762698461743
     y[us_east_h100_80_middle_17_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.11024762698461743
-    y[us_east_h100_80_middle_17_0] M15_round_trip[us_east_h100_80_1] 28.204462353136684
-    y[us_east_h100_80_middle_17_0] M16_round_trip_cap[us_east_h100_80] 3.622024467753625
+    y[us_east_h100_80_middle_17_0] M15_round_trip[us_east_h100_80_1] 182.82328500913675
+    y[us_east_h100_80_middle_17_0] M16_round_trip_cap[us_east_h100_80] 22.94937729975363
     y[us_east_h100_80_middle_18_0] obj 0.11673278151312433
     y[us_east_h100_80_middle_18_0] M4_cover 18.0
     y[us_east_h100_80_middle_18_0] M1_once[us_east_h100_80] 1.0
@@ -10837,14 +10837,14 @@ COLUMNS
     y[us_east_h100_80_middle_18_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_18_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_18_0] M11_memory[us_east_h100_80] -1.0
-    y[us_east_h100_80_middle_18_0] M12_v_le_y[486] -3.5117768407690075
-    y[us_east_h100_80_middle_18_0] M12_v_ge[486] -3.5117768407690075
+    y[us_east_h100_80_middle_18_0] M12_v_le_y[486] -22.839129672769012
+    y[us_east_h100_80_middle_18_0] M12_v_ge[486] -22.839129672769012
     y[us_east_h100_80_middle_18_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.11673278151312433
     y[us_east_h100_80_middle_18_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.11673278151312433
     y[us_east_h100_80_middle_18_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.11673278151312433
     y[us_east_h100_80_middle_18_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.11673278151312433
-    y[us_east_h100_80_middle_18_0] M15_round_trip[us_east_h100_80_1] 28.210947507665193
-    y[us_east_h100_80_middle_18_0] M16_round_trip_cap[us_east_h100_80] 3.628509622282132
+    y[us_east_h100_80_middle_18_0] M15_round_trip[us_east_h100_80_1] 182.82977016366524
+    y[us_east_h100_80_middle_18_0] M16_round_trip_cap[us_east_h100_80] 22.955862454282137
     y[us_east_h100_80_middle_19_0] obj 0.12321793604163123
     y[us_east_h100_80_middle_19_0] M4_cover 19.0
     y[us_east_h100_80_middle_19_0] M1_once[us_east_h100_80] 1.0
@@ -10855,14 +10855,14 @@ COLUMNS
     y[us_east_h100_80_middle_19_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_middle_19_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_19_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_middle_19_0] M12_v_le_y[487] -3.5117768407690075
-    y[us_east_h100_80_middle_19_0] M12_v_ge[487] -3.5117768407690075
+    y[us_east_h100_80_middle_19_0] M12_v_le_y[487] -22.839129672769012
+    y[us_east_h100_80_middle_19_0] M12_v_ge[487] -22.839129672769012
     y[us_east_h100_80_middle_19_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.12321793604163123
     y[us_east_h100_80_middle_19_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.12321793604163123
     y[us_east_h100_80_middle_19_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.12321793604163123
     y[us_east_h100_80_middle_19_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.12321793604163123
-    y[us_east_h100_80_middle_19_0] M15_round_trip[us_east_h100_80_1] 28.217432662193698
-    y[us_east_h100_80_middle_19_0] M16_round_trip_cap[us_east_h100_80] 3.6349947768106388
+    y[us_east_h100_80_middle_19_0] M15_round_trip[us_east_h100_80_1] 182.83625531819376
+    y[us_east_h100_80_middle_19_0] M16_round_trip_cap[us_east_h100_80] 22.962347608810642
     y[us_east_h100_80_middle_20_0] obj 0.12970309057013812
     y[us_east_h100_80_middle_20_0] M4_cover 20.0
     y[us_east_h100_80_middle_20_0] M1_once[us_east_h100_80] 1.0
@@ -10873,14 +10873,14 @@ COLUMNS
     y[us_east_h100_80_middle_20_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_middle_20_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_20_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_middle_20_0] M12_v_le_y[488] -3.5117768407690075
-    y[us_east_h100_80_middle_20_0] M12_v_ge[488] -3.5117768407690075
+    y[us_east_h100_80_middle_20_0] M12_v_le_y[488] -22.839129672769012
+    y[us_east_h100_80_middle_20_0] M12_v_ge[488] -22.839129672769012
     y[us_east_h100_80_middle_20_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.12970309057013812
     y[us_east_h100_80_middle_20_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.12970309057013812
     y[us_east_h100_80_middle_20_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.12970309057013812
     y[us_east_h100_80_middle_20_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.12970309057013812
-    y[us_east_h100_80_middle_20_0] M15_round_trip[us_east_h100_80_1] 28.223917816722206
-    y[us_east_h100_80_middle_20_0] M16_round_trip_cap[us_east_h100_80] 3.6414799313391457
+    y[us_east_h100_80_middle_20_0] M15_round_trip[us_east_h100_80_1] 182.84274047272226
+    y[us_east_h100_80_middle_20_0] M16_round_trip_cap[us_east_h100_80] 22.96883276333915
     y[us_east_h100_80_middle_21_0] obj 0.13618824509864505
     y[us_east_h100_80_middle_21_0] M4_cover 21.0
     y[us_east_h100_80_middle_21_0] M1_once[us_east_h100_80] 1.0
@@ -10891,14 +10891,14 @@ COLUMNS
     y[us_east_h100_80_middle_21_0] M10_own[us_east_h100_80] -1.0
     y[us_east_h100_80_middle_21_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_21_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
-    y[us_east_h100_80_middle_21_0] M12_v_le_y[489] -3.5117768407690075
-    y[us_east_h100_80_middle_21_0] M12_v_ge[489] -3.5117768407690075
+    y[us_east_h100_80_middle_21_0] M12_v_le_y[489] -22.839129672769012
+    y[us_east_h100_80_middle_21_0] M12_v_ge[489] -22.839129672769012
     y[us_east_h100_80_middle_21_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.13618824509864505
     y[us_east_h100_80_middle_21_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.13618824509864505
     y[us_east_h100_80_middle_21_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.13618824509864505
     y[us_east_h100_80_middle_21_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.13618824509864505
-    y[us_east_h100_80_middle_21_0] M15_round_trip[us_east_h100_80_1] 28.23040297125071
-    y[us_east_h100_80_middle_21_0] M16_round_trip_cap[us_east_h100_80] 3.6479650858676527
+    y[us_east_h100_80_middle_21_0] M15_round_trip[us_east_h100_80_1] 182.84922562725077
+    y[us_east_h100_80_middle_21_0] M16_round_trip_cap[us_east_h100_80] 22.975317917867656
     y[us_east_h100_80_middle_22_0] obj 0.14267339962715195
     y[us_east_h100_80_middle_22_0] M4_cover 22.0
     y[us_east_h100_80_middle_22_0] M1_once[us_east_h100_80] 1.0
@@ -10910,14 +10910,14 @@ COLUMNS
     y[us_east_h100_80_middle_22_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_22_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_22_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_middle_22_0] M12_v_le_y[490] -3.5117768407690075
-    y[us_east_h100_80_middle_22_0] M12_v_ge[490] -3.5117768407690075
+    y[us_east_h100_80_middle_22_0] M12_v_le_y[490] -22.839129672769012
+    y[us_east_h100_80_middle_22_0] M12_v_ge[490] -22.839129672769012
     y[us_east_h100_80_middle_22_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14267339962715195
     y[us_east_h100_80_middle_22_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14267339962715195
     y[us_east_h100_80_middle_22_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14267339962715195
     y[us_east_h100_80_middle_22_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14267339962715195
-    y[us_east_h100_80_middle_22_0] M15_round_trip[us_east_h100_80_1] 28.23688812577922
-    y[us_east_h100_80_middle_22_0] M16_round_trip_cap[us_east_h100_80] 3.6544502403961596
+    y[us_east_h100_80_middle_22_0] M15_round_trip[us_east_h100_80_1] 182.85571078177927
+    y[us_east_h100_80_middle_22_0] M16_round_trip_cap[us_east_h100_80] 22.981803072396165
     y[us_east_h100_80_middle_23_0] obj 0.14915855415565885
     y[us_east_h100_80_middle_23_0] M4_cover 23.0
     y[us_east_h100_80_middle_23_0] M1_once[us_east_h100_80] 1.0
@@ -10929,14 +10929,14 @@ COLUMNS
     y[us_east_h100_80_middle_23_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_23_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_23_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_middle_23_0] M12_v_le_y[491] -3.5117768407690075
-    y[us_east_h100_80_middle_23_0] M12_v_ge[491] -3.5117768407690075
+    y[us_east_h100_80_middle_23_0] M12_v_le_y[491] -22.839129672769012
+    y[us_east_h100_80_middle_23_0] M12_v_ge[491] -22.839129672769012
     y[us_east_h100_80_middle_23_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.14915855415565885
     y[us_east_h100_80_middle_23_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.14915855415565885
     y[us_east_h100_80_middle_23_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.14915855415565885
     y[us_east_h100_80_middle_23_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.14915855415565885
-    y[us_east_h100_80_middle_23_0] M15_round_trip[us_east_h100_80_1] 28.243373280307726
-    y[us_east_h100_80_middle_23_0] M16_round_trip_cap[us_east_h100_80] 3.6609353949246666
+    y[us_east_h100_80_middle_23_0] M15_round_trip[us_east_h100_80_1] 182.86219593630778
+    y[us_east_h100_80_middle_23_0] M16_round_trip_cap[us_east_h100_80] 22.98828822692467
     y[us_east_h100_80_middle_24_0] obj 0.15564370868416577
     y[us_east_h100_80_middle_24_0] M4_cover 24.0
     y[us_east_h100_80_middle_24_0] M1_once[us_east_h100_80] 1.0
@@ -10948,14 +10948,14 @@ COLUMNS
     y[us_east_h100_80_middle_24_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_middle_24_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_middle_24_0] M11_memory[us_east_h100_80] 1.0
-    y[us_east_h100_80_middle_24_0] M12_v_le_y[492] -3.5117768407690075
-    y[us_east_h100_80_middle_24_0] M12_v_ge[492] -3.5117768407690075
+    y[us_east_h100_80_middle_24_0] M12_v_le_y[492] -22.839129672769012
+    y[us_east_h100_80_middle_24_0] M12_v_ge[492] -22.839129672769012
     y[us_east_h100_80_middle_24_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.15564370868416577
     y[us_east_h100_80_middle_24_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.15564370868416577
     y[us_east_h100_80_middle_24_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.15564370868416577
     y[us_east_h100_80_middle_24_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.15564370868416577
-    y[us_east_h100_80_middle_24_0] M15_round_trip[us_east_h100_80_1] 28.249858434836234
-    y[us_east_h100_80_middle_24_0] M16_round_trip_cap[us_east_h100_80] 3.6674205494531735
+    y[us_east_h100_80_middle_24_0] M15_round_trip[us_east_h100_80_1] 182.86868109083628
+    y[us_east_h100_80_middle_24_0] M16_round_trip_cap[us_east_h100_80] 22.99477338145318
     y[us_east_h100_80_only_24_0] obj 0.16708617189517722
     y[us_east_h100_80_only_24_0] M2_start 1.0
     y[us_east_h100_80_only_24_0] M3_end 1.0
@@ -10967,67 +10967,79 @@ COLUMNS
     y[us_east_h100_80_only_24_0] M10_chain[us_east_h100_80_eu_west_a100_80] -1.0
     y[us_east_h100_80_only_24_0] M10_chain[us_east_h100_80_ap_northeast_a100_40] -1.0
     y[us_east_h100_80_only_24_0] M11_memory[us_east_h100_80] 2.0
-    y[us_east_h100_80_only_24_0] M12_v_le_y[493] -3.5117768407690075
-    y[us_east_h100_80_only_24_0] M12_v_ge[493] -3.5117768407690075
+    y[us_east_h100_80_only_24_0] M12_v_le_y[493] -22.839129672769012
+    y[us_east_h100_80_only_24_0] M12_v_ge[493] -22.839129672769012
     y[us_east_h100_80_only_24_0] M13_psi[eu_west_a100_80_us_east_h100_80] -0.16708617189517722
     y[us_east_h100_80_only_24_0] M14_x[eu_west_a100_80_us_east_h100_80] -0.16708617189517722
     y[us_east_h100_80_only_24_0] M13_psi[ap_northeast_a100_40_us_east_h100_80] -0.16708617189517722
     y[us_east_h100_80_only_24_0] M14_x[ap_northeast_a100_40_us_east_h100_80] -0.16708617189517722
-    y[us_east_h100_80_only_24_0] M14_x_end[us_east_h100_80] -21.07066104461405
-    y[us_east_h100_80_only_24_0] M15_round_trip[us_east_h100_80_1] 28.261300898047246
-    y[us_east_h100_80_only_24_0] M16_round_trip_cap[us_east_h100_80] 3.6788630126641846
-    z[us_east_h100_80_eu_west_a100_80] obj 0.2265741824
+    y[us_east_h100_80_only_24_0] M14_x_end[us_east_h100_80] -137.03477803661409
+    y[us_east_h100_80_only_24_0] M15_round_trip[us_east_h100_80_1] 182.8801235540473
+    y[us_east_h100_80_only_24_0] M16_round_trip_cap[us_east_h100_80] 23.00621584466419
+    z[us_east_h100_80_eu_west_a100_80] obj 1.8371869184
     z[us_east_h100_80_eu_west_a100_80] M5_out[us_east_h100_80] 1.0
-    z[us_east_h100_80_eu_west_a100_80] M8_wan[us_east_h100_80] -0.1132870912
+    z[us_east_h100_80_eu_west_a100_80] M8_wan[us_east_h100_80] -0.9185934592
     z[us_east_h100_80_eu_west_a100_80] M10_chain[us_east_h100_80_eu_west_a100_80] -5.0
     z[us_east_h100_80_eu_west_a100_80] M6_in[eu_west_a100_80] 1.0
-    z[us_east_h100_80_eu_west_a100_80] M13_psi[us_east_h100_80_eu_west_a100_80] -3.7383510231690074
-    z[us_east_h100_80_eu_west_a100_80] M14_x[us_east_h100_80_eu_west_a100_80] -45.87967311239711
-    z[us_east_h100_80_eu_west_a100_80] M15_round_trip[us_east_h100_80_1] 0.2265741824
-    z[us_east_h100_80_ap_northeast_a100_40] obj 0.496235456
+    z[us_east_h100_80_eu_west_a100_80] M13_psi[us_east_h100_80_eu_west_a100_80] -24.676316591169012
+    z[us_east_h100_80_eu_west_a100_80] M14_x[us_east_h100_80_eu_west_a100_80] -319.7478154187662
+    z[us_east_h100_80_eu_west_a100_80] M14_x[eu_west_a100_80_us_east_h100_80] -1.8371869184
+    z[us_east_h100_80_eu_west_a100_80] M14_x[ap_northeast_a100_40_us_east_h100_80] -1.8371869184
+    z[us_east_h100_80_eu_west_a100_80] M15_round_trip[us_east_h100_80_1] 1.8371869184
+    z[us_east_h100_80_ap_northeast_a100_40] obj 4.5227672960000005
     z[us_east_h100_80_ap_northeast_a100_40] M5_out[us_east_h100_80] 1.0
-    z[us_east_h100_80_ap_northeast_a100_40] M8_wan[us_east_h100_80] -0.248117728
+    z[us_east_h100_80_ap_northeast_a100_40] M8_wan[us_east_h100_80] -2.2613836480000002
     z[us_east_h100_80_ap_northeast_a100_40] M10_chain[us_east_h100_80_ap_northeast_a100_40] -5.0
     z[us_east_h100_80_ap_northeast_a100_40] M6_in[ap_northeast_a100_40] 1.0
-    z[us_east_h100_80_ap_northeast_a100_40] M13_psi[us_east_h100_80_ap_northeast_a100_40] -4.0080122967690075
-    z[us_east_h100_80_ap_northeast_a100_40] M14_x[us_east_h100_80_ap_northeast_a100_40] -46.14933438599711
-    z[us_east_h100_80_ap_northeast_a100_40] M15_round_trip[us_east_h100_80_1] 0.496235456
-    z[eu_west_a100_80_us_east_h100_80] obj 0.2265741824
+    z[us_east_h100_80_ap_northeast_a100_40] M13_psi[us_east_h100_80_ap_northeast_a100_40] -27.361896968769013
+    z[us_east_h100_80_ap_northeast_a100_40] M14_x[us_east_h100_80_ap_northeast_a100_40] -319.7478154187662
+    z[us_east_h100_80_ap_northeast_a100_40] M14_x[eu_west_a100_80_us_east_h100_80] -4.5227672960000005
+    z[us_east_h100_80_ap_northeast_a100_40] M14_x[ap_northeast_a100_40_us_east_h100_80] -4.5227672960000005
+    z[us_east_h100_80_ap_northeast_a100_40] M15_round_trip[us_east_h100_80_1] 4.5227672960000005
+    z[eu_west_a100_80_us_east_h100_80] obj 1.8371869184
     z[eu_west_a100_80_us_east_h100_80] M6_in[us_east_h100_80] 1.0
     z[eu_west_a100_80_us_east_h100_80] M5_out[eu_west_a100_80] 1.0
-    z[eu_west_a100_80_us_east_h100_80] M8_wan[eu_west_a100_80] -0.1132870912
+    z[eu_west_a100_80_us_east_h100_80] M8_wan[eu_west_a100_80] -0.9185934592
     z[eu_west_a100_80_us_east_h100_80] M10_chain[eu_west_a100_80_us_east_h100_80] -5.0
-    z[eu_west_a100_80_us_east_h100_80] M13_psi[eu_west_a100_80_us_east_h100_80] -3.7383510231690074
-    z[eu_west_a100_80_us_east_h100_80] M14_x[eu_west_a100_80_us_east_h100_80] -45.87967311239711
-    z[eu_west_a100_80_us_east_h100_80] M15_round_trip[eu_west_a100_80_1] 0.2265741824
-    z[eu_west_a100_80_us_east_h100_80] M15_round_trip[eu_west_a100_80_2] 0.2265741824
-    z[eu_west_a100_80_ap_northeast_a100_40] obj 0.47023545600000005
+    z[eu_west_a100_80_us_east_h100_80] M14_x[us_east_h100_80_eu_west_a100_80] -1.8371869184
+    z[eu_west_a100_80_us_east_h100_80] M13_psi[eu_west_a100_80_us_east_h100_80] -24.676316591169012
+    z[eu_west_a100_80_us_east_h100_80] M14_x[eu_west_a100_80_us_east_h100_80] -319.7478154187662
+    z[eu_west_a100_80_us_east_h100_80] M14_x[ap_northeast_a100_40_eu_west_a100_80] -1.8371869184
+    z[eu_west_a100_80_us_east_h100_80] M15_round_trip[eu_west_a100_80_1] 1.8371869184
+    z[eu_west_a100_80_us_east_h100_80] M15_round_trip[eu_west_a100_80_2] 1.8371869184
+    z[eu_west_a100_80_ap_northeast_a100_40] obj 4.496767296000001
     z[eu_west_a100_80_ap_northeast_a100_40] M5_out[eu_west_a100_80] 1.0
-    z[eu_west_a100_80_ap_northeast_a100_40] M8_wan[eu_west_a100_80] -0.23511772800000003
+    z[eu_west_a100_80_ap_northeast_a100_40] M8_wan[eu_west_a100_80] -2.2483836480000003
     z[eu_west_a100_80_ap_northeast_a100_40] M10_chain[eu_west_a100_80_ap_northeast_a100_40] -5.0
     z[eu_west_a100_80_ap_northeast_a100_40] M6_in[ap_northeast_a100_40] 1.0
-    z[eu_west_a100_80_ap_northeast_a100_40] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -3.9820122967690077
-    z[eu_west_a100_80_ap_northeast_a100_40] M14_x[eu_west_a100_80_ap_northeast_a100_40] -46.123334385997104
-    z[eu_west_a100_80_ap_northeast_a100_40] M15_round_trip[eu_west_a100_80_1] 0.47023545600000005
-    z[eu_west_a100_80_ap_northeast_a100_40] M15_round_trip[eu_west_a100_80_2] 0.47023545600000005
-    z[ap_northeast_a100_40_us_east_h100_80] obj 0.496235456
+    z[eu_west_a100_80_ap_northeast_a100_40] M14_x[us_east_h100_80_eu_west_a100_80] -4.496767296000001
+    z[eu_west_a100_80_ap_northeast_a100_40] M13_psi[eu_west_a100_80_ap_northeast_a100_40] -27.335896968769013
+    z[eu_west_a100_80_ap_northeast_a100_40] M14_x[eu_west_a100_80_ap_northeast_a100_40] -319.7478154187662
+    z[eu_west_a100_80_ap_northeast_a100_40] M14_x[ap_northeast_a100_40_eu_west_a100_80] -4.496767296000001
+    z[eu_west_a100_80_ap_northeast_a100_40] M15_round_trip[eu_west_a100_80_1] 4.496767296000001
+    z[eu_west_a100_80_ap_northeast_a100_40] M15_round_trip[eu_west_a100_80_2] 4.496767296000001
+    z[ap_northeast_a100_40_us_east_h100_80] obj 4.5227672960000005
     z[ap_northeast_a100_40_us_east_h100_80] M6_in[us_east_h100_80] 1.0
     z[ap_northeast_a100_40_us_east_h100_80] M5_out[ap_northeast_a100_40] 1.0
-    z[ap_northeast_a100_40_us_east_h100_80] M8_wan[ap_northeast_a100_40] -0.248117728
+    z[ap_northeast_a100_40_us_east_h100_80] M8_wan[ap_northeast_a100_40] -2.2613836480000002
     z[ap_northeast_a100_40_us_east_h100_80] M10_chain[ap_northeast_a100_40_us_east_h100_80] -5.0
-    z[ap_northeast_a100_40_us_east_h100_80] M13_psi[ap_northeast_a100_40_us_east_h100_80] -4.0080122967690075
-    z[ap_northeast_a100_40_us_east_h100_80] M14_x[ap_northeast_a100_40_us_east_h100_80] -46.14933438599711
-    z[ap_northeast_a100_40_us_east_h100_80] M15_round_trip[ap_northeast_a100_40_1] 0.496235456
-    z[ap_northeast_a100_40_us_east_h100_80] M15_round_trip[ap_northeast_a100_40_2] 0.496235456
-    z[ap_northeast_a100_40_eu_west_a100_80] obj 0.47023545600000005
+    z[ap_northeast_a100_40_us_east_h100_80] M14_x[us_east_h100_80_ap_northeast_a100_40] -4.5227672960000005
+    z[ap_northeast_a100_40_us_east_h100_80] M14_x[eu_west_a100_80_ap_northeast_a100_40] -4.5227672960000005
+    z[ap_northeast_a100_40_us_east_h100_80] M13_psi[ap_northeast_a100_40_us_east_h100_80] -27.361896968769013
+    z[ap_northeast_a100_40_us_east_h100_80] M14_x[ap_northeast_a100_40_us_east_h100_80] -319.7478154187662
+    z[ap_northeast_a100_40_us_east_h100_80] M15_round_trip[ap_northeast_a100_40_1] 4.5227672960000005
+    z[ap_northeast_a100_40_us_east_h100_80] M15_round_trip[ap_northeast_a100_40_2] 4.5227672960000005
+    z[ap_northeast_a100_40_eu_west_a100_80] obj 4.496767296000001
     z[ap_northeast_a100_40_eu_west_a100_80] M6_in[eu_west_a100_80] 1.0
     z[ap_northeast_a100_40_eu_west_a100_80] M5_out[ap_northeast_a100_40] 1.0
-    z[ap_northeast_a100_40_eu_west_a100_80] M8_wan[ap_northeast_a100_40] -0.23511772800000003
+    z[ap_northeast_a100_40_eu_west_a100_80] M8_wan[ap_northeast_a100_40] -2.2483836480000003
     z[ap_northeast_a100_40_eu_west_a100_80] M10_chain[ap_northeast_a100_40_eu_west_a100_80] -5.0
-    z[ap_northeast_a100_40_eu_west_a100_80] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -3.9820122967690077
-    z[ap_northeast_a100_40_eu_west_a100_80] M14_x[ap_northeast_a100_40_eu_west_a100_80] -46.123334385997104
-    z[ap_northeast_a100_40_eu_west_a100_80] M15_round_trip[ap_northeast_a100_40_1] 0.47023545600000005
-    z[ap_northeast_a100_40_eu_west_a100_80] M15_round_trip[ap_northeast_a100_40_2] 0.47023545600000005
+    z[ap_northeast_a100_40_eu_west_a100_80] M14_x[us_east_h100_80_ap_northeast_a100_40] -4.496767296000001
+    z[ap_northeast_a100_40_eu_west_a100_80] M14_x[eu_west_a100_80_ap_northeast_a100_40] -4.496767296000001
+    z[ap_northeast_a100_40_eu_west_a100_80] M13_psi[ap_northeast_a100_40_eu_west_a100_80] -27.335896968769013
+    z[ap_northeast_a100_40_eu_west_a100_80] M14_x[ap_northeast_a100_40_eu_west_a100_80] -319.7478154187662
+    z[ap_northeast_a100_40_eu_west_a100_80] M15_round_trip[ap_northeast_a100_40_1] 4.496767296000001
+    z[ap_northeast_a100_40_eu_west_a100_80] M15_round_trip[ap_northeast_a100_40_2] 4.496767296000001
     M500 'MARKER' 'INTEND'
     T obj 7.0
     T M7_bottleneck[us_east_h100_80] 1.0
@@ -15183,520 +15195,520 @@ RHS
     rhs M10_chain[ap_northeast_a100_40_us_east_h100_80] -5.0
     rhs M10_chain[ap_northeast_a100_40_eu_west_a100_80] -5.0
     rhs M11_memory[ap_northeast_a100_40] 5.0
-    rhs M12_v_ge[0] -3.5117768407690075
-    rhs M12_v_ge[1] -3.5117768407690075
-    rhs M12_v_ge[2] -3.5117768407690075
-    rhs M12_v_ge[3] -3.5117768407690075
-    rhs M12_v_ge[4] -3.5117768407690075
-    rhs M12_v_ge[5] -3.5117768407690075
-    rhs M12_v_ge[6] -3.5117768407690075
-    rhs M12_v_ge[7] -3.5117768407690075
-    rhs M12_v_ge[8] -3.5117768407690075
-    rhs M12_v_ge[9] -3.5117768407690075
-    rhs M12_v_ge[10] -3.5117768407690075
-    rhs M12_v_ge[11] -3.5117768407690075
-    rhs M12_v_ge[12] -3.5117768407690075
-    rhs M12_v_ge[13] -3.5117768407690075
-    rhs M12_v_ge[14] -3.5117768407690075
-    rhs M12_v_ge[15] -3.5117768407690075
-    rhs M12_v_ge[16] -3.5117768407690075
-    rhs M12_v_ge[17] -3.5117768407690075
-    rhs M12_v_ge[18] -3.5117768407690075
-    rhs M12_v_ge[19] -3.5117768407690075
-    rhs M12_v_ge[20] -3.5117768407690075
-    rhs M12_v_ge[21] -3.5117768407690075
-    rhs M12_v_ge[22] -3.5117768407690075
-    rhs M12_v_ge[23] -3.5117768407690075
-    rhs M12_v_ge[24] -3.5117768407690075
-    rhs M12_v_ge[25] -3.5117768407690075
-    rhs M12_v_ge[26] -3.5117768407690075
-    rhs M12_v_ge[27] -3.5117768407690075
-    rhs M12_v_ge[28] -3.5117768407690075
-    rhs M12_v_ge[29] -3.5117768407690075
-    rhs M12_v_ge[30] -3.5117768407690075
-    rhs M12_v_ge[31] -3.5117768407690075
-    rhs M12_v_ge[32] -3.5117768407690075
-    rhs M12_v_ge[33] -3.5117768407690075
-    rhs M12_v_ge[34] -3.5117768407690075
-    rhs M12_v_ge[35] -3.5117768407690075
-    rhs M12_v_ge[36] -3.5117768407690075
-    rhs M12_v_ge[37] -3.5117768407690075
-    rhs M12_v_ge[38] -3.5117768407690075
-    rhs M12_v_ge[39] -3.5117768407690075
-    rhs M12_v_ge[40] -3.5117768407690075
-    rhs M12_v_ge[41] -3.5117768407690075
-    rhs M12_v_ge[42] -3.5117768407690075
-    rhs M12_v_ge[43] -3.5117768407690075
-    rhs M12_v_ge[44] -3.5117768407690075
-    rhs M12_v_ge[45] -3.5117768407690075
-    rhs M12_v_ge[46] -3.5117768407690075
-    rhs M12_v_ge[47] -3.5117768407690075
-    rhs M12_v_ge[48] -3.5117768407690075
-    rhs M12_v_ge[49] -3.5117768407690075
-    rhs M12_v_ge[50] -3.5117768407690075
-    rhs M12_v_ge[51] -3.5117768407690075
-    rhs M12_v_ge[52] -3.5117768407690075
-    rhs M12_v_ge[53] -3.5117768407690075
-    rhs M12_v_ge[54] -3.5117768407690075
-    rhs M12_v_ge[55] -3.5117768407690075
-    rhs M12_v_ge[56] -3.5117768407690075
-    rhs M12_v_ge[57] -3.5117768407690075
-    rhs M12_v_ge[58] -3.5117768407690075
-    rhs M12_v_ge[59] -3.5117768407690075
-    rhs M12_v_ge[60] -3.5117768407690075
-    rhs M12_v_ge[61] -3.5117768407690075
-    rhs M12_v_ge[62] -3.5117768407690075
-    rhs M12_v_ge[63] -3.5117768407690075
-    rhs M12_v_ge[64] -3.5117768407690075
-    rhs M12_v_ge[65] -3.5117768407690075
-    rhs M12_v_ge[66] -3.5117768407690075
-    rhs M12_v_ge[67] -3.5117768407690075
-    rhs M12_v_ge[68] -3.5117768407690075
-    rhs M12_v_ge[69] -3.5117768407690075
-    rhs M12_v_ge[70] -3.5117768407690075
-    rhs M12_v_ge[71] -3.5117768407690075
-    rhs M12_v_ge[72] -3.5117768407690075
-    rhs M12_v_ge[73] -3.5117768407690075
-    rhs M12_v_ge[74] -3.5117768407690075
-    rhs M12_v_ge[75] -3.5117768407690075
-    rhs M12_v_ge[76] -3.5117768407690075
-    rhs M12_v_ge[77] -3.5117768407690075
-    rhs M12_v_ge[78] -3.5117768407690075
-    rhs M12_v_ge[79] -3.5117768407690075
-    rhs M12_v_ge[80] -3.5117768407690075
-    rhs M12_v_ge[81] -3.5117768407690075
-    rhs M12_v_ge[82] -3.5117768407690075
-    rhs M12_v_ge[83] -3.5117768407690075
-    rhs M12_v_ge[84] -3.5117768407690075
-    rhs M12_v_ge[85] -3.5117768407690075
-    rhs M12_v_ge[86] -3.5117768407690075
-    rhs M12_v_ge[87] -3.5117768407690075
-    rhs M12_v_ge[88] -3.5117768407690075
-    rhs M12_v_ge[89] -3.5117768407690075
-    rhs M12_v_ge[90] -3.5117768407690075
-    rhs M12_v_ge[91] -3.5117768407690075
-    rhs M12_v_ge[92] -3.5117768407690075
-    rhs M12_v_ge[93] -3.5117768407690075
-    rhs M12_v_ge[94] -3.5117768407690075
-    rhs M12_v_ge[95] -3.5117768407690075
-    rhs M12_v_ge[96] -3.5117768407690075
-    rhs M12_v_ge[97] -3.5117768407690075
-    rhs M12_v_ge[98] -3.5117768407690075
-    rhs M12_v_ge[99] -3.5117768407690075
-    rhs M12_v_ge[100] -3.5117768407690075
-    rhs M12_v_ge[101] -3.5117768407690075
-    rhs M12_v_ge[102] -3.5117768407690075
-    rhs M12_v_ge[103] -3.5117768407690075
-    rhs M12_v_ge[104] -3.5117768407690075
-    rhs M12_v_ge[105] -3.5117768407690075
-    rhs M12_v_ge[106] -3.5117768407690075
-    rhs M12_v_ge[107] -3.5117768407690075
-    rhs M12_v_ge[108] -3.5117768407690075
-    rhs M12_v_ge[109] -3.5117768407690075
-    rhs M12_v_ge[110] -3.5117768407690075
-    rhs M12_v_ge[111] -3.5117768407690075
-    rhs M12_v_ge[112] -3.5117768407690075
-    rhs M12_v_ge[113] -3.5117768407690075
-    rhs M12_v_ge[114] -3.5117768407690075
-    rhs M12_v_ge[115] -3.5117768407690075
-    rhs M12_v_ge[116] -3.5117768407690075
-    rhs M12_v_ge[117] -3.5117768407690075
-    rhs M12_v_ge[118] -3.5117768407690075
-    rhs M12_v_ge[119] -3.5117768407690075
-    rhs M12_v_ge[120] -3.5117768407690075
-    rhs M12_v_ge[121] -3.5117768407690075
-    rhs M12_v_ge[122] -3.5117768407690075
-    rhs M12_v_ge[123] -3.5117768407690075
-    rhs M12_v_ge[124] -3.5117768407690075
-    rhs M12_v_ge[125] -3.5117768407690075
-    rhs M12_v_ge[126] -3.5117768407690075
-    rhs M12_v_ge[127] -3.5117768407690075
-    rhs M12_v_ge[128] -3.5117768407690075
-    rhs M12_v_ge[129] -3.5117768407690075
-    rhs M12_v_ge[130] -3.5117768407690075
-    rhs M12_v_ge[131] -3.5117768407690075
-    rhs M12_v_ge[132] -3.5117768407690075
-    rhs M12_v_ge[133] -3.5117768407690075
-    rhs M12_v_ge[134] -3.5117768407690075
-    rhs M12_v_ge[135] -3.5117768407690075
-    rhs M12_v_ge[136] -3.5117768407690075
-    rhs M12_v_ge[137] -3.5117768407690075
-    rhs M12_v_ge[138] -3.5117768407690075
-    rhs M12_v_ge[139] -3.5117768407690075
-    rhs M12_v_ge[140] -3.5117768407690075
-    rhs M12_v_ge[141] -3.5117768407690075
-    rhs M12_v_ge[142] -3.5117768407690075
-    rhs M12_v_ge[143] -3.5117768407690075
-    rhs M12_v_ge[144] -3.5117768407690075
-    rhs M12_v_ge[145] -3.5117768407690075
-    rhs M12_v_ge[146] -3.5117768407690075
-    rhs M12_v_ge[147] -3.5117768407690075
-    rhs M12_v_ge[148] -3.5117768407690075
-    rhs M12_v_ge[149] -3.5117768407690075
-    rhs M12_v_ge[150] -3.5117768407690075
-    rhs M12_v_ge[151] -3.5117768407690075
-    rhs M12_v_ge[152] -3.5117768407690075
-    rhs M12_v_ge[153] -3.5117768407690075
-    rhs M12_v_ge[154] -3.5117768407690075
-    rhs M12_v_ge[155] -3.5117768407690075
-    rhs M12_v_ge[156] -3.5117768407690075
-    rhs M12_v_ge[157] -3.5117768407690075
-    rhs M12_v_ge[158] -3.5117768407690075
-    rhs M12_v_ge[159] -3.5117768407690075
-    rhs M12_v_ge[160] -3.5117768407690075
-    rhs M12_v_ge[161] -3.5117768407690075
-    rhs M12_v_ge[162] -3.5117768407690075
-    rhs M12_v_ge[163] -3.5117768407690075
-    rhs M12_v_ge[164] -3.5117768407690075
-    rhs M12_v_ge[165] -3.5117768407690075
-    rhs M12_v_ge[166] -3.5117768407690075
-    rhs M12_v_ge[167] -3.5117768407690075
-    rhs M12_v_ge[168] -3.5117768407690075
-    rhs M12_v_ge[169] -3.5117768407690075
-    rhs M12_v_ge[170] -3.5117768407690075
-    rhs M12_v_ge[171] -3.5117768407690075
-    rhs M12_v_ge[172] -3.5117768407690075
-    rhs M12_v_ge[173] -3.5117768407690075
-    rhs M12_v_ge[174] -3.5117768407690075
-    rhs M12_v_ge[175] -3.5117768407690075
-    rhs M12_v_ge[176] -3.5117768407690075
-    rhs M12_v_ge[177] -3.5117768407690075
-    rhs M12_v_ge[178] -3.5117768407690075
-    rhs M12_v_ge[179] -3.5117768407690075
-    rhs M12_v_ge[180] -3.5117768407690075
-    rhs M12_v_ge[181] -3.5117768407690075
-    rhs M12_v_ge[182] -3.5117768407690075
-    rhs M12_v_ge[183] -3.5117768407690075
-    rhs M12_v_ge[184] -3.5117768407690075
-    rhs M12_v_ge[185] -3.5117768407690075
-    rhs M12_v_ge[186] -3.5117768407690075
-    rhs M12_v_ge[187] -3.5117768407690075
-    rhs M12_v_ge[188] -3.5117768407690075
-    rhs M12_v_ge[189] -3.5117768407690075
-    rhs M12_v_ge[190] -3.5117768407690075
-    rhs M12_v_ge[191] -3.5117768407690075
-    rhs M12_v_ge[192] -3.5117768407690075
-    rhs M12_v_ge[193] -3.5117768407690075
-    rhs M12_v_ge[194] -3.5117768407690075
-    rhs M12_v_ge[195] -3.5117768407690075
-    rhs M12_v_ge[196] -3.5117768407690075
-    rhs M12_v_ge[197] -3.5117768407690075
-    rhs M12_v_ge[198] -3.5117768407690075
-    rhs M12_v_ge[199] -3.5117768407690075
-    rhs M12_v_ge[200] -3.5117768407690075
-    rhs M12_v_ge[201] -3.5117768407690075
-    rhs M12_v_ge[202] -3.5117768407690075
-    rhs M12_v_ge[203] -3.5117768407690075
-    rhs M12_v_ge[204] -3.5117768407690075
-    rhs M12_v_ge[205] -3.5117768407690075
-    rhs M12_v_ge[206] -3.5117768407690075
-    rhs M12_v_ge[207] -3.5117768407690075
-    rhs M12_v_ge[208] -3.5117768407690075
-    rhs M12_v_ge[209] -3.5117768407690075
-    rhs M12_v_ge[210] -3.5117768407690075
-    rhs M12_v_ge[211] -3.5117768407690075
-    rhs M12_v_ge[212] -3.5117768407690075
-    rhs M12_v_ge[213] -3.5117768407690075
-    rhs M12_v_ge[214] -3.5117768407690075
-    rhs M12_v_ge[215] -3.5117768407690075
-    rhs M12_v_ge[216] -3.5117768407690075
-    rhs M12_v_ge[217] -3.5117768407690075
-    rhs M12_v_ge[218] -3.5117768407690075
-    rhs M12_v_ge[219] -3.5117768407690075
-    rhs M12_v_ge[220] -3.5117768407690075
-    rhs M12_v_ge[221] -3.5117768407690075
-    rhs M12_v_ge[222] -3.5117768407690075
-    rhs M12_v_ge[223] -3.5117768407690075
-    rhs M12_v_ge[224] -3.5117768407690075
-    rhs M12_v_ge[225] -3.5117768407690075
-    rhs M12_v_ge[226] -3.5117768407690075
-    rhs M12_v_ge[227] -3.5117768407690075
-    rhs M12_v_ge[228] -3.5117768407690075
-    rhs M12_v_ge[229] -3.5117768407690075
-    rhs M12_v_ge[230] -3.5117768407690075
-    rhs M12_v_ge[231] -3.5117768407690075
-    rhs M12_v_ge[232] -3.5117768407690075
-    rhs M12_v_ge[233] -3.5117768407690075
-    rhs M12_v_ge[234] -3.5117768407690075
-    rhs M12_v_ge[235] -3.5117768407690075
-    rhs M12_v_ge[236] -3.5117768407690075
-    rhs M12_v_ge[237] -3.5117768407690075
-    rhs M12_v_ge[238] -3.5117768407690075
-    rhs M12_v_ge[239] -3.5117768407690075
-    rhs M12_v_ge[240] -3.5117768407690075
-    rhs M12_v_ge[241] -3.5117768407690075
-    rhs M12_v_ge[242] -3.5117768407690075
-    rhs M12_v_ge[243] -3.5117768407690075
-    rhs M12_v_ge[244] -3.5117768407690075
-    rhs M12_v_ge[245] -3.5117768407690075
-    rhs M12_v_ge[246] -3.5117768407690075
-    rhs M12_v_ge[247] -3.5117768407690075
-    rhs M12_v_ge[248] -3.5117768407690075
-    rhs M12_v_ge[249] -3.5117768407690075
-    rhs M12_v_ge[250] -3.5117768407690075
-    rhs M12_v_ge[251] -3.5117768407690075
-    rhs M12_v_ge[252] -3.5117768407690075
-    rhs M12_v_ge[253] -3.5117768407690075
-    rhs M12_v_ge[254] -3.5117768407690075
-    rhs M12_v_ge[255] -3.5117768407690075
-    rhs M12_v_ge[256] -3.5117768407690075
-    rhs M12_v_ge[257] -3.5117768407690075
-    rhs M12_v_ge[258] -3.5117768407690075
-    rhs M12_v_ge[259] -3.5117768407690075
-    rhs M12_v_ge[260] -3.5117768407690075
-    rhs M12_v_ge[261] -3.5117768407690075
-    rhs M12_v_ge[262] -3.5117768407690075
-    rhs M12_v_ge[263] -3.5117768407690075
-    rhs M12_v_ge[264] -3.5117768407690075
-    rhs M12_v_ge[265] -3.5117768407690075
-    rhs M12_v_ge[266] -3.5117768407690075
-    rhs M12_v_ge[267] -3.5117768407690075
-    rhs M12_v_ge[268] -3.5117768407690075
-    rhs M12_v_ge[269] -3.5117768407690075
-    rhs M12_v_ge[270] -3.5117768407690075
-    rhs M12_v_ge[271] -3.5117768407690075
-    rhs M12_v_ge[272] -3.5117768407690075
-    rhs M12_v_ge[273] -3.5117768407690075
-    rhs M12_v_ge[274] -3.5117768407690075
-    rhs M12_v_ge[275] -3.5117768407690075
-    rhs M12_v_ge[276] -3.5117768407690075
-    rhs M12_v_ge[277] -3.5117768407690075
-    rhs M12_v_ge[278] -3.5117768407690075
-    rhs M12_v_ge[279] -3.5117768407690075
-    rhs M12_v_ge[280] -3.5117768407690075
-    rhs M12_v_ge[281] -3.5117768407690075
-    rhs M12_v_ge[282] -3.5117768407690075
-    rhs M12_v_ge[283] -3.5117768407690075
-    rhs M12_v_ge[284] -3.5117768407690075
-    rhs M12_v_ge[285] -3.5117768407690075
-    rhs M12_v_ge[286] -3.5117768407690075
-    rhs M12_v_ge[287] -3.5117768407690075
-    rhs M12_v_ge[288] -3.5117768407690075
-    rhs M12_v_ge[289] -3.5117768407690075
-    rhs M12_v_ge[290] -3.5117768407690075
-    rhs M12_v_ge[291] -3.5117768407690075
-    rhs M12_v_ge[292] -3.5117768407690075
-    rhs M12_v_ge[293] -3.5117768407690075
-    rhs M12_v_ge[294] -3.5117768407690075
-    rhs M12_v_ge[295] -3.5117768407690075
-    rhs M12_v_ge[296] -3.5117768407690075
-    rhs M12_v_ge[297] -3.5117768407690075
-    rhs M12_v_ge[298] -3.5117768407690075
-    rhs M12_v_ge[299] -3.5117768407690075
-    rhs M12_v_ge[300] -3.5117768407690075
-    rhs M12_v_ge[301] -3.5117768407690075
-    rhs M12_v_ge[302] -3.5117768407690075
-    rhs M12_v_ge[303] -3.5117768407690075
-    rhs M12_v_ge[304] -3.5117768407690075
-    rhs M12_v_ge[305] -3.5117768407690075
-    rhs M12_v_ge[306] -3.5117768407690075
-    rhs M12_v_ge[307] -3.5117768407690075
-    rhs M12_v_ge[308] -3.5117768407690075
-    rhs M12_v_ge[309] -3.5117768407690075
-    rhs M12_v_ge[310] -3.5117768407690075
-    rhs M12_v_ge[311] -3.5117768407690075
-    rhs M12_v_ge[312] -3.5117768407690075
-    rhs M12_v_ge[313] -3.5117768407690075
-    rhs M12_v_ge[314] -3.5117768407690075
-    rhs M12_v_ge[315] -3.5117768407690075
-    rhs M12_v_ge[316] -3.5117768407690075
-    rhs M12_v_ge[317] -3.5117768407690075
-    rhs M12_v_ge[318] -3.5117768407690075
-    rhs M12_v_ge[319] -3.5117768407690075
-    rhs M12_v_ge[320] -3.5117768407690075
-    rhs M12_v_ge[321] -3.5117768407690075
-    rhs M12_v_ge[322] -3.5117768407690075
-    rhs M12_v_ge[323] -3.5117768407690075
-    rhs M12_v_ge[324] -3.5117768407690075
-    rhs M12_v_ge[325] -3.5117768407690075
-    rhs M12_v_ge[326] -3.5117768407690075
-    rhs M12_v_ge[327] -3.5117768407690075
-    rhs M12_v_ge[328] -3.5117768407690075
-    rhs M12_v_ge[329] -3.5117768407690075
-    rhs M12_v_ge[330] -3.5117768407690075
-    rhs M12_v_ge[331] -3.5117768407690075
-    rhs M12_v_ge[332] -3.5117768407690075
-    rhs M12_v_ge[333] -3.5117768407690075
-    rhs M12_v_ge[334] -3.5117768407690075
-    rhs M12_v_ge[335] -3.5117768407690075
-    rhs M12_v_ge[336] -3.5117768407690075
-    rhs M12_v_ge[337] -3.5117768407690075
-    rhs M12_v_ge[338] -3.5117768407690075
-    rhs M12_v_ge[339] -3.5117768407690075
-    rhs M12_v_ge[340] -3.5117768407690075
-    rhs M12_v_ge[341] -3.5117768407690075
-    rhs M12_v_ge[342] -3.5117768407690075
-    rhs M12_v_ge[343] -3.5117768407690075
-    rhs M12_v_ge[344] -3.5117768407690075
-    rhs M12_v_ge[345] -3.5117768407690075
-    rhs M12_v_ge[346] -3.5117768407690075
-    rhs M12_v_ge[347] -3.5117768407690075
-    rhs M12_v_ge[348] -3.5117768407690075
-    rhs M12_v_ge[349] -3.5117768407690075
-    rhs M12_v_ge[350] -3.5117768407690075
-    rhs M12_v_ge[351] -3.5117768407690075
-    rhs M12_v_ge[352] -3.5117768407690075
-    rhs M12_v_ge[353] -3.5117768407690075
-    rhs M12_v_ge[354] -3.5117768407690075
-    rhs M12_v_ge[355] -3.5117768407690075
-    rhs M12_v_ge[356] -3.5117768407690075
-    rhs M12_v_ge[357] -3.5117768407690075
-    rhs M12_v_ge[358] -3.5117768407690075
-    rhs M12_v_ge[359] -3.5117768407690075
-    rhs M12_v_ge[360] -3.5117768407690075
-    rhs M12_v_ge[361] -3.5117768407690075
-    rhs M12_v_ge[362] -3.5117768407690075
-    rhs M12_v_ge[363] -3.5117768407690075
-    rhs M12_v_ge[364] -3.5117768407690075
-    rhs M12_v_ge[365] -3.5117768407690075
-    rhs M12_v_ge[366] -3.5117768407690075
-    rhs M12_v_ge[367] -3.5117768407690075
-    rhs M12_v_ge[368] -3.5117768407690075
-    rhs M12_v_ge[369] -3.5117768407690075
-    rhs M12_v_ge[370] -3.5117768407690075
-    rhs M12_v_ge[371] -3.5117768407690075
-    rhs M12_v_ge[372] -3.5117768407690075
-    rhs M12_v_ge[373] -3.5117768407690075
-    rhs M12_v_ge[374] -3.5117768407690075
-    rhs M12_v_ge[375] -3.5117768407690075
-    rhs M12_v_ge[376] -3.5117768407690075
-    rhs M12_v_ge[377] -3.5117768407690075
-    rhs M12_v_ge[378] -3.5117768407690075
-    rhs M12_v_ge[379] -3.5117768407690075
-    rhs M12_v_ge[380] -3.5117768407690075
-    rhs M12_v_ge[381] -3.5117768407690075
-    rhs M12_v_ge[382] -3.5117768407690075
-    rhs M12_v_ge[383] -3.5117768407690075
-    rhs M12_v_ge[384] -3.5117768407690075
-    rhs M12_v_ge[385] -3.5117768407690075
-    rhs M12_v_ge[386] -3.5117768407690075
-    rhs M12_v_ge[387] -3.5117768407690075
-    rhs M12_v_ge[388] -3.5117768407690075
-    rhs M12_v_ge[389] -3.5117768407690075
-    rhs M12_v_ge[390] -3.5117768407690075
-    rhs M12_v_ge[391] -3.5117768407690075
-    rhs M12_v_ge[392] -3.5117768407690075
-    rhs M12_v_ge[393] -3.5117768407690075
-    rhs M12_v_ge[394] -3.5117768407690075
-    rhs M12_v_ge[395] -3.5117768407690075
-    rhs M12_v_ge[396] -3.5117768407690075
-    rhs M12_v_ge[397] -3.5117768407690075
-    rhs M12_v_ge[398] -3.5117768407690075
-    rhs M12_v_ge[399] -3.5117768407690075
-    rhs M12_v_ge[400] -3.5117768407690075
-    rhs M12_v_ge[401] -3.5117768407690075
-    rhs M12_v_ge[402] -3.5117768407690075
-    rhs M12_v_ge[403] -3.5117768407690075
-    rhs M12_v_ge[404] -3.5117768407690075
-    rhs M12_v_ge[405] -3.5117768407690075
-    rhs M12_v_ge[406] -3.5117768407690075
-    rhs M12_v_ge[407] -3.5117768407690075
-    rhs M12_v_ge[408] -3.5117768407690075
-    rhs M12_v_ge[409] -3.5117768407690075
-    rhs M12_v_ge[410] -3.5117768407690075
-    rhs M12_v_ge[411] -3.5117768407690075
-    rhs M12_v_ge[412] -3.5117768407690075
-    rhs M12_v_ge[413] -3.5117768407690075
-    rhs M12_v_ge[414] -3.5117768407690075
-    rhs M12_v_ge[415] -3.5117768407690075
-    rhs M12_v_ge[416] -3.5117768407690075
-    rhs M12_v_ge[417] -3.5117768407690075
-    rhs M12_v_ge[418] -3.5117768407690075
-    rhs M12_v_ge[419] -3.5117768407690075
-    rhs M12_v_ge[420] -3.5117768407690075
-    rhs M12_v_ge[421] -3.5117768407690075
-    rhs M12_v_ge[422] -3.5117768407690075
-    rhs M12_v_ge[423] -3.5117768407690075
-    rhs M12_v_ge[424] -3.5117768407690075
-    rhs M12_v_ge[425] -3.5117768407690075
-    rhs M12_v_ge[426] -3.5117768407690075
-    rhs M12_v_ge[427] -3.5117768407690075
-    rhs M12_v_ge[428] -3.5117768407690075
-    rhs M12_v_ge[429] -3.5117768407690075
-    rhs M12_v_ge[430] -3.5117768407690075
-    rhs M12_v_ge[431] -3.5117768407690075
-    rhs M12_v_ge[432] -3.5117768407690075
-    rhs M12_v_ge[433] -3.5117768407690075
-    rhs M12_v_ge[434] -3.5117768407690075
-    rhs M12_v_ge[435] -3.5117768407690075
-    rhs M12_v_ge[436] -3.5117768407690075
-    rhs M12_v_ge[437] -3.5117768407690075
-    rhs M12_v_ge[438] -3.5117768407690075
-    rhs M12_v_ge[439] -3.5117768407690075
-    rhs M12_v_ge[440] -3.5117768407690075
-    rhs M12_v_ge[441] -3.5117768407690075
-    rhs M12_v_ge[442] -3.5117768407690075
-    rhs M12_v_ge[443] -3.5117768407690075
-    rhs M12_v_ge[444] -3.5117768407690075
-    rhs M12_v_ge[445] -3.5117768407690075
-    rhs M12_v_ge[446] -3.5117768407690075
-    rhs M12_v_ge[447] -3.5117768407690075
-    rhs M12_v_ge[448] -3.5117768407690075
-    rhs M12_v_ge[449] -3.5117768407690075
-    rhs M12_v_ge[450] -3.5117768407690075
-    rhs M12_v_ge[451] -3.5117768407690075
-    rhs M12_v_ge[452] -3.5117768407690075
-    rhs M12_v_ge[453] -3.5117768407690075
-    rhs M12_v_ge[454] -3.5117768407690075
-    rhs M12_v_ge[455] -3.5117768407690075
-    rhs M12_v_ge[456] -3.5117768407690075
-    rhs M12_v_ge[457] -3.5117768407690075
-    rhs M12_v_ge[458] -3.5117768407690075
-    rhs M12_v_ge[459] -3.5117768407690075
-    rhs M12_v_ge[460] -3.5117768407690075
-    rhs M12_v_ge[461] -3.5117768407690075
-    rhs M12_v_ge[462] -3.5117768407690075
-    rhs M12_v_ge[463] -3.5117768407690075
-    rhs M12_v_ge[464] -3.5117768407690075
-    rhs M12_v_ge[465] -3.5117768407690075
-    rhs M12_v_ge[466] -3.5117768407690075
-    rhs M12_v_ge[467] -3.5117768407690075
-    rhs M12_v_ge[468] -3.5117768407690075
-    rhs M12_v_ge[469] -3.5117768407690075
-    rhs M12_v_ge[470] -3.5117768407690075
-    rhs M12_v_ge[471] -3.5117768407690075
-    rhs M12_v_ge[472] -3.5117768407690075
-    rhs M12_v_ge[473] -3.5117768407690075
-    rhs M12_v_ge[474] -3.5117768407690075
-    rhs M12_v_ge[475] -3.5117768407690075
-    rhs M12_v_ge[476] -3.5117768407690075
-    rhs M12_v_ge[477] -3.5117768407690075
-    rhs M12_v_ge[478] -3.5117768407690075
-    rhs M12_v_ge[479] -3.5117768407690075
-    rhs M12_v_ge[480] -3.5117768407690075
-    rhs M12_v_ge[481] -3.5117768407690075
-    rhs M12_v_ge[482] -3.5117768407690075
-    rhs M12_v_ge[483] -3.5117768407690075
-    rhs M12_v_ge[484] -3.5117768407690075
-    rhs M12_v_ge[485] -3.5117768407690075
-    rhs M12_v_ge[486] -3.5117768407690075
-    rhs M12_v_ge[487] -3.5117768407690075
-    rhs M12_v_ge[488] -3.5117768407690075
-    rhs M12_v_ge[489] -3.5117768407690075
-    rhs M12_v_ge[490] -3.5117768407690075
-    rhs M12_v_ge[491] -3.5117768407690075
-    rhs M12_v_ge[492] -3.5117768407690075
-    rhs M12_v_ge[493] -3.5117768407690075
-    rhs M13_psi[us_east_h100_80_eu_west_a100_80] -3.5117768407690075
-    rhs M14_x[us_east_h100_80_eu_west_a100_80] -45.65309892999711
-    rhs M13_psi[us_east_h100_80_ap_northeast_a100_40] -3.5117768407690075
-    rhs M14_x[us_east_h100_80_ap_northeast_a100_40] -45.65309892999711
-    rhs M13_psi[eu_west_a100_80_us_east_h100_80] -3.5117768407690075
-    rhs M14_x[eu_west_a100_80_us_east_h100_80] -45.65309892999711
-    rhs M13_psi[eu_west_a100_80_ap_northeast_a100_40] -3.5117768407690075
-    rhs M14_x[eu_west_a100_80_ap_northeast_a100_40] -45.65309892999711
-    rhs M13_psi[ap_northeast_a100_40_us_east_h100_80] -3.5117768407690075
-    rhs M14_x[ap_northeast_a100_40_us_east_h100_80] -45.65309892999711
-    rhs M13_psi[ap_northeast_a100_40_eu_west_a100_80] -3.5117768407690075
-    rhs M14_x[ap_northeast_a100_40_eu_west_a100_80] -45.65309892999711
-    rhs M15_round_trip[us_east_h100_80_1] 49.164875770766116
-    rhs M16_round_trip_cap[us_east_h100_80] 3.5117768407690075
-    rhs M15_round_trip[eu_west_a100_80_1] 49.164875770766116
-    rhs M15_round_trip[eu_west_a100_80_2] 52.67665261153512
-    rhs M16_round_trip_cap[eu_west_a100_80] 3.5117768407690075
-    rhs M15_round_trip[ap_northeast_a100_40_1] 49.164875770766116
-    rhs M15_round_trip[ap_northeast_a100_40_2] 52.67665261153512
-    rhs M16_round_trip_cap[ap_northeast_a100_40] 3.5117768407690075
+    rhs M12_v_ge[0] -22.839129672769012
+    rhs M12_v_ge[1] -22.839129672769012
+    rhs M12_v_ge[2] -22.839129672769012
+    rhs M12_v_ge[3] -22.839129672769012
+    rhs M12_v_ge[4] -22.839129672769012
+    rhs M12_v_ge[5] -22.839129672769012
+    rhs M12_v_ge[6] -22.839129672769012
+    rhs M12_v_ge[7] -22.839129672769012
+    rhs M12_v_ge[8] -22.839129672769012
+    rhs M12_v_ge[9] -22.839129672769012
+    rhs M12_v_ge[10] -22.839129672769012
+    rhs M12_v_ge[11] -22.839129672769012
+    rhs M12_v_ge[12] -22.839129672769012
+    rhs M12_v_ge[13] -22.839129672769012
+    rhs M12_v_ge[14] -22.839129672769012
+    rhs M12_v_ge[15] -22.839129672769012
+    rhs M12_v_ge[16] -22.839129672769012
+    rhs M12_v_ge[17] -22.839129672769012
+    rhs M12_v_ge[18] -22.839129672769012
+    rhs M12_v_ge[19] -22.839129672769012
+    rhs M12_v_ge[20] -22.839129672769012
+    rhs M12_v_ge[21] -22.839129672769012
+    rhs M12_v_ge[22] -22.839129672769012
+    rhs M12_v_ge[23] -22.839129672769012
+    rhs M12_v_ge[24] -22.839129672769012
+    rhs M12_v_ge[25] -22.839129672769012
+    rhs M12_v_ge[26] -22.839129672769012
+    rhs M12_v_ge[27] -22.839129672769012
+    rhs M12_v_ge[28] -22.839129672769012
+    rhs M12_v_ge[29] -22.839129672769012
+    rhs M12_v_ge[30] -22.839129672769012
+    rhs M12_v_ge[31] -22.839129672769012
+    rhs M12_v_ge[32] -22.839129672769012
+    rhs M12_v_ge[33] -22.839129672769012
+    rhs M12_v_ge[34] -22.839129672769012
+    rhs M12_v_ge[35] -22.839129672769012
+    rhs M12_v_ge[36] -22.839129672769012
+    rhs M12_v_ge[37] -22.839129672769012
+    rhs M12_v_ge[38] -22.839129672769012
+    rhs M12_v_ge[39] -22.839129672769012
+    rhs M12_v_ge[40] -22.839129672769012
+    rhs M12_v_ge[41] -22.839129672769012
+    rhs M12_v_ge[42] -22.839129672769012
+    rhs M12_v_ge[43] -22.839129672769012
+    rhs M12_v_ge[44] -22.839129672769012
+    rhs M12_v_ge[45] -22.839129672769012
+    rhs M12_v_ge[46] -22.839129672769012
+    rhs M12_v_ge[47] -22.839129672769012
+    rhs M12_v_ge[48] -22.839129672769012
+    rhs M12_v_ge[49] -22.839129672769012
+    rhs M12_v_ge[50] -22.839129672769012
+    rhs M12_v_ge[51] -22.839129672769012
+    rhs M12_v_ge[52] -22.839129672769012
+    rhs M12_v_ge[53] -22.839129672769012
+    rhs M12_v_ge[54] -22.839129672769012
+    rhs M12_v_ge[55] -22.839129672769012
+    rhs M12_v_ge[56] -22.839129672769012
+    rhs M12_v_ge[57] -22.839129672769012
+    rhs M12_v_ge[58] -22.839129672769012
+    rhs M12_v_ge[59] -22.839129672769012
+    rhs M12_v_ge[60] -22.839129672769012
+    rhs M12_v_ge[61] -22.839129672769012
+    rhs M12_v_ge[62] -22.839129672769012
+    rhs M12_v_ge[63] -22.839129672769012
+    rhs M12_v_ge[64] -22.839129672769012
+    rhs M12_v_ge[65] -22.839129672769012
+    rhs M12_v_ge[66] -22.839129672769012
+    rhs M12_v_ge[67] -22.839129672769012
+    rhs M12_v_ge[68] -22.839129672769012
+    rhs M12_v_ge[69] -22.839129672769012
+    rhs M12_v_ge[70] -22.839129672769012
+    rhs M12_v_ge[71] -22.839129672769012
+    rhs M12_v_ge[72] -22.839129672769012
+    rhs M12_v_ge[73] -22.839129672769012
+    rhs M12_v_ge[74] -22.839129672769012
+    rhs M12_v_ge[75] -22.839129672769012
+    rhs M12_v_ge[76] -22.839129672769012
+    rhs M12_v_ge[77] -22.839129672769012
+    rhs M12_v_ge[78] -22.839129672769012
+    rhs M12_v_ge[79] -22.839129672769012
+    rhs M12_v_ge[80] -22.839129672769012
+    rhs M12_v_ge[81] -22.839129672769012
+    rhs M12_v_ge[82] -22.839129672769012
+    rhs M12_v_ge[83] -22.839129672769012
+    rhs M12_v_ge[84] -22.839129672769012
+    rhs M12_v_ge[85] -22.839129672769012
+    rhs M12_v_ge[86] -22.839129672769012
+    rhs M12_v_ge[87] -22.839129672769012
+    rhs M12_v_ge[88] -22.839129672769012
+    rhs M12_v_ge[89] -22.839129672769012
+    rhs M12_v_ge[90] -22.839129672769012
+    rhs M12_v_ge[91] -22.839129672769012
+    rhs M12_v_ge[92] -22.839129672769012
+    rhs M12_v_ge[93] -22.839129672769012
+    rhs M12_v_ge[94] -22.839129672769012
+    rhs M12_v_ge[95] -22.839129672769012
+    rhs M12_v_ge[96] -22.839129672769012
+    rhs M12_v_ge[97] -22.839129672769012
+    rhs M12_v_ge[98] -22.839129672769012
+    rhs M12_v_ge[99] -22.839129672769012
+    rhs M12_v_ge[100] -22.839129672769012
+    rhs M12_v_ge[101] -22.839129672769012
+    rhs M12_v_ge[102] -22.839129672769012
+    rhs M12_v_ge[103] -22.839129672769012
+    rhs M12_v_ge[104] -22.839129672769012
+    rhs M12_v_ge[105] -22.839129672769012
+    rhs M12_v_ge[106] -22.839129672769012
+    rhs M12_v_ge[107] -22.839129672769012
+    rhs M12_v_ge[108] -22.839129672769012
+    rhs M12_v_ge[109] -22.839129672769012
+    rhs M12_v_ge[110] -22.839129672769012
+    rhs M12_v_ge[111] -22.839129672769012
+    rhs M12_v_ge[112] -22.839129672769012
+    rhs M12_v_ge[113] -22.839129672769012
+    rhs M12_v_ge[114] -22.839129672769012
+    rhs M12_v_ge[115] -22.839129672769012
+    rhs M12_v_ge[116] -22.839129672769012
+    rhs M12_v_ge[117] -22.839129672769012
+    rhs M12_v_ge[118] -22.839129672769012
+    rhs M12_v_ge[119] -22.839129672769012
+    rhs M12_v_ge[120] -22.839129672769012
+    rhs M12_v_ge[121] -22.839129672769012
+    rhs M12_v_ge[122] -22.839129672769012
+    rhs M12_v_ge[123] -22.839129672769012
+    rhs M12_v_ge[124] -22.839129672769012
+    rhs M12_v_ge[125] -22.839129672769012
+    rhs M12_v_ge[126] -22.839129672769012
+    rhs M12_v_ge[127] -22.839129672769012
+    rhs M12_v_ge[128] -22.839129672769012
+    rhs M12_v_ge[129] -22.839129672769012
+    rhs M12_v_ge[130] -22.839129672769012
+    rhs M12_v_ge[131] -22.839129672769012
+    rhs M12_v_ge[132] -22.839129672769012
+    rhs M12_v_ge[133] -22.839129672769012
+    rhs M12_v_ge[134] -22.839129672769012
+    rhs M12_v_ge[135] -22.839129672769012
+    rhs M12_v_ge[136] -22.839129672769012
+    rhs M12_v_ge[137] -22.839129672769012
+    rhs M12_v_ge[138] -22.839129672769012
+    rhs M12_v_ge[139] -22.839129672769012
+    rhs M12_v_ge[140] -22.839129672769012
+    rhs M12_v_ge[141] -22.839129672769012
+    rhs M12_v_ge[142] -22.839129672769012
+    rhs M12_v_ge[143] -22.839129672769012
+    rhs M12_v_ge[144] -22.839129672769012
+    rhs M12_v_ge[145] -22.839129672769012
+    rhs M12_v_ge[146] -22.839129672769012
+    rhs M12_v_ge[147] -22.839129672769012
+    rhs M12_v_ge[148] -22.839129672769012
+    rhs M12_v_ge[149] -22.839129672769012
+    rhs M12_v_ge[150] -22.839129672769012
+    rhs M12_v_ge[151] -22.839129672769012
+    rhs M12_v_ge[152] -22.839129672769012
+    rhs M12_v_ge[153] -22.839129672769012
+    rhs M12_v_ge[154] -22.839129672769012
+    rhs M12_v_ge[155] -22.839129672769012
+    rhs M12_v_ge[156] -22.839129672769012
+    rhs M12_v_ge[157] -22.839129672769012
+    rhs M12_v_ge[158] -22.839129672769012
+    rhs M12_v_ge[159] -22.839129672769012
+    rhs M12_v_ge[160] -22.839129672769012
+    rhs M12_v_ge[161] -22.839129672769012
+    rhs M12_v_ge[162] -22.839129672769012
+    rhs M12_v_ge[163] -22.839129672769012
+    rhs M12_v_ge[164] -22.839129672769012
+    rhs M12_v_ge[165] -22.839129672769012
+    rhs M12_v_ge[166] -22.839129672769012
+    rhs M12_v_ge[167] -22.839129672769012
+    rhs M12_v_ge[168] -22.839129672769012
+    rhs M12_v_ge[169] -22.839129672769012
+    rhs M12_v_ge[170] -22.839129672769012
+    rhs M12_v_ge[171] -22.839129672769012
+    rhs M12_v_ge[172] -22.839129672769012
+    rhs M12_v_ge[173] -22.839129672769012
+    rhs M12_v_ge[174] -22.839129672769012
+    rhs M12_v_ge[175] -22.839129672769012
+    rhs M12_v_ge[176] -22.839129672769012
+    rhs M12_v_ge[177] -22.839129672769012
+    rhs M12_v_ge[178] -22.839129672769012
+    rhs M12_v_ge[179] -22.839129672769012
+    rhs M12_v_ge[180] -22.839129672769012
+    rhs M12_v_ge[181] -22.839129672769012
+    rhs M12_v_ge[182] -22.839129672769012
+    rhs M12_v_ge[183] -22.839129672769012
+    rhs M12_v_ge[184] -22.839129672769012
+    rhs M12_v_ge[185] -22.839129672769012
+    rhs M12_v_ge[186] -22.839129672769012
+    rhs M12_v_ge[187] -22.839129672769012
+    rhs M12_v_ge[188] -22.839129672769012
+    rhs M12_v_ge[189] -22.839129672769012
+    rhs M12_v_ge[190] -22.839129672769012
+    rhs M12_v_ge[191] -22.839129672769012
+    rhs M12_v_ge[192] -22.839129672769012
+    rhs M12_v_ge[193] -22.839129672769012
+    rhs M12_v_ge[194] -22.839129672769012
+    rhs M12_v_ge[195] -22.839129672769012
+    rhs M12_v_ge[196] -22.839129672769012
+    rhs M12_v_ge[197] -22.839129672769012
+    rhs M12_v_ge[198] -22.839129672769012
+    rhs M12_v_ge[199] -22.839129672769012
+    rhs M12_v_ge[200] -22.839129672769012
+    rhs M12_v_ge[201] -22.839129672769012
+    rhs M12_v_ge[202] -22.839129672769012
+    rhs M12_v_ge[203] -22.839129672769012
+    rhs M12_v_ge[204] -22.839129672769012
+    rhs M12_v_ge[205] -22.839129672769012
+    rhs M12_v_ge[206] -22.839129672769012
+    rhs M12_v_ge[207] -22.839129672769012
+    rhs M12_v_ge[208] -22.839129672769012
+    rhs M12_v_ge[209] -22.839129672769012
+    rhs M12_v_ge[210] -22.839129672769012
+    rhs M12_v_ge[211] -22.839129672769012
+    rhs M12_v_ge[212] -22.839129672769012
+    rhs M12_v_ge[213] -22.839129672769012
+    rhs M12_v_ge[214] -22.839129672769012
+    rhs M12_v_ge[215] -22.839129672769012
+    rhs M12_v_ge[216] -22.839129672769012
+    rhs M12_v_ge[217] -22.839129672769012
+    rhs M12_v_ge[218] -22.839129672769012
+    rhs M12_v_ge[219] -22.839129672769012
+    rhs M12_v_ge[220] -22.839129672769012
+    rhs M12_v_ge[221] -22.839129672769012
+    rhs M12_v_ge[222] -22.839129672769012
+    rhs M12_v_ge[223] -22.839129672769012
+    rhs M12_v_ge[224] -22.839129672769012
+    rhs M12_v_ge[225] -22.839129672769012
+    rhs M12_v_ge[226] -22.839129672769012
+    rhs M12_v_ge[227] -22.839129672769012
+    rhs M12_v_ge[228] -22.839129672769012
+    rhs M12_v_ge[229] -22.839129672769012
+    rhs M12_v_ge[230] -22.839129672769012
+    rhs M12_v_ge[231] -22.839129672769012
+    rhs M12_v_ge[232] -22.839129672769012
+    rhs M12_v_ge[233] -22.839129672769012
+    rhs M12_v_ge[234] -22.839129672769012
+    rhs M12_v_ge[235] -22.839129672769012
+    rhs M12_v_ge[236] -22.839129672769012
+    rhs M12_v_ge[237] -22.839129672769012
+    rhs M12_v_ge[238] -22.839129672769012
+    rhs M12_v_ge[239] -22.839129672769012
+    rhs M12_v_ge[240] -22.839129672769012
+    rhs M12_v_ge[241] -22.839129672769012
+    rhs M12_v_ge[242] -22.839129672769012
+    rhs M12_v_ge[243] -22.839129672769012
+    rhs M12_v_ge[244] -22.839129672769012
+    rhs M12_v_ge[245] -22.839129672769012
+    rhs M12_v_ge[246] -22.839129672769012
+    rhs M12_v_ge[247] -22.839129672769012
+    rhs M12_v_ge[248] -22.839129672769012
+    rhs M12_v_ge[249] -22.839129672769012
+    rhs M12_v_ge[250] -22.839129672769012
+    rhs M12_v_ge[251] -22.839129672769012
+    rhs M12_v_ge[252] -22.839129672769012
+    rhs M12_v_ge[253] -22.839129672769012
+    rhs M12_v_ge[254] -22.839129672769012
+    rhs M12_v_ge[255] -22.839129672769012
+    rhs M12_v_ge[256] -22.839129672769012
+    rhs M12_v_ge[257] -22.839129672769012
+    rhs M12_v_ge[258] -22.839129672769012
+    rhs M12_v_ge[259] -22.839129672769012
+    rhs M12_v_ge[260] -22.839129672769012
+    rhs M12_v_ge[261] -22.839129672769012
+    rhs M12_v_ge[262] -22.839129672769012
+    rhs M12_v_ge[263] -22.839129672769012
+    rhs M12_v_ge[264] -22.839129672769012
+    rhs M12_v_ge[265] -22.839129672769012
+    rhs M12_v_ge[266] -22.839129672769012
+    rhs M12_v_ge[267] -22.839129672769012
+    rhs M12_v_ge[268] -22.839129672769012
+    rhs M12_v_ge[269] -22.839129672769012
+    rhs M12_v_ge[270] -22.839129672769012
+    rhs M12_v_ge[271] -22.839129672769012
+    rhs M12_v_ge[272] -22.839129672769012
+    rhs M12_v_ge[273] -22.839129672769012
+    rhs M12_v_ge[274] -22.839129672769012
+    rhs M12_v_ge[275] -22.839129672769012
+    rhs M12_v_ge[276] -22.839129672769012
+    rhs M12_v_ge[277] -22.839129672769012
+    rhs M12_v_ge[278] -22.839129672769012
+    rhs M12_v_ge[279] -22.839129672769012
+    rhs M12_v_ge[280] -22.839129672769012
+    rhs M12_v_ge[281] -22.839129672769012
+    rhs M12_v_ge[282] -22.839129672769012
+    rhs M12_v_ge[283] -22.839129672769012
+    rhs M12_v_ge[284] -22.839129672769012
+    rhs M12_v_ge[285] -22.839129672769012
+    rhs M12_v_ge[286] -22.839129672769012
+    rhs M12_v_ge[287] -22.839129672769012
+    rhs M12_v_ge[288] -22.839129672769012
+    rhs M12_v_ge[289] -22.839129672769012
+    rhs M12_v_ge[290] -22.839129672769012
+    rhs M12_v_ge[291] -22.839129672769012
+    rhs M12_v_ge[292] -22.839129672769012
+    rhs M12_v_ge[293] -22.839129672769012
+    rhs M12_v_ge[294] -22.839129672769012
+    rhs M12_v_ge[295] -22.839129672769012
+    rhs M12_v_ge[296] -22.839129672769012
+    rhs M12_v_ge[297] -22.839129672769012
+    rhs M12_v_ge[298] -22.839129672769012
+    rhs M12_v_ge[299] -22.839129672769012
+    rhs M12_v_ge[300] -22.839129672769012
+    rhs M12_v_ge[301] -22.839129672769012
+    rhs M12_v_ge[302] -22.839129672769012
+    rhs M12_v_ge[303] -22.839129672769012
+    rhs M12_v_ge[304] -22.839129672769012
+    rhs M12_v_ge[305] -22.839129672769012
+    rhs M12_v_ge[306] -22.839129672769012
+    rhs M12_v_ge[307] -22.839129672769012
+    rhs M12_v_ge[308] -22.839129672769012
+    rhs M12_v_ge[309] -22.839129672769012
+    rhs M12_v_ge[310] -22.839129672769012
+    rhs M12_v_ge[311] -22.839129672769012
+    rhs M12_v_ge[312] -22.839129672769012
+    rhs M12_v_ge[313] -22.839129672769012
+    rhs M12_v_ge[314] -22.839129672769012
+    rhs M12_v_ge[315] -22.839129672769012
+    rhs M12_v_ge[316] -22.839129672769012
+    rhs M12_v_ge[317] -22.839129672769012
+    rhs M12_v_ge[318] -22.839129672769012
+    rhs M12_v_ge[319] -22.839129672769012
+    rhs M12_v_ge[320] -22.839129672769012
+    rhs M12_v_ge[321] -22.839129672769012
+    rhs M12_v_ge[322] -22.839129672769012
+    rhs M12_v_ge[323] -22.839129672769012
+    rhs M12_v_ge[324] -22.839129672769012
+    rhs M12_v_ge[325] -22.839129672769012
+    rhs M12_v_ge[326] -22.839129672769012
+    rhs M12_v_ge[327] -22.839129672769012
+    rhs M12_v_ge[328] -22.839129672769012
+    rhs M12_v_ge[329] -22.839129672769012
+    rhs M12_v_ge[330] -22.839129672769012
+    rhs M12_v_ge[331] -22.839129672769012
+    rhs M12_v_ge[332] -22.839129672769012
+    rhs M12_v_ge[333] -22.839129672769012
+    rhs M12_v_ge[334] -22.839129672769012
+    rhs M12_v_ge[335] -22.839129672769012
+    rhs M12_v_ge[336] -22.839129672769012
+    rhs M12_v_ge[337] -22.839129672769012
+    rhs M12_v_ge[338] -22.839129672769012
+    rhs M12_v_ge[339] -22.839129672769012
+    rhs M12_v_ge[340] -22.839129672769012
+    rhs M12_v_ge[341] -22.839129672769012
+    rhs M12_v_ge[342] -22.839129672769012
+    rhs M12_v_ge[343] -22.839129672769012
+    rhs M12_v_ge[344] -22.839129672769012
+    rhs M12_v_ge[345] -22.839129672769012
+    rhs M12_v_ge[346] -22.839129672769012
+    rhs M12_v_ge[347] -22.839129672769012
+    rhs M12_v_ge[348] -22.839129672769012
+    rhs M12_v_ge[349] -22.839129672769012
+    rhs M12_v_ge[350] -22.839129672769012
+    rhs M12_v_ge[351] -22.839129672769012
+    rhs M12_v_ge[352] -22.839129672769012
+    rhs M12_v_ge[353] -22.839129672769012
+    rhs M12_v_ge[354] -22.839129672769012
+    rhs M12_v_ge[355] -22.839129672769012
+    rhs M12_v_ge[356] -22.839129672769012
+    rhs M12_v_ge[357] -22.839129672769012
+    rhs M12_v_ge[358] -22.839129672769012
+    rhs M12_v_ge[359] -22.839129672769012
+    rhs M12_v_ge[360] -22.839129672769012
+    rhs M12_v_ge[361] -22.839129672769012
+    rhs M12_v_ge[362] -22.839129672769012
+    rhs M12_v_ge[363] -22.839129672769012
+    rhs M12_v_ge[364] -22.839129672769012
+    rhs M12_v_ge[365] -22.839129672769012
+    rhs M12_v_ge[366] -22.839129672769012
+    rhs M12_v_ge[367] -22.839129672769012
+    rhs M12_v_ge[368] -22.839129672769012
+    rhs M12_v_ge[369] -22.839129672769012
+    rhs M12_v_ge[370] -22.839129672769012
+    rhs M12_v_ge[371] -22.839129672769012
+    rhs M12_v_ge[372] -22.839129672769012
+    rhs M12_v_ge[373] -22.839129672769012
+    rhs M12_v_ge[374] -22.839129672769012
+    rhs M12_v_ge[375] -22.839129672769012
+    rhs M12_v_ge[376] -22.839129672769012
+    rhs M12_v_ge[377] -22.839129672769012
+    rhs M12_v_ge[378] -22.839129672769012
+    rhs M12_v_ge[379] -22.839129672769012
+    rhs M12_v_ge[380] -22.839129672769012
+    rhs M12_v_ge[381] -22.839129672769012
+    rhs M12_v_ge[382] -22.839129672769012
+    rhs M12_v_ge[383] -22.839129672769012
+    rhs M12_v_ge[384] -22.839129672769012
+    rhs M12_v_ge[385] -22.839129672769012
+    rhs M12_v_ge[386] -22.839129672769012
+    rhs M12_v_ge[387] -22.839129672769012
+    rhs M12_v_ge[388] -22.839129672769012
+    rhs M12_v_ge[389] -22.839129672769012
+    rhs M12_v_ge[390] -22.839129672769012
+    rhs M12_v_ge[391] -22.839129672769012
+    rhs M12_v_ge[392] -22.839129672769012
+    rhs M12_v_ge[393] -22.839129672769012
+    rhs M12_v_ge[394] -22.839129672769012
+    rhs M12_v_ge[395] -22.839129672769012
+    rhs M12_v_ge[396] -22.839129672769012
+    rhs M12_v_ge[397] -22.839129672769012
+    rhs M12_v_ge[398] -22.839129672769012
+    rhs M12_v_ge[399] -22.839129672769012
+    rhs M12_v_ge[400] -22.839129672769012
+    rhs M12_v_ge[401] -22.839129672769012
+    rhs M12_v_ge[402] -22.839129672769012
+    rhs M12_v_ge[403] -22.839129672769012
+    rhs M12_v_ge[404] -22.839129672769012
+    rhs M12_v_ge[405] -22.839129672769012
+    rhs M12_v_ge[406] -22.839129672769012
+    rhs M12_v_ge[407] -22.839129672769012
+    rhs M12_v_ge[408] -22.839129672769012
+    rhs M12_v_ge[409] -22.839129672769012
+    rhs M12_v_ge[410] -22.839129672769012
+    rhs M12_v_ge[411] -22.839129672769012
+    rhs M12_v_ge[412] -22.839129672769012
+    rhs M12_v_ge[413] -22.839129672769012
+    rhs M12_v_ge[414] -22.839129672769012
+    rhs M12_v_ge[415] -22.839129672769012
+    rhs M12_v_ge[416] -22.839129672769012
+    rhs M12_v_ge[417] -22.839129672769012
+    rhs M12_v_ge[418] -22.839129672769012
+    rhs M12_v_ge[419] -22.839129672769012
+    rhs M12_v_ge[420] -22.839129672769012
+    rhs M12_v_ge[421] -22.839129672769012
+    rhs M12_v_ge[422] -22.839129672769012
+    rhs M12_v_ge[423] -22.839129672769012
+    rhs M12_v_ge[424] -22.839129672769012
+    rhs M12_v_ge[425] -22.839129672769012
+    rhs M12_v_ge[426] -22.839129672769012
+    rhs M12_v_ge[427] -22.839129672769012
+    rhs M12_v_ge[428] -22.839129672769012
+    rhs M12_v_ge[429] -22.839129672769012
+    rhs M12_v_ge[430] -22.839129672769012
+    rhs M12_v_ge[431] -22.839129672769012
+    rhs M12_v_ge[432] -22.839129672769012
+    rhs M12_v_ge[433] -22.839129672769012
+    rhs M12_v_ge[434] -22.839129672769012
+    rhs M12_v_ge[435] -22.839129672769012
+    rhs M12_v_ge[436] -22.839129672769012
+    rhs M12_v_ge[437] -22.839129672769012
+    rhs M12_v_ge[438] -22.839129672769012
+    rhs M12_v_ge[439] -22.839129672769012
+    rhs M12_v_ge[440] -22.839129672769012
+    rhs M12_v_ge[441] -22.839129672769012
+    rhs M12_v_ge[442] -22.839129672769012
+    rhs M12_v_ge[443] -22.839129672769012
+    rhs M12_v_ge[444] -22.839129672769012
+    rhs M12_v_ge[445] -22.839129672769012
+    rhs M12_v_ge[446] -22.839129672769012
+    rhs M12_v_ge[447] -22.839129672769012
+    rhs M12_v_ge[448] -22.839129672769012
+    rhs M12_v_ge[449] -22.839129672769012
+    rhs M12_v_ge[450] -22.839129672769012
+    rhs M12_v_ge[451] -22.839129672769012
+    rhs M12_v_ge[452] -22.839129672769012
+    rhs M12_v_ge[453] -22.839129672769012
+    rhs M12_v_ge[454] -22.839129672769012
+    rhs M12_v_ge[455] -22.839129672769012
+    rhs M12_v_ge[456] -22.839129672769012
+    rhs M12_v_ge[457] -22.839129672769012
+    rhs M12_v_ge[458] -22.839129672769012
+    rhs M12_v_ge[459] -22.839129672769012
+    rhs M12_v_ge[460] -22.839129672769012
+    rhs M12_v_ge[461] -22.839129672769012
+    rhs M12_v_ge[462] -22.839129672769012
+    rhs M12_v_ge[463] -22.839129672769012
+    rhs M12_v_ge[464] -22.839129672769012
+    rhs M12_v_ge[465] -22.839129672769012
+    rhs M12_v_ge[466] -22.839129672769012
+    rhs M12_v_ge[467] -22.839129672769012
+    rhs M12_v_ge[468] -22.839129672769012
+    rhs M12_v_ge[469] -22.839129672769012
+    rhs M12_v_ge[470] -22.839129672769012
+    rhs M12_v_ge[471] -22.839129672769012
+    rhs M12_v_ge[472] -22.839129672769012
+    rhs M12_v_ge[473] -22.839129672769012
+    rhs M12_v_ge[474] -22.839129672769012
+    rhs M12_v_ge[475] -22.839129672769012
+    rhs M12_v_ge[476] -22.839129672769012
+    rhs M12_v_ge[477] -22.839129672769012
+    rhs M12_v_ge[478] -22.839129672769012
+    rhs M12_v_ge[479] -22.839129672769012
+    rhs M12_v_ge[480] -22.839129672769012
+    rhs M12_v_ge[481] -22.839129672769012
+    rhs M12_v_ge[482] -22.839129672769012
+    rhs M12_v_ge[483] -22.839129672769012
+    rhs M12_v_ge[484] -22.839129672769012
+    rhs M12_v_ge[485] -22.839129672769012
+    rhs M12_v_ge[486] -22.839129672769012
+    rhs M12_v_ge[487] -22.839129672769012
+    rhs M12_v_ge[488] -22.839129672769012
+    rhs M12_v_ge[489] -22.839129672769012
+    rhs M12_v_ge[490] -22.839129672769012
+    rhs M12_v_ge[491] -22.839129672769012
+    rhs M12_v_ge[492] -22.839129672769012
+    rhs M12_v_ge[493] -22.839129672769012
+    rhs M13_psi[us_east_h100_80_eu_west_a100_80] -22.839129672769012
+    rhs M14_x[us_east_h100_80_eu_west_a100_80] -319.7478154187662
+    rhs M13_psi[us_east_h100_80_ap_northeast_a100_40] -22.839129672769012
+    rhs M14_x[us_east_h100_80_ap_northeast_a100_40] -319.7478154187662
+    rhs M13_psi[eu_west_a100_80_us_east_h100_80] -22.839129672769012
+    rhs M14_x[eu_west_a100_80_us_east_h100_80] -319.7478154187662
+    rhs M13_psi[eu_west_a100_80_ap_northeast_a100_40] -22.839129672769012
+    rhs M14_x[eu_west_a100_80_ap_northeast_a100_40] -319.7478154187662
+    rhs M13_psi[ap_northeast_a100_40_us_east_h100_80] -22.839129672769012
+    rhs M14_x[ap_northeast_a100_40_us_east_h100_80] -319.7478154187662
+    rhs M13_psi[ap_northeast_a100_40_eu_west_a100_80] -22.839129672769012
+    rhs M14_x[ap_northeast_a100_40_eu_west_a100_80] -319.7478154187662
+    rhs M15_round_trip[us_east_h100_80_1] 319.7478154187662
+    rhs M16_round_trip_cap[us_east_h100_80] 22.839129672769012
+    rhs M15_round_trip[eu_west_a100_80_1] 319.7478154187662
+    rhs M15_round_trip[eu_west_a100_80_2] 342.5869450915352
+    rhs M16_round_trip_cap[eu_west_a100_80] 22.839129672769012
+    rhs M15_round_trip[ap_northeast_a100_40_1] 319.7478154187662
+    rhs M15_round_trip[ap_northeast_a100_40_2] 342.5869450915352
+    rhs M16_round_trip_cap[ap_northeast_a100_40] 22.839129672769012
 BOUNDS
  LO bnd y[ap_northeast_a100_40_end_0_0] 0.0
  UP bnd y[ap_northeast_a100_40_end_0_0] 1.0
@@ -16699,509 +16711,509 @@ BOUNDS
  LO bnd z[ap_northeast_a100_40_eu_west_a100_80] 0.0
  UP bnd z[ap_northeast_a100_40_eu_west_a100_80] 1.0
  LO bnd T 0.06485154528506909
- UP bnd T 3.5117768407690075
+ UP bnd T 22.839129672769012
  LO bnd U 0.009169095572339383
  UP bnd W[us_east_h100_80] 5.0
  UP bnd W[eu_west_a100_80] 5.0
  UP bnd W[ap_northeast_a100_40] 5.0
- UP bnd v[0] 3.5117768407690075
- UP bnd v[1] 3.5117768407690075
- UP bnd v[2] 3.5117768407690075
- UP bnd v[3] 3.5117768407690075
- UP bnd v[4] 3.5117768407690075
- UP bnd v[5] 3.5117768407690075
- UP bnd v[6] 3.5117768407690075
- UP bnd v[7] 3.5117768407690075
- UP bnd v[8] 3.5117768407690075
- UP bnd v[9] 3.5117768407690075
- UP bnd v[10] 3.5117768407690075
- UP bnd v[11] 3.5117768407690075
- UP bnd v[12] 3.5117768407690075
- UP bnd v[13] 3.5117768407690075
- UP bnd v[14] 3.5117768407690075
- UP bnd v[15] 3.5117768407690075
- UP bnd v[16] 3.5117768407690075
- UP bnd v[17] 3.5117768407690075
- UP bnd v[18] 3.5117768407690075
- UP bnd v[19] 3.5117768407690075
- UP bnd v[20] 3.5117768407690075
- UP bnd v[21] 3.5117768407690075
- UP bnd v[22] 3.5117768407690075
- UP bnd v[23] 3.5117768407690075
- UP bnd v[24] 3.5117768407690075
- UP bnd v[25] 3.5117768407690075
- UP bnd v[26] 3.5117768407690075
- UP bnd v[27] 3.5117768407690075
- UP bnd v[28] 3.5117768407690075
- UP bnd v[29] 3.5117768407690075
- UP bnd v[30] 3.5117768407690075
- UP bnd v[31] 3.5117768407690075
- UP bnd v[32] 3.5117768407690075
- UP bnd v[33] 3.5117768407690075
- UP bnd v[34] 3.5117768407690075
- UP bnd v[35] 3.5117768407690075
- UP bnd v[36] 3.5117768407690075
- UP bnd v[37] 3.5117768407690075
- UP bnd v[38] 3.5117768407690075
- UP bnd v[39] 3.5117768407690075
- UP bnd v[40] 3.5117768407690075
- UP bnd v[41] 3.5117768407690075
- UP bnd v[42] 3.5117768407690075
- UP bnd v[43] 3.5117768407690075
- UP bnd v[44] 3.5117768407690075
- UP bnd v[45] 3.5117768407690075
- UP bnd v[46] 3.5117768407690075
- UP bnd v[47] 3.5117768407690075
- UP bnd v[48] 3.5117768407690075
- UP bnd v[49] 3.5117768407690075
- UP bnd v[50] 3.5117768407690075
- UP bnd v[51] 3.5117768407690075
- UP bnd v[52] 3.5117768407690075
- UP bnd v[53] 3.5117768407690075
- UP bnd v[54] 3.5117768407690075
- UP bnd v[55] 3.5117768407690075
- UP bnd v[56] 3.5117768407690075
- UP bnd v[57] 3.5117768407690075
- UP bnd v[58] 3.5117768407690075
- UP bnd v[59] 3.5117768407690075
- UP bnd v[60] 3.5117768407690075
- UP bnd v[61] 3.5117768407690075
- UP bnd v[62] 3.5117768407690075
- UP bnd v[63] 3.5117768407690075
- UP bnd v[64] 3.5117768407690075
- UP bnd v[65] 3.5117768407690075
- UP bnd v[66] 3.5117768407690075
- UP bnd v[67] 3.5117768407690075
- UP bnd v[68] 3.5117768407690075
- UP bnd v[69] 3.5117768407690075
- UP bnd v[70] 3.5117768407690075
- UP bnd v[71] 3.5117768407690075
- UP bnd v[72] 3.5117768407690075
- UP bnd v[73] 3.5117768407690075
- UP bnd v[74] 3.5117768407690075
- UP bnd v[75] 3.5117768407690075
- UP bnd v[76] 3.5117768407690075
- UP bnd v[77] 3.5117768407690075
- UP bnd v[78] 3.5117768407690075
- UP bnd v[79] 3.5117768407690075
- UP bnd v[80] 3.5117768407690075
- UP bnd v[81] 3.5117768407690075
- UP bnd v[82] 3.5117768407690075
- UP bnd v[83] 3.5117768407690075
- UP bnd v[84] 3.5117768407690075
- UP bnd v[85] 3.5117768407690075
- UP bnd v[86] 3.5117768407690075
- UP bnd v[87] 3.5117768407690075
- UP bnd v[88] 3.5117768407690075
- UP bnd v[89] 3.5117768407690075
- UP bnd v[90] 3.5117768407690075
- UP bnd v[91] 3.5117768407690075
- UP bnd v[92] 3.5117768407690075
- UP bnd v[93] 3.5117768407690075
- UP bnd v[94] 3.5117768407690075
- UP bnd v[95] 3.5117768407690075
- UP bnd v[96] 3.5117768407690075
- UP bnd v[97] 3.5117768407690075
- UP bnd v[98] 3.5117768407690075
- UP bnd v[99] 3.5117768407690075
- UP bnd v[100] 3.5117768407690075
- UP bnd v[101] 3.5117768407690075
- UP bnd v[102] 3.5117768407690075
- UP bnd v[103] 3.5117768407690075
- UP bnd v[104] 3.5117768407690075
- UP bnd v[105] 3.5117768407690075
- UP bnd v[106] 3.5117768407690075
- UP bnd v[107] 3.5117768407690075
- UP bnd v[108] 3.5117768407690075
- UP bnd v[109] 3.5117768407690075
- UP bnd v[110] 3.5117768407690075
- UP bnd v[111] 3.5117768407690075
- UP bnd v[112] 3.5117768407690075
- UP bnd v[113] 3.5117768407690075
- UP bnd v[114] 3.5117768407690075
- UP bnd v[115] 3.5117768407690075
- UP bnd v[116] 3.5117768407690075
- UP bnd v[117] 3.5117768407690075
- UP bnd v[118] 3.5117768407690075
- UP bnd v[119] 3.5117768407690075
- UP bnd v[120] 3.5117768407690075
- UP bnd v[121] 3.5117768407690075
- UP bnd v[122] 3.5117768407690075
- UP bnd v[123] 3.5117768407690075
- UP bnd v[124] 3.5117768407690075
- UP bnd v[125] 3.5117768407690075
- UP bnd v[126] 3.5117768407690075
- UP bnd v[127] 3.5117768407690075
- UP bnd v[128] 3.5117768407690075
- UP bnd v[129] 3.5117768407690075
- UP bnd v[130] 3.5117768407690075
- UP bnd v[131] 3.5117768407690075
- UP bnd v[132] 3.5117768407690075
- UP bnd v[133] 3.5117768407690075
- UP bnd v[134] 3.5117768407690075
- UP bnd v[135] 3.5117768407690075
- UP bnd v[136] 3.5117768407690075
- UP bnd v[137] 3.5117768407690075
- UP bnd v[138] 3.5117768407690075
- UP bnd v[139] 3.5117768407690075
- UP bnd v[140] 3.5117768407690075
- UP bnd v[141] 3.5117768407690075
- UP bnd v[142] 3.5117768407690075
- UP bnd v[143] 3.5117768407690075
- UP bnd v[144] 3.5117768407690075
- UP bnd v[145] 3.5117768407690075
- UP bnd v[146] 3.5117768407690075
- UP bnd v[147] 3.5117768407690075
- UP bnd v[148] 3.5117768407690075
- UP bnd v[149] 3.5117768407690075
- UP bnd v[150] 3.5117768407690075
- UP bnd v[151] 3.5117768407690075
- UP bnd v[152] 3.5117768407690075
- UP bnd v[153] 3.5117768407690075
- UP bnd v[154] 3.5117768407690075
- UP bnd v[155] 3.5117768407690075
- UP bnd v[156] 3.5117768407690075
- UP bnd v[157] 3.5117768407690075
- UP bnd v[158] 3.5117768407690075
- UP bnd v[159] 3.5117768407690075
- UP bnd v[160] 3.5117768407690075
- UP bnd v[161] 3.5117768407690075
- UP bnd v[162] 3.5117768407690075
- UP bnd v[163] 3.5117768407690075
- UP bnd v[164] 3.5117768407690075
- UP bnd v[165] 3.5117768407690075
- UP bnd v[166] 3.5117768407690075
- UP bnd v[167] 3.5117768407690075
- UP bnd v[168] 3.5117768407690075
- UP bnd v[169] 3.5117768407690075
- UP bnd v[170] 3.5117768407690075
- UP bnd v[171] 3.5117768407690075
- UP bnd v[172] 3.5117768407690075
- UP bnd v[173] 3.5117768407690075
- UP bnd v[174] 3.5117768407690075
- UP bnd v[175] 3.5117768407690075
- UP bnd v[176] 3.5117768407690075
- UP bnd v[177] 3.5117768407690075
- UP bnd v[178] 3.5117768407690075
- UP bnd v[179] 3.5117768407690075
- UP bnd v[180] 3.5117768407690075
- UP bnd v[181] 3.5117768407690075
- UP bnd v[182] 3.5117768407690075
- UP bnd v[183] 3.5117768407690075
- UP bnd v[184] 3.5117768407690075
- UP bnd v[185] 3.5117768407690075
- UP bnd v[186] 3.5117768407690075
- UP bnd v[187] 3.5117768407690075
- UP bnd v[188] 3.5117768407690075
- UP bnd v[189] 3.5117768407690075
- UP bnd v[190] 3.5117768407690075
- UP bnd v[191] 3.5117768407690075
- UP bnd v[192] 3.5117768407690075
- UP bnd v[193] 3.5117768407690075
- UP bnd v[194] 3.5117768407690075
- UP bnd v[195] 3.5117768407690075
- UP bnd v[196] 3.5117768407690075
- UP bnd v[197] 3.5117768407690075
- UP bnd v[198] 3.5117768407690075
- UP bnd v[199] 3.5117768407690075
- UP bnd v[200] 3.5117768407690075
- UP bnd v[201] 3.5117768407690075
- UP bnd v[202] 3.5117768407690075
- UP bnd v[203] 3.5117768407690075
- UP bnd v[204] 3.5117768407690075
- UP bnd v[205] 3.5117768407690075
- UP bnd v[206] 3.5117768407690075
- UP bnd v[207] 3.5117768407690075
- UP bnd v[208] 3.5117768407690075
- UP bnd v[209] 3.5117768407690075
- UP bnd v[210] 3.5117768407690075
- UP bnd v[211] 3.5117768407690075
- UP bnd v[212] 3.5117768407690075
- UP bnd v[213] 3.5117768407690075
- UP bnd v[214] 3.5117768407690075
- UP bnd v[215] 3.5117768407690075
- UP bnd v[216] 3.5117768407690075
- UP bnd v[217] 3.5117768407690075
- UP bnd v[218] 3.5117768407690075
- UP bnd v[219] 3.5117768407690075
- UP bnd v[220] 3.5117768407690075
- UP bnd v[221] 3.5117768407690075
- UP bnd v[222] 3.5117768407690075
- UP bnd v[223] 3.5117768407690075
- UP bnd v[224] 3.5117768407690075
- UP bnd v[225] 3.5117768407690075
- UP bnd v[226] 3.5117768407690075
- UP bnd v[227] 3.5117768407690075
- UP bnd v[228] 3.5117768407690075
- UP bnd v[229] 3.5117768407690075
- UP bnd v[230] 3.5117768407690075
- UP bnd v[231] 3.5117768407690075
- UP bnd v[232] 3.5117768407690075
- UP bnd v[233] 3.5117768407690075
- UP bnd v[234] 3.5117768407690075
- UP bnd v[235] 3.5117768407690075
- UP bnd v[236] 3.5117768407690075
- UP bnd v[237] 3.5117768407690075
- UP bnd v[238] 3.5117768407690075
- UP bnd v[239] 3.5117768407690075
- UP bnd v[240] 3.5117768407690075
- UP bnd v[241] 3.5117768407690075
- UP bnd v[242] 3.5117768407690075
- UP bnd v[243] 3.5117768407690075
- UP bnd v[244] 3.5117768407690075
- UP bnd v[245] 3.5117768407690075
- UP bnd v[246] 3.5117768407690075
- UP bnd v[247] 3.5117768407690075
- UP bnd v[248] 3.5117768407690075
- UP bnd v[249] 3.5117768407690075
- UP bnd v[250] 3.5117768407690075
- UP bnd v[251] 3.5117768407690075
- UP bnd v[252] 3.5117768407690075
- UP bnd v[253] 3.5117768407690075
- UP bnd v[254] 3.5117768407690075
- UP bnd v[255] 3.5117768407690075
- UP bnd v[256] 3.5117768407690075
- UP bnd v[257] 3.5117768407690075
- UP bnd v[258] 3.5117768407690075
- UP bnd v[259] 3.5117768407690075
- UP bnd v[260] 3.5117768407690075
- UP bnd v[261] 3.5117768407690075
- UP bnd v[262] 3.5117768407690075
- UP bnd v[263] 3.5117768407690075
- UP bnd v[264] 3.5117768407690075
- UP bnd v[265] 3.5117768407690075
- UP bnd v[266] 3.5117768407690075
- UP bnd v[267] 3.5117768407690075
- UP bnd v[268] 3.5117768407690075
- UP bnd v[269] 3.5117768407690075
- UP bnd v[270] 3.5117768407690075
- UP bnd v[271] 3.5117768407690075
- UP bnd v[272] 3.5117768407690075
- UP bnd v[273] 3.5117768407690075
- UP bnd v[274] 3.5117768407690075
- UP bnd v[275] 3.5117768407690075
- UP bnd v[276] 3.5117768407690075
- UP bnd v[277] 3.5117768407690075
- UP bnd v[278] 3.5117768407690075
- UP bnd v[279] 3.5117768407690075
- UP bnd v[280] 3.5117768407690075
- UP bnd v[281] 3.5117768407690075
- UP bnd v[282] 3.5117768407690075
- UP bnd v[283] 3.5117768407690075
- UP bnd v[284] 3.5117768407690075
- UP bnd v[285] 3.5117768407690075
- UP bnd v[286] 3.5117768407690075
- UP bnd v[287] 3.5117768407690075
- UP bnd v[288] 3.5117768407690075
- UP bnd v[289] 3.5117768407690075
- UP bnd v[290] 3.5117768407690075
- UP bnd v[291] 3.5117768407690075
- UP bnd v[292] 3.5117768407690075
- UP bnd v[293] 3.5117768407690075
- UP bnd v[294] 3.5117768407690075
- UP bnd v[295] 3.5117768407690075
- UP bnd v[296] 3.5117768407690075
- UP bnd v[297] 3.5117768407690075
- UP bnd v[298] 3.5117768407690075
- UP bnd v[299] 3.5117768407690075
- UP bnd v[300] 3.5117768407690075
- UP bnd v[301] 3.5117768407690075
- UP bnd v[302] 3.5117768407690075
- UP bnd v[303] 3.5117768407690075
- UP bnd v[304] 3.5117768407690075
- UP bnd v[305] 3.5117768407690075
- UP bnd v[306] 3.5117768407690075
- UP bnd v[307] 3.5117768407690075
- UP bnd v[308] 3.5117768407690075
- UP bnd v[309] 3.5117768407690075
- UP bnd v[310] 3.5117768407690075
- UP bnd v[311] 3.5117768407690075
- UP bnd v[312] 3.5117768407690075
- UP bnd v[313] 3.5117768407690075
- UP bnd v[314] 3.5117768407690075
- UP bnd v[315] 3.5117768407690075
- UP bnd v[316] 3.5117768407690075
- UP bnd v[317] 3.5117768407690075
- UP bnd v[318] 3.5117768407690075
- UP bnd v[319] 3.5117768407690075
- UP bnd v[320] 3.5117768407690075
- UP bnd v[321] 3.5117768407690075
- UP bnd v[322] 3.5117768407690075
- UP bnd v[323] 3.5117768407690075
- UP bnd v[324] 3.5117768407690075
- UP bnd v[325] 3.5117768407690075
- UP bnd v[326] 3.5117768407690075
- UP bnd v[327] 3.5117768407690075
- UP bnd v[328] 3.5117768407690075
- UP bnd v[329] 3.5117768407690075
- UP bnd v[330] 3.5117768407690075
- UP bnd v[331] 3.5117768407690075
- UP bnd v[332] 3.5117768407690075
- UP bnd v[333] 3.5117768407690075
- UP bnd v[334] 3.5117768407690075
- UP bnd v[335] 3.5117768407690075
- UP bnd v[336] 3.5117768407690075
- UP bnd v[337] 3.5117768407690075
- UP bnd v[338] 3.5117768407690075
- UP bnd v[339] 3.5117768407690075
- UP bnd v[340] 3.5117768407690075
- UP bnd v[341] 3.5117768407690075
- UP bnd v[342] 3.5117768407690075
- UP bnd v[343] 3.5117768407690075
- UP bnd v[344] 3.5117768407690075
- UP bnd v[345] 3.5117768407690075
- UP bnd v[346] 3.5117768407690075
- UP bnd v[347] 3.5117768407690075
- UP bnd v[348] 3.5117768407690075
- UP bnd v[349] 3.5117768407690075
- UP bnd v[350] 3.5117768407690075
- UP bnd v[351] 3.5117768407690075
- UP bnd v[352] 3.5117768407690075
- UP bnd v[353] 3.5117768407690075
- UP bnd v[354] 3.5117768407690075
- UP bnd v[355] 3.5117768407690075
- UP bnd v[356] 3.5117768407690075
- UP bnd v[357] 3.5117768407690075
- UP bnd v[358] 3.5117768407690075
- UP bnd v[359] 3.5117768407690075
- UP bnd v[360] 3.5117768407690075
- UP bnd v[361] 3.5117768407690075
- UP bnd v[362] 3.5117768407690075
- UP bnd v[363] 3.5117768407690075
- UP bnd v[364] 3.5117768407690075
- UP bnd v[365] 3.5117768407690075
- UP bnd v[366] 3.5117768407690075
- UP bnd v[367] 3.5117768407690075
- UP bnd v[368] 3.5117768407690075
- UP bnd v[369] 3.5117768407690075
- UP bnd v[370] 3.5117768407690075
- UP bnd v[371] 3.5117768407690075
- UP bnd v[372] 3.5117768407690075
- UP bnd v[373] 3.5117768407690075
- UP bnd v[374] 3.5117768407690075
- UP bnd v[375] 3.5117768407690075
- UP bnd v[376] 3.5117768407690075
- UP bnd v[377] 3.5117768407690075
- UP bnd v[378] 3.5117768407690075
- UP bnd v[379] 3.5117768407690075
- UP bnd v[380] 3.5117768407690075
- UP bnd v[381] 3.5117768407690075
- UP bnd v[382] 3.5117768407690075
- UP bnd v[383] 3.5117768407690075
- UP bnd v[384] 3.5117768407690075
- UP bnd v[385] 3.5117768407690075
- UP bnd v[386] 3.5117768407690075
- UP bnd v[387] 3.5117768407690075
- UP bnd v[388] 3.5117768407690075
- UP bnd v[389] 3.5117768407690075
- UP bnd v[390] 3.5117768407690075
- UP bnd v[391] 3.5117768407690075
- UP bnd v[392] 3.5117768407690075
- UP bnd v[393] 3.5117768407690075
- UP bnd v[394] 3.5117768407690075
- UP bnd v[395] 3.5117768407690075
- UP bnd v[396] 3.5117768407690075
- UP bnd v[397] 3.5117768407690075
- UP bnd v[398] 3.5117768407690075
- UP bnd v[399] 3.5117768407690075
- UP bnd v[400] 3.5117768407690075
- UP bnd v[401] 3.5117768407690075
- UP bnd v[402] 3.5117768407690075
- UP bnd v[403] 3.5117768407690075
- UP bnd v[404] 3.5117768407690075
- UP bnd v[405] 3.5117768407690075
- UP bnd v[406] 3.5117768407690075
- UP bnd v[407] 3.5117768407690075
- UP bnd v[408] 3.5117768407690075
- UP bnd v[409] 3.5117768407690075
- UP bnd v[410] 3.5117768407690075
- UP bnd v[411] 3.5117768407690075
- UP bnd v[412] 3.5117768407690075
- UP bnd v[413] 3.5117768407690075
- UP bnd v[414] 3.5117768407690075
- UP bnd v[415] 3.5117768407690075
- UP bnd v[416] 3.5117768407690075
- UP bnd v[417] 3.5117768407690075
- UP bnd v[418] 3.5117768407690075
- UP bnd v[419] 3.5117768407690075
- UP bnd v[420] 3.5117768407690075
- UP bnd v[421] 3.5117768407690075
- UP bnd v[422] 3.5117768407690075
- UP bnd v[423] 3.5117768407690075
- UP bnd v[424] 3.5117768407690075
- UP bnd v[425] 3.5117768407690075
- UP bnd v[426] 3.5117768407690075
- UP bnd v[427] 3.5117768407690075
- UP bnd v[428] 3.5117768407690075
- UP bnd v[429] 3.5117768407690075
- UP bnd v[430] 3.5117768407690075
- UP bnd v[431] 3.5117768407690075
- UP bnd v[432] 3.5117768407690075
- UP bnd v[433] 3.5117768407690075
- UP bnd v[434] 3.5117768407690075
- UP bnd v[435] 3.5117768407690075
- UP bnd v[436] 3.5117768407690075
- UP bnd v[437] 3.5117768407690075
- UP bnd v[438] 3.5117768407690075
- UP bnd v[439] 3.5117768407690075
- UP bnd v[440] 3.5117768407690075
- UP bnd v[441] 3.5117768407690075
- UP bnd v[442] 3.5117768407690075
- UP bnd v[443] 3.5117768407690075
- UP bnd v[444] 3.5117768407690075
- UP bnd v[445] 3.5117768407690075
- UP bnd v[446] 3.5117768407690075
- UP bnd v[447] 3.5117768407690075
- UP bnd v[448] 3.5117768407690075
- UP bnd v[449] 3.5117768407690075
- UP bnd v[450] 3.5117768407690075
- UP bnd v[451] 3.5117768407690075
- UP bnd v[452] 3.5117768407690075
- UP bnd v[453] 3.5117768407690075
- UP bnd v[454] 3.5117768407690075
- UP bnd v[455] 3.5117768407690075
- UP bnd v[456] 3.5117768407690075
- UP bnd v[457] 3.5117768407690075
- UP bnd v[458] 3.5117768407690075
- UP bnd v[459] 3.5117768407690075
- UP bnd v[460] 3.5117768407690075
- UP bnd v[461] 3.5117768407690075
- UP bnd v[462] 3.5117768407690075
- UP bnd v[463] 3.5117768407690075
- UP bnd v[464] 3.5117768407690075
- UP bnd v[465] 3.5117768407690075
- UP bnd v[466] 3.5117768407690075
- UP bnd v[467] 3.5117768407690075
- UP bnd v[468] 3.5117768407690075
- UP bnd v[469] 3.5117768407690075
- UP bnd v[470] 3.5117768407690075
- UP bnd v[471] 3.5117768407690075
- UP bnd v[472] 3.5117768407690075
- UP bnd v[473] 3.5117768407690075
- UP bnd v[474] 3.5117768407690075
- UP bnd v[475] 3.5117768407690075
- UP bnd v[476] 3.5117768407690075
- UP bnd v[477] 3.5117768407690075
- UP bnd v[478] 3.5117768407690075
- UP bnd v[479] 3.5117768407690075
- UP bnd v[480] 3.5117768407690075
- UP bnd v[481] 3.5117768407690075
- UP bnd v[482] 3.5117768407690075
- UP bnd v[483] 3.5117768407690075
- UP bnd v[484] 3.5117768407690075
- UP bnd v[485] 3.5117768407690075
- UP bnd v[486] 3.5117768407690075
- UP bnd v[487] 3.5117768407690075
- UP bnd v[488] 3.5117768407690075
- UP bnd v[489] 3.5117768407690075
- UP bnd v[490] 3.5117768407690075
- UP bnd v[491] 3.5117768407690075
- UP bnd v[492] 3.5117768407690075
- UP bnd v[493] 3.5117768407690075
- UP bnd psi[us_east_h100_80] 3.5117768407690075
- UP bnd psi[eu_west_a100_80] 3.5117768407690075
- UP bnd psi[ap_northeast_a100_40] 3.5117768407690075
- UP bnd x[us_east_h100_80] 42.1413220892281
- UP bnd x[eu_west_a100_80] 42.1413220892281
- UP bnd x[ap_northeast_a100_40] 42.1413220892281
+ UP bnd v[0] 22.839129672769012
+ UP bnd v[1] 22.839129672769012
+ UP bnd v[2] 22.839129672769012
+ UP bnd v[3] 22.839129672769012
+ UP bnd v[4] 22.839129672769012
+ UP bnd v[5] 22.839129672769012
+ UP bnd v[6] 22.839129672769012
+ UP bnd v[7] 22.839129672769012
+ UP bnd v[8] 22.839129672769012
+ UP bnd v[9] 22.839129672769012
+ UP bnd v[10] 22.839129672769012
+ UP bnd v[11] 22.839129672769012
+ UP bnd v[12] 22.839129672769012
+ UP bnd v[13] 22.839129672769012
+ UP bnd v[14] 22.839129672769012
+ UP bnd v[15] 22.839129672769012
+ UP bnd v[16] 22.839129672769012
+ UP bnd v[17] 22.839129672769012
+ UP bnd v[18] 22.839129672769012
+ UP bnd v[19] 22.839129672769012
+ UP bnd v[20] 22.839129672769012
+ UP bnd v[21] 22.839129672769012
+ UP bnd v[22] 22.839129672769012
+ UP bnd v[23] 22.839129672769012
+ UP bnd v[24] 22.839129672769012
+ UP bnd v[25] 22.839129672769012
+ UP bnd v[26] 22.839129672769012
+ UP bnd v[27] 22.839129672769012
+ UP bnd v[28] 22.839129672769012
+ UP bnd v[29] 22.839129672769012
+ UP bnd v[30] 22.839129672769012
+ UP bnd v[31] 22.839129672769012
+ UP bnd v[32] 22.839129672769012
+ UP bnd v[33] 22.839129672769012
+ UP bnd v[34] 22.839129672769012
+ UP bnd v[35] 22.839129672769012
+ UP bnd v[36] 22.839129672769012
+ UP bnd v[37] 22.839129672769012
+ UP bnd v[38] 22.839129672769012
+ UP bnd v[39] 22.839129672769012
+ UP bnd v[40] 22.839129672769012
+ UP bnd v[41] 22.839129672769012
+ UP bnd v[42] 22.839129672769012
+ UP bnd v[43] 22.839129672769012
+ UP bnd v[44] 22.839129672769012
+ UP bnd v[45] 22.839129672769012
+ UP bnd v[46] 22.839129672769012
+ UP bnd v[47] 22.839129672769012
+ UP bnd v[48] 22.839129672769012
+ UP bnd v[49] 22.839129672769012
+ UP bnd v[50] 22.839129672769012
+ UP bnd v[51] 22.839129672769012
+ UP bnd v[52] 22.839129672769012
+ UP bnd v[53] 22.839129672769012
+ UP bnd v[54] 22.839129672769012
+ UP bnd v[55] 22.839129672769012
+ UP bnd v[56] 22.839129672769012
+ UP bnd v[57] 22.839129672769012
+ UP bnd v[58] 22.839129672769012
+ UP bnd v[59] 22.839129672769012
+ UP bnd v[60] 22.839129672769012
+ UP bnd v[61] 22.839129672769012
+ UP bnd v[62] 22.839129672769012
+ UP bnd v[63] 22.839129672769012
+ UP bnd v[64] 22.839129672769012
+ UP bnd v[65] 22.839129672769012
+ UP bnd v[66] 22.839129672769012
+ UP bnd v[67] 22.839129672769012
+ UP bnd v[68] 22.839129672769012
+ UP bnd v[69] 22.839129672769012
+ UP bnd v[70] 22.839129672769012
+ UP bnd v[71] 22.839129672769012
+ UP bnd v[72] 22.839129672769012
+ UP bnd v[73] 22.839129672769012
+ UP bnd v[74] 22.839129672769012
+ UP bnd v[75] 22.839129672769012
+ UP bnd v[76] 22.839129672769012
+ UP bnd v[77] 22.839129672769012
+ UP bnd v[78] 22.839129672769012
+ UP bnd v[79] 22.839129672769012
+ UP bnd v[80] 22.839129672769012
+ UP bnd v[81] 22.839129672769012
+ UP bnd v[82] 22.839129672769012
+ UP bnd v[83] 22.839129672769012
+ UP bnd v[84] 22.839129672769012
+ UP bnd v[85] 22.839129672769012
+ UP bnd v[86] 22.839129672769012
+ UP bnd v[87] 22.839129672769012
+ UP bnd v[88] 22.839129672769012
+ UP bnd v[89] 22.839129672769012
+ UP bnd v[90] 22.839129672769012
+ UP bnd v[91] 22.839129672769012
+ UP bnd v[92] 22.839129672769012
+ UP bnd v[93] 22.839129672769012
+ UP bnd v[94] 22.839129672769012
+ UP bnd v[95] 22.839129672769012
+ UP bnd v[96] 22.839129672769012
+ UP bnd v[97] 22.839129672769012
+ UP bnd v[98] 22.839129672769012
+ UP bnd v[99] 22.839129672769012
+ UP bnd v[100] 22.839129672769012
+ UP bnd v[101] 22.839129672769012
+ UP bnd v[102] 22.839129672769012
+ UP bnd v[103] 22.839129672769012
+ UP bnd v[104] 22.839129672769012
+ UP bnd v[105] 22.839129672769012
+ UP bnd v[106] 22.839129672769012
+ UP bnd v[107] 22.839129672769012
+ UP bnd v[108] 22.839129672769012
+ UP bnd v[109] 22.839129672769012
+ UP bnd v[110] 22.839129672769012
+ UP bnd v[111] 22.839129672769012
+ UP bnd v[112] 22.839129672769012
+ UP bnd v[113] 22.839129672769012
+ UP bnd v[114] 22.839129672769012
+ UP bnd v[115] 22.839129672769012
+ UP bnd v[116] 22.839129672769012
+ UP bnd v[117] 22.839129672769012
+ UP bnd v[118] 22.839129672769012
+ UP bnd v[119] 22.839129672769012
+ UP bnd v[120] 22.839129672769012
+ UP bnd v[121] 22.839129672769012
+ UP bnd v[122] 22.839129672769012
+ UP bnd v[123] 22.839129672769012
+ UP bnd v[124] 22.839129672769012
+ UP bnd v[125] 22.839129672769012
+ UP bnd v[126] 22.839129672769012
+ UP bnd v[127] 22.839129672769012
+ UP bnd v[128] 22.839129672769012
+ UP bnd v[129] 22.839129672769012
+ UP bnd v[130] 22.839129672769012
+ UP bnd v[131] 22.839129672769012
+ UP bnd v[132] 22.839129672769012
+ UP bnd v[133] 22.839129672769012
+ UP bnd v[134] 22.839129672769012
+ UP bnd v[135] 22.839129672769012
+ UP bnd v[136] 22.839129672769012
+ UP bnd v[137] 22.839129672769012
+ UP bnd v[138] 22.839129672769012
+ UP bnd v[139] 22.839129672769012
+ UP bnd v[140] 22.839129672769012
+ UP bnd v[141] 22.839129672769012
+ UP bnd v[142] 22.839129672769012
+ UP bnd v[143] 22.839129672769012
+ UP bnd v[144] 22.839129672769012
+ UP bnd v[145] 22.839129672769012
+ UP bnd v[146] 22.839129672769012
+ UP bnd v[147] 22.839129672769012
+ UP bnd v[148] 22.839129672769012
+ UP bnd v[149] 22.839129672769012
+ UP bnd v[150] 22.839129672769012
+ UP bnd v[151] 22.839129672769012
+ UP bnd v[152] 22.839129672769012
+ UP bnd v[153] 22.839129672769012
+ UP bnd v[154] 22.839129672769012
+ UP bnd v[155] 22.839129672769012
+ UP bnd v[156] 22.839129672769012
+ UP bnd v[157] 22.839129672769012
+ UP bnd v[158] 22.839129672769012
+ UP bnd v[159] 22.839129672769012
+ UP bnd v[160] 22.839129672769012
+ UP bnd v[161] 22.839129672769012
+ UP bnd v[162] 22.839129672769012
+ UP bnd v[163] 22.839129672769012
+ UP bnd v[164] 22.839129672769012
+ UP bnd v[165] 22.839129672769012
+ UP bnd v[166] 22.839129672769012
+ UP bnd v[167] 22.839129672769012
+ UP bnd v[168] 22.839129672769012
+ UP bnd v[169] 22.839129672769012
+ UP bnd v[170] 22.839129672769012
+ UP bnd v[171] 22.839129672769012
+ UP bnd v[172] 22.839129672769012
+ UP bnd v[173] 22.839129672769012
+ UP bnd v[174] 22.839129672769012
+ UP bnd v[175] 22.839129672769012
+ UP bnd v[176] 22.839129672769012
+ UP bnd v[177] 22.839129672769012
+ UP bnd v[178] 22.839129672769012
+ UP bnd v[179] 22.839129672769012
+ UP bnd v[180] 22.839129672769012
+ UP bnd v[181] 22.839129672769012
+ UP bnd v[182] 22.839129672769012
+ UP bnd v[183] 22.839129672769012
+ UP bnd v[184] 22.839129672769012
+ UP bnd v[185] 22.839129672769012
+ UP bnd v[186] 22.839129672769012
+ UP bnd v[187] 22.839129672769012
+ UP bnd v[188] 22.839129672769012
+ UP bnd v[189] 22.839129672769012
+ UP bnd v[190] 22.839129672769012
+ UP bnd v[191] 22.839129672769012
+ UP bnd v[192] 22.839129672769012
+ UP bnd v[193] 22.839129672769012
+ UP bnd v[194] 22.839129672769012
+ UP bnd v[195] 22.839129672769012
+ UP bnd v[196] 22.839129672769012
+ UP bnd v[197] 22.839129672769012
+ UP bnd v[198] 22.839129672769012
+ UP bnd v[199] 22.839129672769012
+ UP bnd v[200] 22.839129672769012
+ UP bnd v[201] 22.839129672769012
+ UP bnd v[202] 22.839129672769012
+ UP bnd v[203] 22.839129672769012
+ UP bnd v[204] 22.839129672769012
+ UP bnd v[205] 22.839129672769012
+ UP bnd v[206] 22.839129672769012
+ UP bnd v[207] 22.839129672769012
+ UP bnd v[208] 22.839129672769012
+ UP bnd v[209] 22.839129672769012
+ UP bnd v[210] 22.839129672769012
+ UP bnd v[211] 22.839129672769012
+ UP bnd v[212] 22.839129672769012
+ UP bnd v[213] 22.839129672769012
+ UP bnd v[214] 22.839129672769012
+ UP bnd v[215] 22.839129672769012
+ UP bnd v[216] 22.839129672769012
+ UP bnd v[217] 22.839129672769012
+ UP bnd v[218] 22.839129672769012
+ UP bnd v[219] 22.839129672769012
+ UP bnd v[220] 22.839129672769012
+ UP bnd v[221] 22.839129672769012
+ UP bnd v[222] 22.839129672769012
+ UP bnd v[223] 22.839129672769012
+ UP bnd v[224] 22.839129672769012
+ UP bnd v[225] 22.839129672769012
+ UP bnd v[226] 22.839129672769012
+ UP bnd v[227] 22.839129672769012
+ UP bnd v[228] 22.839129672769012
+ UP bnd v[229] 22.839129672769012
+ UP bnd v[230] 22.839129672769012
+ UP bnd v[231] 22.839129672769012
+ UP bnd v[232] 22.839129672769012
+ UP bnd v[233] 22.839129672769012
+ UP bnd v[234] 22.839129672769012
+ UP bnd v[235] 22.839129672769012
+ UP bnd v[236] 22.839129672769012
+ UP bnd v[237] 22.839129672769012
+ UP bnd v[238] 22.839129672769012
+ UP bnd v[239] 22.839129672769012
+ UP bnd v[240] 22.839129672769012
+ UP bnd v[241] 22.839129672769012
+ UP bnd v[242] 22.839129672769012
+ UP bnd v[243] 22.839129672769012
+ UP bnd v[244] 22.839129672769012
+ UP bnd v[245] 22.839129672769012
+ UP bnd v[246] 22.839129672769012
+ UP bnd v[247] 22.839129672769012
+ UP bnd v[248] 22.839129672769012
+ UP bnd v[249] 22.839129672769012
+ UP bnd v[250] 22.839129672769012
+ UP bnd v[251] 22.839129672769012
+ UP bnd v[252] 22.839129672769012
+ UP bnd v[253] 22.839129672769012
+ UP bnd v[254] 22.839129672769012
+ UP bnd v[255] 22.839129672769012
+ UP bnd v[256] 22.839129672769012
+ UP bnd v[257] 22.839129672769012
+ UP bnd v[258] 22.839129672769012
+ UP bnd v[259] 22.839129672769012
+ UP bnd v[260] 22.839129672769012
+ UP bnd v[261] 22.839129672769012
+ UP bnd v[262] 22.839129672769012
+ UP bnd v[263] 22.839129672769012
+ UP bnd v[264] 22.839129672769012
+ UP bnd v[265] 22.839129672769012
+ UP bnd v[266] 22.839129672769012
+ UP bnd v[267] 22.839129672769012
+ UP bnd v[268] 22.839129672769012
+ UP bnd v[269] 22.839129672769012
+ UP bnd v[270] 22.839129672769012
+ UP bnd v[271] 22.839129672769012
+ UP bnd v[272] 22.839129672769012
+ UP bnd v[273] 22.839129672769012
+ UP bnd v[274] 22.839129672769012
+ UP bnd v[275] 22.839129672769012
+ UP bnd v[276] 22.839129672769012
+ UP bnd v[277] 22.839129672769012
+ UP bnd v[278] 22.839129672769012
+ UP bnd v[279] 22.839129672769012
+ UP bnd v[280] 22.839129672769012
+ UP bnd v[281] 22.839129672769012
+ UP bnd v[282] 22.839129672769012
+ UP bnd v[283] 22.839129672769012
+ UP bnd v[284] 22.839129672769012
+ UP bnd v[285] 22.839129672769012
+ UP bnd v[286] 22.839129672769012
+ UP bnd v[287] 22.839129672769012
+ UP bnd v[288] 22.839129672769012
+ UP bnd v[289] 22.839129672769012
+ UP bnd v[290] 22.839129672769012
+ UP bnd v[291] 22.839129672769012
+ UP bnd v[292] 22.839129672769012
+ UP bnd v[293] 22.839129672769012
+ UP bnd v[294] 22.839129672769012
+ UP bnd v[295] 22.839129672769012
+ UP bnd v[296] 22.839129672769012
+ UP bnd v[297] 22.839129672769012
+ UP bnd v[298] 22.839129672769012
+ UP bnd v[299] 22.839129672769012
+ UP bnd v[300] 22.839129672769012
+ UP bnd v[301] 22.839129672769012
+ UP bnd v[302] 22.839129672769012
+ UP bnd v[303] 22.839129672769012
+ UP bnd v[304] 22.839129672769012
+ UP bnd v[305] 22.839129672769012
+ UP bnd v[306] 22.839129672769012
+ UP bnd v[307] 22.839129672769012
+ UP bnd v[308] 22.839129672769012
+ UP bnd v[309] 22.839129672769012
+ UP bnd v[310] 22.839129672769012
+ UP bnd v[311] 22.839129672769012
+ UP bnd v[312] 22.839129672769012
+ UP bnd v[313] 22.839129672769012
+ UP bnd v[314] 22.839129672769012
+ UP bnd v[315] 22.839129672769012
+ UP bnd v[316] 22.839129672769012
+ UP bnd v[317] 22.839129672769012
+ UP bnd v[318] 22.839129672769012
+ UP bnd v[319] 22.839129672769012
+ UP bnd v[320] 22.839129672769012
+ UP bnd v[321] 22.839129672769012
+ UP bnd v[322] 22.839129672769012
+ UP bnd v[323] 22.839129672769012
+ UP bnd v[324] 22.839129672769012
+ UP bnd v[325] 22.839129672769012
+ UP bnd v[326] 22.839129672769012
+ UP bnd v[327] 22.839129672769012
+ UP bnd v[328] 22.839129672769012
+ UP bnd v[329] 22.839129672769012
+ UP bnd v[330] 22.839129672769012
+ UP bnd v[331] 22.839129672769012
+ UP bnd v[332] 22.839129672769012
+ UP bnd v[333] 22.839129672769012
+ UP bnd v[334] 22.839129672769012
+ UP bnd v[335] 22.839129672769012
+ UP bnd v[336] 22.839129672769012
+ UP bnd v[337] 22.839129672769012
+ UP bnd v[338] 22.839129672769012
+ UP bnd v[339] 22.839129672769012
+ UP bnd v[340] 22.839129672769012
+ UP bnd v[341] 22.839129672769012
+ UP bnd v[342] 22.839129672769012
+ UP bnd v[343] 22.839129672769012
+ UP bnd v[344] 22.839129672769012
+ UP bnd v[345] 22.839129672769012
+ UP bnd v[346] 22.839129672769012
+ UP bnd v[347] 22.839129672769012
+ UP bnd v[348] 22.839129672769012
+ UP bnd v[349] 22.839129672769012
+ UP bnd v[350] 22.839129672769012
+ UP bnd v[351] 22.839129672769012
+ UP bnd v[352] 22.839129672769012
+ UP bnd v[353] 22.839129672769012
+ UP bnd v[354] 22.839129672769012
+ UP bnd v[355] 22.839129672769012
+ UP bnd v[356] 22.839129672769012
+ UP bnd v[357] 22.839129672769012
+ UP bnd v[358] 22.839129672769012
+ UP bnd v[359] 22.839129672769012
+ UP bnd v[360] 22.839129672769012
+ UP bnd v[361] 22.839129672769012
+ UP bnd v[362] 22.839129672769012
+ UP bnd v[363] 22.839129672769012
+ UP bnd v[364] 22.839129672769012
+ UP bnd v[365] 22.839129672769012
+ UP bnd v[366] 22.839129672769012
+ UP bnd v[367] 22.839129672769012
+ UP bnd v[368] 22.839129672769012
+ UP bnd v[369] 22.839129672769012
+ UP bnd v[370] 22.839129672769012
+ UP bnd v[371] 22.839129672769012
+ UP bnd v[372] 22.839129672769012
+ UP bnd v[373] 22.839129672769012
+ UP bnd v[374] 22.839129672769012
+ UP bnd v[375] 22.839129672769012
+ UP bnd v[376] 22.839129672769012
+ UP bnd v[377] 22.839129672769012
+ UP bnd v[378] 22.839129672769012
+ UP bnd v[379] 22.839129672769012
+ UP bnd v[380] 22.839129672769012
+ UP bnd v[381] 22.839129672769012
+ UP bnd v[382] 22.839129672769012
+ UP bnd v[383] 22.839129672769012
+ UP bnd v[384] 22.839129672769012
+ UP bnd v[385] 22.839129672769012
+ UP bnd v[386] 22.839129672769012
+ UP bnd v[387] 22.839129672769012
+ UP bnd v[388] 22.839129672769012
+ UP bnd v[389] 22.839129672769012
+ UP bnd v[390] 22.839129672769012
+ UP bnd v[391] 22.839129672769012
+ UP bnd v[392] 22.839129672769012
+ UP bnd v[393] 22.839129672769012
+ UP bnd v[394] 22.839129672769012
+ UP bnd v[395] 22.839129672769012
+ UP bnd v[396] 22.839129672769012
+ UP bnd v[397] 22.839129672769012
+ UP bnd v[398] 22.839129672769012
+ UP bnd v[399] 22.839129672769012
+ UP bnd v[400] 22.839129672769012
+ UP bnd v[401] 22.839129672769012
+ UP bnd v[402] 22.839129672769012
+ UP bnd v[403] 22.839129672769012
+ UP bnd v[404] 22.839129672769012
+ UP bnd v[405] 22.839129672769012
+ UP bnd v[406] 22.839129672769012
+ UP bnd v[407] 22.839129672769012
+ UP bnd v[408] 22.839129672769012
+ UP bnd v[409] 22.839129672769012
+ UP bnd v[410] 22.839129672769012
+ UP bnd v[411] 22.839129672769012
+ UP bnd v[412] 22.839129672769012
+ UP bnd v[413] 22.839129672769012
+ UP bnd v[414] 22.839129672769012
+ UP bnd v[415] 22.839129672769012
+ UP bnd v[416] 22.839129672769012
+ UP bnd v[417] 22.839129672769012
+ UP bnd v[418] 22.839129672769012
+ UP bnd v[419] 22.839129672769012
+ UP bnd v[420] 22.839129672769012
+ UP bnd v[421] 22.839129672769012
+ UP bnd v[422] 22.839129672769012
+ UP bnd v[423] 22.839129672769012
+ UP bnd v[424] 22.839129672769012
+ UP bnd v[425] 22.839129672769012
+ UP bnd v[426] 22.839129672769012
+ UP bnd v[427] 22.839129672769012
+ UP bnd v[428] 22.839129672769012
+ UP bnd v[429] 22.839129672769012
+ UP bnd v[430] 22.839129672769012
+ UP bnd v[431] 22.839129672769012
+ UP bnd v[432] 22.839129672769012
+ UP bnd v[433] 22.839129672769012
+ UP bnd v[434] 22.839129672769012
+ UP bnd v[435] 22.839129672769012
+ UP bnd v[436] 22.839129672769012
+ UP bnd v[437] 22.839129672769012
+ UP bnd v[438] 22.839129672769012
+ UP bnd v[439] 22.839129672769012
+ UP bnd v[440] 22.839129672769012
+ UP bnd v[441] 22.839129672769012
+ UP bnd v[442] 22.839129672769012
+ UP bnd v[443] 22.839129672769012
+ UP bnd v[444] 22.839129672769012
+ UP bnd v[445] 22.839129672769012
+ UP bnd v[446] 22.839129672769012
+ UP bnd v[447] 22.839129672769012
+ UP bnd v[448] 22.839129672769012
+ UP bnd v[449] 22.839129672769012
+ UP bnd v[450] 22.839129672769012
+ UP bnd v[451] 22.839129672769012
+ UP bnd v[452] 22.839129672769012
+ UP bnd v[453] 22.839129672769012
+ UP bnd v[454] 22.839129672769012
+ UP bnd v[455] 22.839129672769012
+ UP bnd v[456] 22.839129672769012
+ UP bnd v[457] 22.839129672769012
+ UP bnd v[458] 22.839129672769012
+ UP bnd v[459] 22.839129672769012
+ UP bnd v[460] 22.839129672769012
+ UP bnd v[461] 22.839129672769012
+ UP bnd v[462] 22.839129672769012
+ UP bnd v[463] 22.839129672769012
+ UP bnd v[464] 22.839129672769012
+ UP bnd v[465] 22.839129672769012
+ UP bnd v[466] 22.839129672769012
+ UP bnd v[467] 22.839129672769012
+ UP bnd v[468] 22.839129672769012
+ UP bnd v[469] 22.839129672769012
+ UP bnd v[470] 22.839129672769012
+ UP bnd v[471] 22.839129672769012
+ UP bnd v[472] 22.839129672769012
+ UP bnd v[473] 22.839129672769012
+ UP bnd v[474] 22.839129672769012
+ UP bnd v[475] 22.839129672769012
+ UP bnd v[476] 22.839129672769012
+ UP bnd v[477] 22.839129672769012
+ UP bnd v[478] 22.839129672769012
+ UP bnd v[479] 22.839129672769012
+ UP bnd v[480] 22.839129672769012
+ UP bnd v[481] 22.839129672769012
+ UP bnd v[482] 22.839129672769012
+ UP bnd v[483] 22.839129672769012
+ UP bnd v[484] 22.839129672769012
+ UP bnd v[485] 22.839129672769012
+ UP bnd v[486] 22.839129672769012
+ UP bnd v[487] 22.839129672769012
+ UP bnd v[488] 22.839129672769012
+ UP bnd v[489] 22.839129672769012
+ UP bnd v[490] 22.839129672769012
+ UP bnd v[491] 22.839129672769012
+ UP bnd v[492] 22.839129672769012
+ UP bnd v[493] 22.839129672769012
+ UP bnd psi[us_east_h100_80] 22.839129672769012
+ UP bnd psi[eu_west_a100_80] 22.839129672769012
+ UP bnd psi[ap_northeast_a100_40] 22.839129672769012
+ UP bnd x[us_east_h100_80] 274.06955607322817
+ UP bnd x[eu_west_a100_80] 274.06955607322817
+ UP bnd x[ap_northeast_a100_40] 274.06955607322817
 ENDATA

@@ -437,6 +437,7 @@ def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float
 def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit, float], options: PlanOptions,
             solver: str, wall: float) -> PlanResult:
     lb = _global_lb(lbs, best)
+    solver = solver or f"none ({options.solver} not needed: the relaxation bounds certified the result)"
     if best is None or best.plan is None:
         status = "infeasible" if not math.isfinite(lb) else "error"
         return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=lb if math.isfinite(lb) else None,
