@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure the runner's model per layer (or links between ranks) and write a profile",
-                       description=__doc__.split("\n\n")[0])
+                       description="Measure the runner's model layer by layer on this device and write a model "
+                                   "profile, or (--links) the bandwidth and latency between ranks and write the "
+                                   "link figures. torch is imported only when a measurement runs.")
     p.add_argument("instance", nargs="?", help="take the layer list (kinds and names) from this instance's model")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="JSON file to write")
     m = p.add_argument_group("model (the runner's GPT; same meaning as in `hgopt export`)")

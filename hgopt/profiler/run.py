@@ -54,6 +54,9 @@ def profile_model(req: ModelRequest) -> ModelProfile:
     """Timings for every (tp, mbs) asked for; sizes from tp 1 (and per-tp shard sizes as tp_memory)."""
     if req.dtype != "float32":
         raise ValueError(f"--dtype {req.dtype}: profiles record fp32, bf16 or fp16 timings; the runner computes in float32")
+    if max(req.tps) > 1 and req.timing.device != "cpu":
+        raise ValueError("--tp > 1 is measured with one CPU process per rank (the runner's gloo tensor "
+                         "parallelism); use --device cpu")
     for tp in req.tps:
         if req.model.heads % tp or (req.model.ffn_mult * req.model.hidden) % tp:
             raise ValueError(f"--tp {tp} must divide --heads {req.model.heads} and the MLP width")
