@@ -193,6 +193,7 @@ def _worker(rank: int, world: int, init: str, s: LinkSettings) -> _Raw:
     dist.all_gather_object(everyone, raw.pairs)
     for pairs in everyone:
         raw.pairs.update(pairs)
+    dist.barrier()  # no rank tears its gloo pairs down while a peer is still in a collective
     dist.destroy_process_group()
     return raw
 

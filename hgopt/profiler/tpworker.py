@@ -26,9 +26,12 @@ def main(argv: list[str]) -> int:
     tp = TpGroup(size=size, rank=rank, group=dist.group.WORLD)
     cases = runner_layer_cases(cfg, names=payload["names"], tp=tp, seed=payload["seed"], dtype=payload["dtype"])
     sizes, timings = measure_layers(cases, payload["mbss"], TimingSettings(**payload["timing"]))
-    dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"sizes": [asdict(s) for s in sizes], "timings": [asdict(t) for t in timings]}))
+        print(json.dumps({"sizes": [asdict(s) for s in sizes], "timings": [asdict(t) for t in timings]}), flush=True)
+    # Every rank must be past its last collective before any tears its gloo pairs down: a peer closing
+    # early aborts the other ("terminate called without an active exception", seen in CI).
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
