@@ -149,3 +149,52 @@ def test_export_cli_writes_files_without_importing_torch(tmp_path: Path) -> None
     assert {p.name for p in out.iterdir()} == {"plan.json", "node0.sh", "node1.sh", "run_local.sh"}
     rp = load_runner_plan(out / "plan.json")
     assert rp.local and rp.pipelines[0].boundaries[0].fwd == "bf16" and rp.pipelines[0].boundaries[0].bwd == "fp8"
+
+
+def test_zero1_sync_groups_and_fallbacks(caplog: pytest.LogCaptureFixture) -> None:
+    """zero 1 becomes a sharded sync group where every holder asks for it and holders share one tp degree;
+    the rest keep full copies, said at INFO (no warning any more)."""
+    from dataclasses import replace
+
+    from tests.runner_plans import plan_zero_dp_tp, with_zero
+
+    with caplog.at_level("INFO", logger="hgopt.export.build"):
+        rp = build_runner_plan(plan_zero_dp_tp(), runner_instance(), ExportOptions())
+    assert [(g.start, g.end, g.ranks, g.mode, g.zero) for g in rp.sync_groups] == [
+        (0, 2, (0, 1), "shard", 1), (2, 4, (2, 4), "shard", 1), (2, 4, (3, 5), "shard", 1)]
+    assert [s.zero for s in rp.pipelines[0].stages] == [1, 1]
+    assert not caplog.records
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hgopt.export.build"):
+        mixed_tp = build_runner_plan(with_zero(plan_two_pipelines()), runner_instance(), ExportOptions())
+    assert [(g.start, g.mode, g.zero) for g in mixed_tp.sync_groups] == [(0, "full", 0), (2, "shard", 1), (3, "shard", 1)]
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "layers [0, 2) are held with different tp degrees (1, 2)" in caplog.text
+    caplog.clear()
+    plan = plan_two_pipelines()
+    half = replace(plan, pipelines=(with_zero(Plan(pipelines=plan.pipelines[:1])).pipelines[0], plan.pipelines[1]))
+    with caplog.at_level("INFO", logger="hgopt.export.build"):
+        rp = build_runner_plan(half, runner_instance(), ExportOptions())
+    assert all(g.zero == 0 for g in rp.sync_groups)
+    assert "also held by stages without zero 1" in caplog.text
+    assert all(r.levelname == "INFO" for r in caplog.records)
+
+
+def test_zero_and_device_round_trip_and_checks(tmp_path: Path) -> None:
+    from tests.runner_plans import plan_zero_dp_tp
+
+    rp = build_runner_plan(plan_zero_dp_tp(), runner_instance(), ExportOptions(device="cpu"))
+    back = load_runner_plan(write_export(rp, tmp_path).plan)
+    assert back == rp and back.device == "cpu" and back.sync_groups[0].zero == 1
+    data = rp.to_dict()
+    data["sync_groups"][0]["mode"] = "full"
+    with pytest.raises(ValueError, match=r"sync_groups\[0\]\.zero: ZeRO-1 needs holders of one tp degree"):
+        RunnerPlan.from_dict(data)
+    data = rp.to_dict()
+    data["comm"]["device"] = "gpu"
+    with pytest.raises(ValueError, match=r"comm\.device: must be one of auto, cpu, cuda, got 'gpu'"):
+        RunnerPlan.from_dict(data)
+    data = rp.to_dict()
+    del data["comm"]["device"], data["sync_groups"][0]["zero"]  # a plan exported before these fields
+    old = RunnerPlan.from_dict(data)
+    assert old.device == "auto" and old.sync_groups[0].zero == 0

@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--master-port", type=int, default=29500)
     c.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective or receive gives up")
     c.add_argument("--heartbeat-timeout", type=float, default=15.0, help="seconds without a heartbeat before a rank is declared dead")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the ranks compute: cpu (gloo), cuda (nccl, one GPU per rank), auto (cuda when the rank "
+                        "sees a GPU); the runner's --device overrides it")
     p.set_defaults(func=run)
 
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, mbs_unit=args.mbs_unit,
         microbatches=args.microbatches, checkpoint_every=args.checkpoint_every, local=args.local,
         emulate_links=args.emulate_links, link_scale=args.link_scale, master_addr=args.master_addr,
-        master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout,
+        master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout, device=args.device,
     )
     rp = build_runner_plan(plan, instance, opts)
     files = write_export(rp, args.out)

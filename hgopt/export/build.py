@@ -12,6 +12,7 @@ from typing import Literal
 from hgopt.cost.tables import bandwidth_bytes_per_s
 from hgopt.export.runner_plan import (
     BoundarySpec,
+    Device,
     Emulation,
     LinkSpec,
     ModelConfig,
@@ -64,6 +65,8 @@ class ExportOptions:
     master_port: int = 29500
     timeout_s: float = 120.0
     heartbeat_timeout_s: float = 15.0
+    device: Device = "auto"
+    """Where the ranks compute: ``cpu`` (gloo), ``cuda`` (nccl) or ``auto`` (cuda when available)."""
 
 
 def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> RunnerPlan:
@@ -83,13 +86,11 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
         clusters=tuple(c.name for c in instance.topology.clusters if any(n.cluster == c.name for n in nodes)),
         emulate_links=opts.emulate_links, local=opts.local,
         master_addr=opts.master_addr or ("127.0.0.1" if opts.local else ""), master_port=opts.master_port,
-        timeout_s=opts.timeout_s, heartbeat_timeout_s=opts.heartbeat_timeout_s,
+        timeout_s=opts.timeout_s, heartbeat_timeout_s=opts.heartbeat_timeout_s, device=opts.device,
         instance=instance.name, planner=plan.planner, meta=plan.meta,
     )
     rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
     check_runner_plan(rp, "<export>")
-    if any(s.zero for p in plan.pipelines for s in p.stages):
-        log.warning("the plan shards optimizer state (zero 1); the runner keeps a full copy on every replica")
     return rp
 
 
@@ -187,7 +188,7 @@ def _pipelines(plan: Plan, opts: ExportOptions, rank_of: dict[_Key, int]) -> tup
                     ranks = tuple(rank_of[(pi, si, gi, d, t)] for t in range(g.tp))
                     reps.append(ReplicaSpec(ranks=ranks, cluster=g.cluster, mbs=mbs, offset=row, group=gi))
                     row += mbs
-            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps)))
+            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps), zero=s.zero))
         bounds = tuple(BoundarySpec(fwd=p.boundary(k).fwd, bwd=p.boundary(k).bwd) for k in range(len(p.stages) - 1))
         rp = RunnerPipeline(stages=tuple(stages), num_microbatches=opts.microbatches or p.num_microbatches,
                             boundaries=bounds, schedule=p.schedule, sample_offset=sample_offset)
@@ -218,25 +219,48 @@ def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[Lin
 
 def _sync_groups(rp: RunnerPlan) -> tuple[SyncGroup, ...]:
     """Layers are cut at every stage start of every pipeline; each piece's holders (replicas of all
-    pipelines) all-reduce its gradients. Adjacent pieces with the same holders are merged."""
+    pipelines) all-reduce its gradients. Adjacent pieces with the same holders are merged.
+
+    ZeRO-1: a group shards the optimizer state over its members when every holder's stage asks for
+    ``zero 1`` and the holders share one tp degree (one group per tp rank, so each member shards the
+    same tp shard). Otherwise its holders keep full copies, which is logged at INFO."""
     cuts = sorted({s.start for p in rp.pipelines for s in p.stages} | {rp.model.num_layers})
-    merged: list[tuple[int, int, tuple[ReplicaSpec, ...]]] = []
+    merged: list[tuple[int, int, tuple[tuple[ReplicaSpec, int], ...]]] = []
     for lo, hi in zip(cuts, cuts[1:]):
-        holders = tuple(rep for p in rp.pipelines for s in p.stages if s.start <= lo and hi <= s.end for rep in s.replicas)
+        holders = tuple((rep, s.zero) for p in rp.pipelines for s in p.stages if s.start <= lo and hi <= s.end
+                        for rep in s.replicas)
         if merged and merged[-1][2] == holders:
             merged[-1] = (merged[-1][0], hi, holders)
         else:
             merged.append((lo, hi, holders))
     out = []
-    for lo, hi, holders in merged:
+    for lo, hi, held in merged:
+        holders = tuple(h for h, _ in held)
         if len(holders) < 2:
             continue
         clusters = tuple(dict.fromkeys(h.cluster for h in holders))
         tps = {h.tp for h in holders}
+        zero = _zero_level(lo, hi, held, tps)
         if len(tps) == 1:
-            out.extend(SyncGroup(start=lo, end=hi, ranks=tuple(h.ranks[t] for h in holders), mode="shard", clusters=clusters)
-                       for t in range(tps.pop()))
+            out.extend(SyncGroup(start=lo, end=hi, ranks=tuple(h.ranks[t] for h in holders), mode="shard",
+                                 clusters=clusters, zero=zero) for t in range(tps.pop()))
         else:
             out.append(SyncGroup(start=lo, end=hi, ranks=tuple(sorted(r for h in holders for r in h.ranks)),
                                  mode="full", clusters=clusters))
     return tuple(out)
+
+
+def _zero_level(lo: int, hi: int, held: tuple[tuple[ReplicaSpec, int], ...], tps: set[int]) -> int:
+    """1 when layers ``[lo, hi)`` can have their optimizer state sharded over their holders."""
+    asked = [z for _, z in held]
+    if not any(asked):
+        return 0
+    if not all(asked):
+        log.info("zero 1: layers [%d, %d) are also held by stages without zero 1: every holder keeps the full "
+                 "optimizer state of these layers", lo, hi)
+        return 0
+    if len(tps) > 1:
+        log.info("zero 1: layers [%d, %d) are held with different tp degrees (%s): their holders keep the full "
+                 "optimizer state (sharding needs one tp degree)", lo, hi, ", ".join(str(t) for t in sorted(tps)))
+        return 0
+    return 1

@@ -26,6 +26,7 @@ __all__ = [
     "RankInfo",
     "ReplicaSpec",
     "BoundarySpec",
+    "Device",
     "RunnerPipeline",
     "RunnerPlan",
     "RunnerStage",
@@ -39,6 +40,7 @@ RUNNER_PLAN_FORMAT = "hgopt-runner-plan"
 RUNNER_PLAN_VERSION = 1
 Precision = Literal["native", "fp32", "bf16", "fp16", "fp8"]
 Emulation = Literal["off", "delay", "netns", "auto"]
+Device = Literal["auto", "cpu", "cuda"]
 ComputeDtype = Literal["float32", "float64"]
 LayerKind = Literal["embedding", "block", "head"]
 
@@ -118,6 +120,9 @@ class RunnerStage:
     start: int
     end: int
     replicas: tuple[ReplicaSpec, ...]
+    zero: int = 0
+    """The plan's ZeRO level: 1 shards the optimizer state over the holders of each layer (see
+    :attr:`SyncGroup.zero`, which says where the runner does it)."""
 
     @property
     def microbatch(self) -> int:
@@ -178,13 +183,19 @@ class SyncGroup:
 
     ``mode`` ``shard``: every member holds the same tensor-parallel shard (one group per tp rank);
     ``full``: members hold different tp degrees, so each adds its shard into a zero full-size buffer
-    (replicated parameters from tp rank 0 only) and takes its slice back after the all-reduce."""
+    (replicated parameters from tp rank 0 only) and takes its slice back after the all-reduce.
+
+    ``zero`` 1 (``shard`` mode only): ZeRO-1. The group's parameters are flattened and member ``i``
+    owns the ``i``-th contiguous slice; gradients are reduce-scattered, each member steps the
+    optimizer on its slice only (its optimizer state covers only that slice) and the updated slices
+    are all-gathered back into every member's parameters."""
 
     start: int
     end: int
     ranks: tuple[int, ...]
     mode: Literal["shard", "full"] = "shard"
     clusters: tuple[str, ...] = ()
+    zero: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -232,6 +243,9 @@ class RunnerPlan:
     """Timeout of every collective and point-to-point wait."""
     heartbeat_timeout_s: float = 15.0
     """A rank whose heartbeat stops for this long is reported dead and the others exit."""
+    device: Device = "auto"
+    """``cpu`` (gloo), ``cuda`` (nccl, one GPU per rank) or ``auto`` (cuda when the rank sees a GPU);
+    the runner's ``--device`` overrides it."""
     instance: str = ""
     planner: str = ""
     meta: tuple[tuple[str, str], ...] = field(default=())
@@ -312,7 +326,7 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   "grad_sync_precision": t.grad_sync_precision},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
                  "master_port": rp.master_port, "timeout_s": rp.timeout_s,
-                 "heartbeat_timeout_s": rp.heartbeat_timeout_s},
+                 "heartbeat_timeout_s": rp.heartbeat_timeout_s, "device": rp.device},
         "clusters": list(rp.clusters),
         "links": [{"src": lk.src, "dst": lk.dst, "bytes_per_s": lk.bytes_per_s, "latency_s": lk.latency_s}
                   for lk in rp.links],
@@ -320,7 +334,7 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   for n in rp.nodes],
         "pipelines": [_pipeline_dict(p) for p in rp.pipelines],
         "sync_groups": [{"layers": [g.start, g.end], "ranks": list(g.ranks), "mode": g.mode,
-                         "clusters": list(g.clusters)} for g in rp.sync_groups],
+                         "clusters": list(g.clusters), "zero": g.zero} for g in rp.sync_groups],
         "ranks": [_rank_dict(rp, r) for r in rp.ranks()],
     }
 
@@ -332,7 +346,7 @@ def _pipeline_dict(p: RunnerPipeline) -> dict[str, Any]:
         "sample_offset": p.sample_offset,
         "boundaries": [{"fwd": b.fwd, "bwd": b.bwd} for b in p.boundaries],
         "stages": [
-            {"layers": [s.start, s.end],
+            {"layers": [s.start, s.end], "zero": s.zero,
              "replicas": [{"ranks": list(r.ranks), "cluster": r.cluster, "mbs": r.mbs, "offset": r.offset,
                            "group": r.group} for r in s.replicas]}
             for s in p.stages
@@ -403,7 +417,8 @@ def _from_dict(data: Any, source: str) -> RunnerPlan:
         links=tuple(LinkSpec(src=lk["src"], dst=lk["dst"], bytes_per_s=float(lk["bytes_per_s"]),
                              latency_s=float(lk["latency_s"])) for lk in top.get("links", [])),
         sync_groups=tuple(SyncGroup(start=g["layers"][0], end=g["layers"][1], ranks=tuple(g["ranks"]),
-                                    mode=g.get("mode", "shard"), clusters=tuple(g.get("clusters", ())))
+                                    mode=g.get("mode", "shard"), clusters=tuple(g.get("clusters", ())),
+                                    zero=int(g.get("zero", 0)))
                           for g in top.get("sync_groups", [])),
         emulate_links=rd.choice(c, "emulate_links", "comm", get_args(Emulation), "off"),  # type: ignore[arg-type]
         local=bool(c.get("local", False)),
@@ -411,6 +426,7 @@ def _from_dict(data: Any, source: str) -> RunnerPlan:
         master_port=int(c.get("master_port", 29500)),
         timeout_s=float(c.get("timeout_s", 120.0)),
         heartbeat_timeout_s=float(c.get("heartbeat_timeout_s", 15.0)),
+        device=rd.choice(c, "device", "comm", get_args(Device), "auto"),  # type: ignore[arg-type]
         instance=str(top.get("instance", "")), planner=str(top.get("planner", "")),
         meta=tuple((str(k), str(v)) for k, v in rd.obj(top.get("meta", {}), "meta").items()),
     )
@@ -457,7 +473,10 @@ def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
         reps = tuple(ReplicaSpec(ranks=tuple(r["ranks"]), cluster=str(r["cluster"]), mbs=int(r["mbs"]),
                                  offset=int(r["offset"]), group=int(r.get("group", 0)))
                      for r in (rd.obj(x, f"{sw}.replicas[]") for x in rd.get(s, "replicas", sw, list)))
-        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps))
+        zero = s.get("zero", 0)
+        if zero not in (0, 1):
+            raise rd.fail(f"{sw}.zero", f"must be 0 or 1, got {zero!r}")
+        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps, zero=zero))
     bounds = tuple(
         BoundarySpec(fwd=rd.choice(b, "fwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"),  # type: ignore[arg-type]
                      bwd=rd.choice(b, "bwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"))  # type: ignore[arg-type]
@@ -486,6 +505,12 @@ def check_runner_plan(rp: RunnerPlan, source: str = "<inline>") -> None:
         seen.extend(_check_pipeline(rp.model, p, f"{source}: pipelines[{pi}]"))
     if sorted(seen) != ranks:
         raise ValueError(f"{source}: pipelines: every rank must appear in exactly one replica")
+    for k, g in enumerate(rp.sync_groups):
+        if g.zero not in (0, 1):
+            raise ValueError(f"{source}: sync_groups[{k}].zero: must be 0 or 1, got {g.zero!r}")
+        if g.zero and g.mode != "shard":
+            raise ValueError(f"{source}: sync_groups[{k}].zero: ZeRO-1 needs holders of one tp degree (mode shard), "
+                             f"this group is mode {g.mode}")
 
 
 def _check_pipeline(m: ModelConfig, p: RunnerPipeline, w: str) -> list[int]:
