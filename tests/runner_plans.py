@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 
-__all__ = ["G", "pipeline", "plan_dp_tp", "plan_four_stages", "plan_reshard", "plan_two_pipelines", "runner_instance"]
+__all__ = ["G", "pipeline", "plan_dp_tp", "plan_four_stages", "plan_reshard", "plan_two_pipelines", "plan_zero_dp_tp",
+           "runner_instance", "with_zero"]
 
 
 def G(cluster: str, tp: int = 1, dp: int = 1, mbs: int = 1) -> ReplicaGroup:
@@ -64,3 +67,17 @@ def plan_two_pipelines() -> Plan:
         pipeline([((0, 2), [G("a", tp=2, mbs=2)]), ((2, 4), [G("b", mbs=2)])], m=2),
         pipeline([((0, 3), [G("a", mbs=2)]), ((3, 4), [G("b", mbs=2)])], m=2, bounds=[("bf16", "fp16")]),
     ))
+
+
+def with_zero(plan: Plan) -> Plan:
+    """``plan`` with ``zero: 1`` on every stage."""
+    return replace(plan, pipelines=tuple(replace(p, stages=tuple(replace(s, zero=1) for s in p.stages))
+                                         for p in plan.pipelines))
+
+
+def plan_zero_dp_tp() -> Plan:
+    """ZeRO-1 on both stages. Stage 0: two replicas with 3 and 1 samples per microbatch (cluster a);
+    stage 1: two tp-2 replicas with 2 samples each (cluster b). 6 ranks, 8 samples per step on
+    ``runner_instance()``."""
+    return with_zero(Plan(pipelines=(pipeline([((0, 2), [G("a", mbs=3), G("a", mbs=1)]),
+                                               ((2, 4), [G("b", tp=2, dp=2, mbs=2)])], m=2),)))

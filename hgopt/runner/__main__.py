@@ -27,6 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--emulation", choices=("off", "delay", "netns", "auto"), help="override the plan's link emulation")
     p.add_argument("--threads", type=int, help="torch threads per rank")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                   help="cpu (gloo), cuda (nccl, one GPU per rank: $LOCAL_RANK under torchrun), auto (cuda when "
+                        "available; the local launcher takes the CPU when there are fewer GPUs than ranks); "
+                        "default: the plan's (auto)")
     p.add_argument("--port", type=int, help="local launcher: rendezvous port (0: any free port)")
     p.add_argument("--store", help="HOST:PORT of the rendezvous store (single rank)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -76,12 +80,13 @@ def _launch(rp: RunnerPlan, args: argparse.Namespace, out: Path) -> int:
         logging.getLogger(__name__).warning("this plan was exported for several machines; running every rank here")
     code = launch_local(rp, Path(args.plan).resolve(), LaunchOptions(
         out_dir=out, steps=args.steps, resume=args.resume, threads=args.threads, emulation=args.emulation,
-        port=args.port))
+        port=args.port, device=args.device))
     print_summary(rp, out)
     return code
 
 
 def _one_rank(rp: RunnerPlan, args: argparse.Namespace, out: Path, rank: int) -> int:
+    from hgopt.runner.device import resolve_device
     from hgopt.runner.launch import resolve_emulation
     from hgopt.runner.worker import RankOptions, run_rank
 
@@ -89,12 +94,15 @@ def _one_rank(rp: RunnerPlan, args: argparse.Namespace, out: Path, rank: int) ->
         host, _, port = args.store.rpartition(":")
     else:
         host, port = os.environ.get("MASTER_ADDR", rp.master_addr), os.environ.get("MASTER_PORT", str(rp.master_port))
+    device = resolve_device(args.device or rp.device).kind
     mode = args.emulation or rp.emulate_links
+    if device == "cuda" and mode == "netns":
+        mode = resolve_emulation(mode, rp, device)  # refused: namespaces shape gloo's sockets only
     if mode in ("netns", "auto"):  # under torchrun the namespaces (if any) already shape the bandwidth
-        mode = "netns" if os.environ.get("GLOO_SOCKET_IFNAME") else "delay"
-    mode = resolve_emulation(mode, rp) if mode != "netns" else mode
+        mode = "netns" if os.environ.get("GLOO_SOCKET_IFNAME") and device == "cpu" else "delay"
+    mode = resolve_emulation(mode, rp, device) if mode != "netns" else mode
     return run_rank(rp, rank, RankOptions(out_dir=out, store_host=host, store_port=int(port), steps=args.steps,
-                                          resume=args.resume, emulation=mode, threads=args.threads or 1))
+                                          resume=args.resume, emulation=mode, threads=args.threads or 1, device=device))
 
 
 if __name__ == "__main__":

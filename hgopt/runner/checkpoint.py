@@ -4,7 +4,14 @@ checkpoint (written by rank 0 after every saver has finished). On resume every r
 tensors of its stage from the files and takes its own tp shard, so a checkpoint can be resumed by a
 replica with a different tp degree.
 
-Layout: ``<out>/checkpoints/step<NNNNNN>/p<pipeline>.s<stage>.t<tp rank>.pt``."""
+ZeRO-1: the optimizer state of a sharded sync group exists only in slices, so every member writes its
+own slice (``zero.g<group>.m<member>.pt``, with the flat element range and the parameter names and
+shapes it covers); on resume a member joins the slices of its group and takes its range. The first
+replica's stage files then carry the parameters and the optimizer state of the unsharded ones only.
+Tensors are written from host memory and read to the rank's device.
+
+Layout: ``<out>/checkpoints/step<NNNNNN>/p<pipeline>.s<stage>.t<tp rank>.pt`` and
+``zero.g<sync group>.m<member>.pt``."""
 
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from torch import nn
 
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner.tp import TpGroup, shard, split_dims, unshard
+from hgopt.runner.zero import ZeroShard
 
 __all__ = ["latest_step", "load_full_state", "restore", "save"]
 
@@ -41,23 +49,46 @@ def latest_step(out: Path) -> int | None:
     return int(json.loads(marker.read_text())["step"])
 
 
+def _host(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 def _optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """State of the model parameters the optimizer steps directly (not ZeRO slices), by name."""
     by_param = {id(p): n for n, p in model.named_parameters()}
-    return {by_param[id(p)]: dict(state) for p, state in opt.state.items()}
+    return {by_param[id(p)]: _host(state) for p, state in opt.state.items() if id(p) in by_param}
 
 
-def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer, tp: TpGroup, out: Path, step: int) -> None:
-    """Collective over all ranks: ``step`` steps are done; write this stage's shard (first replica only)."""
+def state_elements(opt: torch.optim.Optimizer) -> int:
+    """Elements of every non-scalar tensor in the optimizer's state (Adam: two per stepped element)."""
+    return sum(v.numel() for state in opt.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def _write(blob: dict[str, Any], path: Path, name: str) -> None:
+    tmp = path / f".{name}.tmp"
+    torch.save(blob, tmp)
+    os.replace(tmp, path / f"{name}.pt")
+
+
+def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer, tp: TpGroup, out: Path, step: int,
+         zero: tuple[ZeroShard, ...] = ()) -> None:
+    """Collective over all ranks: ``step`` steps are done; write this stage's shard (first replica only)
+    and this rank's ZeRO-1 slices."""
     info = rp.rank_info(rank)
     path = _dir(out, step)
-    if info.replica == 0:
+    if info.replica == 0 or zero:
         path.mkdir(parents=True, exist_ok=True)
+    if info.replica == 0:
         blob = {"step": step, "tp": tp.size, "tp_rank": tp.rank, "dims": split_dims(model),
-                "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                "optim": _optimizer_state(model, opt)}
-        tmp = path / f".p{info.pipeline}.s{info.stage}.t{tp.rank}.tmp"
-        torch.save(blob, tmp)
-        os.replace(tmp, path / f"p{info.pipeline}.s{info.stage}.t{tp.rank}.pt")
+                "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+                "optim": _optimizer_state(model, opt), "zero_sharded": sorted(n for z in zero for n in z.names)}
+        _write(blob, path, f"p{info.pipeline}.s{info.stage}.t{tp.rank}")
+    for z in zero:
+        _write({"step": step, "rank": rank, "names": z.names, "shapes": z.shapes, "numel": z.numel, "lo": z.lo,
+                "hi": z.hi, "state": _host(opt.state.get(z.shard, {})), "optimizer_elements": state_elements(opt),
+                "model_elements": sum(p.numel() for p in model.parameters())},
+               path, f"zero.g{z.index}.m{z.member}")
     dist.barrier()
     if rank == 0:
         marker = out / "checkpoints" / "latest.json"
@@ -79,7 +110,7 @@ def _stage_tensors(path: Path, pipeline: int, stage: int) -> tuple[dict[str, Any
     files = sorted(path.glob(f"p{pipeline}.s{stage}.t*.pt"), key=lambda f: int(f.stem.split(".t")[-1]))
     if not files:
         raise ValueError(f"checkpoint {path} has no files for pipeline {pipeline} stage {stage} (was the plan changed?)")
-    blobs = [torch.load(f, weights_only=True) for f in files]
+    blobs = [torch.load(f, weights_only=True, map_location="cpu") for f in files]
     if len(blobs) != blobs[0]["tp"]:
         raise ValueError(f"checkpoint {path}: pipeline {pipeline} stage {stage} has {len(blobs)} of {blobs[0]['tp']} tp files")
     dims = blobs[0]["dims"]
@@ -90,12 +121,13 @@ def _stage_tensors(path: Path, pipeline: int, stage: int) -> tuple[dict[str, Any
         for k, v in state.items():
             sharded = isinstance(v, torch.Tensor) and v.shape == blobs[0]["params"][n].shape
             optim[n][k] = unshard([b["optim"][n][k] for b in blobs], dims[n]) if sharded else v
-    return {"params": params, "dims": dims}, optim
+    return {"params": params, "dims": dims, "zero_sharded": blobs[0].get("zero_sharded", [])}, optim
 
 
-def restore(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer, tp: TpGroup, out: Path) -> int:
-    """Load the newest complete checkpoint into this rank's stage; returns the steps already done (0
-    when there is none)."""
+def restore(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer, tp: TpGroup, out: Path,
+            zero: tuple[ZeroShard, ...] = ()) -> int:
+    """Load the newest complete checkpoint into this rank's stage (and its ZeRO-1 slices); returns the
+    steps already done (0 when there is none)."""
     step = latest_step(out)
     if step is None:
         log.info("no checkpoint in %s: starting from step 0", out / "checkpoints")
@@ -109,12 +141,47 @@ def restore(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimi
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(shard(full["params"][n], dims[n], tp.size, tp.rank))
-    for n, state in optim.items():
-        p = params[n]
-        opt.state[p] = {k: (shard(v, dims[n], tp.size, tp.rank).clone() if isinstance(v, torch.Tensor) and v.dim() > 0
-                            and v.dim() == p.dim() else v) for k, v in state.items()}
+    stepped = {id(p) for g in opt.param_groups for p in g["params"]}
+    direct = [n for n, p in params.items() if id(p) in stepped]
+    missing = [n for n in direct if n not in optim]
+    if missing and (optim or set(missing) & set(full["zero_sharded"])):
+        raise ValueError(f"checkpoint step {step} of pipeline {info.pipeline} stage {info.stage} has no optimizer state "
+                         f"for {missing[0]} (saved with ZeRO-1 sharding, resumed without?)")
+    for n in direct:
+        if n in optim:
+            p = params[n]
+            opt.state[p] = {k: (shard(v, dims[n], tp.size, tp.rank).clone().to(p.device) if isinstance(v, torch.Tensor)
+                                and v.dim() > 0 and v.dim() == p.dim() else v) for k, v in optim[n].items()}
+    for z in zero:
+        z.refresh()
+        opt.state[z.shard] = _zero_state(_dir(out, step), z, step)
     log.info("resumed from checkpoint: %d steps done", step)
     return step
+
+
+def _zero_state(path: Path, z: ZeroShard, step: int) -> dict[str, Any]:
+    """This member's slice of its group's optimizer state, joined from every member's file (so the
+    member count may differ from the saving run's)."""
+    files = sorted(path.glob(f"zero.g{z.index}.m*.pt"), key=lambda f: int(f.stem.split(".m")[-1]))
+    if not files:
+        raise ValueError(f"checkpoint step {step} has no ZeRO-1 optimizer slices for sync group {z.index} (layers "
+                         f"[{z.sg.start}, {z.sg.end})): saved without zero 1, resumed with it?")
+    blobs = [torch.load(f, weights_only=True, map_location="cpu") for f in files]
+    for f, b in zip(files, blobs):
+        if tuple(b["names"]) != z.names or tuple(tuple(s) for s in b["shapes"]) != z.shapes:
+            raise ValueError(f"{f}: covers other parameters than this rank's sync group {z.index} (was the plan changed?)")
+    blobs.sort(key=lambda b: b["lo"])
+    if [b["lo"] for b in blobs] != [0] + [b["hi"] for b in blobs[:-1]] or blobs[-1]["hi"] != z.numel:
+        raise ValueError(f"checkpoint step {step}: the ZeRO-1 slices of sync group {z.index} do not cover its "
+                         f"{z.numel} elements (a member's file is missing)")
+    state: dict[str, Any] = {}
+    for key, value in blobs[0]["state"].items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            flat = torch.cat([b["state"][key] for b in blobs])
+            state[key] = flat[z.lo : z.hi].clone().to(z.shard.device)
+        else:
+            state[key] = value
+    return state
 
 
 def load_full_state(out: str | Path, pipeline: int = 0, step: int | None = None) -> dict[str, torch.Tensor]:

@@ -1,5 +1,16 @@
-"""Point-to-point transfers between stages: non-blocking sends and receives with tags, a count of the
-bytes actually handed to ``send`` per boundary, and emulated cross-cluster delivery delays.
+"""Point-to-point transfers between stages: non-blocking sends and receives, a count of the bytes
+actually handed to ``send`` per boundary, and emulated cross-cluster delivery delays.
+
+Matching does not rely on tags (nccl ignores them; gloo gets them anyway). Two ranks that exchange
+boundary tensors are leaders of consecutive stages of one pipeline, so between them activations flow
+one way and gradients the other. Activations travel on the default process group and gradients on a
+second one (``backward``), so on each (group, pair of ranks) there is one sender and one receiver. The
+sender issues its messages in microbatch order (its forwards, or its backwards, run in microbatch
+order in 1F1B and GPipe), and the receiver posts its receives in the same order (the same schedule);
+every message is the same list of tensors (payload, fp8 scale, emulation header) on both sides. So the
+i-th send on a (group, pair) is the i-th receive, which is the in-order matching nccl provides. Keeping
+the directions on separate groups also keeps nccl from queueing a posted gradient receive in front
+of an activation send on the one stream of a pair (the lookahead receives would deadlock there).
 
 Emulation: a cross-cluster transfer carries a small header with the time at which the data would
 arrive over the emulated link; the receiver, once the bytes are in, waits until then. In ``delay`` mode
@@ -12,6 +23,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,10 +64,17 @@ class Wire:
     cluster_of: dict[int, str]
     mode: str = "off"
     """``off``, ``delay`` or ``netns`` (already resolved)."""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Receive buffers and emulation headers are allocated here."""
+    backward_group: Any = None
+    """Process group of gradient (``bwd``) transfers; None: the default group (tests of one direction)."""
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Bytes handed to send, per ``p<i>.b<k>.<fwd|bwd>`` (and ``….wan`` for the cross-cluster part)."""
     _works: list[tuple[dist.Work, torch.Tensor]] = field(default_factory=list)
     _link_free: dict[str, float] = field(default_factory=dict)
+
+    def _group(self, direction: str) -> Any:
+        return self.backward_group if direction == "bwd" else None
 
     def _emulated(self, me: int, peer: int) -> bool:
         return self.mode != "off" and self.cluster_of[me] != self.cluster_of[peer]
@@ -65,11 +84,12 @@ class Wire:
         self.sent[f"{key}.{direction}"] += nbytes
         if self.cluster_of[me] != self.cluster_of[dst]:
             self.sent[f"{key}.{direction}.wan"] += nbytes
+        group = self._group(direction)
         for slot, t in enumerate(tensors):
-            self._works.append((dist.isend(t, dst, tag=tag(microbatch, direction, slot)), t))
+            self._works.append((dist.isend(t, dst, group=group, tag=tag(microbatch, direction, slot)), t))
         if self._emulated(me, dst):
-            header = torch.tensor([self._arrival(me, dst, nbytes)], dtype=torch.float64)
-            self._works.append((dist.isend(header, dst, tag=tag(microbatch, direction, _SLOTS - 1)), header))
+            header = torch.tensor([self._arrival(me, dst, nbytes)], dtype=torch.float64, device=self.device)
+            self._works.append((dist.isend(header, dst, group=group, tag=tag(microbatch, direction, _SLOTS - 1)), header))
 
     def _arrival(self, me: int, dst: int, nbytes: int) -> float:
         link = self.plan.link(self.cluster_of[me], self.cluster_of[dst])
@@ -82,12 +102,13 @@ class Wire:
         return done + link.latency_s
 
     def recv(self, specs: list[WireSpec], me: int, src: int, microbatch: int, direction: str) -> Pending:
-        bufs = [torch.empty(s.shape, dtype=s.dtype) for s in specs]
-        works = [dist.irecv(b, src, tag=tag(microbatch, direction, slot)) for slot, b in enumerate(bufs)]
+        group = self._group(direction)
+        bufs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
+        works = [dist.irecv(b, src, group=group, tag=tag(microbatch, direction, slot)) for slot, b in enumerate(bufs)]
         header = None
         if self._emulated(me, src):
-            header = torch.empty(1, dtype=torch.float64)
-            works.append(dist.irecv(header, src, tag=tag(microbatch, direction, _SLOTS - 1)))
+            header = torch.empty(1, dtype=torch.float64, device=self.device)
+            works.append(dist.irecv(header, src, group=group, tag=tag(microbatch, direction, _SLOTS - 1)))
         return Pending(works=works, buffers=bufs, header=header)
 
     def wait_sends(self) -> None:

@@ -6,6 +6,10 @@ Why not ``torch.distributed.pipelining``: a plan may give stages different data-
 replicas different microbatch sizes, so one boundary can connect several replicas on each side with
 row ranges that do not line up; ``PipelineStage`` connects exactly one stage to one stage. The schedule
 here is the same 1F1B (or GPipe) order, with explicit ``isend``/``irecv`` per row range.
+
+Device: every tensor of a step (data, receive buffers, codec scales, gradient buffers) is created on
+``device``, the model lives there, and nothing on the hot path converts to host memory; the CPU/gloo
+tests run this same code with ``device = cpu``. Step times are read after :func:`synchronize`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -23,9 +28,11 @@ from hgopt.export.runner_plan import Piece, RunnerPlan, SyncGroup
 from hgopt.runner.codec import decode, encode, wire_specs
 from hgopt.runner.comm import Pending, Wire
 from hgopt.runner.data import IGNORE, Dataset
+from hgopt.runner.device import synchronize
 from hgopt.runner.model import DTYPES, StageModel, layer_of
 from hgopt.runner.schedule import Op, stage_ops
 from hgopt.runner.tp import TpGroup, shard, split_dims
+from hgopt.runner.zero import ZeroShard
 
 __all__ = ["Groups", "StageWorker", "StepStats", "make_groups", "make_optimizer"]
 
@@ -40,6 +47,9 @@ class Groups:
     tp: TpGroup
     sync: tuple[tuple[SyncGroup, Any], ...]
     """The gradient-sync groups this rank is in, with their process groups."""
+    backward: Any = None
+    """Every rank: the process group that carries boundary gradients (activations use the default
+    group), so that between two ranks each group carries one direction only (see :mod:`comm`)."""
 
 
 def make_groups(rp: RunnerPlan, rank: int, timeout: Any) -> Groups:
@@ -57,13 +67,17 @@ def make_groups(rp: RunnerPlan, rank: int, timeout: Any) -> Groups:
         g = dist.new_group(list(sg.ranks), timeout=timeout)
         if rank in sg.ranks:
             sync.append((sg, g))
-    return Groups(tp=tp, sync=tuple(sync))
+    backward = dist.new_group(list(range(rp.world_size)), timeout=timeout)
+    return Groups(tp=tp, sync=tuple(sync), backward=backward)
 
 
-def make_optimizer(rp: RunnerPlan, model: nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(rp: RunnerPlan, model: nn.Module, params: Iterable[nn.Parameter] | None = None) -> torch.optim.Optimizer:
+    """The plan's optimizer over ``params`` (default: all of ``model``'s; with ZeRO-1, see
+    :func:`hgopt.runner.zero.optimizer_params`)."""
+    ps = list(model.parameters() if params is None else params)
     if rp.train.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=rp.train.lr, momentum=0.9)
-    return torch.optim.Adam(model.parameters(), lr=rp.train.lr)
+        return torch.optim.SGD(ps, lr=rp.train.lr, momentum=0.9)
+    return torch.optim.Adam(ps, lr=rp.train.lr)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,9 +98,12 @@ class _Saved:
 
 class StageWorker:
     def __init__(self, rp: RunnerPlan, rank: int, model: StageModel, groups: Groups, wire: Wire,
-                 optimizer: torch.optim.Optimizer) -> None:
+                 optimizer: torch.optim.Optimizer, *, device: torch.device | None = None,
+                 zero: tuple[ZeroShard, ...] = ()) -> None:
         info = rp.rank_info(rank)
         self.rp, self.rank, self.model, self.groups, self.wire, self.opt = rp, rank, model, groups, wire, optimizer
+        self.device = device or torch.device("cpu")
+        self.zero = {z.sg: z for z in zero}
         self.pi, self.si = info.pipeline, info.stage
         self.pipe = rp.pipelines[info.pipeline]
         self.rep = self.pipe.stages[self.si].replicas[info.replica]
@@ -107,25 +124,30 @@ class StageWorker:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, step: int) -> StepStats:
+        synchronize(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
+        self.model.zero_grad(set_to_none=True)  # with ZeRO-1 the optimizer does not own every model parameter
         self.opt.zero_grad(set_to_none=True)
         self._global_tokens = self.data.global_tokens(step, self.rp.global_batch) if self.last else 1
         saved: dict[int, _Saved] = {}
-        loss = 0.0
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)  # read once, after the step
         for i, op in enumerate(self.ops):
             self._post_recvs(i)
             if op.kind == "F":
                 saved[op.microbatch] = self._forward(step, op.microbatch)
                 if self.last and self.leader:
-                    loss += float(saved[op.microbatch].out.detach())
+                    loss += saved[op.microbatch].out.detach()
             else:
                 self._backward(saved.pop(op.microbatch), op.microbatch)
         self.wire.wait_sends()
         self._sync_grads()
         self.opt.step()
+        self._gather_zero()
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
         sent = dict(self.wire.sent)
         self.wire.sent.clear()
-        return StepStats(loss=loss, time_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0, sent=sent)
+        return StepStats(loss=float(loss), time_s=elapsed, cpu_s=time.process_time() - c0, sent=sent)
 
     # ---- receives ---------------------------------------------------------------------------------
     def _specs(self, pc: Piece, precision: str, direction: str) -> list[Any]:
@@ -153,7 +175,8 @@ class StageWorker:
         if self.leader:
             wires = [p.wait() for p in self._recvs.pop((op.kind, op.microbatch))]
         else:
-            wires = [[torch.empty(s.shape, dtype=s.dtype) for s in self._specs(pc, precision, direction)] for pc in pieces]
+            wires = [[torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self._specs(pc, precision, direction)]
+                     for pc in pieces]
         if self.groups.tp.size > 1:
             for wire in wires:
                 for t in wire:
@@ -176,13 +199,13 @@ class StageWorker:
     def _forward(self, step: int, m: int) -> _Saved:
         x_ref = None
         if self.first:
-            x = self.data.batch(step, self._rows(m))[0]
+            x = self.data.batch(step, self._rows(m))[0].to(self.device)
         else:
             x_ref = self._receive(Op(kind="F", microbatch=m), self.in_pieces, self.b_in.fwd, "fwd")
             x = x_ref.requires_grad_(self.leader)
         y = self.model(x)
         if self.last:
-            targets = self.data.batch(step, self._rows(m))[1]
+            targets = self.data.batch(step, self._rows(m))[1].to(self.device)
             loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
                                                reduction="sum") / self._global_tokens
             return _Saved(x_ref=x_ref, out=loss)
@@ -206,15 +229,34 @@ class StageWorker:
     def _sync_grads(self) -> None:
         for sg, pg, params in self.sync_params:
             t0 = time.perf_counter()
-            nbytes = self._sync_shard(sg, pg, params) if sg.mode == "shard" else self._sync_full(sg, pg, params)
-            self._emulate_allreduce(sg, nbytes, time.perf_counter() - t0)
+            z = self.zero.get(sg)
+            if z is not None:
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for _, p in params])
+                nbytes, phases = z.reduce_grads(flat, self._wire_dtype(sg, flat.dtype))
+            elif sg.mode == "shard":
+                nbytes, phases = self._sync_shard(sg, pg, params), 2
+            else:
+                nbytes, phases = self._sync_full(sg, pg, params), 2
+            self._emulate_collective(sg, nbytes, t0, phases)
+
+    def _gather_zero(self) -> None:
+        """ZeRO-1: every member's updated slice back into every member's parameters (plan order)."""
+        for sg, _, _ in self.sync_params:
+            if (z := self.zero.get(sg)) is not None:
+                t0 = time.perf_counter()
+                self._emulate_collective(sg, z.gather(), t0, 1)
+
+    def _wire_dtype(self, sg: SyncGroup, dtype: torch.dtype) -> torch.dtype | None:
+        """The narrower dtype of a cross-cluster gradient sync (``grad_sync_precision``), or None."""
+        low = _LOW.get(self.rp.train.grad_sync_precision)
+        return low if len(sg.clusters) > 1 and low is not None and low != dtype else None
 
     def _all_reduce(self, flat: torch.Tensor, sg: SyncGroup, pg: Any) -> torch.Tensor:
-        prec = self.rp.train.grad_sync_precision
-        if len(sg.clusters) > 1 and prec in _LOW and _LOW[prec] != flat.dtype:
-            low = flat.to(_LOW[prec])
-            dist.all_reduce(low, group=pg)
-            return low.to(flat.dtype)
+        low = self._wire_dtype(sg, flat.dtype)
+        if low is not None:
+            narrow = flat.to(low)
+            dist.all_reduce(narrow, group=pg)
+            return narrow.to(flat.dtype)
         dist.all_reduce(flat, group=pg)
         return flat
 
@@ -234,7 +276,7 @@ class StageWorker:
             shape = list(p.shape)
             if dim is not None:
                 shape[dim] *= tp.size
-            full = torch.zeros(shape, dtype=p.dtype)
+            full = torch.zeros(shape, dtype=p.dtype, device=p.device)
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             if dim is not None:
                 full.chunk(tp.size, dim=dim)[tp.rank].copy_(g)
@@ -251,14 +293,17 @@ class StageWorker:
         for p, chunk in zip(params, torch.split(flat, [s.numel() for s in shapes])):
             p.grad = chunk.view(p.shape).clone()
 
-    def _emulate_allreduce(self, sg: SyncGroup, nbytes: int, elapsed: float) -> None:
-        """``delay`` mode: a ring all-reduce over the slowest link among the group's clusters takes
-        2(n-1)/n · bytes / bandwidth + 2(n-1) · latency (the cost model's [C5])."""
+    def _emulate_collective(self, sg: SyncGroup, nbytes: int, t0: float, phases: int) -> None:
+        """``delay`` mode: a ring all-reduce (``phases`` 2) over the slowest link among the group's
+        clusters takes 2(n-1)/n · bytes / bandwidth + 2(n-1) · latency (the cost model's [C5]); a
+        reduce-scatter or all-gather (``phases`` 1) half of that."""
         if self.wire.mode != "delay" or len(sg.clusters) < 2:
             return
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
         links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
         n = len(sg.ranks)
         bw, lat = min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
-        wait = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat - elapsed
+        wait = phases * ((n - 1) / n * nbytes / bw + (n - 1) * lat) - elapsed
         if wait > 0:
             time.sleep(wait)

@@ -19,7 +19,7 @@ from typing import Any
 from hgopt.export import netns
 from hgopt.export.runner_plan import RunnerPlan
 
-__all__ = ["LaunchOptions", "launch_local", "resolve_emulation", "run_forked"]
+__all__ = ["LaunchOptions", "launch_local", "local_device", "resolve_emulation", "run_forked"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,23 @@ class LaunchOptions:
     port: int | None = None
     """Rendezvous port (default: the plan's; 0 picks a free one)."""
     python: str = sys.executable
+    device: str | None = None
+    """``auto``, ``cpu`` or ``cuda``; None: the plan's."""
 
 
-def resolve_emulation(mode: str, rp: RunnerPlan) -> str:
+def resolve_emulation(mode: str, rp: RunnerPlan, device: str = "cpu") -> str:
+    """``off``, ``delay`` or ``netns`` for ``mode``. Namespaces shape the TCP sockets gloo uses; nccl on
+    GPUs does not go through them, so with ``device`` cuda ``auto`` means delay and netns is refused."""
     if len(rp.clusters) < 2 or mode == "off":
         return "off"
+    if device == "cuda":
+        if mode == "netns":
+            raise ValueError("--emulate-links netns is CPU/gloo-only (namespaces shape gloo's TCP sockets, not nccl's "
+                             "transports); with --device cuda use --emulate-links delay")
+        if mode == "auto":
+            log.info("link emulation: delay (netns would shape gloo's sockets only; this run uses cuda and nccl)")
+            return "delay"
+        return mode
     if mode == "auto":
         return "netns" if netns.available() else "delay"
     if mode == "netns" and not netns.available():
@@ -48,9 +60,28 @@ def resolve_emulation(mode: str, rp: RunnerPlan) -> str:
     return mode
 
 
+def local_device(rp: RunnerPlan, requested: str) -> str:
+    """``cpu`` or ``cuda`` for running every rank of ``rp`` on this machine: nccl needs one GPU per rank,
+    so ``auto`` takes the CPU when there are fewer GPUs than ranks (and says so); ``cuda`` is then an
+    error."""
+    import torch
+
+    from hgopt.runner.device import resolve_device
+
+    choice = resolve_device(requested)
+    if choice.kind == "cuda" and torch.cuda.device_count() < rp.world_size:
+        what = f"{rp.world_size} ranks but {torch.cuda.device_count()} GPU(s) here; nccl needs one GPU per rank"
+        if requested == "cuda":
+            raise ValueError(f"--device cuda: {what} (use --device cpu, or run the per-node torchrun scripts)")
+        log.info("device: cpu (%s)", what)
+        return "cpu"
+    return choice.kind
+
+
 def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
     """Start every rank, wait for all of them, clean up; 0 when every rank succeeded."""
-    mode = resolve_emulation(opts.emulation or rp.emulate_links, rp)
+    device = local_device(rp, opts.device or rp.device)
+    mode = resolve_emulation(opts.emulation or rp.emulate_links, rp, device)
     port = rp.master_port if opts.port is None else opts.port
     threads = opts.threads or max(1, (os.cpu_count() or 1) // rp.world_size)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
@@ -58,9 +89,10 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
     keep: list[Any] = []  # the store (or its helper process) and the namespaces, released in `finally`
     try:
         host, port, lay = _rendezvous(rp, mode, port, opts.python, keep)
-        log.info("launching %d ranks (store %s:%d, links: %s, %d thread(s) each)", rp.world_size, host, port, mode, threads)
+        log.info("launching %d ranks (store %s:%d, links: %s, device: %s, %d thread(s) each)", rp.world_size, host,
+                 port, mode, device, threads)
         for r in range(rp.world_size):
-            procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay)
+            procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
         return _watch(rp, procs)
     finally:
@@ -100,20 +132,21 @@ def _rendezvous(rp: RunnerPlan, mode: str, port: int, python: str, keep: list[An
 
 
 def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resume: bool = False,
-               emulation: str = "off", threads: int = 1, timeout_s: float = 300.0) -> dict[int, int]:
+               emulation: str = "off", threads: int = 1, timeout_s: float = 300.0, device: str = "cpu") -> dict[int, int]:
     """Every rank as a child of a fork server that has imported the runner once (no interpreter and
     torch start-up per rank: for tests and benchmarks). Forking from a clean single-threaded server, not
     from this process, avoids inheriting locks held by this process's threads. Returns each rank's exit
-    code (-9: killed after ``timeout_s``)."""
+    code (-9: killed after ``timeout_s``). ``device`` is cpu unless asked (tests must not pick up a GPU)."""
     import multiprocessing as mp
 
     import torch.distributed as dist
 
+    kind = local_device(rp, device)
+    mode = resolve_emulation(emulation, rp, kind)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mode = resolve_emulation(emulation, rp)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["hgopt.runner.worker"])
-    procs = {r: ctx.Process(target=_forked_rank, args=(rp, r, out_dir, store.port, steps, resume, mode, threads))
+    procs = {r: ctx.Process(target=_forked_rank, args=(rp, r, out_dir, store.port, steps, resume, mode, threads, kind))
              for r in range(rp.world_size)}
     for p in procs.values():
         p.start()
@@ -128,12 +161,12 @@ def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resum
 
 
 def _forked_rank(rp: RunnerPlan, rank: int, out_dir: Path, port: int, steps: int | None, resume: bool, mode: str,
-                 threads: int) -> None:
+                 threads: int, device: str) -> None:
     from hgopt.runner.worker import RankOptions, run_rank
 
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s", stream=sys.stderr, force=True)
     code = run_rank(rp, rank, RankOptions(out_dir=out_dir, store_host="127.0.0.1", store_port=port, steps=steps,
-                                          resume=resume, emulation=mode, threads=threads))
+                                          resume=resume, emulation=mode, threads=threads, device=device))
     sys.stderr.flush()
     os._exit(code)
 
@@ -150,9 +183,9 @@ def _store_helper(python: str, ns: str, host: str, port: int) -> subprocess.Pope
 
 
 def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions, mode: str, host: str, port: int,
-                threads: int, lay: netns.NetnsLayout | None) -> subprocess.Popen[bytes]:
+                threads: int, lay: netns.NetnsLayout | None, device: str) -> subprocess.Popen[bytes]:
     cmd = [opts.python, "-m", "hgopt.runner", "--plan", str(plan_path), "--rank", str(rank), "--out", str(opts.out_dir),
-           "--emulation", mode, "--threads", str(threads), "--store", f"{host}:{port}"]
+           "--emulation", mode, "--threads", str(threads), "--store", f"{host}:{port}", "--device", device]
     if opts.steps is not None:
         cmd += ["--steps", str(opts.steps)]
     if opts.resume:

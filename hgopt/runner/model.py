@@ -130,8 +130,9 @@ def layer_of(param_name: str) -> int:
 
 
 def build_stage(cfg: ModelConfig, start: int, end: int, tp: TpGroup | None = None, *, seed: int = 0,
-                dtype: str = "float32") -> StageModel:
-    """Layers ``[start, end)`` with their seeded initial weights, tp shard of ``tp``, in ``dtype``."""
+                dtype: str = "float32", device: torch.device | str = "cpu") -> StageModel:
+    """Layers ``[start, end)`` with their seeded initial weights, tp shard of ``tp``, in ``dtype``, on
+    ``device`` (weights are drawn on the CPU, so every device starts from the same numbers)."""
     tp = tp or TpGroup()
     model = StageModel(cfg, start, end, tp)
     dims = split_dims(model)
@@ -143,7 +144,7 @@ def build_stage(cfg: ModelConfig, start: int, end: int, tp: TpGroup | None = Non
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(shard(full[name], dims[name], tp.size, tp.rank))
-    return model.to(DTYPES[dtype])
+    return model.to(device=torch.device(device), dtype=DTYPES[dtype])
 
 
 def _init_full(layer: Layer, seed: int, index: int) -> None:

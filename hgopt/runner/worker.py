@@ -16,9 +16,11 @@ import torch.distributed as dist
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner import checkpoint
 from hgopt.runner.comm import Wire
+from hgopt.runner.device import DeviceChoice, local_index, rank_device, resolve_device
 from hgopt.runner.engine import StageWorker, StepStats, make_groups, make_optimizer
 from hgopt.runner.model import build_stage
 from hgopt.runner.watchdog import Watchdog
+from hgopt.runner.zero import make_zero_shards, optimizer_params
 
 __all__ = ["RankOptions", "metric_keys", "run_rank"]
 
@@ -37,6 +39,9 @@ class RankOptions:
     emulation: str = "off"
     """Resolved link emulation: ``off``, ``delay`` or ``netns``."""
     threads: int = 1
+    device: str = "cpu"
+    """``cpu`` (gloo), ``cuda`` (nccl; GPU ``$LOCAL_RANK``, or the rank's number under the local
+    launcher) or ``auto``."""
 
 
 def metric_keys(rp: RunnerPlan) -> list[str]:
@@ -47,10 +52,14 @@ def run_rank(rp: RunnerPlan, rank: int, opts: RankOptions) -> int:
     """Train; returns 0, or exits the process with status 1 and a message naming the failed rank."""
     torch.set_num_threads(opts.threads)
     timeout = timedelta(seconds=rp.timeout_s)
+    choice = resolve_device(opts.device)  # a ValueError here is the caller's to report: no rank started yet
+    device = rank_device(choice, local_index(rank))
+    if opts.emulation == "netns" and choice.kind == "cuda":
+        raise ValueError("link emulation netns shapes gloo's TCP sockets and is CPU-only; with --device cuda use delay")
     watchdog = Watchdog(opts.store_host, opts.store_port, rank, rp.world_size,
                         lambda r: rp.rank_info(r).describe(), rp.heartbeat_timeout_s).start()
     try:
-        _train(rp, rank, opts, timeout)
+        _train(rp, rank, opts, timeout, choice, device)
         dist.barrier()
         watchdog.done()
         dist.destroy_process_group()
@@ -61,40 +70,52 @@ def run_rank(rp: RunnerPlan, rank: int, opts: RankOptions) -> int:
         raise  # not reached: fail() exits
 
 
-def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta) -> None:
+def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, choice: DeviceChoice,
+           device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     store = dist.TCPStore(opts.store_host, opts.store_port, is_master=False, timeout=timeout, wait_for_workers=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore("hgopt/pg", store), rank=rank,
-                            world_size=rp.world_size, timeout=timeout)
+    dist.init_process_group(choice.backend, store=dist.PrefixStore("hgopt/pg", store), rank=rank,
+                            world_size=rp.world_size, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
     groups = make_groups(rp, rank, timeout)
     info = rp.rank_info(rank)
     stage = rp.pipelines[info.pipeline].stages[info.stage]
-    model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype)
-    opt = make_optimizer(rp, model)
+    model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype,
+                        device=device)
+    zero = make_zero_shards(rp, rank, model, groups.sync)
+    opt = make_optimizer(rp, model, optimizer_params(model, zero))
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
         for stale in ("metrics.jsonl", "summary.json", "checkpoints/latest.json"):
             (opts.out_dir / stale).unlink(missing_ok=True)
     dist.barrier()
-    done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir) if opts.resume else 0
-    wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation)
-    worker = StageWorker(rp, rank, model, groups, wire, opt)
+    done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir, zero) if opts.resume else 0
+    wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation, device=device,
+                backward_group=groups.backward)
+    worker = StageWorker(rp, rank, model, groups, wire, opt, device=device, zero=zero)
     steps = rp.train.steps if opts.steps is None else opts.steps
     if rank == 0:
-        log.info("%d ranks, %d pipeline(s), global batch %d x %d tokens, steps %d..%d, links: %s",
-                 rp.world_size, len(rp.pipelines), rp.global_batch, rp.model.seq, done + 1, steps, opts.emulation)
+        log.info("%d ranks, %d pipeline(s), global batch %d x %d tokens, steps %d..%d, links: %s, device %s (%s)",
+                 rp.world_size, len(rp.pipelines), rp.global_batch, rp.model.seq, done + 1, steps, opts.emulation,
+                 choice.kind, choice.backend)
+    for z in zero:
+        log.info("zero 1: layers [%d, %d): optimizer state for elements [%d, %d) of %d (member %d of %d)",
+                 z.sg.start, z.sg.end, z.lo, z.hi, z.numel, z.member, z.members)
     every = rp.train.checkpoint_every
     for step in range(done, steps):
-        _report(rp, rank, step, worker.step(step), opts.out_dir)
+        _report(rp, rank, step, worker.step(step), opts.out_dir, device)
         if (every and (step + 1) % every == 0) or step + 1 == steps:
-            checkpoint.save(rp, rank, model, opt, groups.tp, opts.out_dir, step + 1)
+            checkpoint.save(rp, rank, model, opt, groups.tp, opts.out_dir, step + 1, zero)
 
 
-def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path) -> None:
+def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path, device: torch.device) -> None:
     """Sum the loss parts, CPU times and byte counters, take the slowest rank's step time; rank 0 logs and appends
     a line to ``metrics.jsonl``. (Outside the timed part of the step.)"""
     keys = metric_keys(rp)
-    vec = torch.tensor([st.loss, st.cpu_s] + [float(st.sent.get(k, 0)) for k in keys], dtype=torch.float64)
+    vec = torch.tensor([st.loss, st.cpu_s] + [float(st.sent.get(k, 0)) for k in keys], dtype=torch.float64,
+                       device=device)
     dist.all_reduce(vec)
-    t = torch.tensor([st.time_s], dtype=torch.float64)
+    t = torch.tensor([st.time_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank != 0:
         return
