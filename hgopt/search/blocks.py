@@ -424,7 +424,10 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
     s_lb, w = max(s_min.values()), float(num_microbatches - 1)
-    floor = _fill_lb(rows, budgets, shape.trunk, full[-1], wan, extra) if full else INF
+    # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
+    # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
+    top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
+    floor = _fill_lb(rows, budgets, shape.trunk, top, wan, extra) if full else INF
     grid: list[float] = []
     fill: list[float] = []
     best = INF

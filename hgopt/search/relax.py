@@ -65,14 +65,15 @@ class RelaxedSplit:
         best = -INF
         from hgopt.search.milp import ROUND_TRIP
 
-        for lam in LAMBDAS if ROUND_TRIP else (0.0,):
-            rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None], INF).min(axis=0)
+        # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
+        for lam in LAMBDAS if ROUND_TRIP and math.isfinite(tau) else (0.0,):
+            rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
             arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF)
             g = _subset_dp(np.array(rows), arcs, N)
             if not math.isfinite(g):
                 return INF
-            g += (1.0 + lam) * self.extra_fill - lam * tau * (int(self.p > 0) + int(self.q > 0))
+            g += (1.0 + lam) * self.extra_fill - (lam * tau * (int(self.p > 0) + int(self.q > 0)) if lam else 0.0)
             best = max(best, g)
         return best + max(self.s_lb, self._tail_lb(tau))
 
@@ -248,6 +249,8 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
             memo[tau] = rs.bound_at(tau)
         return memo[tau]
 
+    if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
+        return w * lo_t + at(INF)
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
     best_above = w * hi_t + at(INF)
     intervals = [(lo_t, hi_t)]
