@@ -214,3 +214,248 @@ def test_shipped_instances_plan_is_never_below_the_reported_bound(name: str) -> 
     assert ev.feasible, ev.violations
     assert ev.iteration_time_s >= res.lower_bound_s * (1 - 1e-9)
     assert res.gap == pytest.approx((ev.iteration_time_s - res.lower_bound_s) / ev.iteration_time_s, abs=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# Link precision per inter-cluster boundary [M17]-[M19]
+# --------------------------------------------------------------------------------------------
+AUTO_PAIRS = tuple((f, b) for f in ("native", "bf16", "fp8") for b in ("native", "bf16", "fp8"))
+
+
+def _links_instance(variant: int) -> Instance:
+    """3 clusters of 2 GPUs whose memory holds at most 3 of the 5 layers each: every plan crosses a
+    slow WAN link (0.5 Gbit/s). Variant 1: link a→c fast (400 Gbit/s), c→a slow (2 Gbit/s) and slow
+    HBM (20 GB/s: casts cost as much as a fast link saves), so the directions want different
+    precisions; 8 samples per batch."""
+    clusters = (("a", "A", 1, 2, 1.6), ("b", "B", 1, 2, 1.6), ("c", "C", 1, 2, 1.6))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=0.5, wan_latency_ms=5.0)
+    if variant == 1:
+        for c in topo["clusters"]:
+            c["memory_bandwidth_gbyte_s"] = 20.0
+        topo["links"]["pairs"] = [{"src": "a", "dst": "c", "directed": True, "gbit_s": 400.0, "latency_ms": 1.0},
+                                  {"src": "c", "dst": "a", "directed": True, "gbit_s": 2.0, "latency_ms": 1.0}]
+    model = tiny_model(num_layers=5, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7, params=2e7)
+    return tiny_instance(global_batch=8 if variant else 4, model=model, topology=topo)
+
+
+def _with_links(pipe: Pipeline, cluster_of: list[str], pairs: tuple[tuple[str, str], ...]) -> Pipeline:
+    """``pipe`` with ``pairs`` on its inter-cluster boundaries (in order), native inside clusters."""
+    from hgopt.plan import Boundary
+
+    it = iter(pairs)
+    bounds = []
+    for i in range(len(pipe.stages) - 1):
+        if cluster_of[i] != cluster_of[i + 1]:
+            f, b = next(it)
+            bounds.append(Boundary(fwd=f, bwd=b))  # type: ignore[arg-type]
+        else:
+            bounds.append(Boundary())
+    return Pipeline(stages=pipe.stages, num_microbatches=pipe.num_microbatches, boundaries=tuple(bounds),
+                    schedule=pipe.schedule)
+
+
+def _precision_combos(pipe: Pipeline, pairs: tuple[tuple[str, str], ...], cap: int | None) -> Iterator[Pipeline]:
+    """``pipe`` with every assignment of ``pairs`` to its inter-cluster boundaries (at most ``cap``
+    of them compressed)."""
+    clusters = [s.groups[0].cluster for s in pipe.stages]
+    n = sum(a != b for a, b in zip(clusters, clusters[1:]))
+    for combo in itertools.product(pairs, repeat=n):
+        if cap is None or sum(p != ("native", "native") for p in combo) <= cap:
+            yield _with_links(pipe, clusters, combo)
+
+
+def brute_force_links(inst: Instance, pairs: tuple[tuple[str, str], ...], cap: int | None = None) -> tuple[float, int]:
+    """(best evaluate(), number of feasible plans) over the MILP's space with every precision pair
+    of ``pairs`` on every inter-cluster boundary: every skeleton, local pipeline and assignment."""
+    tables = build_tables(inst)
+    L = inst.model.num_layers
+    names = [c.name for c in inst.topology.clusters]
+    best, count = math.inf, 0
+    for sp in batch_splits(inst):
+        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
+        for r in range(1, len(names) + 1):
+            for chain in itertools.permutations(names, r):
+                for cuts in itertools.combinations(range(1, L), r - 1):
+                    b = (0, *cuts, L)
+                    blocks = [list(_local_choices(inst, c, lo, hi, sp.microbatch, budgets[c]))
+                              for c, lo, hi in zip(chain, b, b[1:])]
+                    for combo in itertools.product(*blocks):
+                        pipe = Pipeline(stages=tuple(st for blk in combo for st in blk), num_microbatches=sp.num_microbatches)
+                        if not evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables).feasible:
+                            continue  # memory does not depend on the boundaries' precision
+                        for p in _precision_combos(pipe, pairs, cap):
+                            ev = evaluate(Plan(pipelines=(p,) * sp.k), inst, tables)
+                            count += 1
+                            best = min(best, ev.iteration_time_s)
+    return best, count
+
+
+_LINK_CACHE: dict[tuple[int, int | None], tuple[float, int]] = {}
+
+
+def _links_expected(variant: int, cap: int | None = None) -> tuple[float, int]:
+    if (variant, cap) not in _LINK_CACHE:
+        _LINK_CACHE[(variant, cap)] = brute_force_links(_links_instance(variant), AUTO_PAIRS, cap)
+    return _LINK_CACHE[(variant, cap)]
+
+
+def _inter_links(plan: Plan) -> list[tuple[str, str]]:
+    p = plan.pipelines[0]
+    return [(p.boundary(i).fwd, p.boundary(i).bwd) for i in range(len(p.stages) - 1)
+            if p.stages[i].groups[0].cluster != p.stages[i + 1].groups[0].cluster]
+
+
+def _intra_links(plan: Plan) -> list[tuple[str, str]]:
+    p = plan.pipelines[0]
+    return [(p.boundary(i).fwd, p.boundary(i).bwd) for i in range(len(p.stages) - 1)
+            if p.stages[i].groups[0].cluster == p.stages[i + 1].groups[0].cluster]
+
+
+@pytest.mark.parametrize("variant", [0, 1])
+def test_auto_links_equal_brute_force_over_skeletons_and_precisions(variant: int) -> None:
+    """``link_precision auto``: the MILP's plan is the best of every plan of the space with every
+    (fwd, bwd) pair of native/bf16/fp8 on every inter-cluster boundary; its bound is below all of
+    them; it beats the native optimum on these slow links. Both with the pruned search (warm start,
+    relaxation bound over the fastest precision per link) and with neither."""
+    inst = _links_instance(variant)
+    expect, count = _links_expected(variant)
+    assert count > 1000 and math.isfinite(expect)
+    # variant 1's big-M rows reach ~20 s: HiGHS's feasibility tolerance leaves its objective up to
+    # ~4e-6 (relative) below evaluate's (formulations/cluster_milp.md §6), hence the looser gap
+    gap = 1e-6 if variant == 0 else 1e-5
+    native = plan_milp(inst, PlanOptions(time_limit_s=60, gap=gap))
+    for extra in ({}, {"warm_start": "none"}, {"warm_start": "none", "relaxation": "off"}):
+        res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=gap, extra={"link_precision": "auto", **extra}))
+        assert res.plan is not None, (extra, res)
+        ev = evaluate(res.plan, inst)
+        assert ev.feasible
+        assert res.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-12)
+        assert ev.iteration_time_s == pytest.approx(expect, rel=gap), extra
+        assert res.lower_bound_s is not None and res.lower_bound_s <= expect * (1 + 1e-9)
+        assert res.status == "optimal"
+        assert any(p != ("native", "native") for p in _inter_links(res.plan))
+        assert all(p == ("native", "native") for p in _intra_links(res.plan))
+    assert ev.iteration_time_s < native.iteration_time_s * 0.9
+    if variant == 1:  # the fast direction stays native, the slow one is compressed
+        assert any(f != b for f, b in _inter_links(res.plan)), _inter_links(res.plan)
+
+
+def test_auto_links_no_worse_than_any_precision_on_the_chosen_skeleton() -> None:
+    """On the MILP's own skeleton every precision assignment scores no better than its plan."""
+    inst = _links_instance(0)
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6, extra={"link_precision": "auto"}))
+    assert res.plan is not None
+    p0 = res.plan.pipelines[0]
+    plain = Pipeline(stages=p0.stages, num_microbatches=p0.num_microbatches)
+    scores = [evaluate(Plan(pipelines=(p,) * len(res.plan.pipelines)), inst).iteration_time_s
+              for p in _precision_combos(plain, AUTO_PAIRS, None)]
+    assert len(scores) == 9 ** len(_inter_links(res.plan)) >= 9
+    assert res.iteration_time_s <= min(scores) * (1 + 1e-9)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= min(scores) * (1 + 1e-9)
+
+
+def test_max_compressed_links() -> None:
+    """0 compressed links: native everywhere, the native optimum; 1: at most one compressed
+    boundary, the brute-force optimum of that space."""
+    inst = _links_instance(0)
+    native = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6))
+    zero = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6,
+                                       extra={"link_precision": "auto", "max_compressed_links": "0"}))
+    assert zero.plan is not None and native.plan is not None
+    assert all(b == ("native", "native") for b in _inter_links(zero.plan) + _intra_links(zero.plan))
+    assert zero.iteration_time_s == pytest.approx(native.iteration_time_s, rel=1e-9)
+    # the native optimum itself (its bottleneck is the WAN link, above every stage's compute: the
+    # cheap bound [B4] once left such plans out and certified a worse warm start as optimal)
+    assert native.iteration_time_s == pytest.approx(brute_force_links(inst, (("native", "native"),))[0], rel=1e-6)
+    one = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6,
+                                      extra={"link_precision": "auto", "max_compressed_links": "1"}))
+    assert one.plan is not None
+    assert sum(p != ("native", "native") for p in _inter_links(one.plan)) <= 1
+    expect, _ = _links_expected(0, cap=1)
+    assert one.iteration_time_s == pytest.approx(expect, rel=1e-6)
+    assert one.lower_bound_s is not None and one.lower_bound_s <= expect * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("prec", ["bf16", "fp8"])
+def test_fixed_precision_on_every_inter_cluster_boundary(prec: str) -> None:
+    inst = _links_instance(0)
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6, extra={"link_precision": prec}))
+    assert res.plan is not None
+    assert _inter_links(res.plan) and all(p == (prec, prec) for p in _inter_links(res.plan))
+    assert all(p == ("native", "native") for p in _intra_links(res.plan))
+    expect, _ = brute_force_links(inst, ((prec, prec),))
+    assert res.iteration_time_s == pytest.approx(expect, rel=1e-6)
+    assert f"{{{prec}}}" in res.plan_space
+
+
+def test_link_penalty_moves_the_choice_and_keeps_the_bound_valid() -> None:
+    """A penalty per fp8 boundary larger than fp8's gain over bf16 makes auto use bf16; the reported
+    lower bound stays below evaluate's time of every plan (it is the objective's bound minus the
+    most penalty a plan can pay)."""
+    inst = _links_instance(0)
+    free = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6, extra={"link_precision": "auto"}))
+    assert free.plan is not None and any("fp8" in p for p in _inter_links(free.plan))
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-6,
+                                      extra={"link_precision": "auto", "link_penalty": "fp8=10"}))
+    assert res.plan is not None
+    assert not any("fp8" in p for p in _inter_links(res.plan)) and any("bf16" in p for p in _inter_links(res.plan))
+    expect_bf16, _ = brute_force_links(inst, tuple((f, b) for f in ("native", "bf16") for b in ("native", "bf16")))
+    assert res.iteration_time_s == pytest.approx(expect_bf16, rel=1e-6)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= _links_expected(0)[0]
+
+
+@pytest.mark.parametrize("backend", [b for b in ("highs", "scip", "cp-sat", "cbc") if b in BACKENDS])
+def test_link_backends_agree(backend: str) -> None:
+    """Every backend solves the auto-precision MILP (no warm start, no relaxation) to the same optimum."""
+    inst = _links_instance(1)
+    tol, gap = (1e-4, 5e-3) if backend == "cp-sat" else (1e-5, 1e-5)
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=gap, solver=backend,
+                                      extra={"link_precision": "auto", "warm_start": "none", "relaxation": "off"}))
+    assert res.plan is not None and res.solver
+    assert res.iteration_time_s == pytest.approx(_links_expected(1)[0], rel=tol)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= res.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_milp_objective_with_compressed_links_equals_evaluate(seed: int) -> None:
+    """Fix a random 3-cluster chain, random block options (microbatch sizes 1 or 2 on either side,
+    so the cast block min(mbs_a, mbs_b) [M19] varies) and random precision pairs: the MILP
+    objective equals evaluate() of the decoded plan."""
+    from hgopt.search.blocks import Window, block_options, cheap_bounds
+    from hgopt.search.milp import BatchSplit, build_milp, decode, link_policy
+    from hgopt.solvers import SolveOptions, solve
+
+    rng = random.Random(100 + seed)
+    clusters = (("a", "A", 1, 2, 40.0), ("b", "B", 2, 2, 40.0), ("c", "C", 1, 2, 40.0))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([0.5, 4.0]), wan_latency_ms=rng.choice([5.0, 30.0]))
+    for c in topo["clusters"]:
+        c["memory_bandwidth_gbyte_s"] = rng.choice([5.0, 50.0, 900.0])
+    model = tiny_model(num_layers=7, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7)
+    inst = tiny_instance(global_batch=8, model=model, topology=topo)
+    split = BatchSplit(k=1, microbatch=2, num_microbatches=4)
+    tables = build_tables(inst)
+    pol = link_policy(inst, {"link_precision": "auto"})
+    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=4, links=pol)
+    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=4, d_cap=3,
+                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight, mbs_matters=True))
+    order = rng.sample(["a", "b", "c"], 3)
+    n = sorted(rng.sample(range(1, 7), 2))
+    counts = [n[0], n[1] - n[0], 7 - n[1]]
+    chosen = []
+    for c, r, k in zip(order, ["first", "middle", "end"], counts):  # aim at a random mbs per block
+        mbs = rng.choice([1, 2])
+        chosen.append(rng.choice([o for o in opts[(c, r, k)] if o.cfg.mbs == mbs] or opts[(c, r, k)]))
+    pairs = [rng.choice(AUTO_PAIRS[1:]) for _ in range(2)]
+    form = build_milp(inst, tables, split, opts, cb, pol)
+    for j, o in form.y.items():
+        if any(o is c for c in chosen):
+            form.model.add_row(f"fix{j}", {j: 1.0}, 1.0, 1.0)
+    for (a, b), pair in zip(zip(order, order[1:]), pairs):
+        var = next(v for v in form.links[(a, b)] if v.arc.pair == pair)
+        form.model.add_row(f"arc{a}{b}", {var.z: 1.0}, 1.0, 1.0)
+    res = solve(form.model, "highs", SolveOptions(time_limit_s=30, relative_gap=1e-9))
+    assert res.values is not None, res
+    plan = decode(inst, form, res.values)
+    assert _inter_links(plan) == pairs
+    assert res.objective == pytest.approx(evaluate(plan, inst, tables).iteration_time_s, rel=1e-6), \
+        [c.cfg.mbs for c in chosen]

@@ -12,7 +12,8 @@ from typing import Callable, Literal, Mapping
 from hgopt.plan import Plan
 from hgopt.spec import Instance
 
-__all__ = ["PLANNERS", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner", "planner_names"]
+__all__ = ["LINK_PENALTY_DEFAULT", "PLANNERS", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner",
+           "link_penalties", "planner_names"]
 
 Status = Literal["optimal", "feasible", "heuristic", "infeasible", "error"]
 """optimal: proven within ``gap`` of the lower bound over the planner's stated plan space;
@@ -63,6 +64,36 @@ class PlanResult:
 
 
 Planner = Callable[[Instance, PlanOptions], PlanResult]
+
+LINK_PENALTY_DEFAULT: Mapping[str, float] = {"fp32": 0.0, "bf16": 0.0, "fp16": 0.0, "fp8": 0.0}
+"""Seconds added to a planner's objective per inter-cluster boundary compressed to a precision
+(``link_penalty`` in PlanOptions.extra, ``--link-penalty``). 0 by default: the objective stays
+``evaluate``'s iteration time, so the exact planner's lower bound and gap keep bounding that time
+(the reason in full: formulations/cluster_milp.md §7)."""
+
+
+def link_penalties(extra: Mapping[str, str]) -> dict[str, float]:
+    """``extra['link_penalty']`` ("fp8=0.05,bf16=0": seconds per compressed boundary) over the
+    defaults; ValueError naming the setting otherwise."""
+    out = dict(LINK_PENALTY_DEFAULT)
+    text = extra.get("link_penalty", "") or ""
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        prec, sep, val = item.partition("=")
+        prec = prec.strip()
+        if not sep or prec not in out:
+            raise ValueError(f"--link-penalty: expected PRECISION=SECONDS with PRECISION one of "
+                             f"{', '.join(out)}, got {item!r}")
+        try:
+            sec = float(val)
+        except ValueError:
+            raise ValueError(f"--link-penalty: {prec}: expected seconds, got {val.strip()!r}") from None
+        if not (sec >= 0 and math.isfinite(sec)):
+            raise ValueError(f"--link-penalty: {prec}: must be >= 0 seconds, got {sec}")
+        out[prec] = sec
+    return out
+
 
 PLANNERS: Mapping[str, str] = {
     "milp": "hgopt.search.milp:plan_milp",

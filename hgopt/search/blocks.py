@@ -24,7 +24,9 @@ from typing import Literal
 
 import numpy as np
 
-from hgopt.cost.tables import CostTables
+from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.tables import CostTables, link_bytes_factor, transfer_time
+from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
     LocalConfig,
     StageModel,
@@ -37,7 +39,8 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["BlockOption", "ModelShape", "Role", "block_options", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "LinkPolicy", "ModelShape", "Role", "arc_precisions",
+           "block_options", "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,9 @@ class Window:
     t_cap: float = INF
     weight: float = 1.0
     """m − 1, the weight of the bottleneck in the objective."""
+    mbs_matters: bool = False
+    """Inter-cluster boundaries may be compressed: their (de)quantisation time grows with the
+    replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
 
 
 def block_options(
@@ -308,7 +314,8 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     w·(T_o − T_o')⁺ + (F_o − F_o') + (S_o − S_o')⁺ <= 0 with T, S clamped below at t_lb, s_lb
     (every plan's bottleneck and tail are at least that), when stages come before the block the
     same local stage count (memory of earlier stages; their 1F1B round trip), when stages follow it
-    dmax_o >= dmax_o', and the fill of every suffix of local stages no larger (round trip)."""
+    dmax_o >= dmax_o', and the fill of every suffix of local stages no larger (round trip); with
+    compressed links also mbs_o <= mbs_o' (the cast time of a compressed boundary [M19])."""
     if not opts:
         return []
     use_s = role in ("middle", "end")
@@ -318,6 +325,7 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     S = np.array([max(o.sync_opt, win.s_lb) for o in opts])
     st = np.array([o.s for o in opts])
     dm = np.array([o.dmax if use_d else 0.0 for o in opts])
+    mb = np.array([o.cfg.mbs if win.mbs_matters and role != "only" else 0 for o in opts])
     width = int(st.max())
     prof = np.full((len(opts), width), INF)
     for i, o in enumerate(opts):
@@ -331,7 +339,7 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
             worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
-            beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt
+            beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt & (mb[k] <= mb[i])
             if beats.any():
                 continue
         kept.append(int(i))
@@ -388,8 +396,9 @@ class _Cfg:
 
 
 def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int,
-                 num_microbatches: int) -> CheapBounds:
-    """[B4] Bounds of the split from per-layer costs only (no partition search)."""
+                 num_microbatches: int, links: LinkPolicy | None = None) -> CheapBounds:
+    """[B4] Bounds of the split from per-layer costs only (no partition search). WAN hand-overs are
+    costed at the fastest precision ``links`` allows, with a one-sample cast (a lower bound)."""
     shape = model_shape(instance)
     t0, L = shape.p, shape.num_layers
     special = list(range(shape.p)) + list(range(L - shape.q, L))
@@ -416,9 +425,9 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     t_lb = _fluid(rows, shape.trunk)
     wan = (INF, INF)
     if len(instance.topology.clusters) > 1:
-        per_sample = float(tables.activation_bytes[shape.p])
-        arcs = [arc_times(instance, per_sample, a.name, b.name, microbatch, replicas)
-                for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name]
+        arcs = [(e.pace(1.0), e.fill(1.0))
+                for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
+                for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
         wan = (min(x for x, _ in arcs), min(y for _, y in arcs))
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
@@ -528,9 +537,96 @@ def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch:
     """(pace, fill) of a hand-over from cluster a to cluster b [C4, C4w]: the activations of all k
     pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
     direction, fill the sum of both."""
-    from hgopt.cost.tables import transfer_time
-
     load = pipelines * (microbatch * per_sample * 1.0)
     fwd = transfer_time(instance.topology.link(a, b), load)
     bwd = transfer_time(instance.topology.link(b, a), load)
     return max(fwd, bwd), fwd + bwd
+
+
+# --------------------------------------------------------------------------------------------
+# Link precision of inter-cluster boundaries [M17]-[M19]
+# --------------------------------------------------------------------------------------------
+NATIVE_PAIR: tuple[str, str] = ("native", "native")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkPolicy:
+    """What an inter-cluster boundary of the exact planner may carry (formulations/cluster_milp.md §7).
+    Boundaries inside a cluster stay native."""
+
+    pairs: tuple[tuple[str, str], ...] = (NATIVE_PAIR,)
+    """Allowed (forward activations, backward gradients) precisions of an inter-cluster boundary."""
+    max_compressed: int | None = None
+    """At most this many boundaries per pipeline with a compressed direction (None: no limit) [M18]."""
+    penalty_s: tuple[tuple[str, float], ...] = ()
+    """Seconds added to the objective per boundary compressed to a precision (half per direction)."""
+
+    @property
+    def compresses(self) -> bool:
+        return any(p != NATIVE_PAIR for p in self.pairs)
+
+    def pair_penalty(self, pair: tuple[str, str]) -> float:
+        pen = dict(self.penalty_s)
+        return sum(0.5 * pen.get(p, 0.0) for p in pair if p != "native")
+
+    def plan_penalty(self, pipelines: tuple[Pipeline, ...]) -> float:
+        """The penalty a plan pays: its costliest pipeline's sum over its boundaries."""
+        if not self.penalty_s:
+            return 0.0
+        return max((sum(self.pair_penalty((b.fwd, b.bwd)) for b in p.boundaries) for p in pipelines), default=0.0)
+
+    def max_penalty(self, boundaries: int) -> float:
+        """The most penalty any plan with at most ``boundaries`` inter-cluster boundaries pays."""
+        worst = max((self.pair_penalty(p) for p in self.pairs), default=0.0)
+        n = boundaries if self.max_compressed is None else min(boundaries, self.max_compressed)
+        return worst * max(n, 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArcPrecision:
+    """A hand-over a→b at one (forward, backward) precision pair [C4, C4q, C4w]: transfer seconds of
+    all k pipelines' bytes per microbatch on link a→b (activations) and b→a (gradients), plus the
+    cast time per sample of the largest block one replica sends to one replica (× min(mbs_a, mbs_b)
+    in a plan, [M19])."""
+
+    pair: tuple[str, str]
+    fwd: float
+    bwd: float
+    q_fwd: float = 0.0
+    q_bwd: float = 0.0
+    penalty: float = 0.0
+
+    @property
+    def compressed(self) -> bool:
+        return self.pair != NATIVE_PAIR
+
+    def pace(self, mu: float) -> float:
+        """Seconds per microbatch of the slower direction with blocks of ``mu`` samples."""
+        return max(self.fwd + mu * self.q_fwd, self.bwd + mu * self.q_bwd)
+
+    def fill(self, mu: float) -> float:
+        return self.fwd + self.bwd + mu * (self.q_fwd + self.q_bwd)
+
+
+def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,
+                   links: LinkPolicy | None = None, shape: ModelShape | None = None) -> tuple[ArcPrecision, ...]:
+    """Every allowed precision pair of a hand-over a→b at the trunk's boundary size. Transfer times as
+    ``arc_times`` with the byte factor; the cast time per sample from ``evaluate``'s own boundary time
+    (``stage_boundary_time`` of a one-sample probe with an empty link, so only the cast remains)."""
+    pol = links or LinkPolicy()
+    shape = shape or model_shape(instance)
+    per_sample = float(tables.activation_bytes[shape.p])
+    load = pipelines * (microbatch * per_sample * 1.0)
+    cut, L = shape.p + 1, shape.num_layers
+    out = []
+    for pf, pb in pol.pairs:
+        fwd = transfer_time(instance.topology.link(a, b), load * link_bytes_factor(instance.model.dtype, pf))
+        bwd = transfer_time(instance.topology.link(b, a), load * link_bytes_factor(instance.model.dtype, pb))
+        qf = qb = 0.0
+        if (pf, pb) != NATIVE_PAIR:
+            probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),
+                                     Stage(start=cut, end=L, groups=(ReplicaGroup(cluster=b),))),
+                             num_microbatches=1, boundaries=(Boundary(fwd=pf, bwd=pb),))  # type: ignore[arg-type]
+            qf, qb = stage_boundary_time(instance, tables, probe, 0, {(a, b): 0.0, (b, a): 0.0})
+        out.append(ArcPrecision(pair=(pf, pb), fwd=fwd, bwd=bwd, q_fwd=qf, q_bwd=qb, penalty=pol.pair_penalty((pf, pb))))
+    return tuple(out)

@@ -5,7 +5,9 @@ Plan space (what "optimal" and "gap" refer to; formulations/cluster_milp.md):
 k identical pipelines, each a chain of distinct clusters; each cluster of the chain hosts one
 contiguous block of layers as a local pipeline of identical (tp, dp, mbs) stages with ZeRO-1 (the
 block options of hgopt.search.blocks); microbatch B and m = global_batch / (k·B) microbatches per
-pipeline; native precision on every boundary. Labels [M1]..[M11] refer to the formulation document.
+pipeline; inter-cluster boundaries at a (forward, backward) precision pair the link policy allows
+(native unless ``link_precision`` says otherwise), boundaries inside a cluster native. Labels
+[M1]..[M19] refer to the formulation document.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
-from hgopt.plan import Pipeline, Plan, Stage
-from hgopt.search import PlanOptions, PlanResult
+from hgopt.plan import Boundary, Pipeline, Plan, Stage
+from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.blocks import (
+    NATIVE_PAIR,
+    ArcPrecision,
     BlockOption,
-    arc_times,
     CheapBounds,
+    LinkPolicy,
     Window,
+    arc_precisions,
     block_options,
     cheap_bounds,
     model_shape,
@@ -34,8 +39,8 @@ from hgopt.solvers import SolveOptions, SolveResult, solve
 from hgopt.solvers.model import LinearModel
 from hgopt.spec import Instance
 
-__all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "SplitOutcome", "batch_splits", "build_milp", "decode",
-           "plan_milp", "solve_split"]
+__all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "SplitOutcome", "batch_splits", "build_milp",
+           "decode", "link_policy", "plan_milp", "plan_space", "solve_split"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,45 @@ ROUND_TRIP = hasattr(importlib.import_module("hgopt.cost.evaluate"), "round_trip
 """Whether the scorer applies the 1F1B round trip [C3]; the MILP models exactly what it applies."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
+
+
+def plan_space(links: LinkPolicy) -> str:
+    """The one-line plan space for a link policy (PLAN_SPACE for native links)."""
+    if not links.compresses:
+        return PLAN_SPACE
+    precs = list(dict.fromkeys(p for pair in links.pairs for p in pair))
+    each = set(links.pairs) == {(f, b) for f in precs for b in precs} and len(precs) > 1
+    allowed = (", ".join(precs) + "} per direction") if each else \
+        (", ".join(f"{f}/{b}" if f != b else f for f, b in links.pairs) + "}")
+    cap = "" if links.max_compressed is None else f", at most {links.max_compressed} compressed per pipeline"
+    return PLAN_SPACE.replace("native link precision", f"inter-cluster boundaries in {{{allowed}{cap}, "
+                                                        "boundaries inside a cluster native")
+
+
+def link_policy(instance: Instance, extra: object) -> LinkPolicy:
+    """The link policy of ``PlanOptions.extra`` (``link_precision``, ``max_compressed_links``,
+    ``link_penalty``): the precisions of ``allowed_link_precisions`` (as the heuristic reads them),
+    each direction of a boundary chosen independently under ``auto``; a fixed precision on every
+    inter-cluster boundary, or native where ``max_compressed_links`` leaves a boundary uncompressed."""
+    from hgopt.search.hierarchical import allowed_link_precisions
+
+    ex = dict(extra)  # type: ignore[call-overload]
+    policy = ex.get("link_precision", "native") or "native"
+    raw = ex.get("max_compressed_links")
+    try:
+        cap = None if raw in (None, "") else int(raw)
+    except ValueError:
+        raise ValueError(f"--max-compressed-links: expected an integer, got {raw!r}") from None
+    if cap is not None and cap < 0:
+        raise ValueError(f"--max-compressed-links: must be >= 0, got {cap}")
+    allowed = allowed_link_precisions(instance, policy)
+    pairs = [(f, b) for f in allowed for b in allowed] if policy == "auto" else [(p, p) for p in allowed]
+    if cap == 0:
+        pairs = [NATIVE_PAIR]
+    elif cap is not None and NATIVE_PAIR not in pairs:
+        pairs.insert(0, NATIVE_PAIR)  # boundaries beyond the cap stay native
+    pen = {k: v for k, v in link_penalties(ex).items() if v > 0}
+    return LinkPolicy(pairs=tuple(pairs), max_compressed=cap, penalty_s=tuple(sorted(pen.items())))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,16 +132,44 @@ class Formulation:
     y: dict[int, BlockOption] = field(default_factory=dict)
     z: dict[tuple[str, str], int] = field(default_factory=dict)
     wan: dict[tuple[str, str], float] = field(default_factory=dict)
-    """Pace of a hand-over: the slower of its two directions [C4w]."""
+    """Pace of a hand-over: the slower of its two directions [C4w] (the slowest allowed precision
+    at the largest microbatch size: the big-M data)."""
     wan_fill: dict[tuple[str, str], float] = field(default_factory=dict)
-    """Fill of a hand-over: both directions [C4w]."""
+    """Fill of a hand-over: both directions [C4w] (as ``wan``, the largest)."""
+    links: dict[tuple[str, str], tuple[LinkVar, ...]] = field(default_factory=dict)
+    """Per arc, one variable per allowed precision pair [M17] (z itself when there is one)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkVar:
+    """Arc a→b at one precision pair: binary ``z`` and, when compressed, ``mu`` >= min(mbs_a, mbs_b)
+    when z = 1 [M19] (the samples of the largest block cast by one replica [C4q])."""
+
+    z: int
+    mu: int | None
+    arc: ArcPrecision
+
+    def fill_terms(self) -> dict[int, float]:
+        """The hand-over's fill (both directions, casts included) as linear terms."""
+        out = {self.z: self.arc.fwd + self.arc.bwd}
+        if self.mu is not None:
+            out[self.mu] = self.arc.q_fwd + self.arc.q_bwd
+        return out
+
+
+def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.0) -> dict[int, float]:
+    for j, v in terms.items():
+        row[j] = row.get(j, 0.0) + scale * v
+    return row
 
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds,
+    bounds: CheapBounds, links: LinkPolicy | None = None,
 ) -> Formulation:
-    """data -> variables -> constraints [M1]..[M11] -> objective (formulations/cluster_milp.md)."""
+    """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
+    With native links only (the default policy) the model is the one of §3, row for row."""
+    pol = links or LinkPolicy()
     shape = model_shape(instance)
     names = [c.name for c in instance.topology.clusters]
     lm = LinearModel(name=f"hgopt_{instance.name}_{split.k}x{split.microbatch}x{split.num_microbatches}")
@@ -109,20 +181,31 @@ def build_milp(
             j = lm.add_binary(f"y[{c},{role},{n},{i}]")
             form.y[j] = o
             by_cluster[c].append(j)
+    ys = form.y
+    mu_max = float(max((o.cfg.mbs for o in ys.values()), default=1))
     hands = {c for c in names if any(form.y[j].role in ("first", "middle") for j in by_cluster[c])}
     takes = {c for c in names if any(form.y[j].role in ("middle", "end") for j in by_cluster[c])}
-    # variables: z[c,c'] cluster c hands its last activations to c'
+    # variables: z[c,c'] cluster c hands its last activations to c'; per precision pair z[c,c',π] [M17]
     for a in names:
         for b in names:
             if a != b and a in hands and b in takes:
-                form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
-                form.wan[(a, b)], form.wan_fill[(a, b)] = arc_times(
-                    instance, float(tables.activation_bytes[shape.p]), a, b, split.microbatch, split.k)
+                z = form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
+                arcs = arc_precisions(instance, tables, a, b, split.microbatch, split.k, pol, shape)
+                lv = []
+                for e in arcs:
+                    tag = f"{e.pair[0]}/{e.pair[1]}"
+                    ze = z if len(arcs) == 1 else lm.add_binary(f"z[{a},{b},{tag}]")
+                    mu = lm.add_var(f"mu[{a},{b},{tag}]", lb=0.0, ub=mu_max) if e.compressed else None
+                    lv.append(LinkVar(z=ze, mu=mu, arc=e))
+                form.links[(a, b)] = tuple(lv)
+                form.wan[(a, b)] = max(e.pace(mu_max) for e in arcs)
+                form.wan_fill[(a, b)] = max(e.fill(mu_max) for e in arcs)
+                if len(arcs) > 1:  # [M17] an arc in use carries exactly one precision pair
+                    lm.add_row(f"M17_precision[{a},{b}]", {z: -1.0, **{v.z: 1.0 for v in lv}}, 0.0, 0.0)
     t = lm.add_var("T", lb=bounds.t_lb, kind="time")
     u = lm.add_var("U", lb=bounds.s_lb, kind="time")
     w_max = float(sum(max((form.y[j].s for j in js), default=0) for js in by_cluster.values()))
     w = {c: lm.add_var(f"W[{c}]", lb=0.0, ub=w_max) for c in names}
-    ys = form.y
     start = {j: 1.0 for j in ys if ys[j].role in ("first", "only")}
     end = {j: 1.0 for j in ys if ys[j].role in ("end", "only")}
     lm.add_row("M2_start", start, 1.0, 1.0)  # [M2] one block starts the pipeline
@@ -138,9 +221,7 @@ def build_milp(
         inc.update({j: -1.0 for j in js if ys[j].role in ("middle", "end")})
         lm.add_row(f"M6_in[{c}]", inc, 0.0, 0.0)  # [M6] a middle/end block is handed to once
         lm.add_row(f"M7_bottleneck[{c}]", {t: 1.0, **{j: -ys[j].bottleneck for j in js}}, lb=0.0, kind="time")
-        wan_row = {form.z[(c, b)]: -form.wan[(c, b)] for b in names if (c, b) in form.z}
-        if wan_row:
-            lm.add_row(f"M8_wan[{c}]", {t: 1.0, **wan_row}, lb=0.0, kind="time")  # [M8] WAN send paces too
+        _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces too
         lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js}}, lb=0.0, kind="time")
         # [M10] W[c] >= own stages (+ W of the next cluster when c hands over to it)
         lm.add_row(f"M10_own[{c}]", {w[c]: 1.0, **{j: -float(ys[j].s) for j in js}}, lb=0.0)
@@ -152,13 +233,67 @@ def build_milp(
         if any(ys[j].dmax < w_max for j in js):
             row = {w[c]: 1.0, **{j: -(float(ys[j].s) + min(ys[j].dmax, w_max) - w_max) for j in js}}
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
+    if pol.compresses:
+        _precision_rows(form, by_cluster, pol)
     if ROUND_TRIP:
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     obj = {t: float(split.num_microbatches - 1), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
-    obj.update({form.z[e]: form.wan_fill[e] for e in form.z})
+    for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
+        for v in lv:
+            _add_terms(obj, v.fill_terms())
+            _add_terms(obj, {v.z: v.arc.penalty})
     lm.set_objective(obj)
     return form
+
+
+def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
+    """[M8] T >= the pace of c's hand-over: one row with each pair's slower direction when no
+    cast time varies, else one row per direction (forward a→b, backward b→a, casts per [M19])."""
+    lm = form.model
+    outs = [v for b in names if (c, b) in form.links for v in form.links[(c, b)]]
+    if not outs:
+        return
+    if all(v.mu is None for v in outs):
+        row: dict[int, float] = {t: 1.0}
+        for v in outs:
+            _add_terms(row, {v.z: -v.arc.pace(0.0)})
+        lm.add_row(f"M8_wan[{c}]", row, lb=0.0, kind="time")
+        return
+    for tag, send, cast in (("fwd", "fwd", "q_fwd"), ("bwd", "bwd", "q_bwd")):
+        row = {t: 1.0}
+        for v in outs:
+            _add_terms(row, {v.z: -getattr(v.arc, send)})
+            if v.mu is not None:
+                _add_terms(row, {v.mu: -getattr(v.arc, cast)})
+        lm.add_row(f"M8_wan_{tag}[{c}]", row, lb=0.0, kind="time")
+
+
+def _precision_rows(form: Formulation, by_cluster: dict[str, list[int]], pol: LinkPolicy) -> None:
+    """[M18] at most N compressed boundaries per pipeline; [M19] the cast block of a compressed
+    hand-over a→b: mu >= min(mbs_a, mbs_b) when its pair is chosen. With Y_cν = Σ_{o of c, mbs ν} y_o
+    (at most one is 1), min(mbs_a, mbs_b) = ν exactly when Y_aν = 1 and Σ_{ν' >= ν} Y_bν' = 1 or the
+    same with a and b swapped, so mu >= ν·(Y_aν + Σ_{ν'>=ν} Y_bν' + z − 2) for every ν and both
+    orders is exact for binaries (mu only costs, so it settles at the largest right-hand side)."""
+    lm, ys = form.model, form.y
+    compressed = {v.z: 1.0 for lv in form.links.values() for v in lv if v.arc.compressed}
+    if pol.max_compressed is not None and compressed:
+        lm.add_row("M18_compressed_links", compressed, ub=float(pol.max_compressed))
+    by_mbs = {c: {} for c in by_cluster}  # type: dict[str, dict[int, list[int]]]
+    for c, js in by_cluster.items():
+        for j in js:
+            by_mbs[c].setdefault(ys[j].cfg.mbs, []).append(j)
+    for (a, b), lv in form.links.items():
+        for v in lv:
+            if v.mu is None:
+                continue
+            for one, other in ((a, b), (b, a)):
+                for nu, js in sorted(by_mbs[one].items()):
+                    row = {v.mu: 1.0, v.z: -float(nu), **{j: -float(nu) for j in js}}
+                    for nu2, js2 in by_mbs[other].items():
+                        if nu2 >= nu:
+                            row.update({j: -float(nu) for j in js2})
+                    lm.add_row(f"M19_cast[{a},{b},{v.arc.pair[0]}/{v.arc.pair[1]},{one}{nu}]", row, lb=-2.0 * nu)
 
 
 def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names: list[str], t: int,
@@ -168,7 +303,8 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
     from it to the end. With v[o] = y[o]·T (exact for binary y), psi[c] = fill after block c and
     x[c] = sum over the stages after block c of (their fill − T), the stage r-th from the end of
     block c needs suffix_fill_o(r) + 2·wan(out of c) − r·T + x[c] <= 0 and
-    suffix_fill_o(r) + psi[c] <= m·T (psi[c] includes c's own WAN send)."""
+    suffix_fill_o(r) + psi[c] <= m·T (psi[c] includes c's own WAN send). A hand-over's fill is the
+    linear form of its precision variables (``LinkVar.fill_terms``: transfers and casts)."""
     lm, ys = form.model, form.y
     m = split.num_microbatches
     f_max = sum(max((ys[j].fill for j in js), default=0.0) for js in by_cluster.values())
@@ -186,27 +322,39 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
     psi = {c: lm.add_var(f"psi[{c}]", lb=0.0, ub=f_max, kind="time") for c in names}
     x = {c: lm.add_var(f"x[{c}]", lb=0.0, ub=2 * big_x, kind="time") for c in names}  # stores x + big_x
     big_x_m = 2 * big_x + 2 * f_max  # slack of [M14] when its arc is unused
+
+    def arc_fill(arc: tuple[str, str], scale: float) -> dict[int, float]:
+        row: dict[int, float] = {}
+        for lv in form.links[arc]:
+            _add_terms(row, lv.fill_terms(), scale)
+        return row
+
     for (a, b), zj in form.z.items():
         fill_b = {j: -ys[j].fill for j in by_cluster[b]}
         # [M13] psi[a] >= 2·wan(a,b) + fill of b + psi[b] when a hands over to b
-        lm.add_row(f"M13_psi[{a},{b}]", {psi[a]: 1.0, psi[b]: -1.0, **fill_b, zj: -(form.wan_fill[(a, b)] + f_max)},
-                   lb=-f_max, kind="time")
+        row = {psi[a]: 1.0, psi[b]: -1.0, **fill_b}
+        _add_terms(row, arc_fill((a, b), -1.0))
+        _add_terms(row, {zj: -f_max})
+        lm.add_row(f"M13_psi[{a},{b}]", row, lb=-f_max, kind="time")
         # [M14] x[a] >= fill of b (its stages and its own WAN send out) − s_b·T + x[b] when a hands
         # over to b (a's own WAN send belongs to a's last stage, counted in [M15])
         mx = big_x_m
         row = {x[a]: 1.0, x[b]: -1.0, **fill_b, zj: -mx}
         for j in by_cluster[b]:
             row[v[j]] = float(ys[j].s)
-        for (b2, c2), zk in form.z.items():
+        for (b2, c2) in form.z:
             if b2 == b:
-                row[zk] = row.get(zk, 0.0) - form.wan_fill[(b2, c2)]
+                _add_terms(row, arc_fill((b2, c2), -1.0))
         lm.add_row(f"M14_x[{a},{b}]", row, lb=-mx, kind="time")
     for c in names:
         js = by_cluster[c]
         ends = {j: -big_x for j in js if ys[j].role in ("end", "only")}
         if ends:  # [M14] nothing after the end block: x[c] >= 0 (stored as big_x)
             lm.add_row(f"M14_x_end[{c}]", {x[c]: 1.0, **ends}, lb=0.0, kind="time")
-        out = {form.z[(c, b)]: form.wan_fill[(c, b)] for b in names if (c, b) in form.z}
+        out: dict[int, float] = {}
+        for b in names:
+            if (c, b) in form.z:
+                _add_terms(out, arc_fill((c, b), 1.0))
         for r in range(1, max((ys[j].s for j in js), default=0) + 1):
             has = [j for j in js if ys[j].s >= r]
             big = f_max + big_x + t_ub * r
@@ -225,20 +373,30 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
 
 
 def decode(instance: Instance, form: Formulation, values: object) -> Plan:
-    """The plan of a MILP solution: follow the z arcs from the starting block."""
+    """The plan of a MILP solution: follow the z arcs from the starting block; each inter-cluster
+    boundary gets the precision pair whose variable is set, boundaries inside a cluster native."""
     shape = model_shape(instance)
     chosen = {o.cluster: o for j, o in form.y.items() if values[j] > 0.5}  # type: ignore[index]
     nxt = {a: b for (a, b), j in form.z.items() if values[j] > 0.5}  # type: ignore[index]
     first = next(o for o in chosen.values() if o.role in ("first", "only"))
     stages: list[Stage] = []
+    bounds: list[Boundary] = []
     pos, cur = 0, first
     while True:
-        stages.extend(_placed(cur, pos, shape.p))
+        placed = _placed(cur, pos, shape.p)
+        if stages:
+            pair = next(v.arc.pair for v in form.links[(stages[-1].groups[0].cluster, cur.cluster)]
+                        if values[v.z] > 0.5)  # type: ignore[index]
+            bounds.append(Boundary(fwd=pair[0], bwd=pair[1]))  # type: ignore[arg-type]
+        bounds.extend(Boundary() for _ in placed[1:])
+        stages.extend(placed)
         pos = stages[-1].end
         if cur.role in ("end", "only"):
             break
         cur = chosen[nxt[cur.cluster]]
-    pipe = Pipeline(stages=tuple(stages), num_microbatches=form.split.num_microbatches)
+    native = all(b == Boundary() for b in bounds)
+    pipe = Pipeline(stages=tuple(stages), num_microbatches=form.split.num_microbatches,
+                    boundaries=() if native else tuple(bounds))
     return Plan(pipelines=(pipe,) * form.split.k, planner="milp", instance=instance.name)
 
 
@@ -261,9 +419,11 @@ class SplitOutcome:
     split: BatchSplit
     plan: Plan | None
     value: float
-    """evaluate(plan).iteration_time_s (inf without a plan)."""
+    """The objective: evaluate(plan).iteration_time_s plus the plan's link penalty (inf without a plan)."""
     lower_bound: float
-    """Valid lower bound on every plan of this split."""
+    """Valid lower bound on the objective of every plan of this split."""
+    penalty: float = 0.0
+    """The plan's link penalty (value − penalty = evaluate's time)."""
     solves: tuple[SolveResult, ...] = ()
     variables: int = 0
     rows: int = 0
@@ -272,26 +432,27 @@ class SplitOutcome:
 def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
-    lb_above: Callable[[float], float] | None = None,
+    lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
     the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb."""
+    pol = links or LinkPolicy()
     w = bounds.weight
     t_cap = _cap_for(bounds, incumbent)
     if not math.isfinite(t_cap):
         t_cap = bounds.t_lb * WIDEN if w > 0 else math.inf
-    best_plan, best_val, lb = None, math.inf, bounds.value
+    best_plan, best_val, best_pen, lb = None, math.inf, 0.0, bounds.value
     solves: list[SolveResult] = []
     nv = nr = 0
     while True:
         cap_lb = math.inf
         if math.isfinite(t_cap):
             cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
-        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w)
+        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
         opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
                              num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
                              window=window)
-        form = build_milp(instance, tables, split, opts, bounds)
+        form = build_milp(instance, tables, split, opts, bounds, pol)
         nv, nr = len(form.model.vars), len(form.model.rows)
         limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
         res = solve(form.model, solver, SolveOptions(time_limit_s=limit, relative_gap=solve_options.relative_gap,
@@ -304,8 +465,9 @@ def solve_split(
         if res.values is not None:
             plan = decode(instance, form, res.values)
             ev = evaluate(plan, instance, tables)
-            if ev.feasible and ev.iteration_time_s < best_val:
-                best_plan, best_val = plan, ev.iteration_time_s
+            pen = pol.plan_penalty(plan.pipelines)
+            if ev.feasible and ev.iteration_time_s + pen < best_val:
+                best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
@@ -313,7 +475,7 @@ def solve_split(
             break
         t_cap = max(t_cap * WIDEN, _cap_for(bounds, best_val)) if math.isfinite(best_val) else t_cap * WIDEN
     return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
-                        solves=tuple(solves), variables=nv, rows=nr)
+                        solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen)
 
 
 def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
@@ -332,16 +494,19 @@ def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
 # The planner: all splits, best first, pruned by their bounds
 # --------------------------------------------------------------------------------------------
 def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
-    """Best plan of the space with a proven lower bound (registered as planner ``milp``)."""
+    """Best plan of the space with a proven lower bound (registered as planner ``milp``). The link
+    policy (``link_precision``, ``max_compressed_links``, ``link_penalty`` in ``options.extra``)
+    sets which precisions inter-cluster boundaries may carry [M17]-[M19]."""
     t_start = time.perf_counter()
     deadline = t_start + options.time_limit_s
     tables = build_tables(instance)
     model_shape(instance)  # fails early, naming the setting, when the model is not trunk-shaped
+    links = link_policy(instance, options.extra)
     splits = batch_splits(instance)
     cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
-                              num_microbatches=sp.num_microbatches) for sp in splits}
+                              num_microbatches=sp.num_microbatches, links=links) for sp in splits}
     lbs = {sp: cheap[sp].value for sp in splits}
-    best = _warm_start(instance, tables, options, t_start)
+    best = _warm_start(instance, tables, options, t_start, links)
     first = best.split if best else None
     order = sorted(splits, key=lambda sp: (sp != first, cheap[sp].value))
     solver_name = ""
@@ -356,33 +521,34 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             break
         above = None
         if options.extra.get("relaxation", "on") != "off":
-            value, above = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline)
+            value, above = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
             lbs[sp] = max(lbs[sp], value)
         if lbs[sp] >= target:
             log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
-                          incumbent=ub, deadline=deadline, lb_above=above)
+                          incumbent=ub, deadline=deadline, lb_above=above, links=links)
         solver_name = out.solves[-1].version if out.solves else solver_name
         lbs[sp] = max(lbs[sp], out.lower_bound)
         if out.plan is not None and out.value < ub:
             best = out
         elif best is not None and out.split == best.split:
             best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=out.lower_bound,
-                                solves=out.solves, variables=out.variables, rows=out.rows)
+                                solves=out.solves, variables=out.variables, rows=out.rows, penalty=best.penalty)
         log.info("split %s: plan %.4g s, bound %.4g s; best %.4g s, global bound %.4g s (%.1f s)", sp, out.value,
                  out.lower_bound, best.value if best else math.inf, _global_lb(lbs, best), time.perf_counter() - t_start)
-    return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start)
+    return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links)
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
-                      deadline: float) -> tuple[float, Callable[[float], float] | None]:
+                      deadline: float, links: LinkPolicy | None = None) -> tuple[float, Callable[[float], float] | None]:
     """[R4] The subset-DP relaxation bound of a split (the cheap bound when there are too many
-    clusters for it), and a function bounding the plans whose bottleneck is >= t (for [M0])."""
+    clusters for it), and a function bounding the plans whose bottleneck is >= t (for [M0]).
+    Hand-overs at the fastest precision ``links`` allows, so it bounds compressed plans too."""
     from hgopt.search.relax import relax_split, split_bound
 
     rs = relax_split(instance, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                     cheap=cheap)
+                     cheap=cheap, links=links)
     if rs is None:
         return cheap.value, None
     single = _best_single(instance, tables, sp)
@@ -407,16 +573,23 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> floa
     return best
 
 
-def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float) -> SplitOutcome | None:
-    """The hierarchical heuristic's plan as the first incumbent (its value prunes splits and
-    block options; it is a plan of the same space, scored by evaluate)."""
+def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,
+                links: LinkPolicy | None = None) -> SplitOutcome | None:
+    """The hierarchical heuristic's plan, under the same link precision settings, as the first
+    incumbent (its objective — evaluate's time plus its link penalty — prunes splits and block
+    options; a plan of the same space)."""
     if options.extra.get("warm_start", "heuristic") != "heuristic":
         return None
     from hgopt.search.hierarchical import heuristic_incumbent
 
+    pol = links or LinkPolicy()
     budget = min(10.0, 0.2 * options.time_limit_s)
+    kw = {}
+    if pol.compresses:
+        kw = {"link_precision": options.extra.get("link_precision", "native"),
+              "max_compressed_links": pol.max_compressed}
     try:
-        h = heuristic_incumbent(instance, tables, time_limit_s=budget)
+        h = heuristic_incumbent(instance, tables, time_limit_s=budget, **kw)  # type: ignore[arg-type]
     except ValueError as exc:  # the heuristic declines some instances; the MILP still runs
         log.info("warm start skipped: %s", exc)
         return None
@@ -424,9 +597,10 @@ def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_
         return None
     p0 = h.plan.pipelines[0]
     split = BatchSplit(k=len(h.plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
+    pen = pol.plan_penalty(h.plan.pipelines)
     log.info("warm start: heuristic plan %.4g s (%s) after %.1f s", h.iteration_time_s, split,
              time.perf_counter() - t_start)
-    return SplitOutcome(split=split, plan=h.plan, value=h.iteration_time_s, lower_bound=-math.inf)
+    return SplitOutcome(split=split, plan=h.plan, value=h.iteration_time_s + pen, lower_bound=-math.inf, penalty=pen)
 
 
 def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float:
@@ -435,21 +609,34 @@ def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float
 
 
 def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit, float], options: PlanOptions,
-            solver: str, wall: float) -> PlanResult:
-    lb = _global_lb(lbs, best)
+            solver: str, wall: float, links: LinkPolicy | None = None) -> PlanResult:
+    """The bound of the objective (time + link penalty) is turned into a bound on evaluate's time by
+    subtracting the most penalty any plan can pay (nothing without penalties)."""
+    pol = links or LinkPolicy()
+    space = plan_space(pol)
+    lb_obj = _global_lb(lbs, best)
+    slack = pol.max_penalty(len(instance.topology.clusters) - 1)
+    lb = max(lb_obj - slack, 0.0) if math.isfinite(lb_obj) else lb_obj
     solver = solver or f"none ({options.solver} not needed: the relaxation bounds certified the result)"
     if best is None or best.plan is None:
         status = "infeasible" if not math.isfinite(lb) else "error"
         return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=lb if math.isfinite(lb) else None,
-                          search_time_s=wall, solver=solver, plan_space=PLAN_SPACE)
-    gap = (best.value - lb) / best.value
+                          search_time_s=wall, solver=solver, plan_space=space)
+    time_s = best.value - best.penalty
+    gap = (time_s - lb) / time_s
     status = "optimal" if gap <= options.gap + 1e-12 else "feasible"
     meta = (("solver", solver), ("lower_bound_s", repr(lb)), ("gap", f"{gap:.6f}"), ("status", status),
-            ("split", str(best.split)), ("plan_space", PLAN_SPACE))
+            ("split", str(best.split)), ("plan_space", space))
+    notes = [_size_note(best)]
+    if slack > 0:
+        obj_gap = (best.value - lb_obj) / best.value
+        meta += (("objective_with_link_penalty_s", repr(best.value)), ("objective_lower_bound_s", repr(lb_obj)))
+        notes.append(f"objective = iteration time + link penalty: {best.value:.6g} s (penalty {best.penalty:.6g} s), "
+                     f"bound {lb_obj:.6g} s, gap {100 * obj_gap:.2f} %; the time bound is that bound minus the "
+                     f"largest penalty a plan can pay ({slack:.6g} s)")
     plan = Plan(pipelines=best.plan.pipelines, planner="milp", instance=instance.name, meta=meta)
-    return PlanResult(planner="milp", status=status, plan=plan, iteration_time_s=best.value, lower_bound_s=lb,
-                      search_time_s=wall, solver=solver, plan_space=PLAN_SPACE,
-                      notes=(_size_note(best),))
+    return PlanResult(planner="milp", status=status, plan=plan, iteration_time_s=time_s, lower_bound_s=lb,
+                      search_time_s=wall, solver=solver, plan_space=space, notes=tuple(notes))
 
 
 def _size_note(best: SplitOutcome) -> str:

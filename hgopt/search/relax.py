@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgopt.cost.tables import CostTables
-from hgopt.search.blocks import CheapBounds, arc_times, model_shape, role_geometry
+from hgopt.search.blocks import CheapBounds, LinkPolicy, arc_precisions, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.spec import Instance
 
@@ -41,9 +41,10 @@ class RelaxedSplit:
     F: tuple[np.ndarray, ...]
     S: tuple[np.ndarray, ...]
     wan: np.ndarray
-    """wan[a, b]: pace of a hand-over a→b (the slower direction, all k pipelines' bytes) [C4w]."""
+    """wan[π, a, b]: pace of a hand-over a→b at allowed precision pair π (the slower direction, all
+    k pipelines' bytes [C4w], a one-sample cast [C4q]: a lower bound for any microbatch size)."""
     wan_fill: np.ndarray
-    """wan_fill[a, b]: fill of that hand-over (both directions)."""
+    """wan_fill[π, a, b]: fill of that hand-over (both directions)."""
     extra_fill: float
     stages: tuple[np.ndarray, ...] = ()
     """Per cluster: stage count of each row."""
@@ -69,7 +70,8 @@ class RelaxedSplit:
         for lam in LAMBDAS if ROUND_TRIP and math.isfinite(tau) else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
-            arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF)
+            # the cheapest allowed precision of each link whose pace fits tau [R3]
+            arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF).min(axis=0)
             g = _subset_dp(np.array(rows), arcs, N)
             if not math.isfinite(g):
                 return INF
@@ -153,8 +155,9 @@ def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
 
 
 def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int, num_microbatches: int,
-                cheap: CheapBounds) -> RelaxedSplit | None:
-    """[R1, R2] The relaxation tables of a split (None above MAX_CLUSTERS clusters)."""
+                cheap: CheapBounds, links: LinkPolicy | None = None) -> RelaxedSplit | None:
+    """[R1, R2] The relaxation tables of a split (None above MAX_CLUSTERS clusters). Hand-overs are
+    costed at every precision pair ``links`` allows; the link penalty is left out (>= 0)."""
     if len(instance.topology.clusters) > MAX_CLUSTERS:
         return None
     shape = model_shape(instance)
@@ -179,13 +182,14 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
-    wan = np.full((len(names), len(names)), INF)
-    wan_fill = np.full((len(names), len(names)), INF)
-    per_sample = float(tables.activation_bytes[shape.p])
+    pol = links or LinkPolicy()
+    wan = np.full((len(pol.pairs), len(names), len(names)), INF)
+    wan_fill = np.full((len(pol.pairs), len(names), len(names)), INF)
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if a != b:
-                wan[i, j], wan_fill[i, j] = arc_times(instance, per_sample, a, b, microbatch, replicas)
+                for k, e in enumerate(arc_precisions(instance, tables, a, b, microbatch, replicas, pol, shape)):
+                    wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=float(m - 1),
                         s_lb=cheap.s_lb)
@@ -238,7 +242,7 @@ def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: 
 def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float,
                  above: float = 0.0) -> float:
     w = rs.weight
-    lo_t = max(cheap.t_lb, float(rs.wan.min()) if rs.wan.size > 1 else INF, above)
+    lo_t = max(cheap.t_lb, float(rs.wan.min()) if len(rs.names) > 1 else INF, above)
     if not math.isfinite(lo_t):
         return INF
     hi_t = max(lo_t * 1.02, _tau_beyond(rs, target))
