@@ -29,7 +29,7 @@ from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.search import PlanOptions, PlanResult
+from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
@@ -70,6 +70,8 @@ class HeuristicOptions:
     such boundary compressed), or 'auto' (per boundary the fastest of native, bf16 and fp8) [H7]."""
     max_compressed_links: int | None = None
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
+    link_penalty: tuple[tuple[str, float], ...] = ()
+    """Seconds added to a boundary's cost when compressed to a precision (``link_penalty``) [H7]."""
     patience: int = 2
     """Per pipeline count, stop raising the microbatch after this many that did not improve."""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
@@ -121,6 +123,8 @@ class _Ctx:
     allowed: tuple[str, ...] = ("native",)
     """Precisions an inter-cluster boundary may use (mixed-precision links)."""
     max_links: int | None = None
+    penalty: dict[str, float] = field(default_factory=dict)
+    """Seconds per boundary compressed to a precision [H7]."""
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
 
     def elapsed(self) -> float:
@@ -134,7 +138,7 @@ def plan_heuristic(
     """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
     ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=_check_max_links(options.max_compressed_links))
+               max_links=_check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
     raw = _skeleton_candidates(ctx, options)
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
@@ -494,7 +498,7 @@ def _best_link(ctx: _Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = _link_times(ctx, a, b, B, cut, prec)
-        score = (m - 1) * max(f, bw) + f + bw
+        score = (m - 1) * max(f, bw) + f + bw + ctx.penalty.get(prec, 0.0)
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
@@ -510,7 +514,7 @@ def _link_choice(ctx: _Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence
     for a, b, cut in zip(order, order[1:], cuts):
         prec, f, bw = _best_link(ctx, a, b, B, cut, m)
         nf, nb = _link_times(ctx, a, b, B, cut, "native")
-        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw)
+        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw) - ctx.penalty.get(prec, 0.0)
         picks.append((prec, gain))
     if ctx.max_links is not None:
         keep = {i for i, _ in sorted(((i, g) for i, (p, g) in enumerate(picks) if p != "native"),
@@ -1177,7 +1181,7 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
     res = plan_heuristic(instance, options=HeuristicOptions(
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
-        max_compressed_links=max_links))
+        max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items())))
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP")
