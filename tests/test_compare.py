@@ -108,3 +108,25 @@ def test_variants_set_the_planner_option(monkeypatch: pytest.MonkeyPatch) -> Non
                     ("heuristic", {"max_compressed_links": "1", "link_precision": "fp8"}),
                     ("metis", {"max_compressed_links": "1", "bandwidth": "slowest-link"})]
     assert compare_mod._default_planners()[-1] == "heuristic:auto"
+
+
+def test_milp_auto_row_and_the_bound_of_the_milp_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`milp:auto` is a default row next to `heuristic:auto`; it runs the exact planner with
+    link_precision auto, and the gap column uses the least bound of the milp rows (it holds for the
+    plans of both spaces)."""
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def planner(name: str):  # type: ignore[no-untyped-def]
+        def run(instance: Instance, options: PlanOptions) -> PlanResult:
+            seen.append((name, dict(options.extra)))
+            bound = 0.05 if options.extra.get("link_precision") == "auto" else 0.1
+            return PlanResult(planner=name, status="optimal", plan=_plan(4, 1, 2), lower_bound_s=bound)
+        return run
+
+    monkeypatch.setattr(compare_mod, "get_planner", planner)
+    monkeypatch.setattr(compare_mod, "planner_names", lambda: ("milp", "heuristic"))
+    assert compare_mod._default_planners() == ["milp", "heuristic", "milp:auto", "heuristic:auto"]
+    rows = compare_mod.compare(tiny_instance(global_batch=8), ["milp", "milp:auto"], 5.0)
+    assert seen == [("milp", {}), ("milp", {"link_precision": "auto"})]
+    t = rows[0].iteration_time_s
+    assert rows[0].gap_to_bound == pytest.approx((t - 0.05) / t)

@@ -2,9 +2,10 @@
 scored by the one cost model (``evaluate``).
 
 Columns: planner, status, iteration time and throughput by ``evaluate``, throughput relative to the
-best plan, gap to the MILP's proven lower bound ((T − bound) / T; the bound holds for the MILP's plan
-space, so a plan outside it — a Metis stage mixing GPU types — can beat it: the gap is then
-negative), search time and GPUs used. Exit status 0 when at least one planner found a plan."""
+best plan, gap to the MILP's proven lower bound ((T − bound) / T; the least bound of the milp rows,
+e.g. ``milp`` and ``milp:auto``; it holds for their plan spaces, so a plan outside them — a Metis stage
+mixing GPU types — can beat it: the gap is then negative), search time and GPUs used. Exit status 0
+when at least one planner found a plan."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from hgopt.cost import build_tables, evaluate
 from hgopt.instances import load_instance
 from hgopt.plan import Plan
-from hgopt.search import PlanOptions, PlanResult, get_planner, planner_names
+from hgopt.search import PlanOptions, PlanResult, get_planner, link_penalties, planner_names
 from hgopt.spec import Instance
 from hgopt.table import format_table
 
@@ -48,13 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run several planners on one instance and compare their plans")
     p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
     p.add_argument("--planners", nargs="+", default=None, metavar="NAME",
-                   help="planners to run, space- or comma-separated; NAME:VARIANT runs a variant (heuristic:auto, "
-                        "heuristic:fp8 = link precision; metis:slowest-link = what Metis is told) "
+                   help="planners to run, space- or comma-separated; NAME:VARIANT runs a variant (milp:auto, "
+                        "heuristic:auto, heuristic:fp8 = link precision; metis:slowest-link = what Metis is told) "
                         f"(default: {', '.join(_default_planners())})")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="inter-cluster boundary precision for planners without a variant (default: native)")
     p.add_argument("--max-compressed-links", type=int, default=None, metavar="N",
                    help="at most N compressed inter-cluster boundaries per pipeline")
+    p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
+                   help="seconds added to the objective per boundary compressed to precision P (default 0)")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget per planner (seconds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of the throughputs")
@@ -67,9 +70,10 @@ _VARIANT_KEY = {"metis": "bandwidth"}
 
 
 def _default_planners() -> list[str]:
-    """Every registered planner, plus the heuristic with compressed links (auto precision)."""
+    """Every registered planner, plus the exact planner and the heuristic with compressed links
+    (auto precision)."""
     names = list(planner_names())
-    return names + (["heuristic:auto"] if "heuristic" in names else [])
+    return names + [f"{n}:auto" for n in ("milp", "heuristic") if n in names]
 
 
 def _planner_list(arg: list[str] | None) -> list[str]:
@@ -109,7 +113,9 @@ def compare(
         except ValueError as exc:  # a planner that cannot handle this instance says why
             res, note = None, str(exc)
         results.append((name, res, note, time.perf_counter() - t0))
-    bound = next((r.lower_bound_s for n, r, _, _ in results if n == "milp" and r and r.lower_bound_s), None)
+    # the least bound of the milp rows (milp, milp:auto, ...) holds for every plan of their spaces
+    bound = min((r.lower_bound_s for n, r, _, _ in results if n.partition(":")[0] == "milp" and r and r.lower_bound_s),
+                default=None)
     scored = []
     for name, res, note, wall in results:
         plan = res.plan if res else None
@@ -144,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         if args.max_compressed_links < 0:
             raise ValueError(f"--max-compressed-links: must be >= 0, got {args.max_compressed_links}")
         extra["max_compressed_links"] = str(args.max_compressed_links)
+    if args.link_penalty:
+        link_penalties({"link_penalty": args.link_penalty})  # bad input fails here, naming the option
+        extra["link_penalty"] = args.link_penalty
     rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
     if args.json:
         print(json.dumps([_row_dict(r) for r in rows], indent=2))

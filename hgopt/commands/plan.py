@@ -15,12 +15,15 @@ from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
 from hgopt.instances import load_instance
 from hgopt.plan import Plan
-from hgopt.search import PlanOptions, PlanResult, get_planner, planner_names
+from hgopt.search import PlanOptions, PlanResult, get_planner, link_penalties, planner_names
 from hgopt.solvers import backend_names
 from hgopt.spec import Instance
 from hgopt.table import fmt_seconds, format_table
 
-__all__ = ["register", "render_result", "result_to_json"]
+__all__ = ["LINK_PLANNERS", "register", "render_result", "result_to_json"]
+
+LINK_PLANNERS = ("milp", "heuristic")
+"""Planners that choose inter-cluster link precisions (``link_precision`` etc. in PlanOptions.extra)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,9 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
-                   help="precision allowed on inter-cluster boundaries (heuristic planner; default native)")
+                   help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
+                        "auto: native, bf16 or fp8 per boundary, as the planner finds fastest)")
     p.add_argument("--max-compressed-links", type=int, default=None, metavar="N",
-                   help="at most N compressed inter-cluster boundaries per pipeline (heuristic planner)")
+                   help="at most N compressed inter-cluster boundaries per pipeline (milp and heuristic planners)")
+    p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
+                   help="seconds added to the objective per boundary compressed to precision P, e.g. fp8=0.05 "
+                        "(default 0 for every precision)")
     p.set_defaults(func=run)
 
 
@@ -50,17 +57,21 @@ def _options(args: argparse.Namespace) -> PlanOptions:
     if args.threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {args.threads}")
     extra: dict[str, str] = {}
-    if args.link_precision not in (None, "native") or args.max_compressed_links is not None:
-        if args.planner != "heuristic":
+    if args.link_precision not in (None, "native") or args.max_compressed_links is not None or args.link_penalty:
+        if args.planner not in LINK_PLANNERS:
             raise ValueError(
-                f"--link-precision/--max-compressed-links: only the heuristic planner chooses link precisions "
-                f"(the {args.planner} plan space is native precision); add --planner heuristic"
+                f"--link-precision/--max-compressed-links/--link-penalty: only the {' and '.join(LINK_PLANNERS)} "
+                f"planners choose link precisions (the {args.planner} plan space is native precision); "
+                "add --planner milp or --planner heuristic"
             )
         if args.max_compressed_links is not None and args.max_compressed_links < 0:
             raise ValueError(f"--max-compressed-links: must be >= 0, got {args.max_compressed_links}")
         extra["link_precision"] = args.link_precision or "auto"
         if args.max_compressed_links is not None:
             extra["max_compressed_links"] = str(args.max_compressed_links)
+        if args.link_penalty:
+            link_penalties({"link_penalty": args.link_penalty})  # bad input fails here, naming the option
+            extra["link_penalty"] = args.link_penalty
     return PlanOptions(time_limit_s=args.time_limit, gap=args.gap, solver=args.solver, threads=args.threads,
                        seed=args.seed, extra=extra)
 
@@ -123,13 +134,18 @@ def _stage_table(inst: Instance, plan: Plan) -> str:
     same = all(p == pipes[0] for p in pipes)
     rows = []
     shown = pipes[:1] if same else pipes
+    links = any(b.fwd != "native" or b.bwd != "native" for p in shown for b in p.boundaries)
     for pi, p in enumerate(shown):
         for si, s in enumerate(p.stages):
             for g in s.groups:
                 c = inst.topology.cluster(g.cluster)
                 rows.append([f"{pi}.{si}", f"{s.start}-{s.end - 1}", g.cluster, c.gpu, g.tp, g.dp, g.mbs, g.gpus])
+                if links:  # precision of the boundary to the next stage (fwd/bwd when they differ)
+                    b = p.boundary(si) if si + 1 < len(p.stages) else None
+                    rows[-1].append("" if b is None else b.fwd if b.fwd == b.bwd else f"{b.fwd}/{b.bwd}")
     head = (f"{len(pipes)} identical pipeline(s), each:" if same else f"{len(pipes)} pipelines:")
-    return head + "\n" + format_table(["stage", "layers", "cluster", "GPU", "tp", "dp", "mbs", "GPUs"], rows)
+    cols = ["stage", "layers", "cluster", "GPU", "tp", "dp", "mbs", "GPUs"] + (["link to next"] if links else [])
+    return head + "\n" + format_table(cols, rows)
 
 
 def _summary(inst: Instance, res: PlanResult, ev: Evaluation) -> str:
