@@ -35,8 +35,9 @@ PLANNERS = ("milp", "heuristic", "metis", "metis:slowest-link", "uniform", "dp-o
 def run_one(inst: Instance, planner: str, time_limit: float) -> dict[str, Any]:
     load = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    name, _, variant = planner.partition(":")  # "metis:slowest-link" = metis told the slowest WAN link
-    extra = {"bandwidth": variant} if variant else {}
+    # "metis:slowest-link" = metis told the slowest WAN link; "milp:auto", "heuristic:fp8" = link precision
+    name, _, variant = planner.partition(":")
+    extra = {("bandwidth" if name == "metis" else "link_precision"): variant} if variant else {}
     try:
         res = get_planner(name)(inst, PlanOptions(time_limit_s=time_limit, extra=extra))
     except ValueError as exc:  # e.g. the exact planner refuses a model that is not trunk-shaped
