@@ -96,6 +96,9 @@ class CostTables:
     optimizer_bytes_per_param: float
     activation_bytes: np.ndarray  # (L,) boundary output bytes per sample after each layer
     by_gpu_tp: dict[tuple[str, int], GpuTpTable]
+    layer_classes: tuple[int, ...] = ()
+    """Class id per layer: layers with the same id have identical profile entries (timings,
+    parameters, activations, per-tp memory), so they cost the same wherever they sit."""
 
     def table(self, gpu: str, tp: int) -> GpuTpTable:
         return self.by_gpu_tp[(gpu, tp)]
@@ -139,7 +142,24 @@ def build_tables(instance: Instance) -> CostTables:
         optimizer_bytes_per_param=optimizer_bytes_per_param(model, instance.job.precision, instance.job.optimizer),
         activation_bytes=np.array([layer.activation_bytes for layer in model.layers], dtype=float),
         by_gpu_tp=by,
+        layer_classes=layer_classes(model),
     )
+
+
+def layer_classes(model: ModelProfile) -> tuple[int, ...]:
+    """See :attr:`CostTables.layer_classes`."""
+    ids: dict[tuple[object, ...], int] = {}
+    out = []
+    for i, layer in enumerate(model.layers):
+        key = (
+            layer.params,
+            layer.activation_bytes,
+            layer.act_mem_bytes,
+            tuple((t.gpu, t.tp, t.mbs, t.fwd[i], t.bwd[i], t.update[i]) for t in model.timings),
+            tuple((m.tp, m.params[i], m.act_mem_bytes[i]) for m in model.tp_memory),
+        )
+        out.append(ids.setdefault(key, len(ids)))
+    return tuple(out)
 
 
 def _prefix(a: np.ndarray) -> np.ndarray:

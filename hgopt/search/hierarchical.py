@@ -29,10 +29,12 @@ from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.search import PlanOptions, PlanResult, link_penalties
+from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
+from hgopt.search.groups import best_grouped_plan
+from hgopt.search.repartition import repartition
 from hgopt.spec import DTYPE_BYTES, Instance
 
 __all__ = [
@@ -70,10 +72,10 @@ class HeuristicOptions:
     such boundary compressed), or 'auto' (per boundary the fastest of native, bf16 and fp8) [H7]."""
     max_compressed_links: int | None = None
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
-    link_penalty: tuple[tuple[str, float], ...] = ()
-    """Seconds added to a boundary's cost when compressed to a precision (``link_penalty``) [H7]."""
     patience: int = 2
     """Per pipeline count, stop raising the microbatch after this many that did not improve."""
+    cross_cluster_dp: bool = True
+    """Also try data parallelism across cluster groups [H9] (plans outside the exact planner's space)."""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
 
 
@@ -106,6 +108,9 @@ class HeuristicResult:
     search_time_s: float = 0.0
     realized: int = 0
     """Skeletons realised with exact local plans."""
+    groups: tuple[tuple[str, ...], ...] = ()
+    """[H9] When the plan trains on cluster groups in data parallel: the groups (``skeleton`` is
+    then None); empty for a single family of identical pipelines."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -123,8 +128,6 @@ class _Ctx:
     allowed: tuple[str, ...] = ("native",)
     """Precisions an inter-cluster boundary may use (mixed-precision links)."""
     max_links: int | None = None
-    penalty: dict[str, float] = field(default_factory=dict)
-    """Seconds per boundary compressed to a precision [H7]."""
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
 
     def elapsed(self) -> float:
@@ -138,11 +141,11 @@ def plan_heuristic(
     """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
     ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=_check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+               max_links=_check_max_links(options.max_compressed_links))
     raw = _skeleton_candidates(ctx, options)
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
-    lead = list(dict.fromkeys([sk for _, sk in screened[: options.finalists]] + [sk for _, sk in raw[:2]]))
+    lead = list(dict.fromkeys(_diverse(screened, options.finalists) + [sk for _, sk in raw[:2]]))
     est_of = {sk: e for e, sk in raw}
     estimates = [(est_of[sk], sk) for sk in lead] + [(e, sk) for e, sk in screened if sk not in set(lead)]
     realized = 0
@@ -178,10 +181,30 @@ def plan_heuristic(
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
+    best = _repartitioned(ctx, best, done[: options.finalists])
     t, sk, plan = best
+    if options.cross_cluster_dp and len(instance.topology.clusters) > 1:
+        grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
+                                    allowed=ctx.allowed, out_of_time=lambda: _out_of_time(ctx, options))
+        if grouped is not None:
+            desc = "; ".join(f"{'+'.join(g)}: {n} samples" for g, n in zip(grouped.groups, grouped.shares))
+            gplan = dataclasses.replace(grouped.plan, meta=(("groups", desc),))
+            return HeuristicResult(plan=gplan, skeleton=None, iteration_time_s=grouped.iteration_time_s,
+                                   search_time_s=ctx.elapsed(), realized=realized, groups=grouped.groups)
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", _describe(sk)),))
     return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
+
+
+def _sub_plan(ctx: _Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan, float] | None:
+    """[H9] One cluster group's plan for its share of the batch (single family, same link policy) and
+    its pipeline time."""
+    left = None if options.time_limit_s is None else max(options.time_limit_s - ctx.elapsed(), 0.1)
+    res = plan_heuristic(sub, tables=ctx.tables, options=dataclasses.replace(
+        options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0))
+    if res.plan is None:
+        return None
+    return res.plan, evaluate(res.plan, sub, ctx.tables).pipeline_time_s
 
 
 def _screen(ctx: _Ctx, estimates: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
@@ -195,6 +218,23 @@ def _screen(ctx: _Ctx, estimates: list[tuple[float, Skeleton]], options: Heurist
         scored.append((min(got, est) if got is not None else est + 1e9, est, sk))
     scored.sort(key=lambda x: (x[0], x[1]))
     return [(est, sk) for _, est, sk in scored] + tail
+
+
+def _diverse(ranked: list[tuple[float, Skeleton]], n: int, per_group: int = 2) -> list[Skeleton]:
+    """[H5] The first ``n`` skeletons of ``ranked`` taking at most ``per_group`` of each (k·B, order):
+    skeletons that differ only in how k·B samples per microbatch step are cut into k pipelines
+    realise alike, and without this they can fill every finalist slot (seen on sailor-het-32+96,
+    where the best plan's k·B = 16 ranked sixth behind five k·B = 32 variants)."""
+    out: list[Skeleton] = []
+    count: dict[tuple[int, tuple[str, ...]], int] = {}
+    for _, sk in ranked:
+        g = (sk.pipelines * sk.microbatch, sk.order)
+        if count.get(g, 0) < per_group:
+            count[g] = count.get(g, 0) + 1
+            out.append(sk)
+            if len(out) >= n:
+                break
+    return out
 
 
 def _realize_fast(ctx: _Ctx, sk: Skeleton) -> float | None:
@@ -227,9 +267,11 @@ def heuristic_incumbent(
 ) -> HeuristicResult:
     """Warm start for the exact planner: the heuristic's plan and its cluster-level skeleton (k, B,
     cluster order, layers per cluster, local weights, link precisions), whose local pipelines come
-    from ``best_local_plan``."""
+    from ``best_local_plan``. Data parallelism across cluster groups [H9] is left out: the warm start
+    must lie in the exact planner's space (k identical pipelines)."""
     return plan_heuristic(instance, tables=tables, options=HeuristicOptions(
-        time_limit_s=time_limit_s, link_precision=link_precision, max_compressed_links=max_compressed_links))
+        time_limit_s=time_limit_s, link_precision=link_precision, max_compressed_links=max_compressed_links,
+        cross_cluster_dp=False))
 
 
 def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None:
@@ -498,7 +540,7 @@ def _best_link(ctx: _Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = _link_times(ctx, a, b, B, cut, prec)
-        score = (m - 1) * max(f, bw) + f + bw + ctx.penalty.get(prec, 0.0)
+        score = (m - 1) * max(f, bw) + f + bw
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
@@ -514,7 +556,7 @@ def _link_choice(ctx: _Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence
     for a, b, cut in zip(order, order[1:], cuts):
         prec, f, bw = _best_link(ctx, a, b, B, cut, m)
         nf, nb = _link_times(ctx, a, b, B, cut, "native")
-        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw) - ctx.penalty.get(prec, 0.0)
+        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw)
         picks.append((prec, gain))
     if ctx.max_links is not None:
         keep = {i for i, _ in sorted(((i, g) for i, (p, g) in enumerate(picks) if p != "native"),
@@ -1142,6 +1184,28 @@ def _checked(ctx: _Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skele
     return ev.iteration_time_s, got[1], got[2]
 
 
+# ---- [H8] global re-partition ------------------------------------------------------------------
+def _repartitioned(
+    ctx: _Ctx, best: tuple[float, Skeleton, Plan], others: Sequence[tuple[float, Skeleton, Plan]]
+) -> tuple[float, Skeleton, Plan]:
+    """[H8] The best plan and the other realised finalists with every stage's layer range re-chosen
+    at once (stage hardware kept), scored by ``evaluate``; the best of all."""
+    for _, sk, plan in [best, *others]:
+        got = repartition(plan, ctx.instance, ctx.tables)
+        if got is not None and got.iteration_time_s < best[0] - 1e-12:
+            best = (got.iteration_time_s, _skeleton_of(sk, got.plan), got.plan)
+    return best
+
+
+def _skeleton_of(sk: Skeleton, plan: Plan) -> Skeleton:
+    """``sk`` with its per-cluster layer counts read from ``plan``'s (first) pipeline."""
+    count: dict[str, int] = {}
+    for st in plan.pipelines[0].stages:
+        c = st.groups[0].cluster
+        count[c] = count.get(c, 0) + st.num_layers
+    return dataclasses.replace(sk, layers=tuple(count[c] for c in sk.order))
+
+
 # ---- [H6] refinement with exact local plans ----------------------------------------------------
 def _refine(
     ctx: _Ctx, best: tuple[float, Skeleton, Plan], options: HeuristicOptions
@@ -1181,7 +1245,7 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
     res = plan_heuristic(instance, options=HeuristicOptions(
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
-        max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items())))
+        max_compressed_links=max_links))
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP")

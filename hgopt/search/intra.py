@@ -22,6 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from hgopt.cost.tables import CostTables, GpuTpTable, allreduce_time, transfer_time
+from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
 from hgopt.spec import Cluster, Instance
 
@@ -89,21 +90,9 @@ def local_configs(instance: Instance, cluster: str, microbatch: int) -> tuple[Lo
 
 
 def layer_classes(instance: Instance) -> tuple[int, ...]:
-    """Class id per layer: layers with the same id have identical profile entries (timings,
-    parameters, activations, per-tp memory), so they cost the same wherever they sit."""
-    model = instance.model
-    ids: dict[tuple[object, ...], int] = {}
-    out = []
-    for i, layer in enumerate(model.layers):
-        key = (
-            layer.params,
-            layer.activation_bytes,
-            layer.act_mem_bytes,
-            tuple((t.gpu, t.tp, t.mbs, t.fwd[i], t.bwd[i], t.update[i]) for t in model.timings),
-            tuple((m.tp, m.params[i], m.act_mem_bytes[i]) for m in model.tp_memory),
-        )
-        out.append(ids.setdefault(key, len(ids)))
-    return tuple(out)
+    """Class id per layer (:attr:`hgopt.cost.tables.CostTables.layer_classes`, which planners read
+    from the tables built once per search)."""
+    return tables_layer_classes(instance.model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,7 +299,7 @@ def best_local_plan(
                 stages_after, replicas)
     best: _Choice | None = None
     c = instance.topology.cluster(cluster)
-    classes = layer_classes(instance)
+    classes = tables.layer_classes or layer_classes(instance)
     for cfg in local_configs(instance, cluster, microbatch):
         if cfg.gpus > gpu_budget:
             continue

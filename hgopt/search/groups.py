@@ -1,0 +1,309 @@
+"""[H9] Data parallelism across cluster groups: the clusters are split into groups, every group trains
+its own share of the global batch with its own pipelines (found by the hierarchical search on the
+group alone), and the gradients of every layer are all-reduced across the groups over the WAN.
+
+The single-family space of the rest of the heuristic (k identical pipelines over one ordered subset of
+clusters) cannot express this: e.g. four zones of one region, each training a quarter of the batch
+with its own tensor/data parallelism and meeting only for the gradient all-reduce, beats any
+pipeline crossing the zones when the model's gradients are small next to its activations.
+
+Search (all plans scored by ``evaluate`` on the whole instance):
+
+1. Groupings: the connected components of the clusters joined by links at least as fast as a
+   threshold, for every distinct link speed as the threshold (from all-singletons to one group; the
+   one-group case is the main search). A grouping is skipped when the all-reduce of the model's
+   gradients across its clusters alone already takes longer than the best plan known.
+2. Rates: each group plans an equal share with the hierarchical search (no grouping inside); its
+   pipeline rate r_g = share / pipeline time.
+3. Subsets: groups sorted by rate; for every prefix, the estimate G / Σ r_g + slowest group's
+   sync/optimizer tail + the WAN all-reduce across the prefix's clusters; the best prefixes are
+   realised with shares proportional to the rates (multiples of a power-of-two unit), re-balanced
+   once from the realised pipeline times, assembled and scored.
+4. Gradient precision: the cross-group all-reduce in the training dtype and, when the link policy
+   allows a 16-bit format, in it (``Plan.grad_sync_precision``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hgopt.cost import evaluate
+from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s, link_bytes_factor
+from hgopt.plan import Plan
+from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
+
+__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "sub_instance"]
+
+log = logging.getLogger(__name__)
+INF = math.inf
+_REALISE = 2
+"""Subsets of groups realised (best estimates first)."""
+
+SubPlanner = Callable[[Instance], "tuple[Plan, float] | None"]
+"""Plans one group's sub-instance: (plan, pipeline time in seconds), or None when nothing fits."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupedPlan:
+    plan: Plan
+    iteration_time_s: float
+    groups: tuple[tuple[str, ...], ...]
+    shares: tuple[int, ...]
+    """Samples per iteration of each group."""
+
+
+def sub_instance(instance: Instance, clusters: Sequence[str], global_batch: int) -> Instance:
+    """``instance`` restricted to ``clusters`` (and the links among them) training ``global_batch``."""
+    keep = set(clusters)
+    topo = Topology(clusters=tuple(c for c in instance.topology.clusters if c.name in keep),
+                    links=tuple(l for l in instance.topology.links if l.src in keep and l.dst in keep))
+    return dataclasses.replace(instance, name=f"{instance.name}[{'+'.join(clusters)}]", topology=topo,
+                               job=dataclasses.replace(instance.job, global_batch=global_batch))
+
+
+def _speed(instance: Instance, a: str, b: str) -> float:
+    """Bytes/s of the slower direction between two clusters for a 64 MB message."""
+    t = instance.topology
+    return min(bandwidth_bytes_per_s(t.link(a, b), 64e6), bandwidth_bytes_per_s(t.link(b, a), 64e6))
+
+
+def groupings(instance: Instance) -> list[tuple[tuple[str, ...], ...]]:
+    """[H9] Every partition of the clusters into the components of links at least as fast as a
+    threshold, for each distinct link speed (and all-singletons), with more than one group."""
+    names = [c.name for c in instance.topology.clusters]
+    speeds = sorted({_speed(instance, a, b) for i, a in enumerate(names) for b in names[i + 1 :]}, reverse=True)
+    out: list[tuple[tuple[str, ...], ...]] = []
+    for thr in [INF, *speeds]:
+        parent = {n: n for n in names}
+
+        def root(n: str) -> str:
+            while parent[n] != n:
+                n = parent[n]
+            return n
+
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if _speed(instance, a, b) >= thr:
+                    parent[root(b)] = root(a)
+        comp: dict[str, list[str]] = {}
+        for n in names:
+            comp.setdefault(root(n), []).append(n)
+        part = tuple(tuple(v) for v in comp.values())
+        if len(part) > 1 and part not in out:
+            out.append(part)
+    return out
+
+
+def wan_allreduce_time(instance: Instance, tables: CostTables, clusters: Sequence[str], precision: str) -> float:
+    """[C5] The cross-cluster ring of the whole model's gradients over ``clusters`` (the slowest link
+    between any two of them), as ``evaluate`` costs one segment holding every layer."""
+    if len(clusters) < 2:
+        return 0.0
+    tab = tables.table(instance.topology.cluster(clusters[0]).gpu, 1)
+    nbytes = float(tab.params[-1] - tab.params[0]) * tables.dtype_bytes * link_bytes_factor(instance.model.dtype, precision)
+    topo = instance.topology
+    return max(allreduce_time(topo.link(a, b), nbytes, len(clusters)) for a in clusters for b in clusters if a != b)
+
+
+def rate_bound(instance: Instance, tables: CostTables, cluster: str) -> float:
+    """Samples/s that no plan can exceed on ``cluster``: its GPUs times the reciprocal of the GPU-seconds
+    one sample needs, each layer at its cheapest profiled (tp, mbs) (per-sample cost tp·(f+b)(mbs)/mbs;
+    [C2] interpolates linearly between profiled sizes and proportionally outside them, so the cheapest
+    is at a profiled size). A pipeline's time is at least its samples times this cost over its GPUs."""
+    c = instance.topology.cluster(cluster)
+    per_layer = None
+    for tp in instance.model.tps(c.gpu):
+        t = tables.table(c.gpu, tp)
+        for j, mbs in enumerate(t.mbs):
+            cost = tp * (np.diff(t.fwd[j]) + np.diff(t.bwd[j])) / mbs
+            per_layer = cost if per_layer is None else np.minimum(per_layer, cost)
+    if per_layer is None or float(per_layer.sum()) <= 0:
+        return INF
+    return c.num_gpus / float(per_layer.sum())
+
+
+def grad_precisions(instance: Instance, allowed: Sequence[str]) -> tuple[str, ...]:
+    """Precisions the cross-group gradient all-reduce may use: native, and a 16-bit format narrower
+    than the training dtype when the link policy allows one (fp8 cannot be summed)."""
+    native = DTYPE_BYTES[instance.model.dtype]
+    low = [p for p in ("bf16", "fp16") if p in allowed and DTYPE_BYTES[p] < native]
+    return ("native", *low[:1])
+
+
+def _unit(G: int, n: int) -> int:
+    """Largest power of two u dividing G with G/u >= 16·n (shares are multiples of u)."""
+    u = 1
+    while G % (2 * u) == 0 and G // (2 * u) >= 16 * n:
+        u *= 2
+    return u
+
+
+def _shares(G: int, rates: Sequence[float], unit: int) -> list[int] | None:
+    """Shares of G in multiples of ``unit`` proportional to ``rates`` (largest remainder); None when
+    a group would get nothing."""
+    units = G // unit
+    total = sum(rates)
+    raw = [units * r / total for r in rates]
+    out = [int(math.floor(x)) for x in raw]
+    for i in sorted(range(len(raw)), key=lambda i: out[i] - raw[i])[: units - sum(out)]:
+        out[i] += 1
+    if min(out) < 1:
+        return None
+    return [u * unit for u in out]
+
+
+def best_grouped_plan(
+    instance: Instance, tables: CostTables, sub_planner: SubPlanner, *, incumbent: float,
+    allowed: Sequence[str] = ("native",), out_of_time: Callable[[], bool] = lambda: False,
+) -> GroupedPlan | None:
+    """[H9] The best plan with data parallelism across cluster groups that beats ``incumbent``
+    (None when none does or none fits)."""
+    G = instance.job.global_batch
+    precs = grad_precisions(instance, allowed)
+    cheapest = precs[-1]
+    memo: dict[tuple[object, int], tuple[Plan, float, str] | None] = {}
+
+    def plan_group(group: tuple[str, ...], share: int) -> tuple[Plan, float] | None:
+        # alike single clusters (same GPUs, shape and bandwidths) share one plan, relabelled: fewer
+        # searches, and their stage cuts line up (fewer all-reduce segments [C5])
+        key = (_signature(instance, group), share)
+        if key not in memo:
+            got = sub_planner(sub_instance(instance, group, share))
+            memo[key] = None if got is None else (got[0], got[1], group[0])
+        hit = memo[key]
+        if hit is None:
+            return None
+        plan, t, source = hit
+        return (plan if source == group[0] else _relabel(plan, source, group[0])), t
+
+    n_clusters = len(instance.topology.clusters)
+    rating = _rating_share(G, n_clusters, _unit(G, n_clusters))
+    best: GroupedPlan | None = None
+    compute_floor = G / sum(rate_bound(instance, tables, c.name) for c in instance.topology.clusters)
+    for part in groupings(instance):
+        if out_of_time():
+            break
+        every = [c for g in part for c in g]
+        floor = compute_floor + min(wan_allreduce_time(instance, tables, g_pair, cheapest) for g_pair in _pairs(part))
+        if floor >= min(incumbent, best.iteration_time_s if best else INF):
+            log.debug("grouping %s: WAN all-reduce alone %.3g s, skipped", part, floor)
+            continue
+        unit = _unit(G, len(part))
+        share = rating  # one rating share for every grouping: the ratings are reused across them
+        rated = []
+        for g in part:
+            got = plan_group(g, share)
+            if got is not None and got[1] > 0:
+                tail = evaluate(got[0], sub_instance(instance, g, share), tables).sync_optimizer_time_s
+                rated.append((share / got[1], tail, g))
+        ests = _greedy_subsets(instance, tables, rated, cheapest)
+        ests.sort(key=lambda x: x[0])
+        for est, head in ests[:_REALISE]:
+            if est >= min(incumbent, best.iteration_time_s if best else INF) * 1.05:
+                break
+            got = _realise(instance, tables, [g for _, _, g in head], [r for r, _, _ in head], unit, plan_group, precs)
+            if got is not None and (best is None or got.iteration_time_s < best.iteration_time_s):
+                best = got
+        log.debug("grouping %s (%d clusters): best %s", part, len(every), best and round(best.iteration_time_s, 4))
+    if best is None or best.iteration_time_s >= incumbent:
+        return None
+    return best
+
+
+def _greedy_subsets(
+    instance: Instance, tables: CostTables, rated: list[tuple[float, float, tuple[str, ...]]], precision: str,
+) -> list[tuple[float, list[tuple[float, float, tuple[str, ...]]]]]:
+    """[H9] Subsets of rated groups (rate, tail, group) with their estimates G / Σ rate + slowest
+    tail + WAN all-reduce over their clusters: the best pair, then greedily the group whose addition
+    lowers the estimate most, every subset on the way kept."""
+    G = instance.job.global_batch
+
+    def est(head: list[tuple[float, float, tuple[str, ...]]]) -> float:
+        clusters = [c for _, _, g in head for c in g]
+        return (G / sum(r for r, _, _ in head) + max(t for _, t, _ in head)
+                + wan_allreduce_time(instance, tables, clusters, precision))
+
+    if len(rated) < 2:
+        return []
+    pairs = [[a, b] for i, a in enumerate(rated) for b in rated[i + 1 :]]
+    cur = min(pairs, key=est)
+    out = [(est(cur), cur)]
+    while len(cur) < len(rated):
+        nxt = min(([*cur, g] for g in rated if g not in cur), key=est)
+        out.append((est(nxt), nxt))
+        if out[-1][0] >= out[-2][0]:
+            break
+        cur = nxt
+    return out
+
+
+def _rating_share(G: int, n: int, unit: int) -> int:
+    """The share each group is rated with: G over the power of two nearest to n, in whole units
+    (a power-of-two fraction of the batch keeps the group's microbatch choices rich)."""
+    p = 1 << max(round(math.log2(n)), 0)
+    return max(unit, (G // p) // unit * unit)
+
+
+def _signature(instance: Instance, group: tuple[str, ...]) -> object:
+    """What a one-cluster group's plan depends on besides its name, to within the buckets of
+    :func:`_bucket` (multi-cluster groups: themselves)."""
+    if len(group) > 1:
+        return group
+    c = instance.topology.cluster(group[0])
+    return (c.gpu, c.gpu_memory_bytes, c.nodes, c.gpus_per_node, c.memory_bandwidth_gbyte_s,
+            _bucket(c.intra_node), _bucket(c.inter_node))
+
+
+def _bucket(bw: Bandwidth) -> tuple[int, int]:
+    """A bandwidth to within 10 % (at 64 MB) and its latency to within 10 µs: clusters that differ
+    less share one search; the shared plan is then scored exactly on each cluster by ``evaluate``."""
+    return (round(math.log(bandwidth_bytes_per_s(bw, 64e6)) / math.log(1.1)), round(bw.latency_s * 1e5))
+
+
+def _relabel(plan: Plan, old: str, new: str) -> Plan:
+    """``plan`` with every replica group of cluster ``old`` moved to ``new``."""
+    pipes = tuple(dataclasses.replace(p, stages=tuple(
+        dataclasses.replace(st, groups=tuple(dataclasses.replace(g, cluster=new) if g.cluster == old else g
+                                             for g in st.groups)) for st in p.stages)) for p in plan.pipelines)
+    return dataclasses.replace(plan, pipelines=pipes)
+
+
+def _pairs(part: tuple[tuple[str, ...], ...]) -> list[tuple[str, str]]:
+    """One cluster from each of two groups, for every pair of groups (a lower bound on the WAN ring
+    any subset of at least two groups pays)."""
+    return [(a[0], b[0]) for i, a in enumerate(part) for b in part[i + 1 :]]
+
+
+def _realise(
+    instance: Instance, tables: CostTables, groups: list[tuple[str, ...]], rates: list[float], unit: int,
+    plan_group: Callable[[tuple[str, ...], int], "tuple[Plan, float] | None"], precs: Sequence[str],
+) -> GroupedPlan | None:
+    """Plans of ``groups`` with shares proportional to ``rates``, re-balanced once from the realised
+    pipeline times; the best by ``evaluate`` over the gradient precisions."""
+    G = instance.job.global_batch
+    best: GroupedPlan | None = None
+    for _ in range(2):
+        shares = _shares(G, rates, unit)
+        if shares is None:
+            return best
+        subs = [plan_group(g, s) for g, s in zip(groups, shares)]
+        if any(s is None for s in subs):
+            return best
+        pipes = tuple(p for sp in subs for p in sp[0].pipelines)  # type: ignore[index]
+        for prec in precs:
+            plan = Plan(pipelines=pipes, planner="heuristic", instance=instance.name, grad_sync_precision=prec)  # type: ignore[arg-type]
+            ev = evaluate(plan, instance, tables)
+            if ev.feasible and (best is None or ev.iteration_time_s < best.iteration_time_s):
+                best = GroupedPlan(plan=plan, iteration_time_s=ev.iteration_time_s, groups=tuple(groups),
+                                   shares=tuple(shares))
+        new_rates = [s / sp[1] for s, sp in zip(shares, subs)]  # type: ignore[index]
+        if max(new_rates) <= 0 or all(abs(a / sum(new_rates) - b / sum(rates)) < 0.01 for a, b in zip(new_rates, rates)):
+            break
+        rates = new_rates
+    return best
