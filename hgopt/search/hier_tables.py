@@ -133,7 +133,9 @@ def cluster_tables(
     m = num_microbatches
     ws = tuple(dict.fromkeys((m, *weights)))
     cache = {} if cache is None else cache
-    key = ("block", cluster.name, role, microbatch, m, gpu_budget, replicas)
+    # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
+    key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
+           gpu_budget, replicas)
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]

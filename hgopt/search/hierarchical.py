@@ -29,7 +29,7 @@ from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.search import PlanOptions, PlanResult
+from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
@@ -72,8 +72,14 @@ class HeuristicOptions:
     such boundary compressed), or 'auto' (per boundary the fastest of native, bf16 and fp8) [H7]."""
     max_compressed_links: int | None = None
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
+    link_penalty: tuple[tuple[str, float], ...] = ()
+    """Seconds added to a boundary's cost when compressed to a precision (``link_penalty``) [H7]."""
     patience: int = 2
     """Per pipeline count, stop raising the microbatch after this many that did not improve."""
+    kb_leaders: int = 3
+    """(k, B) of the best coarse skeletons whose cluster sets are grown and pruned greedily [H4]."""
+    repartition_extra: int = 2
+    """Realised skeletons besides the best whose stages are re-partitioned globally [H8]."""
     cross_cluster_dp: bool = True
     """Also try data parallelism across cluster groups [H9] (plans outside the exact planner's space)."""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
@@ -125,9 +131,13 @@ class _Ctx:
     links: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
+    subsets: dict[tuple[object, ...], object] = field(default_factory=dict)
+    """[H4] estimated skeleton per (k, B, clusters, passes), and [C6] memory bounds per (k, clusters)."""
     allowed: tuple[str, ...] = ("native",)
     """Precisions an inter-cluster boundary may use (mixed-precision links)."""
     max_links: int | None = None
+    penalty: dict[str, float] = field(default_factory=dict)
+    """Seconds per boundary compressed to a precision [H7]."""
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
 
     def elapsed(self) -> float:
@@ -141,7 +151,7 @@ def plan_heuristic(
     """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
     ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=_check_max_links(options.max_compressed_links))
+               max_links=_check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
     raw = _skeleton_candidates(ctx, options)
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
@@ -181,7 +191,7 @@ def plan_heuristic(
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
-    best = _repartitioned(ctx, best, done[: options.finalists])
+    best = _repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
     if options.cross_cluster_dp and len(instance.topology.clusters) > 1:
         grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
@@ -362,7 +372,7 @@ def _skeleton_candidates(ctx: _Ctx, options: HeuristicOptions) -> list[tuple[flo
                 break
     coarse.sort(key=lambda x: x[0])
     out = list(coarse)
-    kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.finalists]
+    kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.kb_leaders]
     for k, B in kbs:
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         if len(names) > 1:
@@ -540,7 +550,7 @@ def _best_link(ctx: _Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = _link_times(ctx, a, b, B, cut, prec)
-        score = (m - 1) * max(f, bw) + f + bw
+        score = (m - 1) * max(f, bw) + f + bw + ctx.penalty.get(prec, 0.0)
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
@@ -556,7 +566,7 @@ def _link_choice(ctx: _Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence
     for a, b, cut in zip(order, order[1:], cuts):
         prec, f, bw = _best_link(ctx, a, b, B, cut, m)
         nf, nb = _link_times(ctx, a, b, B, cut, "native")
-        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw)
+        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw) - ctx.penalty.get(prec, 0.0)
         picks.append((prec, gain))
     if ctx.max_links is not None:
         keep = {i for i, _ in sorted(((i, g) for i, (p, g) in enumerate(picks) if p != "native"),
@@ -627,7 +637,7 @@ def _weights(m: int) -> tuple[int, ...]:
 
 
 def _tables(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> dict[int, ClusterTable]:
-    key = (name, role, k, B, after)
+    key = (_alike(ctx, name), role, k, B, after)
     if key not in ctx.tabs:
         c = ctx.instance.topology.cluster(name)
         ctx.tabs[key] = cluster_tables(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
@@ -635,6 +645,15 @@ def _tables(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int)
                                        replicas=k, stages_after=after, weights=_weights(m),
                                        cache=ctx.parts)  # type: ignore[arg-type]
     return ctx.tabs[key]  # type: ignore[return-value]
+
+
+def _alike(ctx: _Ctx, name: str) -> object:
+    """What a cluster's estimates [H2] read of it: clusters that agree on all of it share tables."""
+    key = ("alike", name)
+    if key not in ctx.subsets:
+        c = ctx.instance.topology.cluster(name)
+        ctx.subsets[key] = (c.gpu, c.gpus_per_node, c.num_gpus, c.gpu_memory_bytes, c.intra_node, c.inter_node)
+    return ctx.subsets[key]
 
 
 def _table(ctx: _Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> ClusterTable:
@@ -676,11 +695,34 @@ def _best_for_subset(
 ) -> tuple[float, Skeleton] | None:
     """Order ``names``, split the layers on the estimates (with ``passes`` = 2 a second time with
     the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
-    m = ctx.instance.job.global_batch // (k * B)
-    order = _order(ctx, names, k * B, m)  # WAN load of the k pipelines [C4w]
-    orders = (order, order[::-1]) if passes > 1 else (order,)  # the coarse pass keeps one direction
-    got = [g for o in dict.fromkeys(orders) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
-    return min(got, key=lambda x: x[0]) if got else None
+    key = (k, B, names, passes)
+    if key in ctx.subsets:
+        return ctx.subsets[key]
+    got = None
+    if _can_hold(ctx, k, names):
+        m = ctx.instance.job.global_batch // (k * B)
+        order = _order(ctx, names, k * B, m)  # WAN load of the k pipelines [C4w]
+        orders = (order, order[::-1]) if passes > 1 else (order,)  # the coarse pass keeps one direction
+        found = [g for o in dict.fromkeys(orders) if (g := _split_order(ctx, k, B, m, o, passes)) is not None]
+        got = min(found, key=lambda x: x[0]) if found else None
+    ctx.subsets[key] = got
+    return got
+
+
+def _can_hold(ctx: _Ctx, k: int, names: tuple[str, ...]) -> bool:
+    """[C6] memory bound: every pipeline keeps each parameter's weight and gradient at least once and
+    its optimizer state at least once in total (ZeRO-1 shards it over a stage's replicas), so the
+    GPU memory one pipeline gets, Σ_c ⌊n_c / k⌋ · (capacity_c − workspace), must hold
+    P · (2·w + o), P the fewest parameters of one model replica over the profiled tp degrees."""
+    key = ("hold", k, names)
+    if key not in ctx.subsets:
+        inst, tb = ctx.instance, ctx.tables
+        room = sum((c.num_gpus // k) * max(c.gpu_memory_bytes - inst.job.workspace_bytes, 0.0)
+                   for c in inst.topology.clusters if c.name in names)
+        need = min(tp * float(t.params[-1]) for (gpu, tp), t in tb.by_gpu_tp.items()) \
+            * (2.0 * tb.dtype_bytes + tb.optimizer_bytes_per_param)
+        ctx.subsets[key] = room >= need  # type: ignore[assignment]
+    return bool(ctx.subsets[key])
 
 
 def _split_order(
@@ -1245,7 +1287,7 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
     res = plan_heuristic(instance, options=HeuristicOptions(
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
-        max_compressed_links=max_links))
+        max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items())))
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP")

@@ -300,14 +300,27 @@ def best_local_plan(
     best: _Choice | None = None
     c = instance.topology.cluster(cluster)
     classes = tables.layer_classes or layer_classes(instance)
-    for cfg in local_configs(instance, cluster, microbatch):
+    # [I5] configs in order of their lower bound (m − 1)·W/s_max + W (W: the range's compute), so
+    # that the incumbent prunes the others and, inside a config, the small stage counts
+    # (ties go to the config listed first by local_configs, as without the pruning)
+    todo = []
+    for idx, cfg in enumerate(local_configs(instance, cluster, microbatch)):
         if cfg.gpus > gpu_budget:
             continue
         sm = StageModel(instance, tables, c, cfg, replicas)
         s_max = min(gpu_budget // cfg.gpus, end - start)
-        found = _search_range(classes, sm, start, end, s_max, stages_after, num_microbatches)
-        if found is not None and (best is None or found.value < best.value):
-            best = found
+        work = float(sm.compute(np.array([start]), np.array([end]))[0])
+        todo.append(((num_microbatches - 1) * work / s_max + work, idx, work, sm, s_max))
+    todo.sort(key=lambda x: (x[0], x[1]))
+    best_idx = -1
+    for lb, idx, work, sm, s_max in todo:
+        if best is not None and lb > best.value:
+            break
+        found = _search_range(classes, sm, start, end, s_max, stages_after, num_microbatches,
+                              incumbent=best.value if best is not None else INF, work=work)
+        if found is not None and (best is None or found.value < best.value
+                                  or (found.value == best.value and idx < best_idx)):
+            best, best_idx = found, idx
     if best is None:
         return None
     return local_plan_costs(instance, tables, cluster, _stages(cluster, best.cfg, best.bounds), replicas=replicas,
@@ -335,19 +348,25 @@ def _stages(cluster: str, cfg: LocalConfig, bounds: tuple[int, ...]) -> tuple[St
 
 
 def _search_range(
-    classes: tuple[int, ...], sm: StageModel, start: int, end: int, s_max: int, d: int, m: int
+    classes: tuple[int, ...], sm: StageModel, start: int, end: int, s_max: int, d: int, m: int,
+    incumbent: float = INF, work: float = 0.0,
 ) -> _Choice | None:
-    """Best partition of [start, end) for one config over every stage count <= s_max."""
+    """Best partition of [start, end) for one config over every stage count <= s_max that can beat
+    ``incumbent``: with s stages the objective is at least (m − 1)·work/s + work [I5] (the
+    bottleneck is at least the mean stage compute, the fill at least the whole compute ``work``),
+    so stage counts are tried from the most down and stop once that bound reaches the best."""
     geo = TrunkGeometry.for_range(classes, start, end)
     if geo is None:
         return _generic_best(sm, start, end, s_max, d, m)
     tc = TrunkCosts(sm, geo, geo.trunk)
     best: _Choice | None = None
-    for s in range(1, s_max + 1):
+    for s in range(s_max, 0, -1):  # ties go to the fewest stages, as in ascending order
+        if (m - 1) * work / s + work > min(incumbent, best.value if best is not None else INF):
+            break
         sol = solve_trunk(tc, s, d, m, np.array([geo.trunk]))
         if sol is None or not sol.feasible[0]:
             continue
-        if best is None or sol.value[0] < best.value:
+        if best is None or sol.value[0] <= best.value:
             best = _Choice(value=float(sol.value[0]), cfg=sm.cfg, bounds=sol.bounds(0))
     return best
 
