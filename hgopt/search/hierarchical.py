@@ -9,7 +9,9 @@ contiguous layer range as a local pipeline chosen by the intra-cluster DP. The d
    estimates ([H2], ``hier_tables``), then pairwise layer moves; drop clusters while that helps;
 4. [H5] realise the best few skeletons with ``best_local_plan`` (exact local pipelines) and score
    them with ``evaluate``; [H6] refine the best by moving single layers across cluster boundaries
-   with exact local plans while the time budget lasts.
+   with exact local plans while the time budget lasts;
+5. [H8] re-partition the layers over the realised stages globally (``repartition``);
+6. [H9] try data parallelism across cluster groups (``groups``), outside the exact planner's space.
 
 ``heuristic_incumbent`` is the entry point for the exact planner's warm start.
 """

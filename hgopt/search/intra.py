@@ -300,7 +300,7 @@ def best_local_plan(
     best: _Choice | None = None
     c = instance.topology.cluster(cluster)
     classes = tables.layer_classes or layer_classes(instance)
-    # [I5] configs in order of their lower bound (m − 1)·W/s_max + W (W: the range's compute), so
+    # [I6] configs in order of their lower bound (m − 1)·W/s_max + W (W: the range's compute), so
     # that the incumbent prunes the others and, inside a config, the small stage counts
     # (ties go to the config listed first by local_configs, as without the pruning)
     todo = []
@@ -352,9 +352,9 @@ def _search_range(
     incumbent: float = INF, work: float = 0.0,
 ) -> _Choice | None:
     """Best partition of [start, end) for one config over every stage count <= s_max that can beat
-    ``incumbent``: with s stages the objective is at least (m − 1)·work/s + work [I5] (the
-    bottleneck is at least the mean stage compute, the fill at least the whole compute ``work``),
-    so stage counts are tried from the most down and stop once that bound reaches the best."""
+    ``incumbent``: with s stages the objective is at least (m − 1)·work/s + work (the
+    bottleneck is at least the mean stage compute, the fill at least the whole compute ``work``) [I6],
+    so stage counts are tried from the most down and stop once that bound exceeds the best."""
     geo = TrunkGeometry.for_range(classes, start, end)
     if geo is None:
         return _generic_best(sm, start, end, s_max, d, m)
