@@ -272,27 +272,32 @@ def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
 def _precision_rows(form: Formulation, by_cluster: dict[str, list[int]], pol: LinkPolicy) -> None:
     """[M18] at most N compressed boundaries per pipeline; [M19] the cast block of a compressed
     hand-over a→b: mu >= min(mbs_a, mbs_b) when its pair is chosen. With Y_cν = Σ_{o of c, mbs ν} y_o
-    (at most one is 1), min(mbs_a, mbs_b) = ν exactly when Y_aν = 1 and Σ_{ν' >= ν} Y_bν' = 1 or the
-    same with a and b swapped, so mu >= ν·(Y_aν + Σ_{ν'>=ν} Y_bν' + z − 2) for every ν and both
-    orders is exact for binaries (mu only costs, so it settles at the largest right-hand side)."""
+    (a variable with its defining row, so the cast rows stay short; at most one is 1 per cluster),
+    min(mbs_a, mbs_b) = ν exactly when Y_aν = 1 and Σ_{ν' >= ν} Y_bν' = 1 or the same with a and b
+    swapped, so mu >= ν·(Y_aν + Σ_{ν'>=ν} Y_bν' + z − 2) for every ν and both orders is exact for
+    binaries (mu only costs, so it settles at the largest right-hand side)."""
     lm, ys = form.model, form.y
     compressed = {v.z: 1.0 for lv in form.links.values() for v in lv if v.arc.compressed}
     if pol.max_compressed is not None and compressed:
         lm.add_row("M18_compressed_links", compressed, ub=float(pol.max_compressed))
-    by_mbs = {c: {} for c in by_cluster}  # type: dict[str, dict[int, list[int]]]
+    by_mbs: dict[str, dict[int, list[int]]] = {c: {} for c in by_cluster}
     for c, js in by_cluster.items():
         for j in js:
             by_mbs[c].setdefault(ys[j].cfg.mbs, []).append(j)
+    used = {c for (a, b), lv in form.links.items() if any(v.mu is not None for v in lv) for c in (a, b)}
+    big_y: dict[str, dict[int, int]] = {c: {} for c in used}  # Y[c,ν] = Σ_{o of c, mbs ν} y_o
+    for c in sorted(used):
+        for nu, js in sorted(by_mbs[c].items()):
+            big_y[c][nu] = lm.add_var(f"Y[{c},{nu}]", lb=0.0, ub=1.0)
+            lm.add_row(f"M19_mbs[{c},{nu}]", {big_y[c][nu]: 1.0, **{j: -1.0 for j in js}}, 0.0, 0.0)
     for (a, b), lv in form.links.items():
         for v in lv:
             if v.mu is None:
                 continue
             for one, other in ((a, b), (b, a)):
-                for nu, js in sorted(by_mbs[one].items()):
-                    row = {v.mu: 1.0, v.z: -float(nu), **{j: -float(nu) for j in js}}
-                    for nu2, js2 in by_mbs[other].items():
-                        if nu2 >= nu:
-                            row.update({j: -float(nu) for j in js2})
+                for nu, ynu in big_y[one].items():
+                    row = {v.mu: 1.0, v.z: -float(nu), ynu: -float(nu)}
+                    row.update({y2: -float(nu) for nu2, y2 in big_y[other].items() if nu2 >= nu})
                     lm.add_row(f"M19_cast[{a},{b},{v.arc.pair[0]}/{v.arc.pair[1]},{one}{nu}]", row, lb=-2.0 * nu)
 
 

@@ -114,13 +114,14 @@ def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int) -> float:
     A = np.full((full, N + 1), INF)
     A[0, 0] = 0.0
     f1 = np.concatenate([np.full((C, 1), INF), fills], axis=1)  # f1[c, n] for n = 0..N (n=0 not allowed)
+    shifts = [_shift_matrix(f1[c], N) for c in range(C)]  # per cluster, not per subset
     for X in range(1, full):
         c = (X & -X).bit_length() - 1
         prev = A[X ^ (1 << c)]
         if not np.isfinite(prev).any():
             continue
         # min-plus convolution prev ⊕ f1[c]
-        A[X] = np.min(prev[None, :] + _shift_matrix(f1[c], N), axis=1)
+        A[X] = np.min(prev[None, :] + shifts[c], axis=1)
     P = _paths(arcs, C)
     vals = P + A[:, N]
     singles = [1 << c for c in range(C)]
