@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -177,3 +178,18 @@ def test_grouped_plan_on_a_shipped_multi_zone_instance_beats_the_single_family()
     res = plan_heuristic(inst)
     assert res.iteration_time_s < single.iteration_time_s
     assert evaluate(res.plan, inst).feasible
+
+
+def test_plan_command_describes_a_grouped_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`hgopt plan` on an instance where the heuristic trains cluster groups in data parallel: the
+    summary adds up the different pipelines' samples and names the groups."""
+    from hgopt.cli import main
+
+    assert main(["plan", "sailor-het-16+16", "--planner", "heuristic"]) == 0
+    out = capsys.readouterr().out
+    plan_line = next(line for line in out.splitlines() if line.startswith("pipelines "))
+    shapes = re.findall(r"(\d+) x microbatch (\d+) x (\d+) microbatches", plan_line)
+    assert len(shapes) >= 1
+    total = sum(int(n) * int(b) * int(m) for n, b, m in shapes)
+    assert total == load_instance("sailor-het-16+16").job.global_batch
+    assert "note: groups:" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from hgopt.cost import build_tables, evaluate
@@ -151,11 +152,13 @@ def _stage_table(inst: Instance, plan: Plan) -> str:
 def _summary(inst: Instance, res: PlanResult, ev: Evaluation) -> str:
     plan = res.plan
     assert plan is not None
-    p0 = plan.pipelines[0]
     used = ", ".join(f"{c} {n}/{inst.topology.cluster(c).num_gpus}" for c, n in plan.gpus_by_cluster().items())
+    shapes = Counter((p.microbatch, p.num_microbatches) for p in plan.pipelines)
     lines = [
-        f"pipelines {len(plan.pipelines)} x microbatch {p0.microbatch} x {p0.num_microbatches} microbatches "
-        f"= global batch {inst.job.global_batch}",
+        "pipelines " + " + ".join(f"{n} x microbatch {b} x {m} microbatches" for (b, m), n in shapes.items())
+        + f" = global batch {inst.job.global_batch}"
+        + ("" if plan.grad_sync_precision == "native" else
+           f"; gradients all-reduced across clusters in {plan.grad_sync_precision}"),
         f"GPUs used {ev.gpus_used} of {inst.topology.num_gpus()} ({used})",
         f"iteration time {fmt_seconds(ev.iteration_time_s)} (pipeline {fmt_seconds(ev.pipeline_time_s)} + "
         f"sync/optimizer {fmt_seconds(ev.sync_optimizer_time_s)}), throughput {ev.throughput_samples_per_s:.4g} "

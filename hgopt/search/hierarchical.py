@@ -1292,10 +1292,10 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items())))
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
-             "cluster, local pipelines by the intra-cluster DP")
+             "cluster, local pipelines by the intra-cluster DP; or data parallelism across cluster groups, "
+             "each group such pipelines")
     if res.plan is None:
         return PlanResult(planner="heuristic", status="infeasible", plan=None, search_time_s=elapsed,
                           plan_space=space, notes=("no skeleton could be realised",))
     return PlanResult(planner="heuristic", status="heuristic", plan=res.plan, iteration_time_s=res.iteration_time_s,
-                      search_time_s=elapsed, plan_space=space, notes=(f"skeleton: {_describe(res.skeleton)}",)
-                      if res.skeleton else ())
+                      search_time_s=elapsed, plan_space=space, notes=tuple(f"{k}: {v}" for k, v in res.plan.meta))
