@@ -517,6 +517,22 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     solver_name = ""
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
+    relaxed: dict[BatchSplit, Callable[[float], float] | None] = {}
+    use_relax = options.extra.get("relaxation", "on") != "off"
+    if use_relax:
+        # [R4] the relaxation bounds of the splits first, for up to half the budget: the global bound
+        # then holds them even when one split's MILP takes the rest of the time (with compressed links
+        # the first split's MILP can), and the MILPs are visited in the order of those bounds
+        half = t_start + 0.5 * options.time_limit_s
+        for sp in order:
+            target = (best.value if best else math.inf) * (1 - options.gap / 2)
+            if lbs[sp] >= target or not math.isfinite(lbs[sp]):
+                continue
+            if time.perf_counter() >= half:
+                break
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+            lbs[sp] = max(lbs[sp], value)
+        order = sorted(order, key=lambda sp: (sp != first, lbs[sp]))
     for sp in order:
         ub = best.value if best else math.inf
         target = ub * (1 - options.gap / 2)
@@ -524,10 +540,10 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             continue
         if time.perf_counter() >= deadline:
             break
-        above = None
-        if options.extra.get("relaxation", "on") != "off":
-            value, above = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+        if use_relax and sp not in relaxed:
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
             lbs[sp] = max(lbs[sp], value)
+        above = relaxed.get(sp)
         if lbs[sp] >= target:
             log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
             continue
