@@ -193,3 +193,14 @@ def test_plan_command_describes_a_grouped_plan(capsys: pytest.CaptureFixture[str
     total = sum(int(n) * int(b) * int(m) for n, b, m in shapes)
     assert total == load_instance("sailor-het-16+16").job.global_batch
     assert "note: groups:" in out
+
+
+def test_grouped_alternative_beats_a_given_incumbent_or_returns_none() -> None:
+    from hgopt.search.hierarchical import grouped_alternative
+
+    inst = _zones_instance(10.0)
+    single = plan_heuristic(inst, options=HeuristicOptions(cross_cluster_dp=False))
+    alt = grouped_alternative(inst, single.iteration_time_s)
+    assert alt is not None and alt.groups and alt.iteration_time_s < single.iteration_time_s
+    assert evaluate(alt.plan, inst).iteration_time_s == pytest.approx(alt.iteration_time_s)
+    assert grouped_alternative(inst, alt.iteration_time_s * 0.5) is None  # nothing beats half of it

@@ -35,7 +35,7 @@ from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
 from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
-from hgopt.search.groups import best_grouped_plan
+from hgopt.search.groups import GroupedPlan, best_grouped_plan
 from hgopt.search.repartition import repartition
 from hgopt.spec import DTYPE_BYTES, Instance
 
@@ -44,6 +44,7 @@ __all__ = [
     "HeuristicOptions",
     "HeuristicResult",
     "Skeleton",
+    "grouped_alternative",
     "heuristic_incumbent",
     "allowed_link_precisions",
     "plan_heuristic",
@@ -199,10 +200,7 @@ def plan_heuristic(
         grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
                                     allowed=ctx.allowed, out_of_time=lambda: _out_of_time(ctx, options))
         if grouped is not None:
-            desc = "; ".join(f"{'+'.join(g)}: {n} samples" for g, n in zip(grouped.groups, grouped.shares))
-            gplan = dataclasses.replace(grouped.plan, meta=(("groups", desc),))
-            return HeuristicResult(plan=gplan, skeleton=None, iteration_time_s=grouped.iteration_time_s,
-                                   search_time_s=ctx.elapsed(), realized=realized, groups=grouped.groups)
+            return _grouped_result(ctx, grouped, realized)
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", _describe(sk)),))
     return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
@@ -217,6 +215,30 @@ def _sub_plan(ctx: _Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan
     if res.plan is None:
         return None
     return res.plan, evaluate(res.plan, sub, ctx.tables).pipeline_time_s
+
+
+def _grouped_result(ctx: _Ctx, grouped: GroupedPlan, realized: int = 0) -> HeuristicResult:
+    desc = "; ".join(f"{'+'.join(g)}: {n} samples" for g, n in zip(grouped.groups, grouped.shares))
+    return HeuristicResult(plan=dataclasses.replace(grouped.plan, meta=(("groups", desc),)), skeleton=None,
+                           iteration_time_s=grouped.iteration_time_s, search_time_s=ctx.elapsed(), realized=realized,
+                           groups=grouped.groups)
+
+
+def grouped_alternative(
+    instance: Instance, incumbent_s: float, *, tables: CostTables | None = None,
+    options: HeuristicOptions = HeuristicOptions(),
+) -> HeuristicResult | None:
+    """[H9] alone: the best plan with data parallelism across cluster groups that beats
+    ``incumbent_s`` (e.g. the exact planner's plan, to tell its user that a plan outside its space is
+    faster), or None."""
+    ctx = _Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
+               start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
+               max_links=_check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+    if len(instance.topology.clusters) < 2:
+        return None
+    grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=incumbent_s,
+                                allowed=ctx.allowed, out_of_time=lambda: _out_of_time(ctx, options))
+    return None if grouped is None else _grouped_result(ctx, grouped)
 
 
 def _screen(ctx: _Ctx, estimates: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
