@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,8 +40,8 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "LinkPolicy", "ModelShape", "Role", "arc_precisions",
-           "block_options", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
+           "arc_precisions", "block_options", "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,10 @@ class Window:
     replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
 
 
+class OutOfTime(Exception):
+    """Raised by :func:`block_options` when its ``deadline`` passes before the options are complete."""
+
+
 def block_options(
     instance: Instance,
     tables: CostTables,
@@ -162,9 +167,12 @@ def block_options(
     d_cap: int,
     window: Window | None = None,
     roles: tuple[Role, ...] = ROLES,
+    deadline: float = math.inf,
 ) -> dict[tuple[str, Role, int], list[BlockOption]]:
     """[B1] Non-dominated block options per (cluster, role, n) for ``replicas`` identical pipelines
-    with this microbatch and m. ``d_cap``: the most stages that can follow a block."""
+    with this microbatch and m. ``d_cap``: the most stages that can follow a block. Raises
+    :class:`OutOfTime` once ``time.perf_counter()`` passes ``deadline`` (checked per configuration):
+    an incomplete option set would make a MILP whose bound is not valid."""
     shape = model_shape(instance)
     win = window or Window(weight=float(num_microbatches - 1))
     out: dict[tuple[str, Role, int], list[BlockOption]] = {}
@@ -172,7 +180,7 @@ def block_options(
         budget = c.num_gpus // replicas
         for role in roles:
             cands = _cluster_role_candidates(instance, tables, c.name, role, shape, replicas, microbatch,
-                                             num_microbatches, budget, d_cap, win)
+                                             num_microbatches, budget, d_cap, win, deadline)
             for n, opts in cands.items():
                 kept = _dominance_filter(opts, role, win)
                 if kept:
@@ -182,7 +190,7 @@ def block_options(
 
 def _cluster_role_candidates(
     instance: Instance, tables: CostTables, cluster: str, role: Role, shape: ModelShape, replicas: int,
-    microbatch: int, m: int, budget: int, d_cap: int, win: Window,
+    microbatch: int, m: int, budget: int, d_cap: int, win: Window, deadline: float = math.inf,
 ) -> dict[int, list[BlockOption]]:
     geo, n_range = role_geometry(shape, role)
     if role == "first" and not shape.boundary_ok_after_prefix(tables.activation_bytes):
@@ -195,6 +203,8 @@ def _cluster_role_candidates(
     for cfg in local_configs(instance, cluster, microbatch):
         if cfg.gpus > budget:
             continue
+        if time.perf_counter() > deadline:
+            raise OutOfTime(f"block options of {cluster} ({role}) not complete by the deadline")
         sm = StageModel(instance, tables, c, cfg, replicas)
         t1 = float(sm.compute(np.array([geo.t0]), np.array([geo.t0 + 1]))[0])
         per_stage = int(win.t_cap // t1) if t1 > 0 and math.isfinite(win.t_cap) else 10**9

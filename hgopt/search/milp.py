@@ -29,6 +29,7 @@ from hgopt.search.blocks import (
     BlockOption,
     CheapBounds,
     LinkPolicy,
+    OutOfTime,
     Window,
     arc_precisions,
     block_options,
@@ -432,6 +433,8 @@ class SplitOutcome:
     solves: tuple[SolveResult, ...] = ()
     variables: int = 0
     rows: int = 0
+    unfinished: bool = False
+    """The time limit ran out before this split's (next) MILP could be built."""
 
 
 def solve_split(
@@ -454,9 +457,17 @@ def solve_split(
         if math.isfinite(t_cap):
             cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
         window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
-        opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
-                             num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
-                             window=window)
+        try:
+            opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
+                                 num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
+                                 window=window, deadline=deadline)
+        except OutOfTime:
+            # the time limit ran out while generating the options: no MILP for this cap; the split
+            # keeps the bound it has (a MILP over incomplete options would not bound anything)
+            log.info("split %s: time limit reached while generating block options (cap %.4g); MILP not built",
+                     split, t_cap)
+            return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
+                                solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         form = build_milp(instance, tables, split, opts, bounds, pol)
         nv, nr = len(form.model.vars), len(form.model.rows)
         limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
@@ -518,6 +529,7 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
     relaxed: dict[BatchSplit, Callable[[float], float] | None] = {}
+    unfinished: list[BatchSplit] = []
     use_relax = options.extra.get("relaxation", "on") != "off"
     if use_relax:
         # [R4] the relaxation bounds of the splits first, for up to half the budget: the global bound
@@ -539,7 +551,8 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
             continue
         if time.perf_counter() >= deadline:
-            break
+            unfinished.append(sp)  # not pruned by its bound, and no time left for its MILP
+            continue
         if use_relax and sp not in relaxed:
             value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
             lbs[sp] = max(lbs[sp], value)
@@ -549,16 +562,51 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
                           incumbent=ub, deadline=deadline, lb_above=above, links=links)
+        if out.unfinished:
+            unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
         lbs[sp] = max(lbs[sp], out.lower_bound)
         if out.plan is not None and out.value < ub:
             best = out
         elif best is not None and out.split == best.split:
             best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=out.lower_bound,
-                                solves=out.solves, variables=out.variables, rows=out.rows, penalty=best.penalty)
+                                solves=out.solves, variables=out.variables, rows=out.rows, penalty=best.penalty,
+                                unfinished=out.unfinished)
         log.info("split %s: plan %.4g s, bound %.4g s; best %.4g s, global bound %.4g s (%.1f s)", sp, out.value,
                  out.lower_bound, best.value if best else math.inf, _global_lb(lbs, best), time.perf_counter() - t_start)
-    return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links)
+    notes = []
+    if unfinished:
+        notes.append(f"time limit reached before the MILP of split {unfinished[0]}"
+                     + (f" and of {len(unfinished) - 1} more split(s)" if len(unfinished) > 1 else "")
+                     + " was built (their bounds still hold); a longer --time-limit lets them run")
+        if best is not None and best.split in unfinished and not best.solves:
+            best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=best.lower_bound,
+                                penalty=best.penalty, unfinished=True)
+    if best is not None and best.plan is not None:
+        notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline))
+    return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links, tuple(notes))
+
+
+def _outside_space_note(instance: Instance, tables: CostTables, value: float, options: PlanOptions,
+                        deadline: float) -> list[str]:
+    """The heuristic's data parallelism across cluster groups ([H9], outside this plan space) against
+    the exact planner's plan: a note naming the faster plan when there is one (nothing otherwise)."""
+    if options.extra.get("outside_check", "on") == "off" or len(instance.topology.clusters) < 2:
+        return []
+    from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative
+
+    left = max(deadline - time.perf_counter(), 1.0)
+    try:
+        alt = grouped_alternative(instance, value, tables=tables, options=HeuristicOptions(
+            time_limit_s=left, link_precision=options.extra.get("link_precision", "native")))
+    except ValueError as exc:  # the heuristic declines some instances
+        log.info("outside-space check skipped: %s", exc)
+        return []
+    if alt is None or alt.plan is None:
+        return []
+    groups = dict(alt.plan.meta).get("groups", "")
+    return [f"outside this plan space the heuristic found a faster plan: data parallelism across cluster groups, "
+            f"{alt.iteration_time_s:.4g} s by evaluate ({groups}); `--planner heuristic` returns it"]
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
@@ -630,7 +678,7 @@ def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float
 
 
 def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit, float], options: PlanOptions,
-            solver: str, wall: float, links: LinkPolicy | None = None) -> PlanResult:
+            solver: str, wall: float, links: LinkPolicy | None = None, extra_notes: tuple[str, ...] = ()) -> PlanResult:
     """The bound of the objective (time + link penalty) is turned into a bound on evaluate's time by
     subtracting the most penalty any plan can pay (nothing without penalties)."""
     pol = links or LinkPolicy()
@@ -642,13 +690,13 @@ def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit,
     if best is None or best.plan is None:
         status = "infeasible" if not math.isfinite(lb) else "error"
         return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=lb if math.isfinite(lb) else None,
-                          search_time_s=wall, solver=solver, plan_space=space)
+                          search_time_s=wall, solver=solver, plan_space=space, notes=extra_notes)
     time_s = best.value - best.penalty
     gap = (time_s - lb) / time_s
     status = "optimal" if gap <= options.gap + 1e-12 else "feasible"
     meta = (("solver", solver), ("lower_bound_s", repr(lb)), ("gap", f"{gap:.6f}"), ("status", status),
             ("split", str(best.split)), ("plan_space", space))
-    notes = [_size_note(best)]
+    notes = [_size_note(best), *extra_notes]
     if slack > 0:
         obj_gap = (best.value - lb_obj) / best.value
         meta += (("objective_with_link_penalty_s", repr(best.value)), ("objective_lower_bound_s", repr(lb_obj)))
@@ -661,6 +709,8 @@ def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit,
 
 
 def _size_note(best: SplitOutcome) -> str:
+    if not best.solves and best.unfinished:
+        return f"best split {best.split}: the warm start's plan (the time limit ran out before its MILP was built)"
     if not best.solves:
         return f"best split {best.split}: bounded by the relaxations alone (no MILP needed)"
     return f"best split {best.split}: {best.variables} variables, {best.rows} rows"

@@ -1,0 +1,71 @@
+"""The exact planner within its time limit, and its note about a faster plan outside its space."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from hgopt.cost import build_tables
+from hgopt.instances import load_instance
+from hgopt.search import PlanOptions
+from hgopt.search.blocks import OutOfTime, block_options
+from hgopt.search.milp import batch_splits, link_policy, plan_milp, solve_split
+from hgopt.search.blocks import cheap_bounds
+from hgopt.solvers import SolveOptions
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+
+def test_block_options_stop_at_the_deadline() -> None:
+    inst = load_instance("default")
+    tables = build_tables(inst)
+    sp = batch_splits(inst)[0]
+    kw = dict(replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+              d_cap=max(sp.num_microbatches - 1, 0))
+    assert block_options(inst, tables, **kw)  # complete without a deadline
+    with pytest.raises(OutOfTime):
+        block_options(inst, tables, **kw, deadline=time.perf_counter() - 1.0)
+
+
+def test_a_split_out_of_time_keeps_its_valid_bound_and_says_so() -> None:
+    inst = load_instance("default")
+    tables = build_tables(inst)
+    sp = batch_splits(inst)[0]
+    cheap = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                         links=link_policy(inst, {}))
+    out = solve_split(inst, tables, sp, cheap, solver="highs", solve_options=SolveOptions(time_limit_s=1.0),
+                      deadline=time.perf_counter() - 1.0)
+    assert out.unfinished and out.plan is None and not out.solves
+    assert out.lower_bound == cheap.value  # the cheap bound, still a bound on every plan of the split
+    full = solve_split(inst, tables, sp, cheap, solver="highs", solve_options=SolveOptions(time_limit_s=30.0))
+    assert not full.unfinished and full.lower_bound >= out.lower_bound - 1e-12
+    if full.plan is not None:
+        assert full.value >= out.lower_bound - 1e-9
+
+
+def test_too_short_a_limit_is_reported_not_overrun() -> None:
+    res = plan_milp(load_instance("scale-8r-1024-llama70b"), PlanOptions(time_limit_s=1.0, extra={"outside_check": "off"}))
+    assert any(n.startswith("time limit reached before the MILP") for n in res.notes)
+    assert any("the time limit ran out before its MILP was built" in n for n in res.notes)
+    assert res.plan is not None and res.lower_bound_s is not None  # the warm start and the bounds remain
+    assert res.lower_bound_s <= res.iteration_time_s
+
+
+def _zones() -> object:
+    topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0), ("c", "A", 1, 4, 40.0)),
+                         wan_gbit_s=10.0, wan_latency_ms=1.0)
+    return tiny_instance(global_batch=48, model=tiny_model(num_layers=6, activation_bytes=5e7, params=1e5,
+                                                          gpus={"A": 0.01}), topology=topo)
+
+
+def test_exact_planner_names_a_faster_plan_outside_its_space() -> None:
+    inst = _zones()
+    res = plan_milp(inst, PlanOptions(time_limit_s=30.0))
+    note = [n for n in res.notes if n.startswith("outside this plan space")]
+    assert len(note) == 1
+    faster = float(note[0].split("groups, ")[1].split(" s by evaluate")[0])
+    assert res.iteration_time_s is not None and faster < res.iteration_time_s
+    assert res.lower_bound_s is not None and math.isfinite(res.lower_bound_s)
+    off = plan_milp(inst, PlanOptions(time_limit_s=30.0, extra={"outside_check": "off"}))
+    assert not any(n.startswith("outside this plan space") for n in off.notes)
