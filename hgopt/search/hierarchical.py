@@ -81,6 +81,8 @@ class HeuristicOptions:
     """Per pipeline count, stop raising the microbatch after this many that did not improve."""
     kb_leaders: int = 3
     """(k, B) of the best coarse skeletons whose cluster sets are grown and pruned greedily [H4]."""
+    repartition: bool = True
+    """Re-partition the layers over all stages of the realised plans at once [H8]."""
     repartition_extra: int = 2
     """Realised skeletons besides the best whose stages are re-partitioned globally [H8]."""
     cross_cluster_dp: bool = True
@@ -194,7 +196,8 @@ def plan_heuristic(
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
-    best = _repartitioned(ctx, best, done[: options.repartition_extra])
+    if options.repartition:
+        best = _repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
     if options.cross_cluster_dp and len(instance.topology.clusters) > 1:
         grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
