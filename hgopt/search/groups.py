@@ -11,14 +11,16 @@ Search (all plans scored by ``evaluate`` on the whole instance):
 
 1. Groupings: the connected components of the clusters joined by links at least as fast as a
    threshold, for every distinct link speed as the threshold (from all-singletons to one group; the
-   one-group case is the main search). A grouping is skipped when the all-reduce of the model's
-   gradients across its clusters alone already takes longer than the best plan known.
-2. Rates: each group plans an equal share with the hierarchical search (no grouping inside); its
-   pipeline rate r_g = share / pipeline time.
-3. Subsets: groups sorted by rate; for every prefix, the estimate G / Σ r_g + slowest group's
-   sync/optimizer tail + the WAN all-reduce across the prefix's clusters; the best prefixes are
-   realised with shares proportional to the rates (multiples of a power-of-two unit), re-balanced
-   once from the realised pipeline times, assembled and scored.
+   one-group case is the main search). A grouping is skipped when a lower bound — the batch over the
+   clusters' compute rate bounds (:func:`rate_bound`) plus the WAN all-reduce of the model's gradients
+   between the two closest groups — already reaches the best plan known.
+2. Rates: each group plans one rating share (G over the power of two nearest the cluster count) with
+   the hierarchical search (no grouping inside); its pipeline rate r_g = share / pipeline time. Alike
+   single clusters share one search (:func:`_signature`).
+3. Subsets: from the best pair of groups, greedily the group that lowers the estimate G / Σ r_g +
+   slowest group's sync/optimizer tail + WAN all-reduce over the subset's clusters most; the two best
+   subsets are realised with shares proportional to the rates (multiples of a power-of-two unit),
+   re-balanced once from the realised pipeline times, assembled and scored.
 4. Gradient precision: the cross-group all-reduce in the training dtype and, when the link policy
    allows a 16-bit format, in it (``Plan.grad_sync_precision``).
 """
@@ -168,6 +170,7 @@ def best_grouped_plan(
     precs = grad_precisions(instance, allowed)
     cheapest = precs[-1]
     memo: dict[tuple[object, int], tuple[Plan, float, str] | None] = {}
+    tails: dict[tuple[str, ...], float] = {}  # sync + optimizer seconds of each group's rating plan
 
     def plan_group(group: tuple[str, ...], share: int) -> tuple[Plan, float] | None:
         # alike single clusters (same GPUs, shape and bandwidths) share one plan, relabelled: fewer
@@ -189,10 +192,9 @@ def best_grouped_plan(
     for part in groupings(instance):
         if out_of_time():
             break
-        every = [c for g in part for c in g]
         floor = compute_floor + min(wan_allreduce_time(instance, tables, g_pair, cheapest) for g_pair in _pairs(part))
         if floor >= min(incumbent, best.iteration_time_s if best else INF):
-            log.debug("grouping %s: WAN all-reduce alone %.3g s, skipped", part, floor)
+            log.debug("grouping %s: compute bound + WAN all-reduce %.3g s, skipped", part, floor)
             continue
         unit = _unit(G, len(part))
         share = rating  # one rating share for every grouping: the ratings are reused across them
@@ -200,8 +202,9 @@ def best_grouped_plan(
         for g in part:
             got = plan_group(g, share)
             if got is not None and got[1] > 0:
-                tail = evaluate(got[0], sub_instance(instance, g, share), tables).sync_optimizer_time_s
-                rated.append((share / got[1], tail, g))
+                if g not in tails:
+                    tails[g] = evaluate(got[0], sub_instance(instance, g, share), tables).sync_optimizer_time_s
+                rated.append((share / got[1], tails[g], g))
         ests = _greedy_subsets(instance, tables, rated, cheapest)
         ests.sort(key=lambda x: x[0])
         for est, head in ests[:_REALISE]:
@@ -210,7 +213,7 @@ def best_grouped_plan(
             got = _realise(instance, tables, [g for _, _, g in head], [r for r, _, _ in head], unit, plan_group, precs)
             if got is not None and (best is None or got.iteration_time_s < best.iteration_time_s):
                 best = got
-        log.debug("grouping %s (%d clusters): best %s", part, len(every), best and round(best.iteration_time_s, 4))
+        log.debug("grouping %s: best %s", part, best and round(best.iteration_time_s, 4))
     if best is None or best.iteration_time_s >= incumbent:
         return None
     return best
