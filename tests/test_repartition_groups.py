@@ -204,3 +204,30 @@ def test_grouped_alternative_beats_a_given_incumbent_or_returns_none() -> None:
     assert alt is not None and alt.groups and alt.iteration_time_s < single.iteration_time_s
     assert evaluate(alt.plan, inst).iteration_time_s == pytest.approx(alt.iteration_time_s)
     assert grouped_alternative(inst, alt.iteration_time_s * 0.5) is None  # nothing beats half of it
+
+
+def test_grouped_plan_exports_with_cross_cluster_sync_groups() -> None:
+    """A grouped plan goes through the exporter: every layer's gradient-sync group spans the clusters
+    of the groups holding it, the pipelines' sample rows tile the global batch, and a narrowed
+    gradient precision reaches the runner plan."""
+    from hgopt.export import ExportOptions, build_runner_plan
+
+    inst = _zones_instance(10.0)
+    res = plan_heuristic(inst, options=HeuristicOptions(link_precision="bf16"))
+    assert res.groups and res.plan is not None
+    assert res.plan.grad_sync_precision == "bf16"  # allowed, and it halves the cross-cluster bytes
+    native = plan_heuristic(inst)
+    assert native.plan is not None and native.plan.grad_sync_precision == "native"
+    assert res.iteration_time_s < native.iteration_time_s
+    rp = build_runner_plan(res.plan, inst, ExportOptions())
+    assert rp.train.grad_sync_precision == "bf16"
+    clusters = {c for g in res.groups for c in g}
+    covered = [0] * inst.model.num_layers
+    for sg in rp.sync_groups:
+        assert set(sg.clusters) == clusters  # every group holds every layer
+        for layer in range(sg.start, sg.end):
+            covered[layer] += 1
+    assert min(covered) >= 1
+    offsets = sorted((p.sample_offset, p.sample_offset + p.microbatch * p.num_microbatches) for p in rp.pipelines)
+    assert offsets[0][0] == 0 and all(a[1] == b[0] for a, b in zip(offsets, offsets[1:]))
+    assert offsets[-1][1] == rp.global_batch
