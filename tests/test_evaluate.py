@@ -144,6 +144,27 @@ def test_bf16_gradient_sync_over_the_wan_halves_its_bytes() -> None:
     assert native.stages[0].sync_s - bf16.stages[0].sync_s == pytest.approx(grad_bytes / 2 / WAN_BPS)
 
 
+def test_concurrent_cross_cluster_allreduces_share_the_wan_link() -> None:
+    """[C5w] Two 2-stage pipelines, one in a and one in b, cut alike: two segments of 2 layers, each
+    held by one replica in a and one in b. Alone, a segment's ring moves 2·1e6·4 B = 8 MB over the
+    link (k = 2: bytes/BW + 2λ = 0.028 s); both rings run at once over the same a–b link, so each stage
+    waits for 16 MB: 0.036 s. One segment alone (single-stage pipelines) is unchanged."""
+    inst = tiny_instance(global_batch=8)
+    two = tuple(Pipeline(stages=(Stage(start=0, end=2, groups=(g(c),)), Stage(start=2, end=4, groups=(g(c),))),
+                         num_microbatches=4) for c in ("a", "b"))
+    ev = evaluate(Plan(pipelines=two), inst)
+    assert [s.sync_s for s in ev.stages] == pytest.approx([16e6 / WAN_BPS + 2 * WAN_LAT] * 4)
+    one = tuple(Pipeline(stages=(Stage(start=0, end=4, groups=(g(c),)),), num_microbatches=4) for c in ("a", "b"))
+    ev1 = evaluate(Plan(pipelines=one), inst)
+    assert [s.sync_s for s in ev1.stages] == pytest.approx([16e6 / WAN_BPS + 2 * WAN_LAT] * 2)
+    # unequal segments (4 MB and 12 MB): each stage still waits for the link to carry all 16 MB
+    three = tuple(Pipeline(stages=(Stage(start=0, end=1, groups=(g(c),)), Stage(start=1, end=4, groups=(g(c),))),
+                           num_microbatches=4) for c in ("a", "b"))
+    ev3 = evaluate(Plan(pipelines=three), inst)
+    assert ev3.stages[1].sync_s == pytest.approx(16e6 / WAN_BPS + 2 * WAN_LAT)  # shared: all 16 MB
+    assert ev3.stages[0].sync_s == pytest.approx(16e6 / WAN_BPS + 2 * WAN_LAT)
+
+
 def test_pipelines_crossing_the_same_wan_link_share_it() -> None:
     inst = tiny_instance(global_batch=16, topology=tiny_topology(
         clusters=(("a", "A", 2, 2, 40.0), ("b", "B", 2, 2, 40.0)), wan_gbit_s=8.0, wan_latency_ms=10.0))

@@ -340,24 +340,49 @@ def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
 
 # ---- gradient synchronisation [C5] ---------------------------------------------------------------
 def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tuple[int, int], float]:
-    """All-reduce seconds per (pipeline, stage). Layers are cut into segments at every stage boundary
-    of every pipeline, so each segment has one fixed set of replicas that hold it."""
+    """All-reduce seconds per (pipeline, stage) [C5]. Layers are cut into segments at every stage
+    boundary of every pipeline, so each segment has one fixed set of replicas that hold it. A stage
+    all-reduces its segments one after another; their cross-cluster rings also share each WAN link
+    with every other segment's ring over it, all running after the drain [C5w]."""
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
-    seg_time: dict[tuple[int, int], float] = {}
+    segs: dict[tuple[int, int], _SegmentSync] = {}
     stages = [s for p in plan.pipelines for s in p.stages]
+    load: dict[frozenset[str], float] = {}  # [C5w] gradient bytes all-reduced over each cluster pair
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg_time[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
-    by_range = {
-        (s.start, s.end): sum(t for (lo, hi), t in seg_time.items() if s.start <= lo and hi <= s.end)
-        for p in set(plan.pipelines) for s in p.stages
-    }
+        seg = segs[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        for pair in seg.pairs():
+            load[pair] = load.get(pair, 0.0) + seg.wan_bytes
+    topo = inst.topology
+    by_range = {}
+    for p in set(plan.pipelines):
+        for s in p.stages:
+            mine = [v for (lo, hi), v in segs.items() if s.start <= lo and hi <= s.end]
+            own = sum(v.intra + v.inter for v in mine)
+            intra = sum(v.intra for v in mine)
+            shared = max((intra + max(allreduce_time(topo.link(a, b), load[pair], len(v.clusters))
+                                      for a, b in (sorted(pair), sorted(pair, reverse=True)))
+                          for v in mine for pair in v.pairs()), default=0.0)
+            by_range[(s.start, s.end)] = max(own, shared)
     return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+
+
+@dataclass(frozen=True, slots=True)
+class _SegmentSync:
+    intra: float
+    """Slowest cluster's ring [C5]."""
+    inter: float
+    """The cross-cluster ring on the slowest link between its clusters, alone on the WAN [C5]."""
+    clusters: tuple[str, ...]
+    wan_bytes: float
+
+    def pairs(self) -> list[frozenset[str]]:
+        return [frozenset((a, b)) for i, a in enumerate(self.clusters) for b in self.clusters[i + 1 :]]
 
 
 def _segment_allreduce(
     inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str
-) -> float:
+) -> _SegmentSync:
     """Hierarchical all-reduce: a ring inside each cluster (per tp shard), then a ring across the
     clusters over the WAN carrying the whole gradient, in ``wan_precision``."""
     topo = inst.topology
@@ -376,10 +401,10 @@ def _segment_allreduce(
         full_bytes = max(full_bytes, shard_bytes * tp_min)
         within_node = n * max(tp for tp, _ in groups) <= c.gpus_per_node
         intra = max(intra, allreduce_time(c.intra_node if within_node else c.inter_node, shard_bytes, n))
-    names = list(per_cluster)
+    names = tuple(per_cluster)
     k = len(names)
-    inter = 0.0
+    inter = wan_bytes = 0.0
     if k > 1:
         wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
         inter = max(allreduce_time(topo.link(a, b), wan_bytes, k) for a in names for b in names if a != b)
-    return intra + inter
+    return _SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)

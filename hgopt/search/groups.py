@@ -11,11 +11,10 @@ Search (all plans scored by ``evaluate`` on the whole instance):
 
 1. Groupings: the connected components of the clusters joined by links at least as fast as a
    threshold, for every distinct link speed as the threshold (from all-singletons to one group; the
-   one-group case is the main search). A grouping is skipped when a floor — the batch over the
+   one-group case is the main search). A grouping is skipped when a lower bound — the batch over the
    clusters' compute rate bounds (:func:`rate_bound`) plus one ring of the model's gradients between
-   the two closest groups — already reaches the best plan known. (A physical floor, not a bound on
-   ``evaluate``: [C5] costs each segment's cross-cluster ring as if it had the link to itself, so a
-   plan whose groups have several stages can be scored below it; see cost_model.md.)
+   the two closest groups, which share that link ([C5w]; a bound when those groups are single
+   clusters, an estimate otherwise) — already reaches the best plan known.
 2. Rates: each group plans one rating share (G over the power of two nearest the cluster count) with
    the hierarchical search (no grouping inside); its pipeline rate r_g = share / pipeline time. Alike
    single clusters share one search (:func:`_signature`).
