@@ -57,13 +57,12 @@ def _local_choices(inst: Instance, cluster: str, lo: int, hi: int, microbatch: i
                     yield tuple(Stage(start=x, end=y, groups=(g,), zero=1) for x, y in zip(b, b[1:]))
 
 
-def brute_force(inst: Instance) -> float:
-    """Best evaluate() over every plan of the space: k identical pipelines, each an ordered chain of
-    distinct clusters with one contiguous block each, uniform local stages, any partition."""
-    tables = build_tables(inst)
+def _space(inst: Instance) -> Iterator[tuple[Any, Pipeline]]:
+    """(batch split, pipeline) for every plan of the MILP's space with native links: k identical
+    pipelines, each an ordered chain of distinct clusters with one contiguous block each, uniform
+    local stages, any partition."""
     L = inst.model.num_layers
     names = [c.name for c in inst.topology.clusters]
-    best = math.inf
     for sp in batch_splits(inst):
         budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
         for r in range(1, len(names) + 1):
@@ -73,11 +72,18 @@ def brute_force(inst: Instance) -> float:
                     blocks = [list(_local_choices(inst, c, lo, hi, sp.microbatch, budgets[c]))
                               for c, lo, hi in zip(chain, b, b[1:])]
                     for combo in itertools.product(*blocks):
-                        stages = tuple(st for blk in combo for st in blk)
-                        pipe = Pipeline(stages=stages, num_microbatches=sp.num_microbatches)
-                        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
-                        if ev.feasible:
-                            best = min(best, ev.iteration_time_s)
+                        yield sp, Pipeline(stages=tuple(st for blk in combo for st in blk),
+                                           num_microbatches=sp.num_microbatches)
+
+
+def brute_force(inst: Instance) -> float:
+    """Best evaluate() over every plan of the space (:func:`_space`)."""
+    tables = build_tables(inst)
+    best = math.inf
+    for sp, pipe in _space(inst):
+        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
+        if ev.feasible:
+            best = min(best, ev.iteration_time_s)
     return best
 
 
@@ -268,25 +274,14 @@ def brute_force_links(inst: Instance, pairs: tuple[tuple[str, str], ...], cap: i
     """(best evaluate(), number of feasible plans) over the MILP's space with every precision pair
     of ``pairs`` on every inter-cluster boundary: every skeleton, local pipeline and assignment."""
     tables = build_tables(inst)
-    L = inst.model.num_layers
-    names = [c.name for c in inst.topology.clusters]
     best, count = math.inf, 0
-    for sp in batch_splits(inst):
-        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
-        for r in range(1, len(names) + 1):
-            for chain in itertools.permutations(names, r):
-                for cuts in itertools.combinations(range(1, L), r - 1):
-                    b = (0, *cuts, L)
-                    blocks = [list(_local_choices(inst, c, lo, hi, sp.microbatch, budgets[c]))
-                              for c, lo, hi in zip(chain, b, b[1:])]
-                    for combo in itertools.product(*blocks):
-                        pipe = Pipeline(stages=tuple(st for blk in combo for st in blk), num_microbatches=sp.num_microbatches)
-                        if not evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables).feasible:
-                            continue  # memory does not depend on the boundaries' precision
-                        for p in _precision_combos(pipe, pairs, cap):
-                            ev = evaluate(Plan(pipelines=(p,) * sp.k), inst, tables)
-                            count += 1
-                            best = min(best, ev.iteration_time_s)
+    for sp, pipe in _space(inst):
+        if not evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables).feasible:
+            continue  # memory does not depend on the boundaries' precision
+        for p in _precision_combos(pipe, pairs, cap):
+            ev = evaluate(Plan(pipelines=(p,) * sp.k), inst, tables)
+            count += 1
+            best = min(best, ev.iteration_time_s)
     return best, count
 
 
