@@ -130,23 +130,24 @@ class StageModel:
         per_sample = self.act_bytes[np.asarray(hi) - 1]
         return _vmap(lambda x: transfer_time(self.cluster.inter_node, self.cfg.mbs * x * 1.0), per_sample)
 
-    def sync_opt(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    def sync_opt(self, lo: np.ndarray, hi: np.ndarray, zero: bool = True) -> np.ndarray:
         """Intra-cluster all-reduce of the stage's gradients among all its replicas [C5] plus the
-        optimizer step sharded over the stage's dp replicas (ZeRO-1) [C6]."""
+        optimizer step, sharded over the stage's dp replicas with ZeRO-1 (``zero``) [C6]."""
         t = self.tab
         shard = (t.params[hi] - t.params[lo]) * self.dtype_bytes
         sync = _vmap(lambda x: allreduce_time(self.ring_bw, x, self.ring), shard)
-        opt = (t.update[hi] - t.update[lo]) / self.cfg.dp
+        opt = (t.update[hi] - t.update[lo]) / (self.cfg.dp if zero else 1)
         return sync + opt
 
-    def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int) -> np.ndarray:
-        """Peak bytes per GPU with ``in_flight`` microbatches kept [C6]."""
+    def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
+        """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
+        the dp replicas with ZeRO-1, ``zero``)."""
         t = self.tab
         params = t.params[hi] - t.params[lo]
         act = t.act_mem[hi] - t.act_mem[lo]
         return (
             2.0 * params * self.dtype_bytes
-            + params * self.opt_bytes / self.cfg.dp
+            + params * self.opt_bytes / (self.cfg.dp if zero else 1)
             + in_flight * self.cfg.mbs * act
             + self.workspace
         )

@@ -27,7 +27,7 @@ import numpy as np
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
-from hgopt.cost.tables import CostTables, allreduce_time
+from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
 from hgopt.search.intra import LocalConfig, StageModel
 from hgopt.spec import Instance
@@ -116,17 +116,10 @@ def _stage_costs(inst: Instance, tables: CostTables, pipe: Pipeline, s: int, k: 
     lo, hi = np.triu_indices(L + 1, k=1)  # every [a, b) with a < b
     comp = sm.compute(lo, hi)
     send_f, send_b = _sends(inst, tables, pipe, s, k, hi)
-    shards = g.dp if st.zero else 1  # [C6] / [C5]: evaluate shards over the stage's replicas (one group: dp)
-    params = sm.tab.params[hi] - sm.tab.params[lo]
-    act = sm.tab.act_mem[hi] - sm.tab.act_mem[lo]
     in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(len(pipe.stages) - s, pipe.num_microbatches)
-    mem = (2.0 * params * tables.dtype_bytes + params * tables.optimizer_bytes_per_param / shards
-           + in_flight * g.mbs * act + inst.job.workspace_bytes)
-    shard_bytes = params * tables.dtype_bytes
-    uniq, inv = np.unique(shard_bytes, return_inverse=True)
-    sync = np.array([allreduce_time(sm.ring_bw, float(u), sm.ring) for u in uniq])[inv]
-    tail = sync + (sm.tab.update[hi] - sm.tab.update[lo]) / shards
-    ok = mem <= c.gpu_memory_bytes
+    # one group per stage: evaluate's ZeRO shards (the stage's replicas) are the group's dp
+    tail = sm.sync_opt(lo, hi, zero=bool(st.zero))
+    ok = sm.memory(lo, hi, in_flight, zero=bool(st.zero)) <= c.gpu_memory_bytes
     full = lambda v: _square(L, lo, hi, np.where(ok, v, INF))  # noqa: E731
     return _StageCosts(fill=full(comp + send_f + send_b), steady=full(np.maximum(comp, np.maximum(send_f, send_b))),
                        tail=full(tail))
