@@ -157,14 +157,21 @@ def test_precision_round_trips_through_export(runs: dict[str, tuple[RunnerPlan, 
     assert b["p0.b0.bwd"] == 8 * 32 * 64 * 2
 
 
-def test_checkpoint_resume_equals_uninterrupted(runs: dict[str, tuple[RunnerPlan, Path]], tmp_path: Path) -> None:
-    rp, full = runs["reshard-3-stage"]
-    _run(rp, tmp_path, steps=1)
-    _run(rp, tmp_path, steps=3, resume=True)
-    a, b = load_full_state(full), load_full_state(tmp_path)
+def _resumed_equals_uninterrupted(runs: dict[str, tuple[RunnerPlan, Path]], case: str, out: Path) -> Path:
+    """Run ``case`` for 1 step, resume it to step 3 in ``out``; its parameters equal the uninterrupted
+    run's and the resumed run logged steps 2 and 3 only (it started from the checkpoint). Returns the
+    uninterrupted run's folder."""
+    rp, full = runs[case]
+    _run(rp, out, steps=1)
+    _run(rp, out, steps=3, resume=True)
+    a, b = load_full_state(full), load_full_state(out)
     assert max(float((a[n] - b[n]).abs().max()) for n in a) <= 1e-12
-    # the resumed run logged steps 2 and 3 only: it started from the checkpoint, not from scratch
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    return full
+
+
+def test_checkpoint_resume_equals_uninterrupted(runs: dict[str, tuple[RunnerPlan, Path]], tmp_path: Path) -> None:
+    _resumed_equals_uninterrupted(runs, "reshard-3-stage", tmp_path)
 
 
 @pytest.mark.parametrize("zero", [False, True], ids=["all-reduce", "zero1-reduce-scatter"])
@@ -236,12 +243,7 @@ def test_zero1_falls_back_to_full_state_for_mixed_tp(runs: dict[str, tuple[Runne
 
 
 def test_zero1_checkpoint_resume_equals_uninterrupted(runs: dict[str, tuple[RunnerPlan, Path]], tmp_path: Path) -> None:
-    rp, full = runs["zero1-dp-unequal+tp2-dp2"]
-    _run(rp, tmp_path, steps=1)
-    _run(rp, tmp_path, steps=3, resume=True)
-    a, b = load_full_state(full), load_full_state(tmp_path)
-    assert max(float((a[n] - b[n]).abs().max()) for n in a) <= 1e-12
-    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    full = _resumed_equals_uninterrupted(runs, "zero1-dp-unequal+tp2-dp2", tmp_path)
     moments = {k: v["state"]["exp_avg"] for k, v in _zero_files(full).items()}
     assert all(torch.equal(moments[k], v["state"]["exp_avg"]) for k, v in _zero_files(tmp_path).items())
 
