@@ -457,10 +457,13 @@ def solve_split(
         if math.isfinite(t_cap):
             cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
         window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
+        t_opts = time.perf_counter()
         try:
             opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
                                  num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
                                  window=window, deadline=deadline)
+            log.debug("split %s cap %.4g: %d block options in %.1f s", split, t_cap,
+                      sum(len(v) for v in opts.values()), time.perf_counter() - t_opts)
         except OutOfTime:
             # the time limit ran out while generating the options: no MILP for this cap; the split
             # keeps the bound it has (a MILP over incomplete options would not bound anything)
@@ -521,6 +524,7 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     splits = batch_splits(instance)
     cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
                               num_microbatches=sp.num_microbatches, links=links) for sp in splits}
+    log.debug("cheap bounds of %d splits in %.1f s", len(splits), time.perf_counter() - t_start)
     lbs = {sp: cheap[sp].value for sp in splits}
     best = _warm_start(instance, tables, options, t_start, links)
     first = best.split if best else None
