@@ -14,12 +14,12 @@ from hgopt.cost.tables import (
     allreduce_time,
     build_tables,
     link_bytes_factor,
-    transfer_time,
 )
+from hgopt.cost.links import flows_time, nic_share, nic_time, ring_time
 from hgopt.plan import Pipeline, Plan, Stage, validate
-from hgopt.spec import Cluster, Instance
+from hgopt.spec import Cluster, Instance, Link, Topology
 
-__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "round_trip_bound", "stage_boundary_time"]
+__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "boundary_cast_times", "round_trip_bound", "stage_boundary_time"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,40 +237,72 @@ class _Flows:
     """Who sends how many samples to whom across one stage boundary (forward direction)."""
 
     per_sample: float
-    local: dict[str, int]
-    """cluster -> largest block one replica sends to another replica of the same cluster"""
     cross: dict[tuple[str, str], int]
     """(sending cluster, receiving cluster) -> samples per microbatch"""
     pieces: list[tuple[str, str, int]]
     """(sender, receiver, largest block between one pair of replicas)"""
+    node_samples: list[tuple[str, int]]
+    """(cluster, samples) per node of either stage that sends or receives across the boundary"""
+    cross_flow_max: dict[tuple[str, str], int]
+    """(sending cluster, receiving cluster) -> samples of the largest node-pair flow between them"""
 
 
-def _boundary_flows(tables: CostTables, pipe: Pipeline, si: int) -> _Flows:
+def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> _Flows:
+    """[C4] The node-pair flows of boundary si -> si + 1 from the plan's placement (see
+    :func:`_node_blocks`); both stages sit on different nodes, so every flow crosses a NIC."""
     src, dst = pipe.stages[si], pipe.stages[si + 1]
     cross: dict[tuple[str, str], int] = {}
-    local: dict[str, int] = {}
     pieces: list[tuple[str, str, int]] = []
     for a_cluster, a_lo, a_hi, a_mbs in _sample_blocks(src):
         for b_cluster, b_lo, b_hi, b_mbs in _sample_blocks(dst):
             n = min(a_hi, b_hi) - max(a_lo, b_lo)
             if n <= 0:
                 continue
-            piece = min(a_mbs, b_mbs, n)
-            pieces.append((a_cluster, b_cluster, piece))
-            if a_cluster == b_cluster:
-                local[a_cluster] = max(local.get(a_cluster, 0), piece)
-            else:
+            pieces.append((a_cluster, b_cluster, min(a_mbs, b_mbs, n)))
+            if a_cluster != b_cluster:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
-    return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), local=local, cross=cross, pieces=pieces)
+    topo = inst.topology
+    na = _nodes_of(topo, src)
+    nb = _nodes_of(topo, dst)
+    flow_max: dict[tuple[str, str], int] = {}
+    i = j = 0
+    while i < len(na) and j < len(nb):  # sweep: both lists tile [0, microbatch) in order
+        (ca, alo, ahi), (cb, blo, bhi) = na[i], nb[j]
+        n = min(ahi, bhi) - max(alo, blo)
+        if n > 0 and ca != cb:
+            flow_max[(ca, cb)] = max(flow_max.get((ca, cb), 0), n)
+        if ahi <= bhi:
+            i += 1
+        else:
+            j += 1
+    nodes = [(c, hi - lo) for c, lo, hi in na] + [(c, hi - lo) for c, lo, hi in nb]
+    return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), cross=cross, pieces=pieces,
+                  node_samples=nodes, cross_flow_max=flow_max)
+
+
+def _nodes_of(topo: Topology, stage: Stage) -> list[tuple[str, int, int]]:
+    """(cluster, first sample, end sample) of each node of the stage [C4]: a replica group of ``dp``
+    replicas of ``tp`` GPUs fills nodes of ``gpus_per_node`` GPUs, ``gpus_per_node // tp`` replicas per
+    node, replica after replica (each group on nodes of its own); the samples of a microbatch are laid
+    out group after group, replica after replica, so each node holds one contiguous block."""
+    out, lo = [], 0
+    for g in stage.groups:
+        per_node = max(topo.cluster(g.cluster).gpus_per_node // g.tp, 1)
+        for first in range(0, g.dp, per_node):
+            n = min(per_node, g.dp - first)
+            out.append((g.cluster, lo + first * g.mbs, lo + (first + n) * g.mbs))
+        lo += g.samples
+    return out
 
 
 def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], copies: int = 1) -> dict[tuple[str, str], float]:
     """[C4w] Bytes per microbatch on each direction of each inter-cluster link, summed over every
-    boundary of every pipeline (activations forward, their gradients backward)."""
+    boundary of every pipeline (activations forward, their gradients backward): what the link's
+    aggregate cap is shared by."""
     load: dict[tuple[str, str], float] = {}
     for pipe, count in Counter(pipes).items():
         for si in range(len(pipe.stages) - 1):
-            flows = _boundary_flows(tables, pipe, si)
+            flows = _boundary_flows(inst, tables, pipe, si)
             bound = pipe.boundary(si)
             f_fwd = link_bytes_factor(inst.model.dtype, bound.fwd)
             f_bwd = link_bytes_factor(inst.model.dtype, bound.bwd)
@@ -289,25 +321,40 @@ def stage_boundary_time(
     copies: int = 1,
 ) -> tuple[float, float]:
     """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
-    ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica. Inside
-    one cluster each sender uses its own inter-node bandwidth. A link between two clusters carries, in
-    each direction, the bytes of every boundary of every pipeline that crosses it [C4w]
-    (``wan_loads``; when omitted, this pipeline as one of ``copies`` identical ones). A compressed
-    boundary adds its (de)quantisation time [C4q]."""
-    flows = _boundary_flows(tables, pipe, si)
+    ``si`` to ``si + 1`` [C4]: the slowest of (a) every node's NIC carrying what the node's GPUs send
+    or receive (``inter_node`` is per node, shared by its GPUs) and (b) every inter-cluster link
+    direction, priced per flow (largest node-pair flow at the per-flow bandwidth) and, where the link
+    has an aggregate cap, the link's total load (``wan_loads``: every boundary of every pipeline that
+    crosses it [C4w]; when omitted, this pipeline as one of ``copies`` identical ones) at the cap. A
+    compressed boundary adds its (de)quantisation time [C4q]."""
+    flows = _boundary_flows(inst, tables, pipe, si)
     loads = wan_loads if wan_loads is not None else _wan_loads(inst, tables, (pipe,), copies)
+    bound = pipe.boundary(si)
+    topo = inst.topology
+    out = []
+    for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
+        factor = link_bytes_factor(inst.model.dtype, prec)
+        nbytes = flows.per_sample * factor
+        t = 0.0
+        for c, n in flows.node_samples:
+            t = max(t, nic_time(topo.cluster(c).inter_node, n * nbytes))
+        for (a, b), n in flows.cross_flow_max.items():
+            channel = (b, a) if backward else (a, b)
+            t = max(t, flows_time(topo.link_spec(*channel), n * nbytes, loads.get(channel, 0.0)))
+        pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
+        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+    return out[0], out[1]
+
+
+def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
+    """[C4q] The (de)quantisation seconds alone of boundary si (forward, backward)."""
+    flows = _boundary_flows(inst, tables, pipe, si)
     bound = pipe.boundary(si)
     out = []
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
         factor = link_bytes_factor(inst.model.dtype, prec)
-        t = 0.0
-        for c, n in flows.local.items():
-            t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * flows.per_sample * factor))
-        for a, b in flows.cross:
-            channel = (b, a) if backward else (a, b)
-            t = max(t, transfer_time(inst.topology.link(*channel), loads[channel]))
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
-        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+        out.append(_quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
 
 
@@ -360,11 +407,17 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
             mine = [v for (lo, hi), v in segs.items() if s.start <= lo and hi <= s.end]
             own = sum(v.intra + v.inter for v in mine)
             intra = sum(v.intra for v in mine)
-            shared = max((intra + max(allreduce_time(topo.link(a, b), load[pair], len(v.clusters))
+            shared = max((intra + max(_capped_ring(topo.link_spec(a, b), load[pair], len(v.clusters))
                                       for a, b in (sorted(pair), sorted(pair, reverse=True)))
                           for v in mine for pair in v.pairs()), default=0.0)
             by_range[(s.start, s.end)] = max(own, shared)
     return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+
+
+def _capped_ring(link: Link, load: float, k: int) -> float:
+    """[C5w] Every segment's ring over one direction of ``link`` together, at its aggregate cap (rings of
+    different segments run between different node pairs, so without a cap they do not share)."""
+    return 0.0 if link.aggregate is None else allreduce_time(link.aggregate, load, k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +425,8 @@ class _SegmentSync:
     intra: float
     """Slowest cluster's ring [C5]."""
     inter: float
-    """The cross-cluster ring on the slowest link between its clusters, alone on the WAN [C5]."""
+    """The cross-cluster ring on the slowest link between its clusters (per flow, and the NICs at its
+    ends), alone on the WAN [C5]."""
     clusters: tuple[str, ...]
     wan_bytes: float
 
@@ -400,11 +454,15 @@ def _segment_allreduce(
         shard_bytes = float(tab.params[hi] - tab.params[lo]) * tables.dtype_bytes
         full_bytes = max(full_bytes, shard_bytes * tp_min)
         within_node = n * max(tp for tp, _ in groups) <= c.gpus_per_node
-        intra = max(intra, allreduce_time(c.intra_node if within_node else c.inter_node, shard_bytes, n))
+        # across nodes, the rings of the tp_min shards all cross each node's one NIC at the same time
+        ring_bw = c.intra_node if within_node else nic_share(c.inter_node, tp_min)
+        intra = max(intra, allreduce_time(ring_bw, shard_bytes, n))
     names = tuple(per_cluster)
     k = len(names)
     inter = wan_bytes = 0.0
     if k > 1:
         wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
-        inter = max(allreduce_time(topo.link(a, b), wan_bytes, k) for a in names for b in names if a != b)
+        # each edge of the ring is one flow (node pair): per-flow rate, and the NICs at its ends
+        inter = max(max(ring_time(topo.link_spec(a, b), wan_bytes, k) for a in names for b in names if a != b),
+                    max(allreduce_time(topo.cluster(c).inter_node, wan_bytes, k) for c in names))
     return _SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)

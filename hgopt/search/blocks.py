@@ -25,8 +25,9 @@ from typing import Literal
 
 import numpy as np
 
-from hgopt.cost.evaluate import stage_boundary_time
-from hgopt.cost.tables import CostTables, link_bytes_factor, transfer_time
+from hgopt.cost.evaluate import boundary_cast_times
+from hgopt.cost.links import link_time_lower_bound
+from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
     LocalConfig,
@@ -548,9 +549,18 @@ def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch:
     pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
     direction, fill the sum of both."""
     load = pipelines * (microbatch * per_sample * 1.0)
-    fwd = transfer_time(instance.topology.link(a, b), load)
-    bwd = transfer_time(instance.topology.link(b, a), load)
+    flows = _max_flows(instance, a, b, microbatch)  # links: per-flow model (hgopt/cost/links.py)
+    fwd = link_time_lower_bound(instance.topology.link_spec(a, b), microbatch * per_sample, flows, load)
+    bwd = link_time_lower_bound(instance.topology.link_spec(b, a), microbatch * per_sample, flows, load)
     return max(fwd, bwd), fwd + bwd
+
+
+def _max_flows(instance: Instance, a: str, b: str, microbatch: int) -> int:
+    """links: the most node-pair flows one hand-over a -> b of a uniform local stage can have: both
+    sides tile the microbatch with one contiguous block per node, so at most nodes(a) + nodes(b) - 1,
+    and at most one per sample."""
+    t = instance.topology
+    return max(1, min(microbatch, t.cluster(a).nodes + t.cluster(b).nodes - 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,21 +632,23 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
                    links: LinkPolicy | None = None, shape: ModelShape | None = None) -> tuple[ArcPrecision, ...]:
     """Every allowed precision pair of a hand-over a→b at the trunk's boundary size. Transfer times as
     ``arc_times`` with the byte factor; the cast time per sample from ``evaluate``'s own boundary time
-    (``stage_boundary_time`` of a one-sample probe with an empty link, so only the cast remains)."""
+    (``boundary_cast_times`` of a one-sample probe)."""
     pol = links or LinkPolicy()
     shape = shape or model_shape(instance)
     per_sample = float(tables.activation_bytes[shape.p])
     load = pipelines * (microbatch * per_sample * 1.0)
     cut, L = shape.p + 1, shape.num_layers
     out = []
+    flows = _max_flows(instance, a, b, microbatch)  # links: per-flow model (hgopt/cost/links.py)
     for pf, pb in pol.pairs:
-        fwd = transfer_time(instance.topology.link(a, b), load * link_bytes_factor(instance.model.dtype, pf))
-        bwd = transfer_time(instance.topology.link(b, a), load * link_bytes_factor(instance.model.dtype, pb))
+        ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
+        fwd = link_time_lower_bound(instance.topology.link_spec(a, b), microbatch * per_sample * ff, flows, load * ff)
+        bwd = link_time_lower_bound(instance.topology.link_spec(b, a), microbatch * per_sample * fb, flows, load * fb)
         qf = qb = 0.0
         if (pf, pb) != NATIVE_PAIR:
             probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),
                                      Stage(start=cut, end=L, groups=(ReplicaGroup(cluster=b),))),
                              num_microbatches=1, boundaries=(Boundary(fwd=pf, bwd=pb),))  # type: ignore[arg-type]
-            qf, qb = stage_boundary_time(instance, tables, probe, 0, {(a, b): 0.0, (b, a): 0.0})
+            qf, qb = boundary_cast_times(instance, tables, probe, 0)  # links: the cast alone
         out.append(ArcPrecision(pair=(pf, pb), fwd=fwd, bwd=bwd, q_fwd=qf, q_bwd=qb, penalty=pol.pair_penalty((pf, pb))))
     return tuple(out)
