@@ -15,7 +15,7 @@ from hgopt.cost.tables import (
     build_tables,
     link_bytes_factor,
 )
-from hgopt.cost.links import flows_time, nic_share, nic_time, ring_time
+from hgopt.cost.links import flows_time, nic_time, replicas_per_node, ring_bandwidth, ring_time
 from hgopt.plan import Pipeline, Plan, Stage, validate
 from hgopt.spec import Cluster, Instance, Link, Topology
 
@@ -287,7 +287,7 @@ def _nodes_of(topo: Topology, stage: Stage) -> list[tuple[str, int, int]]:
     out group after group, replica after replica, so each node holds one contiguous block."""
     out, lo = [], 0
     for g in stage.groups:
-        per_node = max(topo.cluster(g.cluster).gpus_per_node // g.tp, 1)
+        per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
         for first in range(0, g.dp, per_node):
             n = min(per_node, g.dp - first)
             out.append((g.cluster, lo + first * g.mbs, lo + (first + n) * g.mbs))
@@ -453,9 +453,7 @@ def _segment_allreduce(
         tab = tables.table(c.gpu, tp_min)
         shard_bytes = float(tab.params[hi] - tab.params[lo]) * tables.dtype_bytes
         full_bytes = max(full_bytes, shard_bytes * tp_min)
-        within_node = n * max(tp for tp, _ in groups) <= c.gpus_per_node
-        # across nodes, the rings of the tp_min shards all cross each node's one NIC at the same time
-        ring_bw = c.intra_node if within_node else nic_share(c.inter_node, tp_min)
+        ring_bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, n, max(tp for tp, _ in groups), tp_min)
         intra = max(intra, allreduce_time(ring_bw, shard_bytes, n))
     names = tuple(per_cluster)
     k = len(names)

@@ -24,10 +24,14 @@ __all__ = [
     "aggregate_rate",
     "flow_rate",
     "flows_time",
+    "handover_lower_bound",
     "link_time_lower_bound",
     "max_rate_from",
     "nic_share",
     "nic_time",
+    "node_samples",
+    "replicas_per_node",
+    "ring_bandwidth",
     "ring_time",
 ]
 
@@ -62,6 +66,27 @@ def flows_time(link: Link, max_flow_bytes: float, total_bytes: float) -> float:
     if link.aggregate is not None and total_bytes > 0:
         t = max(t, total_bytes / bandwidth_bytes_per_s(link.aggregate, total_bytes))
     return link.bandwidth.latency_s + t
+
+
+def replicas_per_node(gpus_per_node: int, tp: int) -> int:
+    """Replicas of ``tp`` GPUs one node holds: a replica group fills its nodes replica after replica."""
+    return max(gpus_per_node // tp, 1)
+
+
+def node_samples(gpus_per_node: int, tp: int, dp: int, mbs: int) -> int:
+    """Samples per microbatch on the fullest node of a group of ``dp`` replicas (``mbs`` each): what
+    that node's NIC carries when the stage sends its activations to another node [C4]."""
+    return min(dp, replicas_per_node(gpus_per_node, tp)) * mbs
+
+
+def ring_bandwidth(intra_node: Bandwidth, inter_node: Bandwidth, gpus_per_node: int, ring: int, tp_max: int,
+                   tp_min: int) -> Bandwidth:
+    """The bandwidth a cluster's gradient ring of ``ring`` replicas sees [C5]: ``intra_node`` when all of
+    them (``tp_max`` GPUs each) fit in one node, else the node NIC, which the rings of the ``tp_min``
+    shards cross at the same time (:func:`nic_share`)."""
+    if ring * tp_max <= gpus_per_node:
+        return intra_node
+    return nic_share(inter_node, tp_min)
 
 
 def nic_time(nic: Bandwidth, node_bytes: float) -> float:
@@ -113,6 +138,24 @@ def link_time_lower_bound(link: Link, boundary_bytes: float, max_flows: int, tot
     if link.aggregate is not None and total_bytes > 0:
         t = max(t, total_bytes / max_rate_from(link.aggregate, total_bytes))
     return link.bandwidth.latency_s + t
+
+
+def handover_lower_bound(link: Link, src_nic: Bandwidth, dst_nic: Bandwidth, boundary_bytes: float,
+                         total_bytes: float, samples: int, src_nodes: int, dst_nodes: int) -> float:
+    """The fastest a boundary of ``samples`` samples (``boundary_bytes`` in all) from at most
+    ``src_nodes`` nodes of a to at most ``dst_nodes`` nodes of b can be, as ``stage_boundary_time``
+    prices it [C4]: its node-pair flows (at most min(samples, src_nodes + dst_nodes − 1): both sides
+    tile the microbatch with one block per node) on the link (:func:`link_time_lower_bound`), and each
+    side's fullest node (at least 1/nodes of the bytes) through its NIC."""
+    a = max(1, min(samples, src_nodes))
+    b = max(1, min(samples, dst_nodes))
+    flows = max(1, min(samples, a + b - 1))
+    t = link_time_lower_bound(link, boundary_bytes, flows, total_bytes)
+    for nic, nodes in ((src_nic, a), (dst_nic, b)):
+        y = boundary_bytes / nodes
+        if y > 0:
+            t = max(t, nic.latency_s + y / max_rate_from(nic, y))
+    return t
 
 
 def _log2_mb(nbytes: float) -> float:

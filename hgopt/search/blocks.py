@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from hgopt.cost.evaluate import boundary_cast_times
-from hgopt.cost.links import link_time_lower_bound
+from hgopt.cost.links import handover_lower_bound
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
@@ -549,18 +549,18 @@ def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch:
     pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
     direction, fill the sum of both."""
     load = pipelines * (microbatch * per_sample * 1.0)
-    flows = _max_flows(instance, a, b, microbatch)  # links: per-flow model (hgopt/cost/links.py)
-    fwd = link_time_lower_bound(instance.topology.link_spec(a, b), microbatch * per_sample, flows, load)
-    bwd = link_time_lower_bound(instance.topology.link_spec(b, a), microbatch * per_sample, flows, load)
+    fwd = _handover(instance, a, b, microbatch, microbatch * per_sample, load)
+    bwd = _handover(instance, b, a, microbatch, microbatch * per_sample, load)
     return max(fwd, bwd), fwd + bwd
 
 
-def _max_flows(instance: Instance, a: str, b: str, microbatch: int) -> int:
-    """links: the most node-pair flows one hand-over a -> b of a uniform local stage can have: both
-    sides tile the microbatch with one contiguous block per node, so at most nodes(a) + nodes(b) - 1,
-    and at most one per sample."""
+def _handover(instance: Instance, a: str, b: str, microbatch: int, nbytes: float, load: float) -> float:
+    """links: lower bound of evaluate's hand-over a -> b (per-flow link, aggregate cap, node NICs;
+    hgopt/cost/links.py): each side has at most its cluster's nodes."""
     t = instance.topology
-    return max(1, min(microbatch, t.cluster(a).nodes + t.cluster(b).nodes - 1))
+    ca, cb = t.cluster(a), t.cluster(b)
+    return handover_lower_bound(t.link_spec(a, b), ca.inter_node, cb.inter_node, nbytes, load, microbatch,
+                                ca.nodes, cb.nodes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -639,11 +639,10 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
     load = pipelines * (microbatch * per_sample * 1.0)
     cut, L = shape.p + 1, shape.num_layers
     out = []
-    flows = _max_flows(instance, a, b, microbatch)  # links: per-flow model (hgopt/cost/links.py)
     for pf, pb in pol.pairs:
         ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
-        fwd = link_time_lower_bound(instance.topology.link_spec(a, b), microbatch * per_sample * ff, flows, load * ff)
-        bwd = link_time_lower_bound(instance.topology.link_spec(b, a), microbatch * per_sample * fb, flows, load * fb)
+        fwd = _handover(instance, a, b, microbatch, microbatch * per_sample * ff, load * ff)  # links
+        bwd = _handover(instance, b, a, microbatch, microbatch * per_sample * fb, load * fb)  # links
         qf = qb = 0.0
         if (pf, pb) != NATIVE_PAIR:
             probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),

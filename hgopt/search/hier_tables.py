@@ -19,6 +19,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.tables import CostTables, transfer_time
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.spec import Bandwidth, Cluster, Instance
@@ -260,7 +261,7 @@ def _config_estimate(
     bott = np.maximum(per_stage_blocks * t_b, max(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
     bott = np.maximum(bott, work / s)
     act_bytes = float(np.mean(tables.activation_bytes))
-    send = transfer_time(c.inter_node, mbs * act_bytes)
+    send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, dp, mbs) * act_bytes)  # links: shared NIC
     bott = np.where(s > 1, np.maximum(bott, send), bott)
     fill = work + 2.0 * (s - 1) * send
     # gradient sync + optimizer of the stage with most parameters [C5, C6]
@@ -271,7 +272,7 @@ def _config_estimate(
     u_b = P.update[0]
     stage_update = stage_params / p_b * u_b if p_b > 0 else np.zeros_like(stage_params)
     ring = replicas * dp
-    bw = c.intra_node if ring * tp <= c.gpus_per_node else c.inter_node
+    bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, ring, tp, tp)  # links
     sync = _allreduce(bw, stage_params * tables.dtype_bytes, ring) + stage_update / dp
     # memory of the first local stage (most microbatches in flight) and of a trunk stage [C6]
     a_b, a_pre, a_post = P.act

@@ -21,6 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
+from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.tables import CostTables, GpuTpTable, allreduce_time, transfer_time
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
@@ -115,7 +116,7 @@ class StageModel:
         self.act_bytes = tables.activation_bytes
         n = replicas * cfg.dp
         self.ring = n
-        self.ring_bw = cluster.intra_node if n * cfg.tp <= cluster.gpus_per_node else cluster.inter_node
+        self.ring_bw = ring_bandwidth(cluster.intra_node, cluster.inter_node, cluster.gpus_per_node, n, cfg.tp, cfg.tp)  # links
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """fwd + bwd seconds [C2]."""
@@ -128,7 +129,8 @@ class StageModel:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
         local stage: mbs samples over the cluster's inter-node link [C4] (same both directions)."""
         per_sample = self.act_bytes[np.asarray(hi) - 1]
-        return _vmap(lambda x: transfer_time(self.cluster.inter_node, self.cfg.mbs * x * 1.0), per_sample)
+        node = node_samples(self.cluster.gpus_per_node, self.cfg.tp, self.cfg.dp, self.cfg.mbs)  # links: shared NIC
+        return _vmap(lambda x: transfer_time(self.cluster.inter_node, node * x * 1.0), per_sample)
 
     def sync_opt(self, lo: np.ndarray, hi: np.ndarray, zero: bool = True) -> np.ndarray:
         """Intra-cluster all-reduce of the stage's gradients among all its replicas [C5] plus the
@@ -230,7 +232,8 @@ def local_plan_costs(
         if j + 1 < len(stages):
             nxt = stages[j + 1].groups[0]
             per_sample = float(tables.activation_bytes[st.end - 1])
-            send = transfer_time(c.inter_node, min(g.mbs, nxt.mbs, st.microbatch) * per_sample * 1.0)
+            node = max(node_samples(c.gpus_per_node, x.tp, x.dp, x.mbs) for x in (g, nxt))  # links: shared NIC
+            send = transfer_time(c.inter_node, node * per_sample * 1.0)
         fill += f + b + send + send
         bottleneck = max(bottleneck, f + b, send)
         shard = float(sm.tab.params[st.end] - sm.tab.params[st.start]) * tables.dtype_bytes
