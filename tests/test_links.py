@@ -230,3 +230,17 @@ def test_spread_cross_cluster_traffic_is_priced_per_flow(name: str, a: str, b: s
     assert fwd < one_pipe / 4
     ev = evaluate(Plan(pipelines=(pipe,)), inst)
     assert ev.stages[0].send_fwd_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_show_prints_each_links_kind_per_flow_and_cap() -> None:
+    from hgopt.commands.show import describe
+
+    het = describe(load_instance("sailor-het-32+96"))
+    assert "A100-40@us-central1-a  V100-16@us-central1-a  per_flow" in het and "none (per-node NICs)" in het
+    assert "multizone_bandwidths_het.json" in het  # the citation
+    geo = describe(load_instance("geo-3r-gpt1.3b"))
+    row = next(line for line in geo.splitlines() if line.startswith("us-east-h100-80") and "eu-west-a100-80" in line)
+    assert "per_flow" in row and "5 Gbit/s" in row and "59.6 ms" in row
+    assert "Amazon EC2 instance network bandwidth" in geo
+    legacy = describe(tiny_instance())
+    assert "shared_pipe" in legacy and "(one pipe = per flow)" in legacy

@@ -49,7 +49,8 @@ def build(spec: tuple[list[int], list[tuple[str, int, int]], int, int], extra_m:
 def scaled(topo: Topology, f: float) -> Topology:
     return Topology(
         clusters=tuple(replace(c, intra_node=c.intra_node.scaled(f), inter_node=c.inter_node.scaled(f)) for c in topo.clusters),
-        links=tuple(replace(link, bandwidth=link.bandwidth.scaled(f)) for link in topo.links),
+        links=tuple(replace(link, bandwidth=link.bandwidth.scaled(f),
+                            aggregate=None if link.aggregate is None else link.aggregate.scaled(f)) for link in topo.links),
     )
 
 
