@@ -90,6 +90,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
     first: dict[Pipeline, int] = {}  # identical pipelines get identical reports: compute once
+    copies = Counter(plan.pipelines)  # identical pipelines share nodes [C4]
     for pi, pipe in enumerate(plan.pipelines):
         if pipe in first:
             done = first[pipe]
@@ -97,7 +98,8 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
             pipe_reports.append(replace(pipe_reports[done], index=pi))
         else:
             first[pipe] = pi
-            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan) for si in range(len(pipe.stages))]
+            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe])
+                       for si in range(len(pipe.stages))]
             pipe_reports.append(_pipeline_report(pi, pipe, reports))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
@@ -178,6 +180,7 @@ def _stage_report(
     si: int,
     sync_s: float,
     wan: dict[tuple[str, str], float],
+    copies: int = 1,
 ) -> StageReport:
     stage = pipe.stages[si]
     topo = inst.topology
@@ -206,7 +209,7 @@ def _stage_report(
             peak, cap = mem, cluster.gpu_memory_bytes
     send_f = send_b = 0.0
     if si + 1 < n_stages:
-        send_f, send_b = stage_boundary_time(inst, tables, pipe, si, wan)
+        send_f, send_b = stage_boundary_time(inst, tables, pipe, si, wan, copies)
     layout = ", ".join(f"{g.dp}x[{_where(topo.cluster(g.cluster))} tp{g.tp} mbs{g.mbs}]" for g in stage.groups)
     return StageReport(
         pipeline=pi,
@@ -247,9 +250,10 @@ class _Flows:
     """(sending cluster, receiving cluster) -> samples of the largest node-pair flow between them"""
 
 
-def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> _Flows:
-    """[C4] The node-pair flows of boundary si -> si + 1 from the plan's placement (see
-    :func:`_node_blocks`); both stages sit on different nodes, so every flow crosses a NIC."""
+def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int = 1) -> _Flows:
+    """[C4] The node-pair flows of boundary si -> si + 1 of ``copies`` identical pipelines from the
+    plan's placement (see :func:`_node_pieces`); both stages sit on different nodes, so every flow
+    crosses a NIC."""
     src, dst = pipe.stages[si], pipe.stages[si + 1]
     cross: dict[tuple[str, str], int] = {}
     pieces: list[tuple[str, str, int]] = []
@@ -262,36 +266,52 @@ def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int)
             if a_cluster != b_cluster:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
     topo = inst.topology
-    na = _nodes_of(topo, src)
-    nb = _nodes_of(topo, dst)
+    na, nb = _node_pieces(topo, src, copies), _node_pieces(topo, dst, copies)
+    flow: dict[tuple[tuple[str, int, int], tuple[str, int, int]], int] = {}
+    node_a: dict[tuple[str, int, int], int] = {}
+    node_b: dict[tuple[str, int, int], int] = {}
+    for c in range(copies):  # sweep copy c: both sides tile [0, microbatch) in order
+        pa, pb = na[c], nb[c]
+        i = j = 0
+        while i < len(pa) and j < len(pb):
+            (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+            n = min(ahi, bhi) - max(alo, blo)
+            if n > 0:
+                flow[(ka, kb)] = flow.get((ka, kb), 0) + n
+                node_a[ka] = node_a.get(ka, 0) + n
+                node_b[kb] = node_b.get(kb, 0) + n
+            if ahi <= bhi:
+                i += 1
+            else:
+                j += 1
     flow_max: dict[tuple[str, str], int] = {}
-    i = j = 0
-    while i < len(na) and j < len(nb):  # sweep: both lists tile [0, microbatch) in order
-        (ca, alo, ahi), (cb, blo, bhi) = na[i], nb[j]
-        n = min(ahi, bhi) - max(alo, blo)
-        if n > 0 and ca != cb:
-            flow_max[(ca, cb)] = max(flow_max.get((ca, cb), 0), n)
-        if ahi <= bhi:
-            i += 1
-        else:
-            j += 1
-    nodes = [(c, hi - lo) for c, lo, hi in na] + [(c, hi - lo) for c, lo, hi in nb]
+    for (ka, kb), n in flow.items():
+        if ka[0] != kb[0]:
+            flow_max[(ka[0], kb[0])] = max(flow_max.get((ka[0], kb[0]), 0), n)
+    nodes = [(k[0], n) for k, n in node_a.items()] + [(k[0], n) for k, n in node_b.items()]
     return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), cross=cross, pieces=pieces,
                   node_samples=nodes, cross_flow_max=flow_max)
 
 
-def _nodes_of(topo: Topology, stage: Stage) -> list[tuple[str, int, int]]:
-    """(cluster, first sample, end sample) of each node of the stage [C4]: a replica group of ``dp``
-    replicas of ``tp`` GPUs fills nodes of ``gpus_per_node`` GPUs, ``gpus_per_node // tp`` replicas per
-    node, replica after replica (each group on nodes of its own); the samples of a microbatch are laid
-    out group after group, replica after replica, so each node holds one contiguous block."""
-    out, lo = [], 0
-    for g in stage.groups:
-        per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
-        for first in range(0, g.dp, per_node):
-            n = min(per_node, g.dp - first)
-            out.append((g.cluster, lo + first * g.mbs, lo + (first + n) * g.mbs))
-        lo += g.samples
+def _node_pieces(topo: Topology, stage: Stage, copies: int) -> list[list[tuple[tuple[str, int, int], int, int]]]:
+    """Per copy of the pipeline, its stage's node pieces ((cluster, group, node), first sample, end
+    sample) in sample order [C4]. Placement: the replicas of group g of every copy (copy after copy,
+    replica after replica) fill nodes of ``gpus_per_node`` GPUs, ``gpus_per_node // tp`` replicas per
+    node, each group on nodes of its own (so identical pipelines share nodes and their NICs, as the
+    runner packs them); a microbatch's samples are laid out group after group, replica after replica."""
+    out: list[list[tuple[tuple[str, int, int], int, int]]] = []
+    for c in range(copies):
+        row, lo = [], 0
+        for gi, g in enumerate(stage.groups):
+            per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
+            r = 0
+            while r < g.dp:
+                node = (c * g.dp + r) // per_node
+                n = min(g.dp - r, (node + 1) * per_node - (c * g.dp + r))
+                row.append(((g.cluster, gi, node), lo + r * g.mbs, lo + (r + n) * g.mbs))
+                r += n
+            lo += g.samples
+        out.append(row)
     return out
 
 
@@ -325,9 +345,10 @@ def stage_boundary_time(
     or receive (``inter_node`` is per node, shared by its GPUs) and (b) every inter-cluster link
     direction, priced per flow (largest node-pair flow at the per-flow bandwidth) and, where the link
     has an aggregate cap, the link's total load (``wan_loads``: every boundary of every pipeline that
-    crosses it [C4w]; when omitted, this pipeline as one of ``copies`` identical ones) at the cap. A
+    crosses it [C4w]; when omitted, this pipeline's) at the cap. The pipeline is one of ``copies``
+    identical ones, whose replicas share nodes (and the links' loads when ``wan_loads`` is omitted). A
     compressed boundary adds its (de)quantisation time [C4q]."""
-    flows = _boundary_flows(inst, tables, pipe, si)
+    flows = _boundary_flows(inst, tables, pipe, si, copies)
     loads = wan_loads if wan_loads is not None else _wan_loads(inst, tables, (pipe,), copies)
     bound = pipe.boundary(si)
     topo = inst.topology

@@ -141,18 +141,19 @@ def link_time_lower_bound(link: Link, boundary_bytes: float, max_flows: int, tot
 
 
 def handover_lower_bound(link: Link, src_nic: Bandwidth, dst_nic: Bandwidth, boundary_bytes: float,
-                         total_bytes: float, samples: int, src_nodes: int, dst_nodes: int) -> float:
-    """The fastest a boundary of ``samples`` samples (``boundary_bytes`` in all) from at most
-    ``src_nodes`` nodes of a to at most ``dst_nodes`` nodes of b can be, as ``stage_boundary_time``
-    prices it [C4]: its node-pair flows (at most min(samples, src_nodes + dst_nodes − 1): both sides
-    tile the microbatch with one block per node) on the link (:func:`link_time_lower_bound`), and each
-    side's fullest node (at least 1/nodes of the bytes) through its NIC."""
+                         total_bytes: float, samples: int, src_nodes: int, dst_nodes: int, copies: int = 1) -> float:
+    """The fastest a boundary of ``samples`` samples (``boundary_bytes`` in all) of each of ``copies``
+    identical pipelines, from at most ``src_nodes`` nodes of a to at most ``dst_nodes`` nodes of b, can
+    be as ``stage_boundary_time`` prices it [C4]: one copy's node-pair flows (at most
+    min(samples, src_nodes + dst_nodes − 1): both sides tile the microbatch with one block per node; the
+    copies' flows only add to them) on the link (:func:`link_time_lower_bound`), and each side's fullest
+    node (at least 1/nodes of all copies' bytes) through its NIC."""
     a = max(1, min(samples, src_nodes))
     b = max(1, min(samples, dst_nodes))
     flows = max(1, min(samples, a + b - 1))
     t = link_time_lower_bound(link, boundary_bytes, flows, total_bytes)
-    for nic, nodes in ((src_nic, a), (dst_nic, b)):
-        y = boundary_bytes / nodes
+    for nic, nodes in ((src_nic, src_nodes), (dst_nic, dst_nodes)):
+        y = copies * boundary_bytes / max(1, min(copies * samples, nodes))
         if y > 0:
             t = max(t, nic.latency_s + y / max_rate_from(nic, y))
     return t

@@ -549,18 +549,18 @@ def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch:
     pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
     direction, fill the sum of both."""
     load = pipelines * (microbatch * per_sample * 1.0)
-    fwd = _handover(instance, a, b, microbatch, microbatch * per_sample, load)
-    bwd = _handover(instance, b, a, microbatch, microbatch * per_sample, load)
+    fwd = _handover(instance, a, b, microbatch, microbatch * per_sample, load, pipelines)
+    bwd = _handover(instance, b, a, microbatch, microbatch * per_sample, load, pipelines)
     return max(fwd, bwd), fwd + bwd
 
 
-def _handover(instance: Instance, a: str, b: str, microbatch: int, nbytes: float, load: float) -> float:
-    """links: lower bound of evaluate's hand-over a -> b (per-flow link, aggregate cap, node NICs;
-    hgopt/cost/links.py): each side has at most its cluster's nodes."""
+def _handover(instance: Instance, a: str, b: str, microbatch: int, nbytes: float, load: float, copies: int) -> float:
+    """links: lower bound of evaluate's hand-over a -> b of ``copies`` identical pipelines (per-flow
+    link, aggregate cap, node NICs; hgopt/cost/links.py): each side has at most its cluster's nodes."""
     t = instance.topology
     ca, cb = t.cluster(a), t.cluster(b)
     return handover_lower_bound(t.link_spec(a, b), ca.inter_node, cb.inter_node, nbytes, load, microbatch,
-                                ca.nodes, cb.nodes)
+                                ca.nodes, cb.nodes, copies)
 
 
 # --------------------------------------------------------------------------------------------
@@ -641,8 +641,8 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
     out = []
     for pf, pb in pol.pairs:
         ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
-        fwd = _handover(instance, a, b, microbatch, microbatch * per_sample * ff, load * ff)  # links
-        bwd = _handover(instance, b, a, microbatch, microbatch * per_sample * fb, load * fb)  # links
+        fwd = _handover(instance, a, b, microbatch, microbatch * per_sample * ff, load * ff, pipelines)  # links
+        bwd = _handover(instance, b, a, microbatch, microbatch * per_sample * fb, load * fb, pipelines)  # links
         qf = qb = 0.0
         if (pf, pb) != NATIVE_PAIR:
             probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),

@@ -261,7 +261,7 @@ def _config_estimate(
     bott = np.maximum(per_stage_blocks * t_b, max(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
     bott = np.maximum(bott, work / s)
     act_bytes = float(np.mean(tables.activation_bytes))
-    send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, dp, mbs) * act_bytes)  # links: shared NIC
+    send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, replicas * dp, mbs) * act_bytes)  # links: NIC
     bott = np.where(s > 1, np.maximum(bott, send), bott)
     fill = work + 2.0 * (s - 1) * send
     # gradient sync + optimizer of the stage with most parameters [C5, C6]

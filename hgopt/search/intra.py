@@ -129,7 +129,7 @@ class StageModel:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
         local stage: mbs samples over the cluster's inter-node link [C4] (same both directions)."""
         per_sample = self.act_bytes[np.asarray(hi) - 1]
-        node = node_samples(self.cluster.gpus_per_node, self.cfg.tp, self.cfg.dp, self.cfg.mbs)  # links: shared NIC
+        node = node_samples(self.cluster.gpus_per_node, self.cfg.tp, self.ring, self.cfg.mbs)  # links: shared NIC
         return _vmap(lambda x: transfer_time(self.cluster.inter_node, node * x * 1.0), per_sample)
 
     def sync_opt(self, lo: np.ndarray, hi: np.ndarray, zero: bool = True) -> np.ndarray:
@@ -232,7 +232,7 @@ def local_plan_costs(
         if j + 1 < len(stages):
             nxt = stages[j + 1].groups[0]
             per_sample = float(tables.activation_bytes[st.end - 1])
-            node = max(node_samples(c.gpus_per_node, x.tp, x.dp, x.mbs) for x in (g, nxt))  # links: shared NIC
+            node = max(node_samples(c.gpus_per_node, x.tp, replicas * x.dp, x.mbs) for x in (g, nxt))  # links: NIC
             send = transfer_time(c.inter_node, node * per_sample * 1.0)
         fill += f + b + send + send
         bottleneck = max(bottleneck, f + b, send)
