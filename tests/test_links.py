@@ -244,3 +244,21 @@ def test_show_prints_each_links_kind_per_flow_and_cap() -> None:
     assert "Amazon EC2 instance network bandwidth" in geo
     legacy = describe(tiny_instance())
     assert "shared_pipe" in legacy and "(one pipe = per flow)" in legacy
+
+
+@pytest.mark.parametrize(("gpn", "nodes", "expected"), [
+    (4, 1, 0.010 + 4e6 / 1e9),  # 4 pipelines' stages on one node each side: one node pair carries 4 MB
+    (1, 4, 0.010 + 1e6 / 1e9),  # one GPU per node: 4 node pairs of 1 MB each
+])
+def test_identical_pipelines_share_nodes(gpn: int, nodes: int, expected: float) -> None:
+    """4 identical pipelines a -> b, one GPU per stage, per flow 1 GB/s and no cap: the copies' replicas
+    are packed onto nodes together (as the runner places them), so with 4 GPUs per node their 4
+    samples travel as one node-pair flow."""
+    link = {"kind": "per_flow", "per_flow": {"gbit_s": 8, "latency_ms": 10}}
+    inst = instance_from_dict({"name": "x", "model": tiny_model(),
+                               "topology": _two_region_topology(link, gpn=gpn, nodes=nodes, inter_gbit=800.0),
+                               "job": {"global_batch": 4, "seq_len": 128, "precision": "fp32"}})
+    pipe = _two_stage(1)
+    ev = evaluate(Plan(pipelines=(pipe,) * 4), inst)
+    assert ev.stages[0].send_fwd_s == pytest.approx(expected)
+    assert stage_boundary_time(inst, build_tables(inst), pipe, 0, copies=4)[0] == pytest.approx(expected)
