@@ -190,3 +190,34 @@ def test_memory_counts_match_the_model(runs: dict[tuple[str, bool], tuple[Runner
             assert mem["optimizer"] == 2 * 8 * stepped + 4 * plain, (name, r)  # float32 step counters
             assert mem["in_flight"] == min(len(pipe.stages) - info.stage, pipe.num_microbatches)
             assert mem["activations"] == mem["in_flight"] * mem["activations_per_microbatch"]
+
+
+def test_memory_meter_by_hand() -> None:
+    """A linear layer followed by GELU on a (2, 4) float32 input: autograd saves the linear's input
+    (32 B; its weight is a parameter, not counted) and the GELU's input (2 x 3 x 4 = 24 B). Two
+    microbatches in flight hold twice that; after one backward the live bytes drop back."""
+    from hgopt.runner.memory import MemoryMeter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU())
+    meter = MemoryMeter(model)
+    meter.start_step()
+    outs = {}
+    for m in range(2):
+        with meter.forward(m):
+            outs[m] = model(torch.randn(2, 4, requires_grad=m == 1)).sum()
+    assert meter.saved_per_microbatch == {0: 32 + 24, 1: 32 + 24}
+    assert (meter.peak_saved, meter.peak_in_flight) == (2 * 56, 2)
+    outs.pop(0).backward()
+    meter.backward_done(0)
+    with meter.forward(2):
+        outs[2] = model(torch.randn(2, 4)).sum()
+    assert meter.peak_saved == 2 * 56  # never three in flight
+    meter.after_backward()
+    assert meter.gradients == 4 * (4 * 3 + 3)
+    opt = torch.optim.Adam(model.parameters())
+    opt.step()
+    meter.after_step(opt)
+    assert meter.optimizer == 2 * 4 * (4 * 3 + 3) + 2 * 4  # two moments + a float32 step per tensor
+    s = meter.summary()
+    assert (s["parameters"], s["activations"], s["in_flight"]) == (4 * 15, 112, 2)
