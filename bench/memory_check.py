@@ -50,9 +50,9 @@ def plans() -> dict[str, Plan]:
         return Plan(pipelines=(Pipeline(stages=tuple(Stage(start=a, end=b, groups=tuple(gs), zero=zero) for a, b, gs in stages),
                                         num_microbatches=m, schedule=schedule),))  # type: ignore[arg-type]
     return {
-        "1f1b 2 stages: dp 2 | tp 2, m 4": one([(0, 3, [_g("a", dp=2)]), (3, 6, [_g("b", tp=2, mbs=4)])], 4),
-        "gpipe 3 stages, m 3": one([(0, 2, [_g("a")]), (2, 4, [_g("a")]), (4, 6, [_g("b")])], 3, schedule="gpipe"),
-        "1f1b 2 stages zero 1: dp 2 (mbs 1 + 3) | dp 2, m 4": one(
+        "1f1b, 2 stages: dp 2 / tp 2, m 4": one([(0, 3, [_g("a", dp=2)]), (3, 6, [_g("b", tp=2, mbs=4)])], 4),
+        "gpipe, 3 stages, m 3": one([(0, 2, [_g("a")]), (2, 4, [_g("a")]), (4, 6, [_g("b")])], 3, schedule="gpipe"),
+        "1f1b, 2 stages, zero 1: dp 2 (mbs 1 + 3) / dp 2, m 4": one(
             [(0, 3, [_g("a", mbs=1), _g("a", mbs=3)]), (3, 6, [_g("b", dp=2)])], 4, zero=1),
     }
 
