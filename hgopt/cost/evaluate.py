@@ -250,7 +250,8 @@ class _Flows:
     """(sending cluster, receiving cluster) -> samples of the largest node-pair flow between them"""
 
 
-def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int = 1) -> _Flows:
+def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int = 1,
+                    nodes: bool = True) -> _Flows:
     """[C4] The node-pair flows of boundary si -> si + 1 of ``copies`` identical pipelines from the
     plan's placement (see :func:`_node_pieces`); both stages sit on different nodes, so every flow
     crosses a NIC."""
@@ -265,6 +266,9 @@ def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
             pieces.append((a_cluster, b_cluster, min(a_mbs, b_mbs, n)))
             if a_cluster != b_cluster:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
+    per_sample = float(tables.activation_bytes[src.end - 1])
+    if not nodes:  # the links' loads need only the samples between clusters
+        return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=[], cross_flow_max={})
     topo = inst.topology
     na, nb = _node_pieces(topo, src, copies), _node_pieces(topo, dst, copies)
     flow: dict[tuple[tuple[str, int, int], tuple[str, int, int]], int] = {}
@@ -288,9 +292,8 @@ def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
     for (ka, kb), n in flow.items():
         if ka[0] != kb[0]:
             flow_max[(ka[0], kb[0])] = max(flow_max.get((ka[0], kb[0]), 0), n)
-    nodes = [(k[0], n) for k, n in node_a.items()] + [(k[0], n) for k, n in node_b.items()]
-    return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), cross=cross, pieces=pieces,
-                  node_samples=nodes, cross_flow_max=flow_max)
+    node_list = [(k[0], n) for k, n in node_a.items()] + [(k[0], n) for k, n in node_b.items()]
+    return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=node_list, cross_flow_max=flow_max)
 
 
 def _node_pieces(topo: Topology, stage: Stage, copies: int) -> list[list[tuple[tuple[str, int, int], int, int]]]:
@@ -322,7 +325,7 @@ def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], 
     load: dict[tuple[str, str], float] = {}
     for pipe, count in Counter(pipes).items():
         for si in range(len(pipe.stages) - 1):
-            flows = _boundary_flows(inst, tables, pipe, si)
+            flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
             bound = pipe.boundary(si)
             f_fwd = link_bytes_factor(inst.model.dtype, bound.fwd)
             f_bwd = link_bytes_factor(inst.model.dtype, bound.bwd)
@@ -369,7 +372,7 @@ def stage_boundary_time(
 
 def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
     """[C4q] The (de)quantisation seconds alone of boundary si (forward, backward)."""
-    flows = _boundary_flows(inst, tables, pipe, si)
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
     bound = pipe.boundary(si)
     out = []
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
