@@ -262,3 +262,14 @@ def test_identical_pipelines_share_nodes(gpn: int, nodes: int, expected: float) 
     ev = evaluate(Plan(pipelines=(pipe,) * 4), inst)
     assert ev.stages[0].send_fwd_s == pytest.approx(expected)
     assert stage_boundary_time(inst, build_tables(inst), pipe, 0, copies=4)[0] == pytest.approx(expected)
+
+
+def test_every_shipped_instance_states_and_cites_its_links() -> None:
+    """No shipped instance relies on the legacy reading: every link is per_flow with a citation."""
+    from hgopt.instances import list_instances
+
+    for entry in list_instances():
+        inst = load_instance(entry.name)
+        for lk in inst.topology.links:
+            assert lk.kind == "per_flow", (entry.name, lk.src, lk.dst)
+            assert lk.source, (entry.name, lk.src, lk.dst)
