@@ -273,3 +273,42 @@ def test_every_shipped_instance_states_and_cites_its_links() -> None:
         for lk in inst.topology.links:
             assert lk.kind == "per_flow", (entry.name, lk.src, lk.dst)
             assert lk.source, (entry.name, lk.src, lk.dst)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_handover_lower_bound_is_below_evaluate(seed: int) -> None:
+    """The MILP/relaxation's hand-over bound (links.handover_lower_bound, as blocks.arc_times calls it)
+    never exceeds evaluate's boundary time of any uniform hand-over of k identical pipelines."""
+    import random
+
+    from hgopt.cost.links import handover_lower_bound
+
+    rng = random.Random(seed)
+    gpn = rng.choice([1, 2, 4])
+    nodes = rng.choice([1, 2, 4])
+    link = {"kind": "per_flow", "per_flow": {"gbit_s": rng.choice([1, 8, 40]), "latency_ms": rng.choice([0, 5])}}
+    if rng.random() < 0.5:
+        link["aggregate"] = {"gbit_s": rng.choice([2, 10, 100])}
+    topo = _two_region_topology(link, gpn=gpn, nodes=nodes, inter_gbit=rng.choice([10.0, 100.0]))
+    tps = [t for t in (1, 2) if gpn % t == 0]
+    tp_a, tp_b = rng.choice(tps), rng.choice(tps)
+    total = gpn * nodes
+    k = rng.choice([1, 2]) if total >= 4 else 1
+    dp_a = rng.randint(1, max(1, total // (tp_a * k)))
+    mbs_a = rng.choice([1, 2])
+    B = dp_a * mbs_a
+    divisors = [d for d in range(1, B + 1) if B % d == 0 and d * tp_b * k <= total]
+    dp_b = rng.choice(divisors)
+    inst = instance_from_dict({"name": "x", "model": tiny_model(), "topology": topo,
+                               "job": {"global_batch": k * B, "seq_len": 128, "precision": "fp32"}})
+    pipe = Pipeline(stages=(Stage(start=0, end=2, groups=(ReplicaGroup(cluster="a", dp=dp_a, mbs=mbs_a, tp=tp_a),)),
+                            Stage(start=2, end=4, groups=(ReplicaGroup(cluster="b", dp=dp_b, mbs=B // dp_b, tp=tp_b),))),
+                    num_microbatches=1)
+    fwd, bwd = stage_boundary_time(inst, build_tables(inst), pipe, 0, copies=k)
+    t = inst.topology
+    x = B * 1e6
+    lb_f = handover_lower_bound(t.link_spec("a", "b"), t.cluster("a").inter_node, t.cluster("b").inter_node,
+                                x, k * x, B, nodes, nodes, k)
+    lb_b = handover_lower_bound(t.link_spec("b", "a"), t.cluster("b").inter_node, t.cluster("a").inter_node,
+                                x, k * x, B, nodes, nodes, k)
+    assert lb_f <= fwd * (1 + 1e-12) and lb_b <= bwd * (1 + 1e-12)
