@@ -8,12 +8,17 @@ that callers need one import. A change of the link model goes into both forms, h
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
 from hgopt.cost.tables import U_RANGE, allreduce_time, bandwidth_bytes_per_s, transfer_time
 from hgopt.spec import Bandwidth
 
+Num = TypeVar("Num", float, np.ndarray)
+
 __all__ = [
+    "gradient_bytes",
     "allreduce_time",
     "allreduce_time_v",
     "bandwidth_bytes_per_s",
@@ -21,6 +26,12 @@ __all__ = [
     "transfer_time",
     "transfer_time_v",
 ]
+
+
+def gradient_bytes(params: Num, dtype_bytes: float, factor: float = 1.0) -> Num:
+    """[C5] Bytes all-reduced for ``params`` gradients in the training dtype, times the precision
+    factor of the exchange (``tables.link_bytes_factor``)."""
+    return params * dtype_bytes * factor  # type: ignore[return-value]
 
 
 def bandwidth_bytes_per_s_v(bw: Bandwidth, nbytes: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from hgopt.cost.tables import GpuTpTable
 
-__all__ = ["interp_rows", "optimizer_time", "stage_compute_v", "stage_times", "stage_times_v"]
+__all__ = ["interp_rows", "optimizer_share", "optimizer_time", "stage_compute_v", "stage_times", "stage_times_v"]
 
 Num = TypeVar("Num", float, np.ndarray)
 
@@ -51,6 +51,11 @@ def stage_compute_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray) -
     return f + b
 
 
+def optimizer_share(update_s: Num, shards: Num | int = 1) -> Num:
+    """[C6] One replica's optimizer-step seconds when ``shards`` ZeRO-1 replicas split ``update_s``."""
+    return update_s / shards  # type: ignore[return-value]
+
+
 def optimizer_time(tab: GpuTpTable, lo: Num | int, hi: Num | int, shards: Num | int = 1) -> Num:
     """Optimizer-step seconds of layers [lo, hi), sharded over ``shards`` ZeRO-1 replicas [C6]."""
-    return (tab.update[hi] - tab.update[lo]) / shards  # type: ignore[return-value]
+    return optimizer_share(tab.update[hi] - tab.update[lo], shards)  # type: ignore[return-value]

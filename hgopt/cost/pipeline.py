@@ -9,11 +9,12 @@ and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from typing import Literal, Sequence, TypeVar
 
 import numpy as np
 
 __all__ = [
+    "ROUND_TRIP_WINDOWS",
     "fill_time",
     "in_flight",
     "last_backward_ends",
@@ -21,7 +22,9 @@ __all__ = [
     "pipeline_time",
     "round_trip_pace",
     "stage_pace",
+    "stages_that_matter",
     "steady_weight",
+    "trip_depth",
     "window_trip",
 ]
 
@@ -63,14 +66,33 @@ def fill_time(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[floa
     return float(sum(a + b + c for a, b, c in zip(t, send_f, send_b)))
 
 
+def stages_that_matter(num_microbatches: int) -> int:
+    """[C6] Stages after a stage beyond which its in-flight depth min(S − s, m) no longer grows: m − 1."""
+    return max(num_microbatches - 1, 0)
+
+
+def trip_depth(window_stages: int, num_microbatches: int) -> int:
+    """[C3] Microbatches one round trip of a window of n stages advances: min(n, m)."""
+    return window_stages if window_stages < num_microbatches else num_microbatches
+
+
 def window_trip(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], s: int, j: int) -> float:
     """[C3] Round trip of the window of stages s..j: Σ_{i=s..j} t_i + Σ_{i=s..j−1} (c^f_i + c^b_i)
     (the links between the window's stages; the link leaving stage j is not on the cycle)."""
     return float(sum(t[s : j + 1]) + sum(send_f[s:j]) + sum(send_b[s:j]))
 
 
-def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int) -> float:
-    """[C3] The least 1F1B pace that every contiguous window of stages s..j allows.
+ROUND_TRIP_WINDOWS: Literal["suffix", "all"] = "suffix"
+"""Windows [C3] prices (a constant, not a setting): ``"all"`` is what the runner's 1F1B order does
+(checked against the exact replay, ``tests/test_cost_kernel.py``); ``"suffix"`` (windows ending at
+the last stage) is what the MILP's rows [M15]/[M16] and the re-partition DP [H8] model exactly
+today. ``evaluate`` uses this constant; switch it to ``"all"`` together with those two."""
+
+
+def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
+                    windows: Literal["suffix", "all"] = ROUND_TRIP_WINDOWS) -> float:
+    """[C3] The least 1F1B pace that every contiguous window of stages s..j allows (``windows="all"``;
+    ``"suffix"``: only the windows ending at the last stage).
 
     In the strict 1F1B order (``hgopt.runner.schedule.stage_ops``) stage s runs its forward of
     microbatch k + (j − s + 1) + w_j only after its backward of k, which comes back from stage j
@@ -78,11 +100,17 @@ def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequenc
     microbatches (at most m), so the pace is at least trip / min(j − s + 1, m). O(S²)."""
     S, m = len(t), num_microbatches
     best = 0.0
+    if windows == "suffix":
+        trip = 0.0
+        for s in range(S - 1, -1, -1):
+            trip += t[s] + send_f[s] + send_b[s] if s < S - 1 else t[s]
+            best = max(best, trip / trip_depth(S - s, m))
+        return best
     for s in range(S):
         trip = 0.0
         for j in range(s, S):
             trip += t[j] + (send_f[j - 1] + send_b[j - 1] if j > s else 0.0)
-            best = max(best, trip / min(j - s + 1, m))
+            best = max(best, trip / trip_depth(j - s + 1, m))
     return best
 
 
@@ -93,6 +121,7 @@ def pipeline_bottleneck(
     send_f: Sequence[float],
     send_b: Sequence[float],
     num_microbatches: int,
+    windows: Literal["suffix", "all"] = ROUND_TRIP_WINDOWS,
 ) -> float:
     """[C3] Steady-state seconds per microbatch. GPipe: max_s max(f_s, c^f_s) + max_s max(b_s, c^b_s);
     1F1B: max(max_s stage_pace, round_trip_pace)."""
@@ -100,7 +129,7 @@ def pipeline_bottleneck(
         return max(max(f, c) for f, c in zip(fwd, send_f)) + max(max(b, c) for b, c in zip(bwd, send_b))
     t = [f + b for f, b in zip(fwd, bwd)]
     steady = max(stage_pace(a, c, d) for a, c, d in zip(t, send_f, send_b))
-    return max(steady, round_trip_pace(t, send_f, send_b, num_microbatches))
+    return max(steady, round_trip_pace(t, send_f, send_b, num_microbatches, windows))
 
 
 def last_backward_ends(time_s: float, bwd: Sequence[float], send_b: Sequence[float]) -> list[float]:

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 
 from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.pipeline import steady_weight
 from hgopt.cost.tables import CostTables, link_bytes_factor, transfer_time
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
@@ -174,7 +175,7 @@ def block_options(
     :class:`OutOfTime` once ``time.perf_counter()`` passes ``deadline`` (checked per configuration):
     an incomplete option set would make a MILP whose bound is not valid."""
     shape = model_shape(instance)
-    win = window or Window(weight=float(num_microbatches - 1))
+    win = window or Window(weight=steady_weight(num_microbatches))
     out: dict[tuple[str, Role, int], list[BlockOption]] = {}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
@@ -442,7 +443,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
-    s_lb, w = max(s_min.values()), float(num_microbatches - 1)
+    s_lb, w = max(s_min.values()), steady_weight(num_microbatches)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.pipeline import stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
@@ -238,7 +239,7 @@ def build_milp(
         _precision_rows(form, by_cluster, pol)
     if ROUND_TRIP:
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
-    obj = {t: float(split.num_microbatches - 1), u: 1.0}
+    obj = {t: steady_weight(split.num_microbatches), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
         for v in lv:
@@ -460,7 +461,7 @@ def solve_split(
         t_opts = time.perf_counter()
         try:
             opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
-                                 num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
+                                 num_microbatches=split.num_microbatches, d_cap=stages_that_matter(split.num_microbatches),
                                  window=window, deadline=deadline)
             log.debug("split %s cap %.4g: %d block options in %.1f s", split, t_cap,
                       sum(len(v) for v in opts.values()), time.perf_counter() - t_opts)

@@ -27,6 +27,7 @@ import numpy as np
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.pipeline import in_flight, stage_pace, trip_depth
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
 from hgopt.search.intra import LocalConfig, StageModel
@@ -73,7 +74,7 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
     base = evaluate(plan, instance, tables)
     best_t = base.iteration_time_s if base.feasible else INF
     best_plan, seen = plan, {_bounds(pipe)}
-    cur_steady = max(max(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
+    cur_steady = max(stage_pace(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
     cur_tail = max(r.sync_s + r.optimizer_s for r in base.stages) if base.feasible else INF
     m = None if pipe.schedule == "gpipe" else pipe.num_microbatches
     caps = _caps(costs, L, max(cur_steady, _round_trip(base)), m)
@@ -116,12 +117,12 @@ def _stage_costs(inst: Instance, tables: CostTables, pipe: Pipeline, s: int, k: 
     lo, hi = np.triu_indices(L + 1, k=1)  # every [a, b) with a < b
     comp = sm.compute(lo, hi)
     send_f, send_b = _sends(inst, tables, pipe, s, k, hi)
-    in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(len(pipe.stages) - s, pipe.num_microbatches)
+    depth = in_flight(len(pipe.stages), s, pipe.num_microbatches, pipe.schedule)
     # one group per stage: evaluate's ZeRO shards (the stage's replicas) are the group's dp
     tail = sm.sync_opt(lo, hi, zero=bool(st.zero))
-    ok = sm.memory(lo, hi, in_flight, zero=bool(st.zero)) <= c.gpu_memory_bytes
+    ok = sm.memory(lo, hi, depth, zero=bool(st.zero)) <= c.gpu_memory_bytes
     full = lambda v: _square(L, lo, hi, np.where(ok, v, INF))  # noqa: E731
-    return _StageCosts(fill=full(comp + send_f + send_b), steady=full(np.maximum(comp, np.maximum(send_f, send_b))),
+    return _StageCosts(fill=full(comp + send_f + send_b), steady=full(stage_pace(comp, send_f, send_b)),
                        tail=full(tail))
 
 
@@ -213,7 +214,7 @@ def _min_fill(costs: list[_StageCosts], L: int, cap: float, tail_cap: float, m: 
         arg = np.argmin(tot, axis=1)
         best = tot[np.arange(L + 1), arg]
         if m is not None:
-            best = np.where(best <= cap * min(S - s, m) * (1 + 1e-12), best, INF)
+            best = np.where(best <= cap * trip_depth(S - s, m) * (1 + 1e-12), best, INF)
         choice.append(arg)
     if not math.isfinite(best[0]):
         return None
