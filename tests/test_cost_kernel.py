@@ -117,3 +117,57 @@ def test_evaluate_overlap_is_between_pipeline_and_no_overlap() -> None:
         assert on.pipeline_time_s <= on.iteration_time_overlap_s <= off.iteration_time_overlap_s + 1e-12
         for s in off.stages:  # without overlap a stage's sync starts at its last backward's end
             assert s.sync_end_s >= s.last_backward_end_s
+
+
+def test_repartition_dp_is_exact_for_every_window() -> None:
+    """[H8] `_min_fill` against enumeration of every split on random stage costs (fill = compute +
+    sends, the sends depending on the end layer): least R_0 subject to steady ≤ cap, the suffix limit
+    R_s ≤ cap·min(S − s, m) and every window W(s, j) ≤ cap·(j − s + 1)."""
+    import itertools
+
+    from hgopt.search.repartition import _min_fill, _min_fill_suffix, _StageCosts, _windows_ok
+
+    rng = np.random.default_rng(3)
+    checked = binding = 0
+    for _ in range(80):
+        S, L, m = int(rng.integers(3, 6)), int(rng.integers(5, 8)), int(rng.integers(2, 8))
+        costs = []
+        for s in range(S):
+            per_layer = rng.uniform(0.1, 0.4, L) * rng.choice([1.0, 3.0])  # heterogeneous stages
+            link = 0.0 if s == S - 1 else float(rng.choice([0.01, 0.5]))  # a slow link somewhere
+            send = link * rng.uniform(0.8, 1.2, L + 1)
+            comp = np.full((L + 1, L + 1), np.inf)
+            fill = np.full((L + 1, L + 1), np.inf)
+            steady = np.full((L + 1, L + 1), np.inf)
+            for a in range(L):
+                for b in range(a + 1, L + 1):
+                    comp[a, b] = per_layer[a:b].sum()
+                    fill[a, b] = comp[a, b] + 2 * send[b]
+                    steady[a, b] = max(comp[a, b], send[b])
+            costs.append(_StageCosts(fill=fill, steady=steady, tail=np.zeros((L + 1, L + 1)), comp=comp))
+        for cap in rng.uniform(0.4, 1.5, 4):
+            best, best_ends = np.inf, None
+            for inner in itertools.combinations(range(1, L), S - 1):
+                ends = (*inner, L)
+                starts = (0, *inner)
+                t = [costs[s].comp[a, b] for s, (a, b) in enumerate(zip(starts, ends))]
+                f = [costs[s].fill[a, b] for s, (a, b) in enumerate(zip(starts, ends))]
+                if any(costs[s].steady[a, b] > cap for s, (a, b) in enumerate(zip(starts, ends))):
+                    continue
+                sends = [x - y for x, y in zip(f, t)]
+                ok = all(sum(f[s:]) <= cap * min(S - s, m) * (1 + 1e-12) for s in range(S))
+                ok &= all(sum(t[s:j + 1]) + sum(sends[s:j]) <= cap * (j - s + 1) * (1 + 1e-12)
+                          for s in range(S) for j in range(s, S))
+                if ok and sum(f) < best - 1e-12:
+                    best, best_ends = sum(f), ends
+            got = _min_fill(costs, L, float(cap), np.inf, m)
+            if best_ends is None:
+                assert got is None
+                continue
+            assert got is not None
+            starts = (0, *got[:-1])
+            assert sum(costs[s].fill[a, b] for s, (a, b) in enumerate(zip(starts, got))) == pytest.approx(best, rel=1e-9)
+            checked += 1
+            suffix_only = _min_fill_suffix(costs, L, float(cap), np.inf, m)
+            binding += suffix_only is not None and not _windows_ok(costs, suffix_only, float(cap))
+    assert checked > 20 and binding > 0  # some cases where only a middle window decides

@@ -9,13 +9,9 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
-from hgopt.cost.tables import (
-    CostTables,
-    allreduce_time,
-    build_tables,
-    link_bytes_factor,
-    transfer_time,
-)
+import numpy as np
+
+from hgopt.cost.comm import gradient_bytes
 from hgopt.cost.compute import optimizer_time, stage_times
 from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule, iteration_end
 from hgopt.cost.memory import stage_memory_terms
@@ -26,6 +22,13 @@ from hgopt.cost.pipeline import (
     pipeline_bottleneck,
     pipeline_time,
     round_trip_pace,
+)
+from hgopt.cost.tables import (
+    CostTables,
+    allreduce_time,
+    build_tables,
+    link_bytes_factor,
+    transfer_time,
 )
 from hgopt.plan import Pipeline, Plan, Stage, validate
 from hgopt.spec import Cluster, Instance
@@ -445,12 +448,9 @@ def _bucketed_sync(
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, (_, st) in where.items() if st.start <= lo and hi <= st.end]
         holders = [where[k][1] for k in keys]
-        per_layer = [0.0] * tables.num_layers
-        for st in holders:
-            for g in st.groups:
-                tab = tables.table(inst.topology.cluster(g.cluster).gpu, g.tp)
-                for layer in range(lo, hi):
-                    per_layer[layer] = max(per_layer[layer], float(tab.params[layer + 1] - tab.params[layer]) * tables.dtype_bytes)
+        per_layer = np.zeros(tables.num_layers)
+        for gpu, tp in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
+            per_layer = np.maximum(per_layer, gradient_bytes(np.diff(tables.table(gpu, tp).params), tables.dtype_bytes))
         for x, y in bucket_ranges(per_layer, lo, hi, cap):
             seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
             ready = {}

@@ -82,11 +82,11 @@ def window_trip(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[fl
     return float(sum(t[s : j + 1]) + sum(send_f[s:j]) + sum(send_b[s:j]))
 
 
-ROUND_TRIP_WINDOWS: Literal["suffix", "all"] = "suffix"
+ROUND_TRIP_WINDOWS: Literal["suffix", "all"] = "all"
 """Windows [C3] prices (a constant, not a setting): ``"all"`` is what the runner's 1F1B order does
-(checked against the exact replay, ``tests/test_cost_kernel.py``); ``"suffix"`` (windows ending at
-the last stage) is what the MILP's rows [M15]/[M16] and the re-partition DP [H8] model exactly
-today. ``evaluate`` uses this constant; switch it to ``"all"`` together with those two."""
+(checked against the exact replay, ``tests/test_cost_kernel.py``); ``"suffix"`` (only windows ending
+at the last stage) is the model before the fix. ``evaluate``, the MILP rows [M15w] and the
+re-partition DP [H8] all read this constant, so the three stay one model."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,

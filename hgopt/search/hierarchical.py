@@ -828,9 +828,11 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
     """[H4] The [C3]/[C7] form over clusters, from (bottleneck, fill, sync_opt, local stages) per
     cluster: (m − 1)·pace + Σ fill + WAN trips + max sync_opt, the pace being the slowest stage or
     link or the 1F1B round trip of a suffix over the microbatches it can hold in flight — suffixes
-    from a cluster's first and from its last local stage (local stages taken as equal)."""
+    from a cluster's first and from its last local stage — or of the window of a cluster's last and
+    the next cluster's first local stage around their WAN link (local stages taken as equal; the
+    exact pace of every window is ``evaluate``'s, [C3])."""
     bott, fill, sync = wan[0], wan[1], 0.0
-    trip, count = 0.0, 0
+    trip, count, head = 0.0, 0, -1.0
     for i in range(len(vals) - 1, -1, -1):
         b, f, s_, k = vals[i]
         bott = max(bott, b)
@@ -839,6 +841,9 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
         link = wan[2][i] if i < len(wan[2]) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
             bott = max(bott, (f / k + link + trip) / trip_depth(1 + count, m))
+            if head >= 0.0:  # the window of that stage and the next cluster's first stage
+                bott = max(bott, (f / k + link + head) / trip_depth(2, m))
+        head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:
@@ -849,7 +854,7 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
 def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
     """``_combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops)."""
     bott, fill, sync = wan[0], wan[1], 0.0
-    trip, count = 0.0, 0
+    trip, count, head = 0.0, 0, -1.0
     per = wan[2]
     last = len(per)
     for i in range(len(t) - 1, -1, -1):
@@ -866,6 +871,11 @@ def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, f
             pace = (f / k + link + trip) / trip_depth(count + 1, m)
             if pace > bott:
                 bott = pace
+            if head >= 0.0:  # the window of that stage and the next cluster's first stage
+                pace = (f / k + link + head) / trip_depth(2, m)
+                if pace > bott:
+                    bott = pace
+        head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:

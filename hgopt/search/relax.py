@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import steady_weight
+from hgopt.cost.pipeline import in_flight, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import CheapBounds, LinkPolicy, arc_precisions, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -206,7 +206,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
     xs = np.arange(N + 1)
     caps = []
     for r in range(1, s_max + 1):
-        ok = km[1:] >= min(r, m)
+        ok = km[1:] >= in_flight(r, 0, m)
         bad = np.flatnonzero(~ok)
         caps.append(int(bad[0]) if bad.size else N)
     caps_a = np.array(caps)
