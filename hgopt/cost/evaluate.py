@@ -25,6 +25,7 @@ from hgopt.cost.pipeline import (
 )
 from hgopt.cost.tables import (
     CostTables,
+    GpuTpTable,
     allreduce_time,
     build_tables,
     link_bytes_factor,
@@ -427,41 +428,49 @@ def _bucketed_sync(
 ) -> tuple[list[StageReport], float]:
     """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
     gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
-    (``_segment_allreduce``); the iteration ends with the last optimizer step."""
+    (``_segment_allreduce``); the iteration ends with the last optimizer step. Identical pipelines
+    have identical times, so each is scheduled once (its replicas still count in the rings)."""
+    first: dict[Pipeline, int] = {}
+    for pi, pipe in enumerate(plan.pipelines):
+        first.setdefault(pipe, pi)
+    report = {(r.pipeline, r.stage): r for r in stages}
     ends: dict[tuple[int, int], float] = {}
-    by_pipe: dict[int, list[StageReport]] = {}
-    for r in stages:
-        by_pipe.setdefault(r.pipeline, []).append(r)
     for pr in pipes:
-        st = by_pipe[pr.index]
+        if first[plan.pipelines[pr.index]] != pr.index:
+            continue
+        st = [report[(pr.index, si)] for si in range(len(plan.pipelines[pr.index].stages))]
         for r, e in zip(st, last_backward_ends(pr.time_s, [r.bwd_s for r in st], [r.send_bwd_s for r in st])):
             ends[(r.pipeline, r.stage)] = e
-    where = {(pi, si): (pipe, st) for pi, pipe in enumerate(plan.pipelines) for si, st in enumerate(pipe.stages)}
-    report = {(r.pipeline, r.stage): r for r in stages}
-    slowest: dict[tuple[int, int], tuple[object, int]] = {}  # the group whose backward sets the stage's
-    for key, (pipe, st) in where.items():
-        g = max(st.groups, key=lambda g: tables.table(inst.topology.cluster(g.cluster).gpu, g.tp).times(g.mbs, st.start, st.end)[1])
-        slowest[key] = (tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs)
+    where = {(pi, si): st for pi in first.values() for si, st in enumerate(plan.pipelines[pi].stages)}
+    every = [st for p in plan.pipelines for st in p.stages]
+    slowest: dict[tuple[int, int], tuple[GpuTpTable, int, float]] = {}  # the group setting the stage's backward
+    for key, st in where.items():
+        tab, mbs = max(((tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs) for g in st.groups),
+                       key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
+        slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
+    layer_bytes: dict[tuple[str, int], np.ndarray] = {}
     cap = plan.grad_bucket_mb * MIB
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     buckets: list[Bucket] = []
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
-        keys = [k for k, (_, st) in where.items() if st.start <= lo and hi <= st.end]
-        holders = [where[k][1] for k in keys]
+        keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
+        holders = [st for st in every if st.start <= lo and hi <= st.end]
         per_layer = np.zeros(tables.num_layers)
-        for gpu, tp in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
-            per_layer = np.maximum(per_layer, gradient_bytes(np.diff(tables.table(gpu, tp).params), tables.dtype_bytes))
+        for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
+            if gt not in layer_bytes:
+                layer_bytes[gt] = gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes)
+            per_layer = np.maximum(per_layer, layer_bytes[gt])
         for x, y in bucket_ranges(per_layer, lo, hi, cap):
             seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
             ready = {}
             for k in keys:
-                st = where[k][1]
-                tab, mbs = slowest[k]
-                total = tab.times(mbs, st.start, st.end)[1]
+                st = where[k]
+                tab, mbs, total = slowest[k]
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
             buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
     sync_end = bucket_schedule(buckets, ends)
-    out = [replace(r, last_backward_end_s=ends[(r.pipeline, r.stage)], sync_end_s=sync_end[(r.pipeline, r.stage)])
+    rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
+    out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
-    return out, iteration_end(sync_end, {(r.pipeline, r.stage): r.optimizer_s for r in stages})
+    return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end})
