@@ -171,3 +171,21 @@ def test_repartition_dp_is_exact_for_every_window() -> None:
             suffix_only = _min_fill_suffix(costs, L, float(cap), np.inf, m)
             binding += suffix_only is not None and not _windows_ok(costs, suffix_only, float(cap))
     assert checked > 20 and binding > 0  # some cases where only a middle window decides
+
+
+def test_choose_sync_keeps_the_faster_bucket_setting() -> None:
+    """Data parallelism across a 100 ms WAN: every 25 MiB bucket pays the ring's latency, one bucket
+    per segment pays it once; choose_sync picks by [C7o] and never returns a slower setting."""
+    from hgopt.search.sync_choice import DEFAULT_BUCKET_MB, choose_sync, one_bucket_mb
+    from tests.factories import tiny_topology
+
+    inst = tiny_instance(global_batch=8, topology=tiny_topology(wan_latency_ms=100.0))
+    tables = build_tables(inst)
+    st = (Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=2), ReplicaGroup(cluster="b", dp=2))),)
+    for bucket in (1e-6, DEFAULT_BUCKET_MB):  # tiny buckets: one per layer
+        plan = Plan(pipelines=(Pipeline(stages=st, num_microbatches=2),), grad_bucket_mb=bucket)
+        got = choose_sync(plan, inst, tables)
+        t = {mb: evaluate(Plan(pipelines=plan.pipelines, grad_bucket_mb=mb), inst, tables).iteration_time_overlap_s
+             for mb in (DEFAULT_BUCKET_MB, one_bucket_mb(tables))}
+        assert evaluate(got, inst, tables).iteration_time_overlap_s == pytest.approx(min(t.values()), rel=1e-12)
+        assert got.overlap_grad_sync and got.pipelines == plan.pipelines
