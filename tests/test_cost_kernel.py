@@ -189,3 +189,22 @@ def test_choose_sync_keeps_the_faster_bucket_setting() -> None:
              for mb in (DEFAULT_BUCKET_MB, one_bucket_mb(tables))}
         assert evaluate(got, inst, tables).iteration_time_overlap_s == pytest.approx(min(t.values()), rel=1e-12)
         assert got.overlap_grad_sync and got.pipelines == plan.pipelines
+
+
+def test_wan_bytes_per_iteration_hand_computed() -> None:
+    """tiny_model: 1e6 activation bytes per sample at every boundary; a | b pipeline with m = 4
+    microbatches of 1 sample sends 4e6 bytes each way; data parallelism over a and b all-reduces the
+    whole gradient once per iteration, a 2-cluster ring: each direction carries 2·(1/2)·bytes."""
+    from hgopt.cost.evaluate import wan_bytes_per_iteration
+
+    inst = tiny_instance(global_batch=4)
+    tables = build_tables(inst)
+    pipe = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=2, groups=(ReplicaGroup(cluster="a"),)),
+                                            Stage(start=2, end=4, groups=(ReplicaGroup(cluster="b"),))),
+                                    num_microbatches=4),))
+    assert wan_bytes_per_iteration(pipe, inst, tables) == pytest.approx({("a", "b"): 4e6, ("b", "a"): 4e6})
+    dp = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=2),
+                                                                         ReplicaGroup(cluster="b", dp=2))),),
+                                  num_microbatches=1),))
+    grad = float(tables.table("A", 1).params[-1]) * tables.dtype_bytes
+    assert wan_bytes_per_iteration(dp, inst, tables) == pytest.approx({("a", "b"): grad, ("b", "a"): grad})

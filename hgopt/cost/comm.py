@@ -19,6 +19,7 @@ Num = TypeVar("Num", float, np.ndarray)
 
 __all__ = [
     "gradient_bytes",
+    "ring_edge_bytes",
     "allreduce_time",
     "allreduce_time_v",
     "bandwidth_bytes_per_s",
@@ -32,6 +33,11 @@ def gradient_bytes(params: Num, dtype_bytes: float, factor: float = 1.0) -> Num:
     """[C5] Bytes all-reduced for ``params`` gradients in the training dtype, times the precision
     factor of the exchange (``tables.link_bytes_factor``)."""
     return params * dtype_bytes * factor  # type: ignore[return-value]
+
+
+def ring_edge_bytes(nbytes: Num, n: int) -> Num:
+    """[C5] Bytes each edge of a ring all-reduce of ``nbytes`` among ``n`` carries: 2(n − 1)/n · bytes."""
+    return 0.0 * nbytes if n <= 1 else 2.0 * (n - 1) / n * nbytes  # type: ignore[return-value]
 
 
 def bandwidth_bytes_per_s_v(bw: Bandwidth, nbytes: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from hgopt.cost.comm import gradient_bytes
+from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
 from hgopt.cost.compute import optimizer_time, stage_times
 from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule, iteration_end
 from hgopt.cost.memory import stage_memory_terms
@@ -34,7 +34,15 @@ from hgopt.cost.tables import (
 from hgopt.plan import Pipeline, Plan, Stage, validate
 from hgopt.spec import Cluster, Instance
 
-__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "round_trip_bound", "stage_boundary_time"]
+__all__ = [
+    "Evaluation",
+    "PipelineReport",
+    "StageReport",
+    "evaluate",
+    "round_trip_bound",
+    "stage_boundary_time",
+    "wan_bytes_per_iteration",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -474,3 +482,26 @@ def _bucketed_sync(
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
     return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end})
+
+
+# ---- WAN traffic per iteration (for egress prices) --------------------------------------------------
+def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | None = None) -> dict[tuple[str, str], float]:
+    """Bytes one iteration sends over each directed inter-cluster link: every pipeline's boundary
+    activations and their gradients ([C4w] loads per microbatch, ``_wan_loads``, times its m) plus each
+    sync segment's cross-cluster ring ([C5], ``_segment_allreduce``'s WAN bytes; ring c_0 → c_1 → … →
+    c_0 in the segment's cluster order, each edge 2(k − 1)/k of them)."""
+    tables = tables or build_tables(inst)
+    out: dict[tuple[str, str], float] = {}
+    for pipe, count in Counter(plan.pipelines).items():
+        for link, nbytes in _wan_loads(inst, tables, (pipe,)).items():
+            out[link] = out.get(link, 0.0) + count * pipe.num_microbatches * nbytes
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    stages = [s for p in plan.pipelines for s in p.stages]
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = [s for s in stages if s.start <= lo and hi <= s.end]
+        seg = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        k = len(seg.clusters)
+        for i, a in enumerate(seg.clusters):
+            b = seg.clusters[(i + 1) % k]
+            out[(a, b)] = out.get((a, b), 0.0) + ring_edge_bytes(seg.wan_bytes, k)
+    return out
