@@ -12,7 +12,6 @@ import math
 from collections import Counter
 from typing import Any
 
-from hgopt.commands._paths import check_output_file
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
 from hgopt.instances import load_instance
@@ -79,7 +78,6 @@ def _options(args: argparse.Namespace) -> PlanOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_file(args.output, "-o/--output")  # cli-input: refuse a bad -o before the search
     inst = load_instance(args.instance)
     res = get_planner(args.planner)(inst, _options(args))
     ev = evaluate(res.plan, inst, build_tables(inst)) if res.plan is not None else None
