@@ -39,6 +39,8 @@ __all__ = [
     "bandwidth_to_dict",
     "instance_from_dict",
     "job_from_dict",
+    "gpu_spec_from_dict",
+    "gpu_table",
     "load_document",
     "read_text",
     "short_repr",
@@ -83,6 +85,7 @@ LIMITS: Mapping[str, float] = MappingProxyType({
     "gbit_s": 800_000.0,
     "latency_ms": 100_000.0,  # 100 s one way
     "cost_per_gpu_hour": 1e6,
+    "gpu_tflops": 1e6,  # a declared GPU's peak (B200 dense FP8: 4.5e3)
 })
 """Sane upper bounds of the input fields, far above any real system and far below what would make the
 planner run out of memory or time. A value above its bound is refused with a SpecError naming the field
@@ -214,6 +217,8 @@ class Cluster:
     memory_bandwidth_gbyte_s: float = 900.0
     """GPU memory (HBM/GDDR) bandwidth; prices the (de)quantisation of compressed link traffic.
     Default 900 GB/s (V100-class) when a topology does not say."""
+    defaults: tuple[str, ...] = field(default=(), compare=False)
+    """Fields the file left out and the GPU table (or the instance's ``gpus:``) filled in."""
 
     @property
     def num_gpus(self) -> int:
@@ -650,8 +655,31 @@ _CLUSTER_KEYS = {
 }
 
 
-def _cluster(at: _At) -> Cluster:
+def _gpu_defaults(at: _At, gpus: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cluster fields left out of ``at`` that the entry of its GPU type supplies: ``gpu_memory_gb``
+    (the datasheet memory), ``intra_node`` (achievable one-direction NVLink/PCIe GB/s) and
+    ``inter_node`` (the assumed node NIC); see :mod:`hgopt.profiles.gpus`. Empty for an unknown GPU."""
+    from hgopt.profiles.gpus import DEFAULT_LINK_LATENCY_MS, GPUS
+
+    m = at.mapping()
+    if not isinstance(m.get("gpu"), str):
+        return {}
+    spec = (gpus if gpus is not None else GPUS).get(m["gpu"])
+    if spec is None:
+        return {}
+    filled = {
+        "gpu_memory_gb": spec.memory_gb,
+        "intra_node": {"gbyte_s": spec.intra_node_gbyte_s, "latency_ms": DEFAULT_LINK_LATENCY_MS},
+        "inter_node": {"gbit_s": spec.node_network_gbit_s, "latency_ms": DEFAULT_LINK_LATENCY_MS},
+    }
+    return {k: v for k, v in filled.items() if m.get(k) is None}
+
+
+def _cluster(at: _At, gpus: Mapping[str, Any] | None = None) -> Cluster:
     at.only(_CLUSTER_KEYS)
+    filled = _gpu_defaults(at, gpus)
+    if filled:
+        at = _At(at.source, at.path, {**at.mapping(), **filled})
     cost = at.opt("cost_per_gpu_hour")
     return Cluster(
         name=at.get("name").string(),
@@ -662,13 +690,14 @@ def _cluster(at: _At) -> Cluster:
         gpus_per_node=at.get("gpus_per_node").limited("gpus_per_node"),
         intra_node=bandwidth_from_dict(at.get("intra_node")),
         inter_node=bandwidth_from_dict(at.get("inter_node")),
+        defaults=tuple(filled),
         cost_per_gpu_hour=cost.number(minimum=0.0, maximum=LIMITS["cost_per_gpu_hour"]) if cost else None,
         memory_bandwidth_gbyte_s=mbw.number(positive=True, maximum=LIMITS["memory_bandwidth_gbyte_s"])
         if (mbw := at.opt("memory_bandwidth_gbyte_s")) else 900.0,
     )
 
 
-def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Topology:
+def topology_from_dict(data: Any, source: str = "<inline>", path: str = "", gpus: Mapping[str, Any] | None = None) -> Topology:
     """Clusters plus links. ``links`` holds ``pairs`` (symmetric unless ``directed: true``) and
     optional ``same_region`` / ``default`` bandwidths for the pairs not listed."""
     at = _At(source, path, data)
@@ -676,7 +705,7 @@ def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> T
     items = at.get("clusters").items()
     if not items:
         raise at.get("clusters").fail("must list at least one cluster")
-    clusters = tuple(_cluster(item) for item in items)
+    clusters = tuple(_cluster(item, gpus) for item in items)  # gpus: the GPU table for defaults (cli-input)
     names = [c.name for c in clusters]
     for i, (item, c) in enumerate(zip(items, clusters)):
         if c.name in names[:i]:
@@ -770,11 +799,12 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
     (relative to ``base_dir``). A ``model`` mapping with a ``generator`` key is built by
     :func:`hgopt.profiles.generate` (analytic or importer) instead of being read literally."""
     at = _At(source, "", data)
-    at.only({"name", "description", "model", "topology", "job"})
+    at.only({"name", "description", "gpus", "model", "topology", "job"})
     name = at.get("name").string()
     desc = at.opt("description")
-    model = _part(at.get("model"), base_dir, _model_part)
-    topology = _part(at.get("topology"), base_dir, topology_from_dict)
+    gpus = gpu_table(at.opt("gpus"))
+    model = _part(at.get("model"), base_dir, lambda d, src, path: _model_part(d, src, path, gpus))
+    topology = _part(at.get("topology"), base_dir, lambda d, src, path: topology_from_dict(d, src, path, gpus))
     job = _part(at.get("job"), base_dir, job_from_dict)
     inst = Instance(
         name=name,
@@ -788,12 +818,74 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
     return inst
 
 
-def _model_part(data: Any, source: str, path: str) -> ModelProfile:
+def _model_part(data: Any, source: str, path: str, gpus: Mapping[str, Any] | None = None) -> ModelProfile:
     if isinstance(data, Mapping) and "generator" in data:
         from hgopt.profiles import generate
 
-        return generate(data, source, path)
+        return generate(data, source, path, gpus=gpus)
     return model_profile_from_dict(data, source, path)
+
+
+_GPU_KEYS = {
+    "name", "fp32_tflops", "fp16_tflops", "bf16_tflops", "memory_gb", "memory_gbyte_s", "link_bidir_gbyte_s",
+    "link", "efficiency", "memory_efficiency", "node_network_gbit_s", "source",
+}
+
+
+def gpu_spec_from_dict(at_or_data: Any, source: str = "<inline>", path: str = "") -> Any:
+    """One GPU of an instance's ``gpus:`` section -> :class:`hgopt.profiles.gpus.GpuSpec`.
+
+    ``{name, fp32_tflops, fp16_tflops, bf16_tflops (omit: no BF16), memory_gb, memory_gbyte_s,
+    link_bidir_gbyte_s, link (nvlink | pcie | ...), efficiency, memory_efficiency (default 0.8),
+    node_network_gbit_s (default 100), source}``: peaks dense (no sparsity), the two efficiencies are
+    the achievable fractions of the peaks the analytic generator assumes; ``source`` cites the figures."""
+    from hgopt.profiles.gpus import TFLOPS, GpuSpec
+
+    at = at_or_data if isinstance(at_or_data, _At) else _At(source, path, at_or_data)
+    at.only(_GPU_KEYS)
+    flops = LIMITS["gpu_tflops"]
+    bf16 = at.opt("bf16_tflops")
+    mem_eff = at.opt("memory_efficiency")
+    nic = at.opt("node_network_gbit_s")
+    return GpuSpec(
+        name=at.get("name").string(),
+        fp32_flops=at.get("fp32_tflops").number(positive=True, maximum=flops) * TFLOPS,
+        fp16_flops=at.get("fp16_tflops").number(positive=True, maximum=flops) * TFLOPS,
+        bf16_flops=bf16.number(positive=True, maximum=flops) * TFLOPS if bf16 else None,
+        memory_gb=at.get("memory_gb").number(positive=True, maximum=LIMITS["gpu_memory_gb"]),
+        memory_gbyte_s=at.get("memory_gbyte_s").number(positive=True, maximum=LIMITS["memory_bandwidth_gbyte_s"]),
+        link_bidir_gbyte_s=at.get("link_bidir_gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"]),
+        link=at.get("link").string(),
+        efficiency=_fraction(at.get("efficiency")),
+        memory_efficiency=_fraction(mem_eff) if mem_eff else 0.8,
+        node_network_gbit_s=nic.number(positive=True, maximum=LIMITS["gbit_s"]) if nic else 100.0,
+        source=at.get("source").string(),
+    )
+
+
+def _fraction(at: _At) -> float:
+    v = at.number(positive=True)
+    if v > 1:
+        raise at.fail(f"is a fraction of the peak, must be in (0, 1], got {v:g}")
+    return v
+
+
+def gpu_table(at: _At | None) -> Mapping[str, Any]:
+    """The GPU table of an instance: :data:`hgopt.profiles.gpus.GPUS` plus (overriding) the GPUs its
+    ``gpus:`` section declares."""
+    from hgopt.profiles.gpus import GPUS
+
+    if at is None:
+        return GPUS
+    table = dict(GPUS)
+    seen: set[str] = set()
+    for item in at.items():
+        spec = gpu_spec_from_dict(item)
+        if spec.name in seen:
+            raise item.get("name").fail(f"GPU {spec.name!r} is declared twice")
+        seen.add(spec.name)
+        table[spec.name] = spec
+    return MappingProxyType(table)
 
 
 def _part(at: _At, base_dir: Path | None, build: Any) -> Any:

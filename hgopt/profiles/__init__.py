@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hgopt.errors import SpecError
+from hgopt.profiles.gpus import GPUS, GpuSpec, gpu_spec
 from hgopt.spec import ModelProfile, _At
 
 __all__ = ["GENERATORS", "generate"]
@@ -27,11 +28,16 @@ __all__ = ["GENERATORS", "generate"]
 GENERATORS: tuple[str, ...] = ("analytic", "sailor", "metis")
 
 
-def generate(data: Mapping[str, Any], source: str = "<inline>", path: str = "") -> ModelProfile:
-    """Build the model profile described by ``data`` (a mapping with a ``generator`` key)."""
+def generate(data: Mapping[str, Any], source: str = "<inline>", path: str = "",
+             gpus: Mapping[str, GpuSpec] | None = None) -> ModelProfile:
+    """Build the model profile described by ``data`` (a mapping with a ``generator`` key). ``gpus``:
+    the GPU table the analytic generator reads (default :data:`hgopt.profiles.gpus.GPUS`; an
+    instance passes the table with its own ``gpus:`` added)."""
     at = _At(source, path, data)
     kind = at.get("generator").choice(GENERATORS)
-    build: Callable[[_At], ModelProfile] = {"analytic": _analytic, "sailor": _sailor, "metis": _metis}[kind]
+    build: Callable[[_At], ModelProfile] = {
+        "analytic": lambda a: _analytic(a, gpus if gpus is not None else GPUS), "sailor": _sailor, "metis": _metis,
+    }[kind]
     try:
         return build(at)
     except ValueError as exc:
@@ -69,7 +75,7 @@ def _strings(at: _At) -> tuple[str, ...]:
     return out
 
 
-def _analytic(at: _At) -> ModelProfile:
+def _analytic(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
     from hgopt.profiles.analytic import TransformerConfig, generate_profile
 
     at.only({
@@ -94,9 +100,16 @@ def _analytic(at: _At) -> ModelProfile:
     if cfg.kv_heads is not None and cfg.heads % cfg.kv_heads:
         raise at.get("kv_heads").fail(f"{cfg.kv_heads} does not divide heads={cfg.heads}")
     optimizer = at.get("optimizer").choice(("adam", "sgd")) if at.has("optimizer") else "adam"
+    names = _strings(at.get("gpus"))
+    specs = []
+    for item, n in zip(at.get("gpus").items(), names):
+        try:
+            specs.append(gpu_spec(n, table))
+        except ValueError as exc:
+            raise item.fail(str(exc)) from None
     return generate_profile(
         cfg,
-        _strings(at.get("gpus")),
+        specs,
         tps=_ints(at.opt("tps"), (1, 2, 4, 8), "tp"),
         mbss=_ints(at.opt("mbss"), (1, 2, 4, 8), "mbs"),
         optimizer=optimizer,
