@@ -126,3 +126,17 @@ def test_init_validates_the_shape_and_does_not_overwrite(tmp_path: Path, capsys:
     out.write_text("keep")
     assert main(["init", "-o", str(out), "--cluster", "a:L4:8@r", "--model", str(_dump(tmp_path, "t.yaml", SHAPE))]) == 2
     assert "exists" in capsys.readouterr().err and out.read_text() == "keep"
+
+
+def test_the_documented_instance_loads(tmp_path: Path) -> None:
+    """docs/instance-format.md's annotated instance loads as written, with the defaults it describes."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "instance-format.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    p = tmp_path / "doc.yaml"
+    p.write_text(block)
+    inst = load_instance(p)
+    us, l4, mine = inst.topology.clusters
+    assert us.defaults == ("gpu_memory_gb", "intra_node", "inter_node") and us.gpu_memory_bytes == 80e9
+    assert us.inter_node.gbyte_s == pytest.approx(400 / 8) and us.intra_node.gbyte_s == pytest.approx(360)
+    assert l4.defaults == () and mine.gpu_memory_bytes == 48e9 and mine.intra_node.gbyte_s == pytest.approx(25.6)
+    assert sorted(inst.model.gpu_types()) == ["H100-80", "L4", "MY-GPU"] and inst.model.num_layers == 18
