@@ -4,6 +4,7 @@ cases take well under a second when handled), never asserted on elapsed time."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -245,3 +246,41 @@ def test_plan_output_into_an_unwritable_folder_fails(tmp_path: Path) -> None:
     ro.mkdir(mode=0o500)
     r = run_cli("plan", str(_dump(tmp_path, "i.yaml", good_instance())), "-o", str(ro / "p.json"))
     _refused(r, "-o/--output", "not writable")
+
+
+# ---- every field, every odd value -------------------------------------------------------------------
+ODD_VALUES = [None, [], {}, "x", "", -1, 0, 1e308, 10**30, True, "nan", "inf", float("nan"), float("inf"),
+              [1, 2], {"a": 1}, 2.5]
+
+
+def _paths(d: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    items = d.items() if isinstance(d, dict) else enumerate(d[:3]) if isinstance(d, list) else []
+    for k, v in items:
+        out.append(path + (k,))
+        out.extend(_paths(v, path + (k,)))
+    return out
+
+
+@pytest.mark.parametrize("which", ["measured", "analytic"])
+def test_every_field_with_every_odd_value_is_a_spec_error_or_accepted(which: str) -> None:
+    """Replace each field (and list item) of a good instance by each odd value: loading either succeeds
+    or raises SpecError (exit 2 at the CLI), never another exception (a traceback at the CLI)."""
+    from hgopt.spec import instance_from_dict
+
+    base = good_instance() if which == "measured" else _analytic_instance(4)
+    others: list[str] = []
+    for path in _paths(base):
+        for v in ODD_VALUES:
+            d = copy.deepcopy(base)
+            x = d
+            for k in path[:-1]:
+                x = x[k]
+            x[path[-1]] = v
+            try:
+                instance_from_dict(d, "f.yaml")
+            except SpecError as exc:
+                assert len(str(exc)) < 1500
+            except Exception as exc:  # noqa: BLE001 - the point of the test
+                others.append(f"{path} = {v!r}: {type(exc).__name__}: {exc}")
+    assert not others, others[:5]
