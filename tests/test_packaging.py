@@ -94,3 +94,15 @@ def test_show_a_shipped_instance_outside_the_checkout(installed: tuple[Path, dic
     out = _run([str(bin_dir / "hgopt"), "show", name], cwd=work, env=env).stdout
     assert out.startswith(f"instance {name}  (") and "site-packages" in out.splitlines()[0]
     assert "clusters (" in out
+
+
+def test_every_data_file_under_instances_is_in_the_wheel(installed: tuple[Path, dict[str, str], Path]) -> None:
+    """What an instance may read (profiles, configs, peer plans) travels with it; the scripts do not."""
+    bin_dir, env, work = installed
+    r = _run([str(bin_dir / "python"), "-c", "import hgopt, pathlib; print(pathlib.Path(hgopt.__file__).parent)"],
+             cwd=work, env=env)
+    shipped = Path(r.stdout.strip()) / "data" / "instances"
+    src = REPO / "instances"
+    wanted = {f.relative_to(src) for f in src.rglob("*") if f.is_file() and f.suffix in (".yaml", ".json")}
+    got = {f.relative_to(shipped) for f in shipped.rglob("*") if f.is_file()}
+    assert wanted <= got and not any(f.suffix == ".py" for f in got), sorted(map(str, got))
