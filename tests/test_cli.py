@@ -140,3 +140,18 @@ def test_the_documented_instance_loads(tmp_path: Path) -> None:
     assert us.inter_node.gbyte_s == pytest.approx(400 / 8) and us.intra_node.gbyte_s == pytest.approx(360)
     assert l4.defaults == () and mine.gpu_memory_bytes == 48e9 and mine.intra_node.gbyte_s == pytest.approx(25.6)
     assert sorted(inst.model.gpu_types()) == ["H100-80", "L4", "MY-GPU"] and inst.model.num_layers == 18
+
+
+def test_profile_json_and_bad_output(tmp_path: Path) -> None:
+    """`hgopt profile --json`: the document on stdout, progress on stderr; a bad -o fails before measuring."""
+    pytest.importorskip("torch")
+    cmd = [sys.executable, "-m", "hgopt", "profile", "--blocks", "1", "--mbs", "1", "--repeat", "1", "--warmup", "0",
+           "--hidden", "16", "--heads", "2", "--seq", "8"]
+    out = tmp_path / "p.json"
+    r = subprocess.run([*cmd, "-o", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["output"] == str(out) and doc["document"] == json.loads(out.read_text())
+    assert "forward" in r.stderr
+    r = subprocess.run([*cmd, "-o", str(tmp_path / "missing" / "p.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
