@@ -627,16 +627,16 @@ def bandwidth_from_dict(at_or_data: Any, source: str = "<inline>", path: str = "
     if len(given) != 1:
         raise at.fail("give exactly one of gbit_s, gbyte_s or curve (+ max_gbyte_s)")
     latency = at.opt("latency_ms")
-    latency_s = latency.number(minimum=0.0) / 1e3 if latency else 0.0
+    latency_s = latency.number(minimum=0.0, maximum=LIMITS["latency_ms"]) / 1e3 if latency else 0.0
     if given[0] == "curve":
         curve = at.get("curve").numbers(3, minimum=-math.inf)
-        top = at.get("max_gbyte_s").number(positive=True)
+        top = at.get("max_gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"])
         return Bandwidth(gbyte_s=top, latency_s=latency_s, curve=curve)  # type: ignore[arg-type]
     if at.has("max_gbyte_s"):
         raise at.get("max_gbyte_s").fail("only allowed together with curve")
     if given[0] == "gbit_s":
-        return Bandwidth(gbyte_s=at.get("gbit_s").number(positive=True) / 8.0, latency_s=latency_s)
-    return Bandwidth(gbyte_s=at.get("gbyte_s").number(positive=True), latency_s=latency_s)
+        return Bandwidth(gbyte_s=at.get("gbit_s").number(positive=True, maximum=LIMITS["gbit_s"]) / 8.0, latency_s=latency_s)
+    return Bandwidth(gbyte_s=at.get("gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"]), latency_s=latency_s)
 
 
 def bandwidth_to_dict(b: Bandwidth) -> dict[str, Any]:

@@ -121,6 +121,12 @@ SIZE_CASES = [
     ("nodes-1e12", lambda d: d["topology"]["clusters"][0].update(nodes=10**12), "topology.clusters[0].nodes", "sane limit"),
     ("memory-1e308", lambda d: d["topology"]["clusters"][0].update(gpu_memory_gb=1e308),
      "topology.clusters[0].gpu_memory_gb", "sane limit"),
+    ("wan-1e12-gbit", lambda d: d["topology"]["links"]["default"].update(gbit_s=1e12), "topology.links.default.gbit_s",
+     "sane limit"),
+    ("latency-1e9-ms", lambda d: d["topology"]["links"]["default"].update(latency_ms=1e9),
+     "topology.links.default.latency_ms", "sane limit"),
+    ("nic-1e9-gbyte", lambda d: d["topology"]["clusters"][1].update(inter_node={"gbyte_s": 1e9}),
+     "topology.clusters[1].inter_node.gbyte_s", "sane limit"),
     ("empty-model", lambda d: d.update(model=""), "model", "non-empty string"),
     ("model-is-a-folder", lambda d: d.update(model="."), "model", "is a folder"),
 ]
