@@ -1,14 +1,15 @@
 """The wheel carries the shipped instances: build it from a copy of the sources, install it into a
 fresh virtual environment and run ``hgopt`` from outside the checkout.
 
-No network: the wheel is built without build isolation (this interpreter's setuptools) and installed
-with ``--no-deps --no-index``; the fresh environment reaches the dependencies (numpy, ortools, ...)
+No network: the wheel is built without build isolation (this interpreter's setuptools, from the
+``test`` extra; without it pip fetches setuptools from PyPI) and installed with ``--no-deps --no-index``; the fresh environment reaches the dependencies (numpy, ortools, ...)
 through a ``.pth`` line naming the folders this interpreter imports them from. ``hgopt`` itself must
 come from the fresh environment, which the test checks. About 5 s."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -47,8 +48,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
             shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(p, src / name)
-    _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist")],
-         cwd=src)
+    # this interpreter's setuptools (the `test` extra installs it); without it pip fetches one from PyPI
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", *isolation, "-q", "-w", str(tmp / "dist")], cwd=src)
     wheels = list((tmp / "dist").glob("hgopt-*.whl"))
     assert len(wheels) == 1, wheels
     venv = tmp / "venv"
