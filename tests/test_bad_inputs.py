@@ -290,3 +290,13 @@ def test_every_field_with_every_odd_value_is_a_spec_error_or_accepted(which: str
             except Exception as exc:  # noqa: BLE001 - the point of the test
                 others.append(f"{path} = {v!r}: {type(exc).__name__}: {exc}")
     assert not others, others[:5]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.yaml", "name: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ("deep.json", '{"name": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+])
+def test_deep_nesting_is_a_syntax_error_naming_the_file(tmp_path: Path, name: str, text: str) -> None:
+    p = tmp_path / name
+    p.write_text(text)
+    _refused(run_cli("show", str(p)), str(p), "not valid")
