@@ -340,6 +340,8 @@ class _At:
                 v = float(v)
             except ValueError:
                 pass
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1e300:  # float(v) would overflow
+            raise self.fail(f"expected a finite number of sane size, got {short_repr(v)}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
             raise self.fail(f"expected a finite number, got {short_repr(v)}")
         if positive and v <= 0:

@@ -255,8 +255,8 @@ def test_plan_output_into_an_unwritable_folder_fails(tmp_path: Path) -> None:
 
 
 # ---- every field, every odd value -------------------------------------------------------------------
-ODD_VALUES = [None, [], {}, "x", "", -1, 0, 1e308, 10**30, True, "nan", "inf", float("nan"), float("inf"),
-              [1, 2], {"a": 1}, 2.5]
+ODD_VALUES = [None, [], {}, "x", "", -1, 0, 1e308, 10**30, 10**400, -(10**400), True, "nan", "inf", float("nan"),
+              float("inf"), [1, 2], {"a": 1}, 2.5, "1e5"]
 
 
 def _paths(d: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
