@@ -196,6 +196,8 @@ def test_non_utf8_plan_names_the_file(tmp_path: Path) -> None:
     ("--heartbeat-timeout", "0", "--heartbeat-timeout must be >="),
     ("--master-port", "99999", "--master-port must be a TCP port"),
     ("--master-port", "0", "--master-port must be a TCP port"),
+    ("--lr", "nan", "--lr must be > 0"),
+    ("--link-scale", "inf", "--link-scale must be > 0"),
 ])
 def test_export_refuses_bad_communication_options(tmp_path: Path, option: str, value: str, words: str) -> None:
     inst, plan = _dump(tmp_path, "i.yaml", good_instance()), _dump(tmp_path, "p.json", GOOD_PLAN)

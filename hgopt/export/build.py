@@ -119,9 +119,9 @@ def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
         raise ValueError(f"--microbatches must be >= 1, got {opts.microbatches}")
     if opts.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0, got {opts.checkpoint_every}")
-    if opts.link_scale <= 0:
+    if not (math.isfinite(opts.link_scale) and opts.link_scale > 0):
         raise ValueError(f"--link-scale must be > 0, got {opts.link_scale}")
-    if opts.lr <= 0:
+    if not (math.isfinite(opts.lr) and opts.lr > 0):
         raise ValueError(f"--lr must be > 0, got {opts.lr}")
     check_comm_options(opts)
 
