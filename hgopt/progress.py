@@ -37,8 +37,11 @@ class ProgressState:
 
 def format_state(state: ProgressState, elapsed_s: float, name: str = "") -> str:
     """One heartbeat line: ``[milp] splits 3/12, incumbent 5.623 s, bound 5.210 s, 12.0 s elapsed``."""
-    parts = [state.phase + (f" {state.done}/{state.total}" if state.total is not None else
-                            f" {state.done}" if state.done is not None else "")]
+    if state.done is not None:
+        head = f"{state.phase} {state.done}" + (f"/{state.total}" if state.total is not None else "")
+    else:
+        head = state.phase + (f" (of {state.total})" if state.total is not None else "")
+    parts = [head]
     if state.incumbent_s is not None and math.isfinite(state.incumbent_s):
         parts.append(f"incumbent {state.incumbent_s:.4g} s")
     if state.bound_s is not None and math.isfinite(state.bound_s):

@@ -144,8 +144,6 @@ def run(args: argparse.Namespace) -> int:
         from hgopt.report import plot_timeline
 
         plot_timeline(res.plan, inst, args.timeline, tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
-        if not args.json:
-            print(f"timeline written to {args.timeline}")
     if interrupted:
         return interrupted
     return 0 if res.plan is not None else 1
