@@ -522,13 +522,15 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     model_shape(instance)  # fails early, naming the setting, when the model is not trunk-shaped
     links = link_policy(instance, options.extra)
     splits = batch_splits(instance)
+    prog = options.progress  # progress (cli-explain): heartbeat state + cooperative stop
+    if prog:  # progress (cli-explain)
+        prog.report("cheap bounds", total=len(splits))
     cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
                               num_microbatches=sp.num_microbatches, links=links) for sp in splits}
     log.debug("cheap bounds of %d splits in %.1f s", len(splits), time.perf_counter() - t_start)
     lbs = {sp: cheap[sp].value for sp in splits}
-    prog = options.progress  # progress (cli-explain): heartbeat state + cooperative stop
     if prog:  # progress (cli-explain)
-        prog.report("warm start", total=len(splits), bound_s=_global_lb(lbs, None))  # progress (cli-explain)
+        prog.report("warm start", bound_s=_global_lb(lbs, None))
     best = _warm_start(instance, tables, options, t_start, links)
     first = best.split if best else None
     order = sorted(splits, key=lambda sp: (sp != first, cheap[sp].value))
