@@ -105,6 +105,9 @@ class ModelProfile:
     """Optimizer state + master weights per parameter; ``None``: derived from the job (see cost model)."""
     source: str = ""
     """Where the figures come from (citation)."""
+    hf_config: str = ""
+    """The Hugging Face ``config.json`` the profile was built from, as compact JSON (``""``: none);
+    the export hands it to the runner, which builds that architecture (:mod:`hgopt.profiles.hf`)."""
 
     @property
     def num_layers(self) -> int:
@@ -337,7 +340,8 @@ def load_document(path: str | Path) -> Any:
 def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "") -> ModelProfile:
     """Validate and build a :class:`ModelProfile` from its JSON/YAML form."""
     at = _At(source, path, data)
-    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version"})
+    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version",
+             "hf_config"})
     name = at.get("name").string()
     dtype = at.get("dtype").choice(get_args(TrainDtype))
     seq_len = at.get("seq_len").integer()
@@ -377,7 +381,15 @@ def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "")
         tp_memory=tp_memory,
         optimizer_bytes_per_param=opt_bytes,
         source=src.string() if src and src.value != "" else "",
+        hf_config=_hf_config(at.opt("hf_config")),
     )
+
+
+def _hf_config(at: _At | None) -> str:
+    """An embedded Hugging Face config (an object) as compact JSON (hfrunner)."""
+    if at is None:
+        return ""
+    return json.dumps(dict(at.mapping()), sort_keys=True, separators=(",", ":"))
 
 
 def _layer(at: _At) -> LayerProfile:
@@ -431,6 +443,8 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         ]
     if p.optimizer_bytes_per_param is not None:
         out["optimizer_bytes_per_param"] = p.optimizer_bytes_per_param
+    if p.hf_config:
+        out["hf_config"] = json.loads(p.hf_config)
     return out
 
 
@@ -614,7 +628,7 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
 
 
 def _model_part(data: Any, source: str, path: str) -> ModelProfile:
-    if isinstance(data, Mapping) and "generator" in data:
+    if isinstance(data, Mapping) and ("generator" in data or isinstance(data.get("hf_config"), str)):
         from hgopt.profiles import generate
 
         return generate(data, source, path)
