@@ -66,6 +66,8 @@ class LayerProfile:
     """Bytes of the layer's output per sample (what a stage ending here sends to the next)."""
     act_mem_bytes: float
     """Activation bytes per sample kept for the backward pass."""
+    flops: float | None = None
+    """Forward matmul FLOPs per sample (one sequence) at tp 1; None when unknown (hfrunner)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -393,8 +395,10 @@ def _hf_config(at: _At | None) -> str:
 
 
 def _layer(at: _At) -> LayerProfile:
-    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes"})
+    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes", "flops"})
+    fl = at.opt("flops")
     return LayerProfile(
+        flops=fl.number(minimum=0.0) if fl is not None else None,
         name=at.get("name").string(),
         kind=at.get("kind").choice(get_args(LayerKind)),  # type: ignore[arg-type]
         params=at.get("params").number(minimum=0.0),
@@ -429,6 +433,7 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
                 "params": layer.params,
                 "activation_bytes": layer.activation_bytes,
                 "act_mem_bytes": layer.act_mem_bytes,
+                **({"flops": layer.flops} if layer.flops is not None else {}),
             }
             for layer in p.layers
         ],

@@ -265,13 +265,14 @@ def _kinds(cfg: TransformerConfig) -> list[str]:
 def _layers(cfg: TransformerConfig) -> tuple[LayerProfile, ...]:
     boundary = DTYPE_BYTES[cfg.dtype] * cfg.seq_len * cfg.hidden
     sizes = {
-        "embedding": (embedding_params(cfg), _embedding_act_mem_bytes(cfg)),
-        "block": (block_params(cfg), block_act_mem_bytes(cfg, 1)),
-        "head": (head_params(cfg), head_act_mem_bytes(cfg, 1)),
+        "embedding": (embedding_params(cfg), _embedding_act_mem_bytes(cfg), 0.0),
+        "block": (block_params(cfg), block_act_mem_bytes(cfg, 1), block_forward_flops(cfg, 1)),
+        "head": (head_params(cfg), head_act_mem_bytes(cfg, 1), head_forward_flops(cfg, 1)),
     }
     names = ["embedding"] + [f"block{i}" for i in range(cfg.layers)] + ["head"]
     return tuple(
-        LayerProfile(name=n, kind=k, params=sizes[k][0], activation_bytes=boundary, act_mem_bytes=sizes[k][1])  # type: ignore[arg-type]
+        LayerProfile(name=n, kind=k, params=sizes[k][0], activation_bytes=boundary, act_mem_bytes=sizes[k][1],  # type: ignore[arg-type]
+                     flops=sizes[k][2])
         for n, k in zip(names, _kinds(cfg))
     )
 
