@@ -3,6 +3,7 @@ gradient-sync groups and emulated links. Pure Python; never imports torch."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -72,8 +73,7 @@ class ExportOptions:
 def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> RunnerPlan:
     """The runner plan for ``plan`` on ``instance``; raises ValueError for an invalid plan or option."""
     _check_inputs(plan, instance, opts)
-    model = ModelConfig(layers=tuple(layer.kind for layer in instance.model.layers), hidden=opts.hidden,
-                        heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
+    model = _model_config(instance, opts)
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
                         optimizer=opts.optimizer or instance.job.optimizer, dtype=opts.dtype, data=opts.data,
                         checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision)
@@ -94,6 +94,30 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     return rp
 
 
+def _model_config(instance: Instance, opts: ExportOptions) -> ModelConfig:
+    """The runner's model: the instance's Hugging Face architecture when its profile carries one
+    (``--hidden/--heads/--vocab`` then do not apply), else the runner's GPT decoder of the options."""
+    kinds = tuple(layer.kind for layer in instance.model.layers)
+    text = instance.model.hf_config
+    if not text:
+        return ModelConfig(layers=kinds, hidden=opts.hidden, heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
+    cfg = json.loads(text)
+    gpt2 = cfg.get("model_type") == "gpt2"
+    hidden, heads = cfg["n_embd" if gpt2 else "hidden_size"], cfg["n_head" if gpt2 else "num_attention_heads"]
+    blocks = cfg["n_layer" if gpt2 else "num_hidden_layers"]
+    if kinds.count("block") != blocks:
+        raise ValueError(f"the instance's model has {kinds.count('block')} blocks, its Hugging Face config {blocks}")
+    positions = cfg.get("n_positions" if gpt2 else "max_position_embeddings")
+    if isinstance(positions, int) and opts.seq > positions:
+        raise ValueError(f"--seq {opts.seq} exceeds the model's {positions} positions")
+    if opts.data == "corpus" and cfg["vocab_size"] < 256:
+        raise ValueError(f"the model's vocabulary ({cfg['vocab_size']}) is too small for byte-level text (needs 256); "
+                         "use --data random")
+    log.info("runner model: the instance's Hugging Face architecture (%s, hidden %d, %d heads); --hidden/--heads/--vocab "
+             "do not apply", cfg.get("model_type"), hidden, heads)
+    return ModelConfig(layers=kinds, hidden=hidden, heads=heads, vocab=cfg["vocab_size"], seq=opts.seq, hf_config=text)
+
+
 # ---- checks ---------------------------------------------------------------------------------
 def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
     problems = validate(plan, instance)
@@ -105,12 +129,12 @@ def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if opts.hidden % opts.heads:
         raise ValueError(f"--hidden {opts.hidden} must be a multiple of --heads {opts.heads}")
-    if opts.data == "corpus" and opts.vocab < 256:
+    if opts.data == "corpus" and opts.vocab < 256 and not instance.model.hf_config:
         raise ValueError(f"--vocab {opts.vocab} is too small for byte-level text (needs 256); or use --data random")
     for pi, p in enumerate(plan.pipelines):
         for s in p.stages:
             for g in s.groups:
-                if opts.heads % g.tp:
+                if opts.heads % g.tp and not instance.model.hf_config:
                     raise ValueError(f"--heads {opts.heads} is not divisible by tp {g.tp} of pipeline {pi}; choose a multiple")
     if opts.mbs_unit is not None and opts.mbs_unit < 1:
         raise ValueError(f"--mbs-unit must be >= 1, got {opts.mbs_unit}")

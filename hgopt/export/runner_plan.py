@@ -60,10 +60,30 @@ class ModelConfig:
     """Tokens per sample."""
     ffn_mult: int = 4
     """MLP width = ffn_mult × hidden."""
+    hf_config: str = ""
+    """A Hugging Face ``config.json`` (compact JSON): the runner builds that architecture with
+    ``transformers``' modules (:mod:`hgopt.runner.hf`); ``hidden``, ``heads`` and ``vocab`` then are the
+    config's. ``""``: the runner's own GPT-style decoder."""
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why ``tp`` cannot split this model, or None."""
+        if self.hf_config:
+            data = json.loads(self.hf_config)
+            if tp > 1 and data.get("model_type") == "gpt2":
+                return "the runner has no tensor-parallel path for GPT-2 (fused Conv1D projections)"
+            heads = data.get("num_attention_heads")
+            sizes = (("num_attention_heads", heads), ("num_key_value_heads", data.get("num_key_value_heads", heads)),
+                     ("the MLP width", data.get("intermediate_size", data.get("ffn_dim"))))
+        else:
+            sizes = (("model.heads", self.heads), ("the MLP width", self.ffn_mult * self.hidden))
+        for name, v in sizes:
+            if isinstance(v, int) and v % tp:
+                return f"tp {tp} must divide {name} {v}"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,7 +340,8 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
         "planner": rp.planner,
         "meta": dict(rp.meta),
         "model": {"layers": list(m.layers), "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab,
-                  "seq": m.seq, "ffn_mult": m.ffn_mult},
+                  "seq": m.seq, "ffn_mult": m.ffn_mult,
+                  **({"hf_config": json.loads(m.hf_config)} if m.hf_config else {})},
         "train": {"steps": t.steps, "lr": t.lr, "seed": t.seed, "optimizer": t.optimizer, "dtype": t.dtype,
                   "data": t.data, "checkpoint_every": t.checkpoint_every,
                   "grad_sync_precision": t.grad_sync_precision},
@@ -442,6 +463,8 @@ def _read_model(rd: _Reader, m: dict[str, Any]) -> ModelConfig:
         hidden=rd.get(m, "hidden", "model", int), heads=rd.get(m, "heads", "model", int),
         vocab=rd.get(m, "vocab", "model", int), seq=rd.get(m, "seq", "model", int),
         ffn_mult=rd.get(m, "ffn_mult", "model", int),
+        hf_config=json.dumps(rd.obj(m["hf_config"], "model.hf_config"), sort_keys=True, separators=(",", ":"))
+        if "hf_config" in m else "",
     )
 
 
@@ -529,8 +552,8 @@ def _check_pipeline(m: ModelConfig, p: RunnerPipeline, w: str) -> list[int]:
             if rep.offset != row or rep.mbs < 1:
                 raise ValueError(f"{sw}.replicas[{ri}]: rows [{rep.offset}, {rep.offset + rep.mbs}) do not continue at row {row}")
             row += rep.mbs
-            if m.heads % rep.tp or (m.ffn_mult * m.hidden) % rep.tp:
-                raise ValueError(f"{sw}.replicas[{ri}]: tp {rep.tp} must divide model.heads {m.heads} and the MLP width")
+            if (problem := m.tp_problem(rep.tp)) is not None:
+                raise ValueError(f"{sw}.replicas[{ri}]: {problem}")
             seen.extend(rep.ranks)
         if s.microbatch != p.microbatch:
             raise ValueError(f"{sw}: processes {s.microbatch} rows per microbatch, stage 0 processes {p.microbatch}")
