@@ -212,7 +212,7 @@ def _pipelines(plan: Plan, opts: ExportOptions, rank_of: dict[_Key, int]) -> tup
                     ranks = tuple(rank_of[(pi, si, gi, d, t)] for t in range(g.tp))
                     reps.append(ReplicaSpec(ranks=ranks, cluster=g.cluster, mbs=mbs, offset=row, group=gi))
                     row += mbs
-            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps), zero=s.zero))
+            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps), zero=s.zero, recompute=s.recompute))
         bounds = tuple(BoundarySpec(fwd=p.boundary(k).fwd, bwd=p.boundary(k).bwd) for k in range(len(p.stages) - 1))
         rp = RunnerPipeline(stages=tuple(stages), num_microbatches=opts.microbatches or p.num_microbatches,
                             boundaries=bounds, schedule=p.schedule, sample_offset=sample_offset)

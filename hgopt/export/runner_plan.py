@@ -143,6 +143,9 @@ class RunnerStage:
     zero: int = 0
     """The plan's ZeRO level: 1 shards the optimizer state over the holders of each layer (see
     :attr:`SyncGroup.zero`, which says where the runner does it)."""
+    recompute: Literal["none", "full"] = "none"
+    """``full``: every layer of the stage runs under ``torch.utils.checkpoint`` (only layer inputs are
+    kept for backward; the forward runs again during backward)."""
 
     @property
     def microbatch(self) -> int:
@@ -367,7 +370,7 @@ def _pipeline_dict(p: RunnerPipeline) -> dict[str, Any]:
         "sample_offset": p.sample_offset,
         "boundaries": [{"fwd": b.fwd, "bwd": b.bwd} for b in p.boundaries],
         "stages": [
-            {"layers": [s.start, s.end], "zero": s.zero,
+            {"layers": [s.start, s.end], "zero": s.zero, **({"recompute": s.recompute} if s.recompute != "none" else {}),
              "replicas": [{"ranks": list(r.ranks), "cluster": r.cluster, "mbs": r.mbs, "offset": r.offset,
                            "group": r.group} for r in s.replicas]}
             for s in p.stages
@@ -499,7 +502,9 @@ def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
         zero = s.get("zero", 0)
         if zero not in (0, 1):
             raise rd.fail(f"{sw}.zero", f"must be 0 or 1, got {zero!r}")
-        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps, zero=zero))
+        recompute = rd.choice(s, "recompute", sw, ("none", "full"), "none")
+        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps, zero=zero,
+                                  recompute=recompute))  # type: ignore[arg-type]
     bounds = tuple(
         BoundarySpec(fwd=rd.choice(b, "fwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"),  # type: ignore[arg-type]
                      bwd=rd.choice(b, "bwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"))  # type: ignore[arg-type]

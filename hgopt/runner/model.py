@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from hgopt.export.runner_plan import ModelConfig
@@ -125,14 +126,20 @@ def make_layer(cfg: ModelConfig, index: int, tp: TpGroup) -> nn.Module:
 class StageModel(nn.Module):
     """Layers ``[start, end)``; parameters are named ``layers.<global index>.…`` on every stage."""
 
-    def __init__(self, cfg: ModelConfig, start: int, end: int, tp: TpGroup) -> None:
+    def __init__(self, cfg: ModelConfig, start: int, end: int, tp: TpGroup, recompute: bool = False) -> None:
         super().__init__()
         self.start, self.end = start, end
+        self.recompute = recompute
+        """Run every layer under ``torch.utils.checkpoint`` (non-reentrant): backward keeps each
+        layer's input only and runs the layer's forward again."""
         self.layers = nn.ModuleDict({str(i): make_layer(cfg, i, tp) for i in range(start, end)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
-            x = layer(x)
+            if self.recompute and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return x
 
 
@@ -142,11 +149,12 @@ def layer_of(param_name: str) -> int:
 
 
 def build_stage(cfg: ModelConfig, start: int, end: int, tp: TpGroup | None = None, *, seed: int = 0,
-                dtype: str = "float32", device: torch.device | str = "cpu") -> StageModel:
+                dtype: str = "float32", device: torch.device | str = "cpu", recompute: bool = False) -> StageModel:
     """Layers ``[start, end)`` with their seeded initial weights, tp shard of ``tp``, in ``dtype``, on
-    ``device`` (weights are drawn on the CPU, so every device starts from the same numbers)."""
+    ``device`` (weights are drawn on the CPU, so every device starts from the same numbers);
+    ``recompute``: activation recomputation per layer (:class:`StageModel`)."""
     tp = tp or TpGroup()
-    model = StageModel(cfg, start, end, tp)
+    model = StageModel(cfg, start, end, tp, recompute)
     dims = split_dims(model)
     full = {}
     for i in range(start, end):
