@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="default: the instance job's")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype")
+    t.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default=None,
+                   help="compute dtype; bfloat16: bf16 compute with fp32 master weights and optimizer state "
+                        "(default: bfloat16 when the job trains in bf16, else float32)")
     t.add_argument("--data", choices=("corpus", "random"), default="corpus")
     t.add_argument("--mbs-unit", type=int, default=None, metavar="N",
                    help="runner samples per gcd of the plan's microbatch sizes (scales the batch, keeps the ratios)")

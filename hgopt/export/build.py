@@ -49,7 +49,9 @@ class ExportOptions:
     seed: int = 0
     optimizer: Literal["adam", "sgd"] | None = None
     """``None``: the instance job's optimizer."""
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Literal["float32", "float64", "bfloat16"] | None = None
+    """Runner compute dtype; ``None``: ``bfloat16`` (bf16 compute, fp32 masters) when the instance's job
+    trains in bf16, else ``float32``."""
     data: Literal["corpus", "random"] = "corpus"
     mbs_unit: int | None = None
     """Runner samples per unit of the greatest common divisor of the plan's microbatch sizes
@@ -75,7 +77,7 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     _check_inputs(plan, instance, opts)
     model = _model_config(instance, opts)
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
-                        optimizer=opts.optimizer or instance.job.optimizer, dtype=opts.dtype, data=opts.data,
+                        optimizer=opts.optimizer or instance.job.optimizer, dtype=_dtype(instance, opts), data=opts.data,
                         checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision)
     slots = _place(plan, instance)
     nodes = _nodes(slots, instance)
@@ -92,6 +94,12 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
     check_runner_plan(rp, "<export>")
     return rp
+
+
+def _dtype(instance: Instance, opts: ExportOptions) -> str:
+    if opts.dtype is not None:
+        return opts.dtype
+    return "bfloat16" if instance.job.precision == "bf16" else "float32"
 
 
 def _model_config(instance: Instance, opts: ExportOptions) -> ModelConfig:
@@ -229,7 +237,7 @@ def _runner_mbs(g: ReplicaGroup, unit: int, opts: ExportOptions) -> int:
 def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[LinkSpec, ...]:
     """Every ordered pair of used clusters. The bandwidth is the topology's achieved rate for one
     microbatch of the runner's activations (curve links depend on message size), times ``link_scale``."""
-    itemsize = 8 if opts.dtype == "float64" else 4
+    itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
     message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
     out = []
     for a in rp.clusters:

@@ -41,7 +41,7 @@ RUNNER_PLAN_VERSION = 1
 Precision = Literal["native", "fp32", "bf16", "fp16", "fp8"]
 Emulation = Literal["off", "delay", "netns", "auto"]
 Device = Literal["auto", "cpu", "cuda"]
-ComputeDtype = Literal["float32", "float64"]
+ComputeDtype = Literal["float32", "float64", "bfloat16"]
 LayerKind = Literal["embedding", "block", "head"]
 
 
@@ -93,7 +93,9 @@ class TrainConfig:
     seed: int = 0
     optimizer: Literal["adam", "sgd"] = "adam"
     dtype: ComputeDtype = "float32"
-    """Compute dtype; ``native`` boundaries send this dtype."""
+    """Compute dtype; ``native`` boundaries send this dtype. ``bfloat16``: mixed precision — bf16
+    weights, activations and gradients, fp32 master weights and optimizer state
+    (:mod:`hgopt.runner.precision`)."""
     data: Literal["corpus", "random"] = "corpus"
     """``corpus``: the shipped text, byte-level, documents padded with ignored targets; ``random``:
     uniformly random tokens, every target counted."""

@@ -75,9 +75,17 @@ def make_optimizer(rp: RunnerPlan, model: nn.Module, params: Iterable[nn.Paramet
     """The plan's optimizer over ``params`` (default: all of ``model``'s; with ZeRO-1, see
     :func:`hgopt.runner.zero.optimizer_params`)."""
     ps = list(model.parameters() if params is None else params)
-    if rp.train.optimizer == "sgd":
-        return torch.optim.SGD(ps, lr=rp.train.lr, momentum=0.9)
-    return torch.optim.Adam(ps, lr=rp.train.lr)
+
+    def make(ps: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if rp.train.optimizer == "sgd":
+            return torch.optim.SGD(ps, lr=rp.train.lr, momentum=0.9)
+        return torch.optim.Adam(ps, lr=rp.train.lr)
+
+    if rp.train.dtype == "bfloat16":  # mixed precision (hfrunner): fp32 masters and state
+        from hgopt.runner.precision import MasterWeightOptimizer
+
+        return MasterWeightOptimizer(ps, make)  # type: ignore[return-value]
+    return make(ps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,6 +214,7 @@ class StageWorker:
         y = self.model(x)
         if self.last:
             targets = self.data.batch(step, self._rows(m))[1].to(self.device)
+            y = y.float() if y.dtype == torch.bfloat16 else y  # the loss in fp32 under mixed precision (hfrunner)
             loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
                                                reduction="sum") / self._global_tokens
             return _Saved(x_ref=x_ref, out=loss)

@@ -20,7 +20,7 @@ from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, enter_parallel, sh
 
 __all__ = ["Block", "Embedding", "Head", "Layer", "StageModel", "build_stage", "layer_of", "make_layer"]
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 class Embedding(nn.Module):

@@ -32,6 +32,7 @@ def train_reference(rp: RunnerPlan, steps: int | None = None) -> tuple[StageMode
                 first = pipe.sample_offset + m * pipe.microbatch
                 x, y = data.batch(step, range(first, first + pipe.microbatch))
                 logits = _forward(model, pipe, x)
+                logits = logits.float() if logits.dtype == torch.bfloat16 else logits
                 loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                    ignore_index=IGNORE, reduction="sum") / tokens
                 loss.backward()
