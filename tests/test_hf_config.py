@@ -137,10 +137,13 @@ def test_llama_tiny_profile_by_hand() -> None:
     assert head.params == h + v * h
     assert emb.activation_bytes == 4 * 32 * h  # fp32 boundary: s x h values
     # saved activations in units of s·h (16-bit bytes, doubled for fp32): norms 4, attention
-    # 3 + 4 + 4·kv/h, MLP 3 + 6·f/h, plus a 4-byte softmax statistic per head and token
-    per_sh = 4 + (3 + 4 + 4 * kv / h) + 3 + 6 * f / h
+    # 2 + 4 + 4·kv/h, MLP 2 + 6·f/h (Llama has no dropout: no masks), plus a 4-byte softmax statistic
+    # per head and token
+    per_sh = 4 + (2 + 4 + 4 * kv / h) + 2 + 6 * f / h
     assert b0.act_mem_bytes == pytest.approx(2 * (per_sh * 32 * h + 4 * 4 * 32))
     assert json.loads(prof.hf_config) == read_hf_config(LLAMA_TINY)
+    assert not hf_transformer_config(read_hf_config(LLAMA_TINY)).dropout
+    assert hf_transformer_config(CONFIGS["gpt2"]).dropout and hf_transformer_config(CONFIGS["opt"]).dropout
 
 
 def test_instance_with_hf_config_and_model_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

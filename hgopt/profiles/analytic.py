@@ -91,6 +91,9 @@ class TransformerConfig:
     positions: int | None = None
     """Rows of a learned position table in the embedding layer (GPT-2: ``n_positions``, OPT:
     ``max_position_embeddings + 2``); 0 for rotary models; ``None``: ``seq_len`` in GPT style."""
+    dropout: bool = True
+    """The model trains with dropout (attention and residual): its masks are kept for backward
+    (Korthikanti et al.'s accounting); False drops them from :func:`block_act_mem_bytes`."""
     tied_embeddings: bool = False
     """The vocabulary projection shares the token table. The head still counts ``V·h`` parameters:
     the stage holding it keeps a copy (Megatron-LM's shared embedding, gradients summed with the
@@ -195,13 +198,15 @@ def block_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
     with it a 4-byte softmax statistic per head and token. For ``f = 4h``, ``h_kv = h``: 34·s·h +
     5·a·s². ``10·s·h`` (norm inputs, QKV and MLP inputs, the two masks) is replicated on every rank,
     the rest split over ``tp``. fp32 training doubles everything (masks included: a slight
-    over-estimate)."""
+    over-estimate). Without dropout (``cfg.dropout`` False: Llama, Mistral, Qwen2, GPT-NeoX configs)
+    the two masks go (``8·s·h`` replicated) and a kept score costs 2 bytes (the softmax output)."""
     s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
     r, rq = cfg.kv_width / h, cfg.q_width / h
-    per_sh = 4 + (3 + 4 * rq + 4 * r) + 3 + (6 if cfg.glu else 4) * cfg.ffn_width / h
-    scores = 4.0 * a * s if cfg.flash_attention else 5.0 * a * s * s
+    masks = 2.0 if cfg.dropout else 0.0
+    per_sh = 4 + (2 + 4 * rq + 4 * r) + 2 + masks + (6 if cfg.glu else 4) * cfg.ffn_width / h
+    scores = 4.0 * a * s if cfg.flash_attention else (5.0 if cfg.dropout else 2.0) * a * s * s
     total = per_sh * s * h + scores
-    replicated = 10.0 * s * h
+    replicated = (8.0 + masks) * s * h
     return DTYPE_BYTES[cfg.dtype] / 2.0 * (replicated + (total - replicated) / tp)
 
 

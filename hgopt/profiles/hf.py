@@ -150,9 +150,23 @@ def hf_transformer_config(cfg: Mapping[str, Any], *, source: str = "<config>", s
                     tied_embeddings=f.flag("tie_word_embeddings", False))
     if base.get("head_dim") is None and base["hidden"] % base["heads"]:
         raise f.fail("num_attention_heads", f"{base['heads']} does not divide the hidden size {base['hidden']}")
+    base["dropout"] = _has_dropout(cfg, str(mt))
     tc = TransformerConfig(name=name or str(cfg.get("_name_or_path") or mt), seq_len=seq_len or default_seq,
                            dtype=dtype, flash_attention=flash_attention, **base)  # type: ignore[arg-type]
     return tc
+
+
+_DROPOUT_DEFAULTS: Mapping[str, Mapping[str, float]] = {
+    "llama": {"attention_dropout": 0.0}, "mistral": {"attention_dropout": 0.0}, "qwen2": {"attention_dropout": 0.0},
+    "gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1},
+    "opt": {"dropout": 0.1, "attention_dropout": 0.0},
+    "gpt_neox": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
+}
+"""The dropout probabilities of each family's config class and their ``transformers`` defaults."""
+
+
+def _has_dropout(cfg: Mapping[str, Any], mt: str) -> bool:
+    return any(float(cfg.get(k, d) or 0.0) > 0.0 for k, d in _DROPOUT_DEFAULTS[mt].items())
 
 
 def hf_profile(cfg: Mapping[str, Any], gpus: Sequence[str | GpuSpec] | None = None, *, source: str = "<config>",
