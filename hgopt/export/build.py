@@ -8,6 +8,7 @@ import logging
 import math
 from dataclasses import dataclass, replace
 from functools import reduce
+from pathlib import Path
 from typing import Literal
 
 from hgopt.cost.tables import bandwidth_bytes_per_s
@@ -52,7 +53,11 @@ class ExportOptions:
     dtype: Literal["float32", "float64", "bfloat16"] | None = None
     """Runner compute dtype; ``None``: ``bfloat16`` (bf16 compute, fp32 masters) when the instance's job
     trains in bf16, else ``float32``."""
-    data: Literal["corpus", "random"] = "corpus"
+    data: Literal["corpus", "random", "text"] = "corpus"
+    data_files: tuple[str, ...] = ()
+    """``text`` data: local files (absolute paths are written; empty: the shipped corpus)."""
+    tokenizer: str = ""
+    """``text`` data: a ``tokenizer.json``; empty: bytes."""
     mbs_unit: int | None = None
     """Runner samples per unit of the greatest common divisor of the plan's microbatch sizes
     (``None``: the plan's sizes as they are). Keeps the ratios between replicas."""
@@ -78,7 +83,9 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     model = _model_config(instance, opts)
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
                         optimizer=opts.optimizer or instance.job.optimizer, dtype=_dtype(instance, opts), data=opts.data,
-                        checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision)
+                        checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision,
+                        data_files=tuple(str(Path(f).resolve()) for f in opts.data_files),
+                        tokenizer=str(Path(opts.tokenizer).resolve()) if opts.tokenizer else "")
     slots = _place(plan, instance)
     nodes = _nodes(slots, instance)
     rank_of = _rank_of(slots, nodes)
@@ -118,7 +125,7 @@ def _model_config(instance: Instance, opts: ExportOptions) -> ModelConfig:
     positions = cfg.get("n_positions" if gpt2 else "max_position_embeddings")
     if isinstance(positions, int) and opts.seq > positions:
         raise ValueError(f"--seq {opts.seq} exceeds the model's {positions} positions")
-    if opts.data == "corpus" and cfg["vocab_size"] < 256:
+    if opts.data in ("corpus", "text") and not opts.tokenizer and cfg["vocab_size"] < 256:
         raise ValueError(f"the model's vocabulary ({cfg['vocab_size']}) is too small for byte-level text (needs 256); "
                          "use --data random")
     log.info("runner model: the instance's Hugging Face architecture (%s, hidden %d, %d heads); --hidden/--heads/--vocab "
@@ -137,13 +144,18 @@ def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if opts.hidden % opts.heads:
         raise ValueError(f"--hidden {opts.hidden} must be a multiple of --heads {opts.heads}")
-    if opts.data == "corpus" and opts.vocab < 256 and not instance.model.hf_config:
+    if opts.data in ("corpus", "text") and not opts.tokenizer and opts.vocab < 256 and not instance.model.hf_config:
         raise ValueError(f"--vocab {opts.vocab} is too small for byte-level text (needs 256); or use --data random")
     for pi, p in enumerate(plan.pipelines):
         for s in p.stages:
             for g in s.groups:
                 if opts.heads % g.tp and not instance.model.hf_config:
                     raise ValueError(f"--heads {opts.heads} is not divisible by tp {g.tp} of pipeline {pi}; choose a multiple")
+    if (opts.data_files or opts.tokenizer) and opts.data != "text":
+        raise ValueError("--data-file and --tokenizer need --data text")
+    for f in (*opts.data_files, *([opts.tokenizer] if opts.tokenizer else [])):
+        if not Path(f).is_file():
+            raise ValueError(f"{f}: no such file")
     if opts.mbs_unit is not None and opts.mbs_unit < 1:
         raise ValueError(f"--mbs-unit must be >= 1, got {opts.mbs_unit}")
     if opts.microbatches is not None and opts.microbatches < 1:

@@ -96,9 +96,15 @@ class TrainConfig:
     """Compute dtype; ``native`` boundaries send this dtype. ``bfloat16``: mixed precision — bf16
     weights, activations and gradients, fp32 master weights and optimizer state
     (:mod:`hgopt.runner.precision`)."""
-    data: Literal["corpus", "random"] = "corpus"
+    data: Literal["corpus", "random", "text"] = "corpus"
     """``corpus``: the shipped text, byte-level, documents padded with ignored targets; ``random``:
-    uniformly random tokens, every target counted."""
+    uniformly random tokens, every target counted; ``text``: the token stream of ``data_files``
+    (tokenised with ``tokenizer``, else bytes) cut into consecutive windows, shuffled per epoch, read
+    in order across steps (:mod:`hgopt.runner.data`)."""
+    data_files: tuple[str, ...] = ()
+    """``text``: local UTF-8 files, concatenated in this order (empty: the shipped corpus)."""
+    tokenizer: str = ""
+    """``text``: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package); empty: bytes."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only after the last step)."""
     grad_sync_precision: Precision = "native"
@@ -349,6 +355,8 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   **({"hf_config": json.loads(m.hf_config)} if m.hf_config else {})},
         "train": {"steps": t.steps, "lr": t.lr, "seed": t.seed, "optimizer": t.optimizer, "dtype": t.dtype,
                   "data": t.data, "checkpoint_every": t.checkpoint_every,
+                  **({"data_files": list(t.data_files)} if t.data_files else {}),
+                  **({"tokenizer": t.tokenizer} if t.tokenizer else {}),
                   "grad_sync_precision": t.grad_sync_precision},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
                  "master_port": rp.master_port, "timeout_s": rp.timeout_s,
@@ -479,7 +487,8 @@ def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
         seed=rd.get(t, "seed", "train", int),
         optimizer=rd.choice(t, "optimizer", "train", ("adam", "sgd"), "adam"),  # type: ignore[arg-type]
         dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
-        data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
+        data=rd.choice(t, "data", "train", ("corpus", "random", "text"), "corpus"),  # type: ignore[arg-type]
+        data_files=tuple(str(f) for f in t.get("data_files", [])), tokenizer=str(t.get("tokenizer", "")),
         checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
         grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
     )

@@ -27,7 +27,7 @@ from torch import nn
 from hgopt.export.runner_plan import Piece, RunnerPlan, SyncGroup
 from hgopt.runner.codec import decode, encode, wire_specs
 from hgopt.runner.comm import Pending, Wire
-from hgopt.runner.data import IGNORE, Dataset
+from hgopt.runner.data import IGNORE, Dataset, replica_rows
 from hgopt.runner.device import synchronize
 from hgopt.runner.model import DTYPES, StageModel, layer_of
 from hgopt.runner.schedule import Op, stage_ops
@@ -118,7 +118,7 @@ class StageWorker:
         self.leader = self.rep.leader == rank
         self.first, self.last = self.si == 0, self.si == len(self.pipe.stages) - 1
         self.compute = DTYPES[rp.train.dtype]
-        self.data = Dataset(rp.model, rp.train)
+        self.data = Dataset(rp.model, rp.train, rp.global_batch)
         self.ops = stage_ops(self.pipe.schedule, self.si, len(self.pipe.stages), self.pipe.num_microbatches)
         self.in_pieces = () if self.first else tuple(pc for pc in self.pipe.pieces(self.si - 1) if pc.dst == info.replica)
         self.out_pieces = () if self.last else tuple(pc for pc in self.pipe.pieces(self.si) if pc.src == info.replica)
@@ -201,8 +201,7 @@ class StageWorker:
 
     # ---- forward and backward -------------------------------------------------------------------
     def _rows(self, microbatch: int) -> range:
-        base = self.pipe.sample_offset + microbatch * self.pipe.microbatch + self.rep.offset
-        return range(base, base + self.rep.mbs)
+        return replica_rows(self.pipe, self.rep, microbatch)
 
     def _forward(self, step: int, m: int) -> _Saved:
         x_ref = None
