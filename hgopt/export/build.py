@@ -84,6 +84,7 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
                         optimizer=opts.optimizer or instance.job.optimizer, dtype=_dtype(instance, opts), data=opts.data,
                         checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision,
+                        overlap_grad_sync=plan.overlap_grad_sync, grad_bucket_mb=plan.grad_bucket_mb,
                         data_files=tuple(str(Path(f).resolve()) for f in opts.data_files),
                         tokenizer=str(Path(opts.tokenizer).resolve()) if opts.tokenizer else "")
     slots = _place(plan, instance)
