@@ -20,7 +20,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Subcommand modules under hgopt.commands, in the order `hgopt --help` lists them.
 COMMANDS: tuple[str, ...] = (
-    "instances", "show", "init", "evaluate", "profile", "compare", "export", "plan", "export_model",
+    "instances", "show", "init", "evaluate", "profile", "compare", "export", "plan", "export_model", "model",
 )
 
 

@@ -122,6 +122,8 @@ class LayerProfile:
     """Bytes of the layer's output per sample (what a stage ending here sends to the next)."""
     act_mem_bytes: float
     """Activation bytes per sample kept for the backward pass."""
+    flops: float | None = None
+    """Forward matmul FLOPs per sample (one sequence) at tp 1; None when unknown (hfrunner)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,6 +163,9 @@ class ModelProfile:
     """Optimizer state + master weights per parameter; ``None``: derived from the job (see cost model)."""
     source: str = ""
     """Where the figures come from (citation)."""
+    hf_config: str = ""
+    """The Hugging Face ``config.json`` the profile was built from, as compact JSON (``""``: none);
+    the export hands it to the runner, which builds that architecture (:mod:`hgopt.profiles.hf`)."""
 
     @property
     def num_layers(self) -> int:
@@ -505,7 +510,8 @@ def _big_field(root: Any, size: dict[int, int], limit: int) -> str:
 def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "") -> ModelProfile:
     """Validate and build a :class:`ModelProfile` from its JSON/YAML form."""
     at = _At(source, path, data)
-    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version"})
+    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version",
+             "hf_config"})
     name = at.get("name").string()
     dtype = at.get("dtype").choice(get_args(TrainDtype))
     seq_len = at.get("seq_len").limited("seq_len")
@@ -551,12 +557,22 @@ def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "")
         tp_memory=tp_memory,
         optimizer_bytes_per_param=opt_bytes,
         source=src.string() if src and src.value != "" else "",
+        hf_config=_hf_config(at.opt("hf_config")),
     )
 
 
+def _hf_config(at: _At | None) -> str:
+    """An embedded Hugging Face config (an object) as compact JSON (hfrunner)."""
+    if at is None:
+        return ""
+    return json.dumps(dict(at.mapping()), sort_keys=True, separators=(",", ":"))
+
+
 def _layer(at: _At) -> LayerProfile:
-    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes"})
+    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes", "flops"})
+    fl = at.opt("flops")
     return LayerProfile(
+        flops=fl.number(minimum=0.0) if fl is not None else None,
         name=at.get("name").string(),
         kind=at.get("kind").choice(get_args(LayerKind)),  # type: ignore[arg-type]
         params=at.get("params").number(minimum=0.0, maximum=LIMITS["layer_params"]),
@@ -598,6 +614,7 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
                 "params": layer.params,
                 "activation_bytes": layer.activation_bytes,
                 "act_mem_bytes": layer.act_mem_bytes,
+                **({"flops": layer.flops} if layer.flops is not None else {}),
             }
             for layer in p.layers
         ],
@@ -612,6 +629,8 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         ]
     if p.optimizer_bytes_per_param is not None:
         out["optimizer_bytes_per_param"] = p.optimizer_bytes_per_param
+    if p.hf_config:
+        out["hf_config"] = json.loads(p.hf_config)
     return out
 
 
@@ -821,7 +840,7 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
 
 
 def _model_part(data: Any, source: str, path: str, gpus: Mapping[str, Any] | None = None) -> ModelProfile:
-    if isinstance(data, Mapping) and "generator" in data:
+    if isinstance(data, Mapping) and ("generator" in data or isinstance(data.get("hf_config"), str)):
         from hgopt.profiles import generate
 
         return generate(data, source, path, gpus=gpus)

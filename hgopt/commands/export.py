@@ -38,8 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="default: the instance job's")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype")
-    t.add_argument("--data", choices=("corpus", "random"), default="corpus")
+    t.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default=None,
+                   help="compute dtype; bfloat16: bf16 compute with fp32 master weights and optimizer state "
+                        "(default: bfloat16 when the job trains in bf16, else float32)")
+    t.add_argument("--data", choices=("corpus", "random", "text"), default="corpus",
+                   help="corpus: shipped text by paragraph, bytes; random: random tokens; text: the token stream of "
+                        "--data-file files (default: the shipped corpus), tokenised with --tokenizer (else bytes)")
+    t.add_argument("--data-file", action="append", default=[], metavar="FILE", help="text data file (repeatable)")
+    t.add_argument("--tokenizer", default="", metavar="TOKENIZER_JSON", help="a Hugging Face tokenizer.json")
     t.add_argument("--mbs-unit", type=int, default=None, metavar="N",
                    help="runner samples per gcd of the plan's microbatch sizes (scales the batch, keeps the ratios)")
     t.add_argument("--microbatches", type=int, default=None, help="microbatches per pipeline (default: the plan's)")
@@ -58,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = ExportOptions(
         hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq, steps=args.steps, lr=args.lr,
-        seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, mbs_unit=args.mbs_unit,
+        seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, data_files=tuple(args.data_file),
+        tokenizer=args.tokenizer, mbs_unit=args.mbs_unit,
         microbatches=args.microbatches, checkpoint_every=args.checkpoint_every, local=args.local,
         emulate_links=args.emulate_links, link_scale=args.link_scale, master_addr=args.master_addr,
         master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout, device=args.device,

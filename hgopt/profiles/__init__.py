@@ -7,6 +7,9 @@ An instance's ``model`` mapping with a ``generator`` key is built here by :func:
 - ``generator: analytic`` — ``name, layers, hidden, heads, vocab, seq_len`` and optionally ``ffn,
   kv_heads, glu, dtype, flash_attention, gpus, tps, mbss, optimizer`` (see
   :mod:`hgopt.profiles.analytic`);
+- ``hf_config: PATH`` (``generator`` optional, analytic) — the shape from a Hugging Face
+  ``config.json``, optionally ``name, seq_len, dtype, flash_attention, gpus, tps, mbss, optimizer``
+  (see :mod:`hgopt.profiles.hf`);
 - ``generator: sailor`` — ``root`` (Sailor's data folder), ``model``, optional ``gpus``, ``seq_len``;
 - ``generator: metis`` — ``dir``, ``seq_len``, ``hidden``, optional ``gpu, name, dtype,
   bytes_per_param``.
@@ -34,7 +37,10 @@ def generate(data: Mapping[str, Any], source: str = "<inline>", path: str = "",
     the GPU table the analytic generator reads (default :data:`hgopt.profiles.gpus.GPUS`; an
     instance passes the table with its own ``gpus:`` added)."""
     at = _At(source, path, data)
-    kind = at.get("generator").choice(GENERATORS)
+    if "hf_config" in data and "generator" not in data:
+        kind = "analytic"
+    else:
+        kind = at.get("generator").choice(GENERATORS)
     build: Callable[[_At], ModelProfile] = {
         "analytic": lambda a: _analytic(a, gpus if gpus is not None else GPUS), "sailor": _sailor, "metis": _metis,
     }[kind]
@@ -75,8 +81,37 @@ def _strings(at: _At) -> tuple[str, ...]:
     return out
 
 
+def _hf(at: _At) -> ModelProfile:
+    """``hf_config: PATH`` (a Hugging Face config.json) with optional ``name, seq_len, dtype,
+    flash_attention, gpus, tps, mbss, optimizer``: see :mod:`hgopt.profiles.hf`."""
+    from hgopt.profiles.hf import hf_profile, read_hf_config
+
+    at.only({"generator", "hf_config", "name", "seq_len", "dtype", "flash_attention", "gpus", "tps", "mbss",
+             "optimizer"})
+    p = Path(at.get("hf_config").string())
+    p = p if p.is_absolute() else _base_dir(at.source) / p
+    if not p.is_file():
+        raise at.get("hf_config").fail(f"file {p} does not exist")
+    seq, name = at.opt("seq_len"), at.opt("name")
+    return hf_profile(
+        read_hf_config(p),
+        _strings(at.get("gpus")) if at.has("gpus") else None,
+        source=str(p),
+        seq_len=seq.integer() if seq else None,
+        dtype=at.get("dtype").choice(("fp32", "bf16", "fp16")) if at.has("dtype") else "bf16",  # type: ignore[arg-type]
+        name=name.string() if name else p.parent.name,
+        tps=_ints(at.opt("tps"), (1, 2, 4, 8)),
+        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8)),
+        optimizer=at.get("optimizer").choice(("adam", "sgd")) if at.has("optimizer") else "adam",  # type: ignore[arg-type]
+        flash_attention=_flag(at, "flash_attention", True),
+    )
+
+
 def _analytic(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
     from hgopt.profiles.analytic import TransformerConfig, generate_profile
+
+    if at.has("hf_config"):
+        return _hf(at)
 
     at.only({
         "generator", "name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn", "kv_heads", "glu",
