@@ -182,8 +182,9 @@ def check_comm_options(opts: ExportOptions) -> None:
     if not (math.isfinite(opts.heartbeat_timeout_s) and opts.heartbeat_timeout_s >= MIN_HEARTBEAT_TIMEOUT_S):
         raise ValueError(f"--heartbeat-timeout must be >= {MIN_HEARTBEAT_TIMEOUT_S} seconds (the runner's heartbeat "
                          f"beats every 0.5 s), got {opts.heartbeat_timeout_s}")
-    if not 1 <= opts.master_port <= 65535:
-        raise ValueError(f"--master-port must be a TCP port in 1..65535, got {opts.master_port}")
+    if not (1 <= opts.master_port <= 65535 or (opts.local and opts.master_port == 0)):
+        raise ValueError(f"--master-port must be a TCP port in 1..65535 (0 = any free port, with --local only), "
+                         f"got {opts.master_port}")
 
 
 # ---- placement ------------------------------------------------------------------------------

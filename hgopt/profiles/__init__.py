@@ -81,7 +81,7 @@ def _strings(at: _At) -> tuple[str, ...]:
     return out
 
 
-def _hf(at: _At) -> ModelProfile:
+def _hf(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
     """``hf_config: PATH`` (a Hugging Face config.json) with optional ``name, seq_len, dtype,
     flash_attention, gpus, tps, mbss, optimizer``: see :mod:`hgopt.profiles.hf`."""
     from hgopt.profiles.hf import hf_profile, read_hf_config
@@ -95,13 +95,13 @@ def _hf(at: _At) -> ModelProfile:
     seq, name = at.opt("seq_len"), at.opt("name")
     return hf_profile(
         read_hf_config(p),
-        _strings(at.get("gpus")) if at.has("gpus") else None,
+        [gpu_spec(n, table) for n in _strings(at.get("gpus"))] if at.has("gpus") else None,
         source=str(p),
-        seq_len=seq.integer() if seq else None,
+        seq_len=seq.limited("seq_len") if seq else None,
         dtype=at.get("dtype").choice(("fp32", "bf16", "fp16")) if at.has("dtype") else "bf16",  # type: ignore[arg-type]
         name=name.string() if name else p.parent.name,
-        tps=_ints(at.opt("tps"), (1, 2, 4, 8)),
-        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8)),
+        tps=_ints(at.opt("tps"), (1, 2, 4, 8), "tp"),
+        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8), "mbs"),
         optimizer=at.get("optimizer").choice(("adam", "sgd")) if at.has("optimizer") else "adam",  # type: ignore[arg-type]
         flash_attention=_flag(at, "flash_attention", True),
     )
@@ -111,7 +111,7 @@ def _analytic(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
     from hgopt.profiles.analytic import TransformerConfig, generate_profile
 
     if at.has("hf_config"):
-        return _hf(at)
+        return _hf(at, table)
 
     at.only({
         "generator", "name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn", "kv_heads", "glu",
