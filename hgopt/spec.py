@@ -9,6 +9,7 @@ bytes, bytes per second. Files use friendlier units, named in the field (``gbit_
 from __future__ import annotations
 
 import json
+import logging
 import math
 import reprlib
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping, get_args
 
 from hgopt.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DTYPE_BYTES",
@@ -29,7 +32,9 @@ __all__ = [
     "Job",
     "LayerKind",
     "LayerProfile",
+    "LINK_KINDS",
     "Link",
+    "LinkKind",
     "ModelProfile",
     "Precision",
     "TimingEntry",
@@ -41,6 +46,7 @@ __all__ = [
     "job_from_dict",
     "gpu_spec_from_dict",
     "gpu_table",
+    "link_to_dict",
     "load_document",
     "read_text",
     "short_repr",
@@ -230,11 +236,32 @@ class Cluster:
         return self.nodes * self.gpus_per_node
 
 
+LinkKind = Literal["per_flow", "shared_pipe"]
+LINK_KINDS: tuple[str, ...] = get_args(LinkKind)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Link:
+    """One direction ``src -> dst`` between two clusters [C1].
+
+    ``bandwidth`` is PER FLOW: what one node of ``src`` sending to one node of ``dst`` achieves (a
+    VM-pair measurement such as Sailor's fits). ``aggregate`` is the capacity of that direction shared
+    by all concurrent flows (a leased line, a region pair's cap): n concurrent flows move at most
+    ``min(n · per_flow, aggregate)`` together; ``None``: no shared pipe, flows are limited only by the
+    per-flow figure and the nodes' NICs (``Cluster.inter_node``). Kind ``shared_pipe`` (every legacy
+    file) is one pipe for the whole direction: ``aggregate == bandwidth``."""
+
     src: str
     dst: str
     bandwidth: Bandwidth
+    """Per flow (one node of src to one node of dst)."""
+    aggregate: Bandwidth | None = None
+    """Per-direction capacity shared by every flow src -> dst; None: per-node NICs only."""
+    kind: LinkKind = "per_flow"
+    source: str = ""
+    """Where the figures come from (citation)."""
+    egress_usd_per_gb: float | None = None
+    """Provider's egress price for traffic src -> dst, when known."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -256,9 +283,14 @@ class Topology:
         raise KeyError(name)
 
     def link(self, src: str, dst: str) -> Bandwidth:
+        """The PER-FLOW bandwidth of ``src -> dst`` (see :class:`Link`)."""
+        return self.link_spec(src, dst).bandwidth
+
+    def link_spec(self, src: str, dst: str) -> Link:
+        """The whole link ``src -> dst``: per-flow bandwidth, aggregate cap, kind, source."""
         for link in self.links:
             if link.src == src and link.dst == dst:
-                return link.bandwidth
+                return link
         raise KeyError((src, dst))
 
     def num_gpus(self) -> int:
@@ -718,9 +750,71 @@ def _cluster(at: _At, gpus: Mapping[str, Any] | None = None) -> Cluster:
     )
 
 
+_LINK_KEYS = {"kind", "per_flow", "aggregate", "source", "egress_usd_per_gb"}
+_PIPE_NOTE = ("gives a bandwidth without `kind`: read as the legacy meaning, ONE SHARED PIPE per direction "
+              "(per-flow bandwidth = aggregate cap = that figure, every flow between the two clusters shares "
+              "it); write `kind: per_flow` with `per_flow:` (and optional `aggregate:`) to state per-flow links")
+
+
+def _link_body(at: _At, src: str, dst: str, note: bool = False) -> Link:
+    """One link body (of a pair, ``default`` or ``same_region``) -> :class:`Link` ``src -> dst``.
+
+    ``{kind: per_flow, per_flow: {gbit_s|gbyte_s|curve.., latency_ms}, aggregate: {gbit_s|gbyte_s}}``:
+    per-flow bandwidth (one node to one node) and optional per-direction cap shared by all flows.
+    ``{kind: shared_pipe, gbit_s: .., latency_ms: ..}``: one pipe per direction. A body with bandwidth
+    keys and no ``kind`` (every file written before the link model had kinds) is a shared pipe; a note
+    is logged naming the file and field."""
+    m = at.mapping()
+    at.only(_LINK_KEYS | _BW_KEYS)
+    kind_at = at.opt("kind")
+    kind = kind_at.choice(LINK_KINDS) if kind_at else ("per_flow" if "per_flow" in m else "shared_pipe")
+    bw_keys = sorted(k for k in m if k in _BW_KEYS)
+    source = at.opt("source")
+    src_text = source.string() if source else ""
+    egress = at.opt("egress_usd_per_gb")
+    price = egress.number(minimum=0.0) if egress else None
+    if kind == "per_flow":
+        if bw_keys:
+            raise at.get(bw_keys[0]).fail("a per_flow link gives its bandwidth under `per_flow:` (per flow) "
+                                          "and an optional cap under `aggregate:`")
+        per_flow = bandwidth_from_dict(at.get("per_flow"))
+        aggregate = None
+        if (agg := at.opt("aggregate")) is not None:
+            agg.only({"gbit_s", "gbyte_s"})
+            given = [k for k in ("gbit_s", "gbyte_s") if agg.has(k)]
+            if len(given) != 1:
+                raise agg.fail("give exactly one of gbit_s or gbyte_s (the cap per direction shared by all flows; "
+                               "latency belongs to per_flow)")
+            value = agg.get(given[0]).number(positive=True, maximum=LIMITS[given[0]])
+            aggregate = Bandwidth(gbyte_s=value / 8.0 if given[0] == "gbit_s" else value)
+        return Link(src=src, dst=dst, bandwidth=per_flow, aggregate=aggregate, kind="per_flow",
+                    source=src_text, egress_usd_per_gb=price)
+    for key in ("per_flow", "aggregate"):
+        if key in m:
+            raise at.get(key).fail("only with kind: per_flow (a shared_pipe gives one bandwidth: gbit_s, gbyte_s or curve)")
+    if not bw_keys:
+        raise at.fail("give a bandwidth: `kind: per_flow` with `per_flow: {gbit_s: .., latency_ms: ..}`, "
+                      "or a shared pipe's gbit_s / gbyte_s / curve")
+    pipe = bandwidth_from_dict(_At(at.source, at.path, {k: v for k, v in m.items() if k in _BW_KEYS}))
+    if kind_at is None and note:
+        log.info("%s: %s %s", at.source, at.path or "<top>", _PIPE_NOTE)
+    return Link(src=src, dst=dst, bandwidth=pipe, aggregate=pipe, kind="shared_pipe", source=src_text,
+                egress_usd_per_gb=price)
+
+
+def _nic_link(a: Cluster, b: Cluster) -> Link:
+    """Default between two clusters of one region (zone): per flow at the slower node NIC, no shared pipe."""
+    nic = min((a.inter_node, b.inter_node), key=lambda bw: bw.gbyte_s)
+    return Link(src=a.name, dst=b.name, bandwidth=nic, aggregate=None, kind="per_flow",
+                source=f"default for clusters in one region ({a.region}): the slower node NIC (inter_node), "
+                       "no shared pipe")
+
+
 def topology_from_dict(data: Any, source: str = "<inline>", path: str = "", gpus: Mapping[str, Any] | None = None) -> Topology:
     """Clusters plus links. ``links`` holds ``pairs`` (symmetric unless ``directed: true``) and
-    optional ``same_region`` / ``default`` bandwidths for the pairs not listed."""
+    optional ``same_region`` / ``default`` link bodies for the pairs not listed (see :func:`_link_body`
+    for a body). A pair of clusters in one region with no entry defaults to per-flow links at the
+    slower node NIC with no shared pipe."""
     at = _At(source, path, data)
     at.only({"clusters", "links"})
     items = at.get("clusters").items()
@@ -731,15 +825,16 @@ def topology_from_dict(data: Any, source: str = "<inline>", path: str = "", gpus
     for i, (item, c) in enumerate(zip(items, clusters)):
         if c.name in names[:i]:
             raise item.get("name").fail(f"duplicate cluster name {c.name!r} (also clusters[{names.index(c.name)}])")
-    explicit: dict[tuple[str, str], Bandwidth] = {}
-    same_region: Bandwidth | None = None
-    default: Bandwidth | None = None
+    explicit: dict[tuple[str, str], _At] = {}
+    same_region: _At | None = None
+    default: _At | None = None
     if (links := at.opt("links")) is not None:
         links.only({"pairs", "same_region", "default"})
-        if (sr := links.opt("same_region")) is not None:
-            same_region = bandwidth_from_dict(sr)
-        if (df := links.opt("default")) is not None:
-            default = bandwidth_from_dict(df)
+        same_region = links.opt("same_region")
+        default = links.opt("default")
+        for body in (same_region, default):
+            if body is not None:
+                _link_body(body, names[0], names[0], note=True)  # validate even when no pair uses it
         pairs = links.opt("pairs")
         for item in pairs.items() if pairs else []:
             src = item.get("src").string()
@@ -750,26 +845,46 @@ def topology_from_dict(data: Any, source: str = "<inline>", path: str = "", gpus
             if src == dst:
                 raise item.get("dst").fail("a link joins two different clusters")
             directed = item.opt("directed")
-            body = {k: v for k, v in item.mapping().items() if k not in {"src", "dst", "directed"}}
-            bw = bandwidth_from_dict(_At(item.source, item.path, body))
-            explicit[(src, dst)] = bw
+            body = _At(item.source, item.path, {k: v for k, v in item.mapping().items() if k not in {"src", "dst", "directed"}})
+            _link_body(body, src, dst, note=True)  # validate here, so errors name this pair
+            explicit[(src, dst)] = body
             if not (directed and directed.value is True):
-                explicit.setdefault((dst, src), bw)
+                explicit.setdefault((dst, src), body)
     out: list[Link] = []
-    region = {c.name: c.region for c in clusters}
+    by_name = {c.name: c for c in clusters}
     for a in names:
         for b in names:
             if a == b:
                 continue
-            bw = explicit.get((a, b))
-            if bw is None and region[a] == region[b]:
-                bw = same_region
-            if bw is None:
-                bw = default
-            if bw is None:
+            body = explicit.get((a, b))
+            same = by_name[a].region == by_name[b].region
+            if body is None and same:
+                body = same_region
+            if body is None and not same:
+                body = default
+            if body is None and same:
+                out.append(_nic_link(by_name[a], by_name[b]))
+                continue
+            if body is None:
                 raise SpecError(source, f"{path + '.' if path else ''}links", f"no bandwidth for link {a} -> {b}: list the pair or give links.default")
-            out.append(Link(src=a, dst=b, bandwidth=bw))
+            out.append(_link_body(body, a, b))
     return Topology(clusters=clusters, links=tuple(out))
+
+
+def link_to_dict(link: Link) -> dict[str, Any]:
+    """A link body in the current format (explicit ``kind``)."""
+    out: dict[str, Any] = {"kind": link.kind}
+    if link.kind == "shared_pipe":
+        out.update(bandwidth_to_dict(link.bandwidth))
+    else:
+        out["per_flow"] = bandwidth_to_dict(link.bandwidth)
+        if link.aggregate is not None:
+            out["aggregate"] = {"gbyte_s": link.aggregate.gbyte_s}
+    if link.source:
+        out["source"] = link.source
+    if link.egress_usd_per_gb is not None:
+        out["egress_usd_per_gb"] = link.egress_usd_per_gb
+    return out
 
 
 def topology_to_dict(t: Topology) -> dict[str, Any]:
@@ -790,10 +905,7 @@ def topology_to_dict(t: Topology) -> dict[str, Any]:
             for c in t.clusters
         ],
         "links": {
-            "pairs": [
-                {"src": link.src, "dst": link.dst, "directed": True, **bandwidth_to_dict(link.bandwidth)}
-                for link in t.links
-            ]
+            "pairs": [{"src": link.src, "dst": link.dst, "directed": True, **link_to_dict(link)} for link in t.links]
         },
     }
 

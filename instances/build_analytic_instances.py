@@ -6,12 +6,20 @@ is deterministic; the YAML files are committed, this script documents how they w
 Topology rules (documented in docs/profiles-analytic.md):
 
 * every cluster's GPU memory, memory bandwidth and intra-node bandwidth come from the GPU table
-  (:mod:`hgopt.profiles.gpus`); inter-node bandwidth is InfiniBand NDR 400 Gbit/s for H100/H200
-  clusters, HDR 200 Gbit/s for A100 clusters and 100 Gbit/s Ethernet otherwise, 5 µs latency;
+  (:mod:`hgopt.profiles.gpus`); inter-node bandwidth (``inter_node``) is ONE NODE'S NIC, shared by the
+  node's GPUs: one InfiniBand NDR 400 Gbit/s adapter per GPU for H100/H200 nodes (NVIDIA DGX H100
+  datasheet: 8x ConnectX-7 400 Gb/s; Google Cloud "Network bandwidths and GPUs": A3 Ultra 8 CX-7 NICs,
+  3,200 Gbit/s), one HDR 200 Gbit/s adapter per GPU for A100 nodes (NVIDIA DGX A100 datasheet: 8x
+  ConnectX-6 200 Gb/s), and 100 Gbit/s per node otherwise (Google Cloud "Network bandwidths and
+  GPUs": G2/N1 GPU VMs up to 100 Gbit/s per VM); 5 µs latency;
 * regions are public-cloud locations; the WAN link between two regions has one-way latency
   ``5 ms + great-circle distance / (100 km/ms)`` (light in fibre covers ~200 km/ms, routes are
-  roughly twice the great circle), clamped to [10, 150] ms, and a bandwidth that falls with the
-  distance: < 1,500 km 25 Gbit/s, < 4,000 km 10, < 9,000 km 5, < 13,000 km 2, else 1.
+  roughly twice the great circle), clamped to [10, 150] ms, and a region-pair capacity that falls
+  with the distance: < 1,500 km 25 Gbit/s, < 4,000 km 10, < 9,000 km 5, < 13,000 km 2, else 1
+  (illustrative). Each link is ``kind: per_flow``: that capacity is the AGGREGATE cap per direction
+  shared by every flow between the two regions, and one flow (one node to one node) gets at most
+  ``min(capacity, 5 Gbit/s)`` (AWS, Amazon EC2 User Guide, "Amazon EC2 instance network bandwidth":
+  single-flow traffic is limited to 5 Gbps outside a cluster placement group).
 """
 
 from __future__ import annotations
@@ -61,8 +69,26 @@ def wan_link(a: str, b: str) -> dict[str, float]:
     return {"gbit_s": gbit, "latency_ms": round(latency, 1)}
 
 
-def inter_node_gbit(gpu: str) -> float:
-    return 400.0 if gpu.startswith(("H100", "H200")) else 200.0 if gpu.startswith("A100") else 100.0
+SINGLE_FLOW_GBIT = 5.0
+"""AWS, Amazon EC2 User Guide, "Amazon EC2 instance network bandwidth": single-flow (5-tuple) traffic is
+limited to 5 Gbps when instances are not in the same cluster placement group."""
+WAN_SOURCE = ("aggregate: illustrative region-pair capacity (distance rule of build_analytic_instances.py); "
+              "per flow <= 5 Gbit/s: AWS EC2 User Guide, 'Amazon EC2 instance network bandwidth' (single-flow limit)")
+
+
+def wan_pair(a: str, b: str) -> dict[str, Any]:
+    """The link body between two regions: per flow min(capacity, 5 Gbit/s), aggregate = capacity."""
+    w = wan_link(a, b)
+    return {"kind": "per_flow",
+            "per_flow": {"gbit_s": min(w["gbit_s"], SINGLE_FLOW_GBIT), "latency_ms": w["latency_ms"]},
+            "aggregate": {"gbit_s": w["gbit_s"]}, "source": WAN_SOURCE}
+
+
+def inter_node_gbit(gpu: str, gpus_per_node: int = 8) -> float:
+    """One node's NIC bandwidth (shared by its GPUs): one 400 / 200 Gbit/s adapter per GPU on H100/H200 /
+    A100 nodes (DGX H100 / DGX A100 datasheets), 100 Gbit/s per node otherwise."""
+    per_gpu = 400.0 if gpu.startswith(("H100", "H200")) else 200.0 if gpu.startswith("A100") else None
+    return per_gpu * gpus_per_node if per_gpu is not None else 100.0
 
 
 def cluster(region: str, gpu: str, gpus: int, gpus_per_node: int = 8) -> dict[str, Any]:
@@ -77,7 +103,7 @@ def cluster(region: str, gpu: str, gpus: int, gpus_per_node: int = 8) -> dict[st
         "nodes": gpus // gpus_per_node,
         "gpus_per_node": gpus_per_node,
         "intra_node": {"gbyte_s": round(spec.intra_node_gbyte_s, 3), "latency_ms": 0.005},
-        "inter_node": {"gbit_s": inter_node_gbit(gpu), "latency_ms": 0.005},
+        "inter_node": {"gbit_s": inter_node_gbit(gpu, gpus_per_node), "latency_ms": 0.005},
     }
 
 
@@ -85,7 +111,7 @@ def topology(clusters: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = []
     for i, a in enumerate(clusters):
         for b in clusters[i + 1 :]:
-            pairs.append({"src": a["name"], "dst": b["name"], **wan_link(a["region"], b["region"])})
+            pairs.append({"src": a["name"], "dst": b["name"], **wan_pair(a["region"], b["region"])})
     return {"clusters": clusters, "links": {"pairs": pairs}}
 
 
@@ -105,10 +131,11 @@ def instance(name: str, description: str, shape: dict[str, Any], dtype: str, clu
              global_batch: int) -> dict[str, Any]:
     gpus = sorted({c["gpu"] for c in clusters})
     topo = topology(clusters)
-    wan = [(p["gbit_s"], p["latency_ms"]) for p in topo["links"]["pairs"]]
+    wan = [(p["aggregate"]["gbit_s"], p["per_flow"]["latency_ms"]) for p in topo["links"]["pairs"]]
     if wan:
-        description += (f" WAN {min(w[0] for w in wan):g}-{max(w[0] for w in wan):g} Gbit/s,"
-                        f" {min(w[1] for w in wan):g}-{max(w[1] for w in wan):g} ms one way.")
+        description += (f" WAN {min(w[0] for w in wan):g}-{max(w[0] for w in wan):g} Gbit/s per region pair"
+                        f" (at most {SINGLE_FLOW_GBIT:g} per flow), {min(w[1] for w in wan):g}-{max(w[1] for w in wan):g}"
+                        " ms one way.")
     return {
         "name": name,
         "description": description,

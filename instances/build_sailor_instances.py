@@ -86,6 +86,10 @@ DEFAULT_WAN = {
 }
 
 
+DEFAULT_WAN_SOURCE = ("illustrative: a region-pair capacity of DEFAULT_WAN (instances/build_sailor_instances.py) as the "
+                      "aggregate cap per direction, and one flow may use all of it")
+
+
 def build_default(root: Path) -> None:
     """hgopt/data/default.yaml: Sailor's real OPT-350 profiles on A100-40, V100-16 and GH200 (GH-96),
     one GPU type per region, joined by WAN links of a few Gbit/s."""
@@ -105,10 +109,12 @@ def build_default(root: Path) -> None:
         for b in clusters:
             if a is not b:
                 gbit, ms = DEFAULT_WAN.get((a.region, b.region)) or DEFAULT_WAN[(b.region, a.region)]
-                links.append(Link(src=a.name, dst=b.name, bandwidth=Bandwidth(gbyte_s=gbit / 8, latency_s=ms / 1e3)))
+                links.append(Link(src=a.name, dst=b.name, bandwidth=Bandwidth(gbyte_s=gbit / 8, latency_s=ms / 1e3),
+                                  aggregate=Bandwidth(gbyte_s=gbit / 8), kind="per_flow", source=DEFAULT_WAN_SOURCE))
     desc = ("Default: OPT-350 (fp32, real per-layer measurements from Sailor) on 16 A100-40 in us-central1, "
             "32 V100-16 in europe-west4 and 8 GH200 (GH-96) in asia-east1; intra/inter-node bandwidths are "
-            "Sailor's GCP fits, WAN links 2-5 Gbit/s with 45-95 ms one-way latency (illustrative).")
+            "Sailor's GCP fits, WAN links 2-5 Gbit/s per region pair (aggregate cap, one flow may use all of it) "
+            "with 45-95 ms one-way latency (illustrative).")
     job = _job(root, "OPT-350") | {"global_batch": 512}
     _write_yaml(data / "default.yaml",
                 _instance("default", desc, "profiles/sailor-opt-350.json", Topology(clusters=clusters, links=tuple(links)), job))

@@ -69,7 +69,8 @@ def feasible(plan: Plan, inst: Instance) -> Evaluation:
 def scaled(topo: Topology, f: float) -> Topology:
     return Topology(
         clusters=tuple(replace(c, intra_node=c.intra_node.scaled(f), inter_node=c.inter_node.scaled(f)) for c in topo.clusters),
-        links=tuple(replace(link, bandwidth=link.bandwidth.scaled(f)) for link in topo.links),
+        links=tuple(replace(link, bandwidth=link.bandwidth.scaled(f),
+                            aggregate=None if link.aggregate is None else link.aggregate.scaled(f)) for link in topo.links),
     )
 
 

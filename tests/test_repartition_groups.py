@@ -185,13 +185,15 @@ def test_plan_command_describes_a_grouped_plan(capsys: pytest.CaptureFixture[str
     summary adds up the different pipelines' samples and names the groups."""
     from hgopt.cli import main
 
-    assert main(["plan", "sailor-het-16+16", "--planner", "heuristic"]) == 0
+    # links: on sailor-het-16+16 a cross-cluster pipeline now wins (per-flow links); five zones of 32
+    # A100s still train in cluster groups
+    assert main(["plan", "sailor-geo-5x32", "--planner", "heuristic"]) == 0
     out = capsys.readouterr().out
     plan_line = next(line for line in out.splitlines() if line.startswith("pipelines "))
     shapes = re.findall(r"(\d+) x microbatch (\d+) x (\d+) microbatches", plan_line)
     assert len(shapes) >= 1
     total = sum(int(n) * int(b) * int(m) for n, b, m in shapes)
-    assert total == load_instance("sailor-het-16+16").job.global_batch
+    assert total == load_instance("sailor-geo-5x32").job.global_batch
     assert "note: groups:" in out
 
 

@@ -79,8 +79,35 @@ def describe(inst: Instance) -> str:
         lines += ["fields not in the file, from the GPU table (hgopt.profiles.gpus; `hgopt show --json` prints "
                   "the values):", *defaulted]
     if len(t.clusters) > 1:
-        lines += ["", "inter-cluster links (GB/s for a 64 MB message, latency):", _link_matrix(inst)]
+        lines += ["", "inter-cluster links (GB/s for a 64 MB message, latency):", _link_matrix(inst),
+                  "", "links per direction (per flow: one node to one node; aggregate: cap shared by all flows):",
+                  _link_table(inst)]
+        sources = sorted({lk.source for lk in t.links if lk.source})
+        if sources:
+            lines += ["  sources:", *(f"  - {src}" for src in sources)]
     return "\n".join(lines)
+
+
+def _gbit(b: object, nbytes: float = 64e6) -> str:
+    from hgopt.cost.tables import bandwidth_bytes_per_s
+
+    gbit = bandwidth_bytes_per_s(b, nbytes) * 8 / 1e9  # type: ignore[arg-type]
+    curve = " (curve, at 64 MB)" if b.curve is not None else ""  # type: ignore[attr-defined]
+    return f"{gbit:.3g} Gbit/s{curve}"
+
+
+def _link_table(inst: Instance) -> str:
+    """kind, per-flow Gbit/s and latency, aggregate cap (or none) of every directed link."""
+    rows = []
+    for lk in inst.topology.links:
+        if lk.aggregate is None:
+            cap = "none (per-node NICs)"
+        elif lk.kind == "shared_pipe":
+            cap = f"{_gbit(lk.aggregate)} (one pipe = per flow)"
+        else:
+            cap = _gbit(lk.aggregate)
+        rows.append([lk.src, lk.dst, lk.kind, _gbit(lk.bandwidth), f"{lk.bandwidth.latency_s * 1e3:.3g} ms", cap])
+    return format_table(["from", "to", "kind", "per flow", "latency", "aggregate"], rows)
 
 
 def _bw(b: object) -> str:

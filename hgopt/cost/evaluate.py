@@ -9,17 +9,41 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
+
+from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
+from hgopt.cost.compute import optimizer_time, stage_times
+from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule, iteration_end
+from hgopt.cost.memory import stage_memory_terms
+from hgopt.cost.pipeline import (
+    fill_time,
+    in_flight,
+    last_backward_ends,
+    pipeline_bottleneck,
+    pipeline_time,
+    round_trip_pace,
+)
 from hgopt.cost.tables import (
     CostTables,
+    GpuTpTable,
     allreduce_time,
     build_tables,
     link_bytes_factor,
-    transfer_time,
 )
+from hgopt.cost.links import flows_time, nic_time, replicas_per_node, ring_bandwidth, ring_time
 from hgopt.plan import Pipeline, Plan, Stage, validate
-from hgopt.spec import Cluster, Instance
+from hgopt.spec import Cluster, Instance, Link, Topology
 
-__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "round_trip_bound", "stage_boundary_time"]
+__all__ = [
+    "Evaluation",
+    "PipelineReport",
+    "StageReport",
+    "boundary_cast_times",
+    "evaluate",
+    "round_trip_bound",
+    "stage_boundary_time",
+    "wan_bytes_per_iteration",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +65,10 @@ class StageReport:
     optimizer_s: float
     peak_memory_bytes: float
     """Peak per GPU of the replica group closest to its memory limit."""
+    last_backward_end_s: float = 0.0
+    """[C7o] When the backward of the last microbatch ends on this stage (closed form)."""
+    sync_end_s: float = 0.0
+    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting."""
     memory_capacity_bytes: float
     """Memory per GPU of that group's cluster."""
     oom: bool
@@ -68,6 +96,11 @@ class Evaluation:
     violations: tuple[str, ...]
     pipelines: tuple[PipelineReport, ...]
     stages: tuple[StageReport, ...]
+    iteration_time_overlap_s: float = math.inf
+    """[C7o] Iteration time under the plan's gradient-sync setting (``overlap_grad_sync``,
+    ``grad_bucket_mb``): bucketed all-reduce per stage from its last backward, optimizer after its
+    sync, the last optimizer step ends the iteration. ``iteration_time_s`` is still [C7] (sync after
+    the slowest drain, unbucketed), the number every planner optimises and every bound bounds."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -90,6 +123,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
     first: dict[Pipeline, int] = {}  # identical pipelines get identical reports: compute once
+    copies = Counter(plan.pipelines)  # identical pipelines share nodes [C4]
     for pi, pipe in enumerate(plan.pipelines):
         if pipe in first:
             done = first[pipe]
@@ -97,12 +131,14 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
             pipe_reports.append(replace(pipe_reports[done], index=pi))
         else:
             first[pipe] = pi
-            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan) for si in range(len(pipe.stages))]
+            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe])
+                       for si in range(len(pipe.stages))]
             pipe_reports.append(_pipeline_report(pi, pipe, reports))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     t_tail = max(s.sync_s + s.optimizer_s for s in stage_reports)  # [C7]
     t_iter = t_pipe + t_tail
+    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
     for s in stage_reports:
         if s.oom:
             violations.append(
@@ -121,6 +157,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
         violations=tuple(violations),
         pipelines=tuple(pipe_reports),
         stages=tuple(stage_reports),
+        iteration_time_overlap_s=t_overlap,
     )
 
 
@@ -142,31 +179,24 @@ def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
 # ---- pipeline time [C3] ----------------------------------------------------------------------
 def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> PipelineReport:
     m = pipe.num_microbatches
-    fill = sum(s.fwd_s + s.bwd_s + s.send_fwd_s + s.send_bwd_s for s in st)
-    if pipe.schedule == "gpipe":
-        bottleneck = max(max(s.fwd_s, s.send_fwd_s) for s in st) + max(max(s.bwd_s, s.send_bwd_s) for s in st)
-    else:
-        bottleneck = max(max(s.fwd_s + s.bwd_s, s.send_fwd_s, s.send_bwd_s) for s in st)
-        bottleneck = max(bottleneck, round_trip_bound(st, m))
+    t = [s.fwd_s + s.bwd_s for s in st]
+    send_f, send_b = [s.send_fwd_s for s in st], [s.send_bwd_s for s in st]
+    bottleneck = pipeline_bottleneck(pipe.schedule, [s.fwd_s for s in st], [s.bwd_s for s in st], send_f, send_b, m)
+    fill = fill_time(t, send_f, send_b)
     return PipelineReport(
         index=index,
         num_microbatches=m,
         microbatch=pipe.microbatch,
         bottleneck_s=bottleneck,
         fill_drain_s=fill,
-        time_s=(m - 1) * bottleneck + fill,
+        time_s=pipeline_time(m, bottleneck, fill),
     )
 
 
 def round_trip_bound(st: list[StageReport], m: int) -> float:
-    """[C3] 1F1B keeps at most min(S − s, m) microbatches in flight at stage s (its warm-up depth + 1):
-    the forward of microbatch k + S − s waits for the backward of k, whose round trip runs through every
-    later stage and link. The steady-state pace is at least that round trip over the microbatches in it."""
-    best = trip = 0.0
-    for s in range(len(st) - 1, -1, -1):
-        trip += st[s].fwd_s + st[s].bwd_s + st[s].send_fwd_s + st[s].send_bwd_s
-        best = max(best, trip / min(len(st) - s, m))
-    return best
+    """[C3] The 1F1B round-trip pace of a pipeline's stage reports (``pipeline.round_trip_pace``)."""
+    return round_trip_pace([s.fwd_s + s.bwd_s for s in st], [s.send_fwd_s for s in st],
+                           [s.send_bwd_s for s in st], m)
 
 
 # ---- one stage: compute [C2], boundary [C4], optimizer [C6-opt], memory [C6] ------------------------
@@ -178,35 +208,29 @@ def _stage_report(
     si: int,
     sync_s: float,
     wan: dict[tuple[str, str], float],
+    copies: int = 1,
 ) -> StageReport:
     stage = pipe.stages[si]
     topo = inst.topology
     fwd = bwd = opt = 0.0
     peak, cap, oom = 0.0, math.inf, False
     n_stages = len(pipe.stages)
-    in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(n_stages - si, pipe.num_microbatches)
+    depth = in_flight(n_stages, si, pipe.num_microbatches, pipe.schedule)
     for g in stage.groups:
         cluster = topo.cluster(g.cluster)
         tab = tables.table(cluster.gpu, g.tp)
-        f, b = tab.times(g.mbs, stage.start, stage.end)
+        f, b = stage_times(tab, g.mbs, stage.start, stage.end)
         fwd, bwd = max(fwd, f), max(bwd, b)
         shards = stage.replicas if stage.zero else 1
-        opt = max(opt, float(tab.update[stage.end] - tab.update[stage.start]) / shards)
-        params = float(tab.params[stage.end] - tab.params[stage.start])
-        act = float(tab.act_mem[stage.end] - tab.act_mem[stage.start])
-        mem = (
-            2.0 * params * tables.dtype_bytes  # weights + gradients
-            + params * tables.optimizer_bytes_per_param / shards
-            + in_flight * g.mbs * act
-            + inst.job.workspace_bytes
-        )
+        opt = max(opt, float(optimizer_time(tab, stage.start, stage.end, shards)))
+        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth, shards).total
         if mem > cluster.gpu_memory_bytes:
             oom = True
         if mem / cluster.gpu_memory_bytes > peak / cap:  # report the group closest to its limit
             peak, cap = mem, cluster.gpu_memory_bytes
     send_f = send_b = 0.0
     if si + 1 < n_stages:
-        send_f, send_b = stage_boundary_time(inst, tables, pipe, si, wan)
+        send_f, send_b = stage_boundary_time(inst, tables, pipe, si, wan, copies)
     layout = ", ".join(f"{g.dp}x[{_where(topo.cluster(g.cluster))} tp{g.tp} mbs{g.mbs}]" for g in stage.groups)
     return StageReport(
         pipeline=pi,
@@ -237,40 +261,92 @@ class _Flows:
     """Who sends how many samples to whom across one stage boundary (forward direction)."""
 
     per_sample: float
-    local: dict[str, int]
-    """cluster -> largest block one replica sends to another replica of the same cluster"""
     cross: dict[tuple[str, str], int]
     """(sending cluster, receiving cluster) -> samples per microbatch"""
     pieces: list[tuple[str, str, int]]
     """(sender, receiver, largest block between one pair of replicas)"""
+    node_samples: list[tuple[str, int]]
+    """(cluster, samples) per node of either stage that sends or receives across the boundary"""
+    cross_flow_max: dict[tuple[str, str], int]
+    """(sending cluster, receiving cluster) -> samples of the largest node-pair flow between them"""
 
 
-def _boundary_flows(tables: CostTables, pipe: Pipeline, si: int) -> _Flows:
+def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int = 1,
+                    nodes: bool = True) -> _Flows:
+    """[C4] The node-pair flows of boundary si -> si + 1 of ``copies`` identical pipelines from the
+    plan's placement (see :func:`_node_pieces`); both stages sit on different nodes, so every flow
+    crosses a NIC."""
     src, dst = pipe.stages[si], pipe.stages[si + 1]
     cross: dict[tuple[str, str], int] = {}
-    local: dict[str, int] = {}
     pieces: list[tuple[str, str, int]] = []
     for a_cluster, a_lo, a_hi, a_mbs in _sample_blocks(src):
         for b_cluster, b_lo, b_hi, b_mbs in _sample_blocks(dst):
             n = min(a_hi, b_hi) - max(a_lo, b_lo)
             if n <= 0:
                 continue
-            piece = min(a_mbs, b_mbs, n)
-            pieces.append((a_cluster, b_cluster, piece))
-            if a_cluster == b_cluster:
-                local[a_cluster] = max(local.get(a_cluster, 0), piece)
-            else:
+            pieces.append((a_cluster, b_cluster, min(a_mbs, b_mbs, n)))
+            if a_cluster != b_cluster:
                 cross[(a_cluster, b_cluster)] = cross.get((a_cluster, b_cluster), 0) + n
-    return _Flows(per_sample=float(tables.activation_bytes[src.end - 1]), local=local, cross=cross, pieces=pieces)
+    per_sample = float(tables.activation_bytes[src.end - 1])
+    if not nodes:  # the links' loads need only the samples between clusters
+        return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=[], cross_flow_max={})
+    topo = inst.topology
+    na, nb = _node_pieces(topo, src, copies), _node_pieces(topo, dst, copies)
+    flow: dict[tuple[tuple[str, int, int], tuple[str, int, int]], int] = {}
+    node_a: dict[tuple[str, int, int], int] = {}
+    node_b: dict[tuple[str, int, int], int] = {}
+    for c in range(copies):  # sweep copy c: both sides tile [0, microbatch) in order
+        pa, pb = na[c], nb[c]
+        i = j = 0
+        while i < len(pa) and j < len(pb):
+            (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+            n = min(ahi, bhi) - max(alo, blo)
+            if n > 0:
+                flow[(ka, kb)] = flow.get((ka, kb), 0) + n
+                node_a[ka] = node_a.get(ka, 0) + n
+                node_b[kb] = node_b.get(kb, 0) + n
+            if ahi <= bhi:
+                i += 1
+            else:
+                j += 1
+    flow_max: dict[tuple[str, str], int] = {}
+    for (ka, kb), n in flow.items():
+        if ka[0] != kb[0]:
+            flow_max[(ka[0], kb[0])] = max(flow_max.get((ka[0], kb[0]), 0), n)
+    node_list = [(k[0], n) for k, n in node_a.items()] + [(k[0], n) for k, n in node_b.items()]
+    return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=node_list, cross_flow_max=flow_max)
+
+
+def _node_pieces(topo: Topology, stage: Stage, copies: int) -> list[list[tuple[tuple[str, int, int], int, int]]]:
+    """Per copy of the pipeline, its stage's node pieces ((cluster, group, node), first sample, end
+    sample) in sample order [C4]. Placement: the replicas of group g of every copy (copy after copy,
+    replica after replica) fill nodes of ``gpus_per_node`` GPUs, ``gpus_per_node // tp`` replicas per
+    node, each group on nodes of its own (so identical pipelines share nodes and their NICs, as the
+    runner packs them); a microbatch's samples are laid out group after group, replica after replica."""
+    out: list[list[tuple[tuple[str, int, int], int, int]]] = []
+    for c in range(copies):
+        row, lo = [], 0
+        for gi, g in enumerate(stage.groups):
+            per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
+            r = 0
+            while r < g.dp:
+                node = (c * g.dp + r) // per_node
+                n = min(g.dp - r, (node + 1) * per_node - (c * g.dp + r))
+                row.append(((g.cluster, gi, node), lo + r * g.mbs, lo + (r + n) * g.mbs))
+                r += n
+            lo += g.samples
+        out.append(row)
+    return out
 
 
 def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], copies: int = 1) -> dict[tuple[str, str], float]:
     """[C4w] Bytes per microbatch on each direction of each inter-cluster link, summed over every
-    boundary of every pipeline (activations forward, their gradients backward)."""
+    boundary of every pipeline (activations forward, their gradients backward): what the link's
+    aggregate cap is shared by."""
     load: dict[tuple[str, str], float] = {}
     for pipe, count in Counter(pipes).items():
         for si in range(len(pipe.stages) - 1):
-            flows = _boundary_flows(tables, pipe, si)
+            flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
             bound = pipe.boundary(si)
             f_fwd = link_bytes_factor(inst.model.dtype, bound.fwd)
             f_bwd = link_bytes_factor(inst.model.dtype, bound.bwd)
@@ -289,25 +365,41 @@ def stage_boundary_time(
     copies: int = 1,
 ) -> tuple[float, float]:
     """Seconds to move one microbatch's activations (forward) and gradients (backward) from stage
-    ``si`` to ``si + 1`` [C4]. Samples are laid out group after group, replica after replica. Inside
-    one cluster each sender uses its own inter-node bandwidth. A link between two clusters carries, in
-    each direction, the bytes of every boundary of every pipeline that crosses it [C4w]
-    (``wan_loads``; when omitted, this pipeline as one of ``copies`` identical ones). A compressed
-    boundary adds its (de)quantisation time [C4q]."""
-    flows = _boundary_flows(tables, pipe, si)
+    ``si`` to ``si + 1`` [C4]: the slowest of (a) every node's NIC carrying what the node's GPUs send
+    or receive (``inter_node`` is per node, shared by its GPUs) and (b) every inter-cluster link
+    direction, priced per flow (largest node-pair flow at the per-flow bandwidth) and, where the link
+    has an aggregate cap, the link's total load (``wan_loads``: every boundary of every pipeline that
+    crosses it [C4w]; when omitted, this pipeline's) at the cap. The pipeline is one of ``copies``
+    identical ones, whose replicas share nodes (and the links' loads when ``wan_loads`` is omitted). A
+    compressed boundary adds its (de)quantisation time [C4q]."""
+    flows = _boundary_flows(inst, tables, pipe, si, copies)
     loads = wan_loads if wan_loads is not None else _wan_loads(inst, tables, (pipe,), copies)
+    bound = pipe.boundary(si)
+    topo = inst.topology
+    out = []
+    for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
+        factor = link_bytes_factor(inst.model.dtype, prec)
+        nbytes = flows.per_sample * factor
+        t = 0.0
+        for c, n in flows.node_samples:
+            t = max(t, nic_time(topo.cluster(c).inter_node, n * nbytes))
+        for (a, b), n in flows.cross_flow_max.items():
+            channel = (b, a) if backward else (a, b)
+            t = max(t, flows_time(topo.link_spec(*channel), n * nbytes, loads.get(channel, 0.0)))
+        pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
+        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+    return out[0], out[1]
+
+
+def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
+    """[C4q] The (de)quantisation seconds alone of boundary si (forward, backward)."""
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
     bound = pipe.boundary(si)
     out = []
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
         factor = link_bytes_factor(inst.model.dtype, prec)
-        t = 0.0
-        for c, n in flows.local.items():
-            t = max(t, transfer_time(inst.topology.cluster(c).inter_node, n * flows.per_sample * factor))
-        for a, b in flows.cross:
-            channel = (b, a) if backward else (a, b)
-            t = max(t, transfer_time(inst.topology.link(*channel), loads[channel]))
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
-        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+        out.append(_quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
 
 
@@ -360,11 +452,17 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
             mine = [v for (lo, hi), v in segs.items() if s.start <= lo and hi <= s.end]
             own = sum(v.intra + v.inter for v in mine)
             intra = sum(v.intra for v in mine)
-            shared = max((intra + max(allreduce_time(topo.link(a, b), load[pair], len(v.clusters))
+            shared = max((intra + max(_capped_ring(topo.link_spec(a, b), load[pair], len(v.clusters))
                                       for a, b in (sorted(pair), sorted(pair, reverse=True)))
                           for v in mine for pair in v.pairs()), default=0.0)
             by_range[(s.start, s.end)] = max(own, shared)
     return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+
+
+def _capped_ring(link: Link, load: float, k: int) -> float:
+    """[C5w] Every segment's ring over one direction of ``link`` together, at its aggregate cap (rings of
+    different segments run between different node pairs, so without a cap they do not share)."""
+    return 0.0 if link.aggregate is None else allreduce_time(link.aggregate, load, k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +470,8 @@ class _SegmentSync:
     intra: float
     """Slowest cluster's ring [C5]."""
     inter: float
-    """The cross-cluster ring on the slowest link between its clusters, alone on the WAN [C5]."""
+    """The cross-cluster ring on the slowest link between its clusters (per flow, and the NICs at its
+    ends), alone on the WAN [C5]."""
     clusters: tuple[str, ...]
     wan_bytes: float
 
@@ -399,12 +498,91 @@ def _segment_allreduce(
         tab = tables.table(c.gpu, tp_min)
         shard_bytes = float(tab.params[hi] - tab.params[lo]) * tables.dtype_bytes
         full_bytes = max(full_bytes, shard_bytes * tp_min)
-        within_node = n * max(tp for tp, _ in groups) <= c.gpus_per_node
-        intra = max(intra, allreduce_time(c.intra_node if within_node else c.inter_node, shard_bytes, n))
+        ring_bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, n, max(tp for tp, _ in groups), tp_min)
+        intra = max(intra, allreduce_time(ring_bw, shard_bytes, n))
     names = tuple(per_cluster)
     k = len(names)
     inter = wan_bytes = 0.0
     if k > 1:
         wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
-        inter = max(allreduce_time(topo.link(a, b), wan_bytes, k) for a in names for b in names if a != b)
+        # each edge of the ring is one flow (node pair): per-flow rate, and the NICs at its ends
+        inter = max(max(ring_time(topo.link_spec(a, b), wan_bytes, k) for a in names for b in names if a != b),
+                    max(allreduce_time(topo.cluster(c).inter_node, wan_bytes, k) for c in names))
     return _SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)
+
+
+# ---- bucketed gradient sync overlapped with the last backward [C7o] ------------------------------
+def _bucketed_sync(
+    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport]
+) -> tuple[list[StageReport], float]:
+    """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
+    gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
+    (``_segment_allreduce``); the iteration ends with the last optimizer step. Identical pipelines
+    have identical times, so each is scheduled once (its replicas still count in the rings)."""
+    first: dict[Pipeline, int] = {}
+    for pi, pipe in enumerate(plan.pipelines):
+        first.setdefault(pipe, pi)
+    report = {(r.pipeline, r.stage): r for r in stages}
+    ends: dict[tuple[int, int], float] = {}
+    for pr in pipes:
+        if first[plan.pipelines[pr.index]] != pr.index:
+            continue
+        st = [report[(pr.index, si)] for si in range(len(plan.pipelines[pr.index].stages))]
+        for r, e in zip(st, last_backward_ends(pr.time_s, [r.bwd_s for r in st], [r.send_bwd_s for r in st])):
+            ends[(r.pipeline, r.stage)] = e
+    where = {(pi, si): st for pi in first.values() for si, st in enumerate(plan.pipelines[pi].stages)}
+    every = [st for p in plan.pipelines for st in p.stages]
+    slowest: dict[tuple[int, int], tuple[GpuTpTable, int, float]] = {}  # the group setting the stage's backward
+    for key, st in where.items():
+        tab, mbs = max(((tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs) for g in st.groups),
+                       key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
+        slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
+    layer_bytes: dict[tuple[str, int], np.ndarray] = {}
+    cap = plan.grad_bucket_mb * MIB
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    buckets: list[Bucket] = []
+    for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
+        keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
+        holders = [st for st in every if st.start <= lo and hi <= st.end]
+        per_layer = np.zeros(tables.num_layers)
+        for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
+            if gt not in layer_bytes:
+                layer_bytes[gt] = gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes)
+            per_layer = np.maximum(per_layer, layer_bytes[gt])
+        for x, y in bucket_ranges(per_layer, lo, hi, cap):
+            seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
+            ready = {}
+            for k in keys:
+                st = where[k]
+                tab, mbs, total = slowest[k]
+                done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
+                ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
+            buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
+    sync_end = bucket_schedule(buckets, ends)
+    rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
+    out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
+           for r in stages]
+    return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end})
+
+
+# ---- WAN traffic per iteration (for egress prices) --------------------------------------------------
+def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | None = None) -> dict[tuple[str, str], float]:
+    """Bytes one iteration sends over each directed inter-cluster link: every pipeline's boundary
+    activations and their gradients ([C4w] loads per microbatch, ``_wan_loads``, times its m) plus each
+    sync segment's cross-cluster ring ([C5], ``_segment_allreduce``'s WAN bytes; ring c_0 → c_1 → … →
+    c_0 in the segment's cluster order, each edge 2(k − 1)/k of them)."""
+    tables = tables or build_tables(inst)
+    out: dict[tuple[str, str], float] = {}
+    for pipe, count in Counter(plan.pipelines).items():
+        for link, nbytes in _wan_loads(inst, tables, (pipe,)).items():
+            out[link] = out.get(link, 0.0) + count * pipe.num_microbatches * nbytes
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    stages = [s for p in plan.pipelines for s in p.stages]
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = [s for s in stages if s.start <= lo and hi <= s.end]
+        seg = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        k = len(seg.clusters)
+        for i, a in enumerate(seg.clusters):
+            b = seg.clusters[(i + 1) % k]
+            out[(a, b)] = out.get((a, b), 0.0) + ring_edge_bytes(seg.wan_bytes, k)
+    return out

@@ -224,8 +224,10 @@ def sailor_topology(root: str | Path, clusters: Sequence[SailorCluster]) -> Topo
     """Clusters of Sailor's GPU types in Sailor's zones, with Sailor's measured bandwidth curves.
 
     Inside a cluster: ``intra_node`` from intra_node_bandwidths.json at the GPUs per VM,
-    ``inter_node`` the same-zone curve of that GPU type at its GPUs per VM. Between clusters: the
-    zone-to-zone curve (multizone_bandwidths.json for one GPU type, *_het.json for two). GPUs per VM
+    ``inter_node`` the same-zone curve of that GPU type at its GPUs per VM (one VM's NIC, shared by
+    its GPUs). Between clusters: the zone-to-zone curve (multizone_bandwidths.json for one GPU type,
+    *_het.json for two), measured between one VM pair, hence ``kind: per_flow`` with no aggregate cap
+    (each source cited on the link). GPUs per VM
     (unless given) and memory come from basic_cluster_config.json. The region of a cluster is its zone.
     Note that :class:`Bandwidth` clamps a fit to its measured maximum (Sailor's ``max_bytes_per_s``)."""
     root = Path(root)
@@ -250,8 +252,16 @@ def sailor_topology(root: str | Path, clusters: Sequence[SailorCluster]) -> Topo
             na, nb = gpn[sailor_cluster_name(a)], gpn[sailor_cluster_name(b)]
             keys = [a.zone, a.gpu, str(na), b.zone, b.gpu, str(nb)]
             bw = curve_bandwidth(_lookup(table, keys, path), path, ".".join(keys))
-            links.append(Link(src=sailor_cluster_name(a), dst=sailor_cluster_name(b), bandwidth=bw))
+            links.append(Link(src=sailor_cluster_name(a), dst=sailor_cluster_name(b), bandwidth=bw, aggregate=None,
+                              kind="per_flow", source=_link_source(path.name, keys)))
     return Topology(clusters=tuple(built), links=tuple(links))
+
+
+def _link_source(file: str, keys: Sequence[str]) -> str:
+    """Citation of one inter-cluster link: Sailor's fit is one VM pair -> per flow; no shared cap."""
+    return (f"Sailor (eth-easl/sailor, SOSP'25) providers/{file}[{']['.join(keys)}]: measured between one VM pair "
+            "on Google Cloud -> per flow; no aggregate cap (Google Cloud documents per-VM egress caps, "
+            "'Network bandwidths and GPUs', and no cap per zone or region pair)")
 
 
 def _cluster(

@@ -25,8 +25,10 @@ from typing import Literal
 
 import numpy as np
 
-from hgopt.cost.evaluate import stage_boundary_time
-from hgopt.cost.tables import CostTables, link_bytes_factor, transfer_time
+from hgopt.cost.evaluate import boundary_cast_times
+from hgopt.cost.links import handover_lower_bound
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, steady_weight
+from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
     LocalConfig,
@@ -115,6 +117,10 @@ class BlockOption:
     suffix_fill: tuple[float, ...] = ()
     """suffix_fill[r-1]: fill (fwd+bwd and intra-cluster sends) of the block's last r local stages,
     for the 1F1B round trip [C3]; suffix_fill[-1] == fill."""
+    prefix_trip: tuple[float, ...] = ()
+    """prefix_trip[r-1]: round trip of the window of the block's first r local stages (their fwd+bwd
+    and the sends between them, not the r-th stage's send out), for windows that enter the block
+    from an earlier one [C3]; prefix_trip[-1] == fill."""
 
     @property
     def s(self) -> int:
@@ -174,7 +180,7 @@ def block_options(
     :class:`OutOfTime` once ``time.perf_counter()`` passes ``deadline`` (checked per configuration):
     an incomplete option set would make a MILP whose bound is not valid."""
     shape = model_shape(instance)
-    win = window or Window(weight=float(num_microbatches - 1))
+    win = window or Window(weight=steady_weight(num_microbatches))
     out: dict[tuple[str, Role, int], list[BlockOption]] = {}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
@@ -299,23 +305,29 @@ def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.nd
     for i in np.flatnonzero(new):
         n = int(sol.ns[i])
         bounds = sol.bounds(int(i))
-        suffix = _suffix_fill(tc.sm, bounds)
+        suffix, prefix, inner = _trips(tc.sm, bounds, m)
         cands.setdefault(n, []).append(BlockOption(
             cluster=cluster, role=role, n=n, cfg=cfg, bounds=bounds,
-            bottleneck=float(sol.bottleneck[i]), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
-            dmax=float(dm[i]), suffix_fill=suffix,
+            bottleneck=max(float(sol.bottleneck[i]), inner), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
+            dmax=float(dm[i]), suffix_fill=suffix, prefix_trip=prefix,
         ))
     return dm
 
 
-def _suffix_fill(sm: StageModel, bounds: tuple[int, ...]) -> tuple[float, ...]:
-    """Fill of the last r local stages, r = 1..s: each stage's fwd+bwd plus its send forward and
-    backward to the next local stage [C3]."""
+def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(fill of the last r local stages, round trip of the first r local stages, r = 1..s; the
+    round-trip pace of the windows inside the block [C3], ``pipeline.round_trip_pace``). A stage's
+    fill is its fwd+bwd plus its send forward and backward to the next local stage."""
     lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
-    e = sm.compute(lo, hi)
+    t = sm.compute(lo, hi)
+    sends = np.zeros(len(t))
     if len(hi) > 1:
-        e[:-1] += 2.0 * sm.send(hi[:-1])
-    return tuple(float(x) for x in np.cumsum(e[::-1]))
+        sends[:-1] = sm.send(hi[:-1])
+    e = t + 2.0 * sends
+    suffix = tuple(float(x) for x in np.cumsum(e[::-1]))
+    prefix = tuple(float(x) for x in np.cumsum(e) - 2.0 * sends)
+    inner = round_trip_pace(t.tolist(), sends.tolist(), sends.tolist(), m) if ROUND_TRIP_WINDOWS == "all" else 0.0
+    return suffix, prefix, inner
 
 
 def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[BlockOption]:
@@ -338,8 +350,10 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     mb = np.array([o.cfg.mbs if win.mbs_matters and role != "only" else 0 for o in opts])
     width = int(st.max())
     prof = np.full((len(opts), width), INF)
+    pre = np.full((len(opts), width), INF)
     for i, o in enumerate(opts):
         prof[i, : o.s] = o.suffix_fill
+        pre[i, : o.s] = o.prefix_trip
     order = np.lexsort((st, S, F, T))
     kept: list[int] = []
     tol = 1e-12
@@ -349,6 +363,8 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
             worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
+            if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one
+                rt &= np.all(np.where(np.isfinite(pre[k]), pre[k] <= pre[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt & (mb[k] <= mb[i])
             if beats.any():
                 continue
@@ -442,7 +458,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
-    s_lb, w = max(s_min.values()), float(num_microbatches - 1)
+    s_lb, w = max(s_min.values()), steady_weight(num_microbatches)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
@@ -548,9 +564,18 @@ def arc_times(instance: Instance, per_sample: float, a: str, b: str, microbatch:
     pipelines' microbatches share link a→b and their gradients share link b→a; pace is the slower
     direction, fill the sum of both."""
     load = pipelines * (microbatch * per_sample * 1.0)
-    fwd = transfer_time(instance.topology.link(a, b), load)
-    bwd = transfer_time(instance.topology.link(b, a), load)
+    fwd = _handover(instance, a, b, microbatch, microbatch * per_sample, load, pipelines)
+    bwd = _handover(instance, b, a, microbatch, microbatch * per_sample, load, pipelines)
     return max(fwd, bwd), fwd + bwd
+
+
+def _handover(instance: Instance, a: str, b: str, microbatch: int, nbytes: float, load: float, copies: int) -> float:
+    """links: lower bound of evaluate's hand-over a -> b of ``copies`` identical pipelines (per-flow
+    link, aggregate cap, node NICs; hgopt/cost/links.py): each side has at most its cluster's nodes."""
+    t = instance.topology
+    ca, cb = t.cluster(a), t.cluster(b)
+    return handover_lower_bound(t.link_spec(a, b), ca.inter_node, cb.inter_node, nbytes, load, microbatch,
+                                ca.nodes, cb.nodes, copies)
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,7 +647,7 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
                    links: LinkPolicy | None = None, shape: ModelShape | None = None) -> tuple[ArcPrecision, ...]:
     """Every allowed precision pair of a hand-over a→b at the trunk's boundary size. Transfer times as
     ``arc_times`` with the byte factor; the cast time per sample from ``evaluate``'s own boundary time
-    (``stage_boundary_time`` of a one-sample probe with an empty link, so only the cast remains)."""
+    (``boundary_cast_times`` of a one-sample probe)."""
     pol = links or LinkPolicy()
     shape = shape or model_shape(instance)
     per_sample = float(tables.activation_bytes[shape.p])
@@ -630,13 +655,14 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
     cut, L = shape.p + 1, shape.num_layers
     out = []
     for pf, pb in pol.pairs:
-        fwd = transfer_time(instance.topology.link(a, b), load * link_bytes_factor(instance.model.dtype, pf))
-        bwd = transfer_time(instance.topology.link(b, a), load * link_bytes_factor(instance.model.dtype, pb))
+        ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
+        fwd = _handover(instance, a, b, microbatch, microbatch * per_sample * ff, load * ff, pipelines)  # links
+        bwd = _handover(instance, b, a, microbatch, microbatch * per_sample * fb, load * fb, pipelines)  # links
         qf = qb = 0.0
         if (pf, pb) != NATIVE_PAIR:
             probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),
                                      Stage(start=cut, end=L, groups=(ReplicaGroup(cluster=b),))),
                              num_microbatches=1, boundaries=(Boundary(fwd=pf, bwd=pb),))  # type: ignore[arg-type]
-            qf, qb = stage_boundary_time(instance, tables, probe, 0, {(a, b): 0.0, (b, a): 0.0})
+            qf, qb = boundary_cast_times(instance, tables, probe, 0)  # links: the cast alone
         out.append(ArcPrecision(pair=(pf, pb), fwd=fwd, bwd=bwd, q_fwd=qf, q_bwd=qb, penalty=pol.pair_penalty((pf, pb))))
     return tuple(out)

@@ -37,6 +37,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hgopt.cost import evaluate
+from hgopt.cost.comm import gradient_bytes
+from hgopt.cost.links import ring_time
 from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
@@ -109,9 +111,46 @@ def wan_allreduce_time(instance: Instance, tables: CostTables, clusters: Sequenc
     if len(clusters) < 2:
         return 0.0
     tab = tables.table(instance.topology.cluster(clusters[0]).gpu, 1)
-    nbytes = float(tab.params[-1] - tab.params[0]) * tables.dtype_bytes * link_bytes_factor(instance.model.dtype, precision)
+    nbytes = gradient_bytes(float(tab.params[-1] - tab.params[0]), tables.dtype_bytes,
+                            link_bytes_factor(instance.model.dtype, precision))
     topo = instance.topology
     return max(allreduce_time(topo.link(a, b), nbytes, len(clusters)) for a in clusters for b in clusters if a != b)
+
+
+def wan_ring_time(instance: Instance, clusters: Sequence[str], own_bytes: float, total_bytes: float) -> float:
+    """links: [C5]/[C5w] as ``evaluate`` prices the cross-cluster ring of one stage's gradients
+    (``own_bytes``) over ``clusters`` while every stage's rings together carry ``total_bytes``: each ring
+    edge is one flow at the per-flow rate, and they share a link only through its aggregate cap."""
+    if len(clusters) < 2:
+        return 0.0
+    topo, k = instance.topology, len(clusters)
+    return max(ring_time(topo.link_spec(a, b), own_bytes, k, total_bytes) for a in clusters for b in clusters if a != b)
+
+
+def _grad_bytes(instance: Instance, tables: CostTables, clusters: Sequence[str], precision: str,
+                lo: int = 0, hi: int | None = None) -> float:
+    tab = tables.table(instance.topology.cluster(clusters[0]).gpu, 1)
+    hi = tables.num_layers if hi is None else hi
+    return gradient_bytes(float(tab.params[hi] - tab.params[lo]), tables.dtype_bytes,
+                          link_bytes_factor(instance.model.dtype, precision))
+
+
+def wan_allreduce_floor(instance: Instance, tables: CostTables, clusters: Sequence[str], precision: str) -> float:
+    """links: a lower bound of ``evaluate``'s cross-cluster sync of any plan with data parallelism over
+    ``clusters`` (every layer held in each): the stage holding the largest layer rings at least that
+    layer's gradients per flow, and a capped link carries every layer's gradients."""
+    if len(clusters) < 2:
+        return 0.0
+    largest = max(_grad_bytes(instance, tables, clusters, precision, i, i + 1) for i in range(tables.num_layers))
+    return wan_ring_time(instance, clusters, largest, _grad_bytes(instance, tables, clusters, precision))
+
+
+def _largest_stage(tables: CostTables, plan: Plan) -> tuple[int, int]:
+    """links: the layer range of ``plan``'s stage with most parameters (tp-1 sizes of its first GPU type)."""
+    tab = next(iter(tables.by_gpu_tp.values()))
+    stages = [s for p in plan.pipelines for s in p.stages]
+    s = max(stages, key=lambda s: float(tab.params[s.end] - tab.params[s.start]))
+    return s.start, s.end
 
 
 def rate_bound(instance: Instance, tables: CostTables, cluster: str) -> float:
@@ -172,6 +211,7 @@ def best_grouped_plan(
     cheapest = precs[-1]
     memo: dict[tuple[object, int], tuple[Plan, float, str] | None] = {}
     tails: dict[tuple[str, ...], float] = {}  # sync + optimizer seconds of each group's rating plan
+    widest: dict[tuple[str, ...], tuple[int, int]] = {}  # links: each rating plan's largest stage
 
     def plan_group(group: tuple[str, ...], share: int) -> tuple[Plan, float] | None:
         # alike single clusters (same GPUs, shape and bandwidths) share one plan, relabelled: fewer
@@ -193,7 +233,7 @@ def best_grouped_plan(
     for part in groupings(instance):
         if out_of_time():
             break
-        floor = compute_floor + min(wan_allreduce_time(instance, tables, g_pair, cheapest) for g_pair in _pairs(part))
+        floor = compute_floor + min(wan_allreduce_floor(instance, tables, g_pair, cheapest) for g_pair in _pairs(part))
         if floor >= min(incumbent, best.iteration_time_s if best else INF):
             log.debug("grouping %s: compute bound + WAN all-reduce %.3g s, skipped", part, floor)
             continue
@@ -206,7 +246,8 @@ def best_grouped_plan(
                 if g not in tails:
                     tails[g] = evaluate(got[0], sub_instance(instance, g, share), tables).sync_optimizer_time_s
                 rated.append((share / got[1], tails[g], g))
-        ests = _greedy_subsets(instance, tables, rated, cheapest)
+                widest[g] = _largest_stage(tables, got[0])
+        ests = _greedy_subsets(instance, tables, rated, cheapest, widest)
         ests.sort(key=lambda x: x[0])
         for est, head in ests[:_REALISE]:
             if est >= min(incumbent, best.iteration_time_s if best else INF) * 1.05:
@@ -222,16 +263,22 @@ def best_grouped_plan(
 
 def _greedy_subsets(
     instance: Instance, tables: CostTables, rated: list[tuple[float, float, tuple[str, ...]]], precision: str,
+    widest: dict[tuple[str, ...], tuple[int, int]] | None = None,
 ) -> list[tuple[float, list[tuple[float, float, tuple[str, ...]]]]]:
     """[H9] Subsets of rated groups (rate, tail, group) with their estimates G / Σ rate + slowest
-    tail + WAN all-reduce over their clusters: the best pair, then greedily the group whose addition
-    lowers the estimate most, every subset on the way kept."""
+    tail + WAN all-reduce over their clusters (links: the largest stage of the groups' rating plans
+    per flow, every layer through a capped link; ``widest`` omitted: the whole model per flow): the
+    best pair, then greedily the group whose addition lowers the estimate most, every subset on the
+    way kept."""
     G = instance.job.global_batch
 
     def est(head: list[tuple[float, float, tuple[str, ...]]]) -> float:
         clusters = [c for _, _, g in head for c in g]
+        total = _grad_bytes(instance, tables, clusters, precision)
+        own = total if not widest else max(_grad_bytes(instance, tables, clusters, precision, *widest[g])
+                                           for _, _, g in head)
         return (G / sum(r for r, _, _ in head) + max(t for _, t, _ in head)
-                + wan_allreduce_time(instance, tables, clusters, precision))
+                + wan_ring_time(instance, clusters, own, total))
 
     if len(rated) < 2:
         return []

@@ -1,0 +1,163 @@
+"""The link model [C1], [C4], [C4w], [C5], [C5w]: how concurrent flows share links and NICs.
+
+Pure functions, no plan or instance in sight; ``evaluate`` and the bounds in ``hgopt.search`` call them.
+
+Physics (``formulations/cost_model.md`` [C1]):
+
+- An inter-cluster :class:`~hgopt.spec.Link` ``a -> b`` has a PER-FLOW bandwidth (one node of a to one
+  node of b, what a VM-pair measurement gives, constant or Sailor's message-size curve) with its latency,
+  and an optional AGGREGATE capacity per direction shared by every concurrent flow a -> b. n concurrent
+  flows move together at most ``min(n · per_flow, aggregate)``; each flow at most ``per_flow``.
+- A node's NIC (``Cluster.inter_node``) is one per node: every GPU of the node that sends to (or
+  receives from) another node shares it.
+- A flow is a node pair: what one node sends to one other node in one transfer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hgopt.cost.tables import _U_MAX, _U_MIN, allreduce_time, bandwidth_bytes_per_s, transfer_time
+from hgopt.spec import Bandwidth, Link
+
+__all__ = [
+    "aggregate_rate",
+    "flow_rate",
+    "flows_time",
+    "handover_lower_bound",
+    "link_time_lower_bound",
+    "max_rate_from",
+    "nic_share",
+    "nic_time",
+    "node_samples",
+    "replicas_per_node",
+    "ring_bandwidth",
+    "ring_time",
+]
+
+
+def aggregate_rate(per_flow_bytes_s: float, flows: int, aggregate_bytes_s: float | None) -> float:
+    """Bytes/s that ``flows`` concurrent flows move together: ``min(n · per_flow, aggregate)`` [C4w]."""
+    if flows <= 0:
+        return 0.0
+    total = flows * per_flow_bytes_s
+    return total if aggregate_bytes_s is None else min(total, aggregate_bytes_s)
+
+
+def flow_rate(per_flow_bytes_s: float, flows: int, aggregate_bytes_s: float | None) -> float:
+    """Bytes/s of each of ``flows`` equal concurrent flows: ``min(per_flow, aggregate / n)`` [C4w]."""
+    if flows <= 0:
+        return per_flow_bytes_s
+    return aggregate_rate(per_flow_bytes_s, flows, aggregate_bytes_s) / flows
+
+
+def flows_time(link: Link, max_flow_bytes: float, total_bytes: float) -> float:
+    """Seconds until every flow of one transfer over ``link`` is done [C4], [C4w].
+
+    ``max_flow_bytes``: the largest flow (node pair) of this transfer; ``total_bytes``: every byte on
+    that direction of the link at the same time (all boundaries of all pipelines that cross it). A flow
+    moves at most at the per-flow rate; all of them together at most at the aggregate rate:
+    ``λ + max(x_max / BW_flow(x_max), X / BW_agg(X))``. For n equal flows of x bytes alone on the link
+    this is ``λ + x / min(per_flow, aggregate / n)``. Without an aggregate cap only the per-flow term
+    remains; a ``shared_pipe`` link (aggregate = per flow) is ``transfer(link, X)``."""
+    if max_flow_bytes <= 0 and total_bytes <= 0:
+        return 0.0
+    t = max_flow_bytes / bandwidth_bytes_per_s(link.bandwidth, max_flow_bytes) if max_flow_bytes > 0 else 0.0
+    if link.aggregate is not None and total_bytes > 0:
+        t = max(t, total_bytes / bandwidth_bytes_per_s(link.aggregate, total_bytes))
+    return link.bandwidth.latency_s + t
+
+
+def replicas_per_node(gpus_per_node: int, tp: int) -> int:
+    """Replicas of ``tp`` GPUs one node holds: a replica group fills its nodes replica after replica."""
+    return max(gpus_per_node // tp, 1)
+
+
+def node_samples(gpus_per_node: int, tp: int, dp: int, mbs: int) -> int:
+    """Samples per microbatch on the fullest node of a group of ``dp`` replicas (``mbs`` each): what
+    that node's NIC carries when the stage sends its activations to another node [C4]."""
+    return min(dp, replicas_per_node(gpus_per_node, tp)) * mbs
+
+
+def ring_bandwidth(intra_node: Bandwidth, inter_node: Bandwidth, gpus_per_node: int, ring: int, tp_max: int,
+                   tp_min: int) -> Bandwidth:
+    """The bandwidth a cluster's gradient ring of ``ring`` replicas sees [C5]: ``intra_node`` when all of
+    them (``tp_max`` GPUs each) fit in one node, else the node NIC, which the rings of the ``tp_min``
+    shards cross at the same time (:func:`nic_share`)."""
+    if ring * tp_max <= gpus_per_node:
+        return intra_node
+    return nic_share(inter_node, tp_min)
+
+
+def nic_time(nic: Bandwidth, node_bytes: float) -> float:
+    """Seconds for one node's NIC to carry ``node_bytes`` (the sum over every GPU of the node that sends
+    to, or receives from, another node in one transfer): ``λ + bytes / BW(bytes)`` [C4]."""
+    return transfer_time(nic, node_bytes)
+
+
+def nic_share(nic: Bandwidth, concurrent: int) -> Bandwidth:
+    """The NIC as each of ``concurrent`` flows through it sees it: 1/k of its bandwidth (the rings of the
+    k tensor-parallel shards of a node cross its NIC at the same time) [C5]."""
+    return nic if concurrent <= 1 else nic.scaled(1.0 / concurrent)
+
+
+def ring_time(link: Link, own_bytes: float, n: int, shared_bytes: float | None = None) -> float:
+    """A ring all-reduce across ``n`` clusters whose edge ``link.src -> link.dst`` is one flow [C5],
+    [C5w]: the ring alone at the per-flow rate, and, when the link has an aggregate cap, every ring over
+    that direction together (``shared_bytes``, default ``own_bytes``) at the aggregate rate."""
+    t = allreduce_time(link.bandwidth, own_bytes, n)
+    if link.aggregate is not None:
+        t = max(t, allreduce_time(link.aggregate, own_bytes if shared_bytes is None else shared_bytes, n))
+    return t
+
+
+def max_rate_from(bw: Bandwidth, nbytes: float) -> float:
+    """The highest bytes/s ``bw`` reaches for any message of at least ``nbytes`` (the curve is a
+    quadratic in u = log2(bytes / 1e6), clamped): for lower bounds that must hold whatever the real
+    message size is, as long as it is no smaller than ``nbytes``."""
+    if bw.curve is None:
+        return bw.gbyte_s * 1e9
+    c0, c1, _ = bw.curve
+    lo = min(max(_log2_mb(nbytes), _U_MIN), _U_MAX)
+    candidates = [lo, _U_MAX]
+    if c0 < 0 and lo < -c1 / (2 * c0) < _U_MAX:
+        candidates.append(-c1 / (2 * c0))
+    return max(bandwidth_bytes_per_s(bw, 1e6 * 2.0**u) for u in candidates)
+
+
+def link_time_lower_bound(link: Link, boundary_bytes: float, max_flows: int, total_bytes: float) -> float:
+    """The fastest ``flows_time`` can be for a transfer of ``boundary_bytes`` spread over at most
+    ``max_flows`` node pairs, with ``total_bytes`` at least on that direction of the link: its largest
+    flow carries at least boundary_bytes / max_flows, each flow at most the link's best per-flow rate,
+    all together at most its best aggregate rate. A lower bound of :func:`flows_time` for every such
+    transfer (for the MILP, the relaxation and the cheap bounds)."""
+    if boundary_bytes <= 0 and total_bytes <= 0:
+        return 0.0
+    x = boundary_bytes / max(max_flows, 1)
+    t = x / max_rate_from(link.bandwidth, x) if x > 0 else 0.0
+    if link.aggregate is not None and total_bytes > 0:
+        t = max(t, total_bytes / max_rate_from(link.aggregate, total_bytes))
+    return link.bandwidth.latency_s + t
+
+
+def handover_lower_bound(link: Link, src_nic: Bandwidth, dst_nic: Bandwidth, boundary_bytes: float,
+                         total_bytes: float, samples: int, src_nodes: int, dst_nodes: int, copies: int = 1) -> float:
+    """The fastest a boundary of ``samples`` samples (``boundary_bytes`` in all) of each of ``copies``
+    identical pipelines, from at most ``src_nodes`` nodes of a to at most ``dst_nodes`` nodes of b, can
+    be as ``stage_boundary_time`` prices it [C4]: one copy's node-pair flows (at most
+    min(samples, src_nodes + dst_nodes − 1): both sides tile the microbatch with one block per node; the
+    copies' flows only add to them) on the link (:func:`link_time_lower_bound`), and each side's fullest
+    node (at least 1/nodes of all copies' bytes) through its NIC."""
+    a = max(1, min(samples, src_nodes))
+    b = max(1, min(samples, dst_nodes))
+    flows = max(1, min(samples, a + b - 1))
+    t = link_time_lower_bound(link, boundary_bytes, flows, total_bytes)
+    for nic, nodes in ((src_nic, src_nodes), (dst_nic, dst_nodes)):
+        y = copies * boundary_bytes / max(1, min(copies * samples, nodes))
+        if y > 0:
+            t = max(t, nic.latency_s + y / max_rate_from(nic, y))
+    return t
+
+
+def _log2_mb(nbytes: float) -> float:
+    return math.log2(max(nbytes, 1.0) / 1e6)
