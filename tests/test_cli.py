@@ -155,3 +155,16 @@ def test_profile_json_and_bad_output(tmp_path: Path) -> None:
     assert "forward" in r.stderr
     r = subprocess.run([*cmd, "-o", str(tmp_path / "missing" / "p.json")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_init_from_a_hugging_face_config(tmp_path: Path) -> None:
+    """A config.json (model_type key) becomes `model: {hf_config: ...}`, read by hgopt.profiles.hf."""
+    config = Path(__file__).resolve().parents[1] / "instances" / "hf" / "llama-tiny" / "config.json"
+    out = tmp_path / "hf.yaml"
+    assert main(["init", "-o", str(out), "--cluster", "a:A100-80:2@r1", "--cluster", "b:A100-40:2@r2",
+                 "--model", str(config), "--seq-len", "32", "--precision", "fp32", "--global-batch", "8"]) == 0
+    assert "hf_config:" in out.read_text()
+    inst = load_instance(out)
+    ref = load_instance("hf-llama-tiny-2r")
+    assert inst.model.num_layers == ref.model.num_layers and inst.job.seq_len == 32
+    assert inst.model.total_params() == ref.model.total_params()

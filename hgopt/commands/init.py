@@ -1,11 +1,14 @@
-"""``hgopt init -o FILE --cluster NAME:GPU:COUNT@REGION ... --model SHAPE.yaml``: write an annotated
-instance (analytic model profile, clusters with GPU-table defaults, WAN links, job) that loads as it
-is and is meant to be edited. The file is validated by the one loader before it is written."""
+"""``hgopt init -o FILE --cluster NAME:GPU:COUNT@REGION ... --model SHAPE.yaml|config.json``: write an
+annotated instance (analytic model profile, clusters with GPU-table defaults, WAN links, job) that
+loads as it is and is meant to be edited. The model is a transformer shape (the analytic generator's
+keys) or a Hugging Face ``config.json`` (a ``model_type`` key; read by :mod:`hgopt.profiles.hf`). The
+file is validated by the one loader before it is written."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"a cluster of COUNT GPUs (repeat the flag); GPU one of {', '.join(sorted(GPUS))}")
     p.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
                    help="GPUs per node (default 8; a cluster with fewer GPUs is one node)")
-    p.add_argument("--model", required=True, metavar="SHAPE",
+    p.add_argument("--model", required=True, metavar="SHAPE|CONFIG",
                    help="YAML/JSON file with the transformer shape: name, layers, hidden, heads, vocab, seq_len "
-                        "(optional ffn, kv_heads, glu, flash_attention)")
+                        "(optional ffn, kv_heads, glu, flash_attention), or a Hugging Face config.json")
+    p.add_argument("--seq-len", type=int, default=None, metavar="N",
+                   help="tokens per sequence (default: the shape's seq_len / the config's max_position_embeddings)")
     p.add_argument("--name", default=None, help="instance name (default: the output file's stem)")
     p.add_argument("--global-batch", type=int, default=512, metavar="N", help="sequences per iteration (default 512)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
@@ -80,10 +85,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_hf(doc: Any) -> bool:
+    return isinstance(doc, dict) and "model_type" in doc
+
+
 def _shape(path: str) -> dict[str, Any]:
     doc = load_document(path)
     if not isinstance(doc, dict):
         raise ValueError(f"--model {path}: expected a mapping of the transformer shape, got {type(doc).__name__}")
+    if _is_hf(doc):
+        return doc
     unknown = sorted(set(doc) - set(_SHAPE_KEYS) - {"dtype"}, key=str)
     if unknown:
         raise ValueError(f"--model {path}: unknown key {unknown[0]!r} (allowed: {', '.join(_SHAPE_KEYS)})")
@@ -110,11 +121,21 @@ def render_instance(args: argparse.Namespace) -> str:
         if not v >= 0 or (flag == "--wan-gbit-s" and v == 0):
             raise ValueError(f"{flag}: must be > 0, got {v}")
     shape = _shape(args.model)
+    hf = _is_hf(shape)
     gpus = list(dict.fromkeys(c.gpu for c in clusters))
-    precision = args.precision or shape.get("dtype") or (
+    precision = args.precision or (None if hf else shape.get("dtype")) or (
         "bf16" if all(gpu_spec(g).bf16_flops is not None for g in gpus) else "fp16")
+    if args.seq_len is not None and not 1 <= args.seq_len <= LIMITS["seq_len"]:
+        raise ValueError(f"--seq-len: must be in 1..{int(LIMITS['seq_len'])}, got {args.seq_len}")
+    if hf:
+        from hgopt.profiles.hf import hf_transformer_config
+
+        tc = hf_transformer_config(shape, source=args.model, seq_len=args.seq_len, dtype=precision)
+        seq_len, model_name = tc.seq_len, tc.name
+    else:
+        seq_len, model_name = args.seq_len or shape["seq_len"], shape["name"]
     name = args.name or Path(args.output).stem
-    description = f"{shape['name']} on " + ", ".join(f"{c.count} {c.gpu} in {c.region}" for c in clusters)
+    description = f"{model_name} on " + ", ".join(f"{c.count} {c.gpu} in {c.region}" for c in clusters)
     q = json.dumps  # YAML accepts JSON scalars: safe quoting of names
     lines = [
         "# hgopt instance written by `hgopt init`; edit freely (format: docs/instance-format.md).",
@@ -125,11 +146,16 @@ def render_instance(args: argparse.Namespace) -> str:
         "# formulas in docs/profiles-analytic.md) on each GPU type's datasheet figures (hgopt.profiles.gpus).",
         "# Replace it by a measured profile file (`hgopt profile`) for real timings: model: profile.json",
         "model:",
-        "  generator: analytic",
     ]
-    for key in _SHAPE_KEYS:
-        if key in shape:
-            lines.append(f"  {key}: {q(shape[key])}")
+    if hf:
+        config = os.path.relpath(Path(args.model).resolve(), Path(args.output).resolve().parent)
+        lines += [f"  hf_config: {q(config)}  # a Hugging Face config.json (relative to this file)",
+                  f"  seq_len: {seq_len}"]
+    else:
+        lines.append("  generator: analytic")
+        for key in _SHAPE_KEYS:
+            if key in shape:
+                lines.append(f"  {key}: {q(seq_len if key == 'seq_len' else shape[key])}")
     lines += [
         f"  dtype: {precision}",
         f"  gpus: [{', '.join(q(g) for g in gpus)}]  # GPU types to tabulate (one per cluster type)",
@@ -169,7 +195,7 @@ def render_instance(args: argparse.Namespace) -> str:
         "",
         "job:",
         f"  global_batch: {args.global_batch}  # sequences per iteration",
-        f"  seq_len: {q(shape['seq_len'])}  # must equal the model's",
+        f"  seq_len: {seq_len}  # must equal the model's",
         f"  precision: {precision}  # must equal the model's dtype",
         "  optimizer: adam  # adam or sgd",
         "  # workspace_gb: 1.07  # per-GPU memory kept for the framework (default 1 GiB)",
