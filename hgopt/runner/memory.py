@@ -31,8 +31,11 @@ def tensor_bytes(tensors: Any) -> int:
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(v.numel() * v.element_size() for state in opt.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))
+    """Every tensor in ``opt.state``, plus fp32 master weights where the optimizer keeps them (mixed
+    precision: an optimizer with a ``masters`` list, hgopt/runner/precision.py)."""
+    state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor))
+    return state + tensor_bytes(getattr(opt, "masters", ()))
 
 
 class MemoryMeter:
