@@ -206,8 +206,9 @@ def test_memory_meter_by_hand() -> None:
     for m in range(2):
         with meter.forward(m):
             outs[m] = model(torch.randn(2, 4, requires_grad=m == 1)).sum()
+        meter.output(m, outs[m])  # the 4-byte output, kept until its backward
     assert meter.saved_per_microbatch == {0: 32 + 24, 1: 32 + 24}
-    assert (meter.peak_saved, meter.peak_in_flight) == (2 * 56, 2)
+    assert (meter.peak_saved, meter.peak_in_flight, meter.peak_with_outputs) == (2 * 56, 2, 2 * 60)
     outs.pop(0).backward()
     meter.backward_done(0)
     with meter.forward(2):
@@ -220,7 +221,7 @@ def test_memory_meter_by_hand() -> None:
     meter.after_step(opt)
     assert meter.optimizer == 2 * 4 * (4 * 3 + 3) + 2 * 4  # two moments + a float32 step per tensor
     s = meter.summary()
-    assert (s["parameters"], s["activations"], s["in_flight"]) == (4 * 15, 112, 2)
+    assert (s["parameters"], s["activations"], s["activations_with_outputs"], s["in_flight"]) == (4 * 15, 112, 120, 2)
 
 
 def test_delay_emulation_serialises_the_buckets(tmp_path: Path) -> None:
