@@ -113,7 +113,8 @@ def table(rows: list[dict[str, Any]]) -> str:
            "| runner + stage outputs B |",
            "|---|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['plan']} | {r['stage']} [{r['layers'][0]},{r['layers'][1]}) k={r['in_flight']}/{r['runner_in_flight']} | {r['group']} "
+        where = f"{r['stage']} [{r['layers'][0]},{r['layers'][1]}) k={r['in_flight']}/{r['runner_in_flight']}"
+        out.append(f"| {r['plan']} | {where} | {r['group']} "
                    f"| {r['term']} | {r['runner_bytes']:,.0f} | {r['model_bytes']:,.0f} | {100 * r['error']:+.1f} % | "
                    + (f"{r['runner_with_outputs']:,.0f} |" if r.get("runner_with_outputs") is not None else " |"))
     return "\n".join(out)

@@ -10,9 +10,10 @@ activations and are left out. A microbatch's saved tensors live from its forward
 has run (the graph is freed then), so the live bytes are the sum over microbatches that are in
 flight, and the peak is taken after each forward. ``activations_with_outputs`` adds the stage's
 output tensors, which the runner keeps until their backward (autograd does not save the output of
-a stage's last operation; Megatron frees its data early, the runner does not). Gradients are counted after the last backward (all
-of them exist then; ZeRO-1 drops them after its reduce-scatter), the optimizer state after the
-optimizer step (every tensor in ``optimizer.state``, step counters included). On a CUDA device the
+a stage's last operation; Megatron frees its data early, the runner does not). Gradients are
+counted after the last backward (all of them exist then; ZeRO-1 drops them after its
+reduce-scatter), the optimizer state after the optimizer step (every tensor in ``optimizer.state``,
+step counters included, and fp32 master weights under mixed precision). On a CUDA device the
 allocator's own peak (``torch.cuda.max_memory_allocated``) is reported next to them.
 """
 
