@@ -11,7 +11,8 @@ of its parameters, gradients, optimizer state and the peak of the tensors autogr
 (``hgopt.cost.memory.stage_memory_terms`` with ``hgopt.cost.pipeline.in_flight``), never from a
 formula written here. Prints one row per (plan, stage, replica group, term): runner bytes, model
 bytes, relative error (model − runner) / runner; target |error| <= 10 %. The runner's workspace is not
-measured (the model's fixed ``workspace_gb`` is left out).
+measured (the model's fixed ``workspace_gb`` is left out). The last column adds the stage output
+tensors the runner keeps until their backward (not saved by autograd, not in [C6]).
 """
 
 from __future__ import annotations
@@ -101,16 +102,21 @@ def compare(name: str, plan: Plan, inst: Instance, ranks: list[dict[str, Any]]) 
                                  "group": f"{g.dp}x tp{g.tp} mbs{g.mbs}", "in_flight": k, "term": term,
                                  "runner_bytes": got, "model_bytes": want,
                                  "error": (want - got) / got if got else float("nan"),
+                                 "runner_with_outputs": max(m.get("activations_with_outputs", 0) for m in mine)
+                                 if term == "activations" else None,
                                  "runner_in_flight": max(m["in_flight"] for m in mine)})
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| plan | stage [layers) in-flight model/runner | group | term | runner (torch) B | model [C6] B | error |",
-           "|---|---|---|---|---:|---:|---:|"]
+    out = ["| plan | stage [layers) in-flight model/runner | group | term | runner (torch) B | model [C6] B | error "
+           "| runner + stage outputs B |",
+           "|---|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['plan']} | {r['stage']} [{r['layers'][0]},{r['layers'][1]}) k={r['in_flight']}/{r['runner_in_flight']} | {r['group']} "
-                   f"| {r['term']} | {r['runner_bytes']:,.0f} | {r['model_bytes']:,.0f} | {100 * r['error']:+.1f} % |")
+        where = f"{r['stage']} [{r['layers'][0]},{r['layers'][1]}) k={r['in_flight']}/{r['runner_in_flight']}"
+        out.append(f"| {r['plan']} | {where} | {r['group']} "
+                   f"| {r['term']} | {r['runner_bytes']:,.0f} | {r['model_bytes']:,.0f} | {100 * r['error']:+.1f} % | "
+                   + (f"{r['runner_with_outputs']:,.0f} |" if r.get("runner_with_outputs") is not None else " |"))
     return "\n".join(out)
 
 

@@ -206,8 +206,9 @@ def test_memory_meter_by_hand() -> None:
     for m in range(2):
         with meter.forward(m):
             outs[m] = model(torch.randn(2, 4, requires_grad=m == 1)).sum()
+        meter.output(m, outs[m])  # the 4-byte output, kept until its backward
     assert meter.saved_per_microbatch == {0: 32 + 24, 1: 32 + 24}
-    assert (meter.peak_saved, meter.peak_in_flight) == (2 * 56, 2)
+    assert (meter.peak_saved, meter.peak_in_flight, meter.peak_with_outputs) == (2 * 56, 2, 2 * 60)
     outs.pop(0).backward()
     meter.backward_done(0)
     with meter.forward(2):
@@ -220,4 +221,30 @@ def test_memory_meter_by_hand() -> None:
     meter.after_step(opt)
     assert meter.optimizer == 2 * 4 * (4 * 3 + 3) + 2 * 4  # two moments + a float32 step per tensor
     s = meter.summary()
-    assert (s["parameters"], s["activations"], s["in_flight"]) == (4 * 15, 112, 2)
+    assert (s["parameters"], s["activations"], s["activations_with_outputs"], s["in_flight"]) == (4 * 15, 112, 120, 2)
+
+
+def test_delay_emulation_serialises_the_buckets(tmp_path: Path) -> None:
+    """Data parallelism across clusters a and b (one single-stage pipeline each), links slowed to
+    about 1 MB/s, ``delay`` emulation: a rank's cross-cluster buckets run one after another, so every
+    step lasts at least the sum of their emulated ring times (computed from the logged bucket bytes),
+    with overlap on and off. (A lower bound: the emulation sleeps at least that long.)"""
+    from hgopt.plan import Pipeline, ReplicaGroup, Stage
+    from hgopt.runner.grad_sync import emulated_ring_s
+
+    one = lambda c: Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster=c, mbs=2),)),),  # noqa: E731
+                             num_microbatches=1)
+    for overlap in (True, False):
+        plan = Plan(pipelines=(one("a"), one("b")), overlap_grad_sync=overlap, grad_bucket_mb=SMALL)
+        rp = build_runner_plan(plan, runner_instance(global_batch=4), ExportOptions(link_scale=1e-3, steps=2))
+        (sg,) = rp.sync_groups
+        assert sg.clusters == ("a", "b")
+        out = tmp_path / str(overlap)
+        assert run_forked(rp, out, emulation="delay", timeout_s=120) == {0: 0, 1: 0}
+        link = rp.link("a", "b")
+        assert link is not None and link.bytes_per_s < 2e6
+        for rec in read_metrics(out):
+            launches = rec["ranks"][0]["grad_sync"]["launches"]
+            assert len(launches) == 4 and all(x["during_backward"] == overlap for x in launches)
+            floor = sum(emulated_ring_s(x["wire_bytes"], 2, link.bytes_per_s, link.latency_s) for x in launches)
+            assert rec["time_s"] >= floor > 0.3, (overlap, rec["time_s"], floor)

@@ -153,6 +153,7 @@ class StageWorker:
             if op.kind == "F":
                 with self.memory.forward(op.microbatch):
                     saved[op.microbatch] = self._forward(step, op.microbatch)
+                self.memory.output(op.microbatch, saved[op.microbatch].out)
                 if self.last and self.leader:
                     loss += saved[op.microbatch].out.detach()
             else:

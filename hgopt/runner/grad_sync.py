@@ -124,7 +124,8 @@ class GradSync:
     backward, :meth:`flush` after it, :meth:`finish` before the optimizer step."""
 
     def __init__(self, rp: RunnerPlan, model: nn.Module, sync: Sequence[tuple[SyncGroup, Any]], *, tp: TpGroup,
-                 dims: dict[str, int | None], zero: dict[SyncGroup, ZeroShard], wire_dtype: Callable[[SyncGroup, torch.dtype], torch.dtype | None],
+                 dims: dict[str, int | None], zero: dict[SyncGroup, ZeroShard],
+                 wire_dtype: Callable[[SyncGroup, torch.dtype], torch.dtype | None],
                  emulate: Callable[[SyncGroup], tuple[float, float] | None]) -> None:
         """``wire_dtype(sg, dtype)``: the narrowed dtype of ``sg``'s collectives or None; ``emulate(sg)``:
         ``(bytes/s, latency s)`` of the link a ``delay``-emulated cross-cluster group runs over, or None."""

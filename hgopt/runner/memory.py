@@ -8,9 +8,12 @@ microbatch's forward: every tensor autograd saves is recorded by its storage (so
 several operations, or views of one storage, count once), storages of the stage's parameters are not
 activations and are left out. A microbatch's saved tensors live from its forward until its backward
 has run (the graph is freed then), so the live bytes are the sum over microbatches that are in
-flight, and the peak is taken after each forward. Gradients are counted after the last backward (all
-of them exist then; ZeRO-1 drops them after its reduce-scatter), the optimizer state after the
-optimizer step (every tensor in ``optimizer.state``, step counters included). On a CUDA device the
+flight, and the peak is taken after each forward. ``activations_with_outputs`` adds the stage's
+output tensors, which the runner keeps until their backward (autograd does not save the output of
+a stage's last operation; Megatron frees its data early, the runner does not). Gradients are
+counted after the last backward (all of them exist then; ZeRO-1 drops them after its
+reduce-scatter), the optimizer state after the optimizer step (every tensor in ``optimizer.state``,
+step counters included, and fp32 master weights under mixed precision). On a CUDA device the
 allocator's own peak (``torch.cuda.max_memory_allocated``) is reported next to them.
 """
 
@@ -31,8 +34,11 @@ def tensor_bytes(tensors: Any) -> int:
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(v.numel() * v.element_size() for state in opt.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))
+    """Every tensor in ``opt.state``, plus fp32 master weights where the optimizer keeps them (mixed
+    precision: an optimizer with a ``masters`` list, hgopt/runner/precision.py)."""
+    state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor))
+    return state + tensor_bytes(getattr(opt, "masters", ()))
 
 
 class MemoryMeter:
@@ -44,16 +50,19 @@ class MemoryMeter:
         self.device = device or torch.device("cpu")
         self._param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._live: dict[int, dict[int, int]] = {}
+        self._outputs: dict[int, dict[int, int]] = {}
         self.saved_per_microbatch: dict[int, int] = {}
         self.peak_saved = 0
+        self.peak_with_outputs = 0
         self.peak_in_flight = 0
         self.gradients = 0
         self.optimizer = 0
 
     def start_step(self) -> None:
         self._live.clear()
+        self._outputs.clear()
         self.saved_per_microbatch.clear()
-        self.peak_saved = self.peak_in_flight = 0
+        self.peak_saved = self.peak_in_flight = self.peak_with_outputs = 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -78,8 +87,19 @@ class MemoryMeter:
         self.peak_saved = max(self.peak_saved, sum(live.values()))
         self.peak_in_flight = max(self.peak_in_flight, len(self._live))
 
+    def output(self, microbatch: int, out: torch.Tensor) -> None:
+        """The stage's output of ``microbatch``, kept until its backward (the tensor ``backward`` is
+        called on): memory the runner holds besides what autograd saved, unless autograd saved it too."""
+        st = out.untyped_storage()
+        self._outputs[microbatch] = {st.data_ptr(): st.nbytes()}
+        live: dict[int, int] = {}
+        for d in (*self._live.values(), *self._outputs.values()):
+            live.update(d)
+        self.peak_with_outputs = max(self.peak_with_outputs, sum(live.values()))
+
     def backward_done(self, microbatch: int) -> None:
         self._live.pop(microbatch, None)
+        self._outputs.pop(microbatch, None)
 
     def after_backward(self) -> None:
         """After the last backward: every gradient the stage's parameters hold."""
@@ -94,6 +114,7 @@ class MemoryMeter:
             "gradients": self.gradients,
             "optimizer": self.optimizer,
             "activations": self.peak_saved,
+            "activations_with_outputs": max(self.peak_with_outputs, self.peak_saved),
             "in_flight": self.peak_in_flight,
             "activations_per_microbatch": max(self.saved_per_microbatch.values(), default=0),
         }
