@@ -188,9 +188,11 @@ class Plan:
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanError(str(p), "<file>", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # cli-input: name the file
+        raise PlanError(str(p), "<file>", f"is not UTF-8 text: {exc}") from None
     return Plan.from_json(text, str(p))
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
+
+from hgopt.commands._paths import check_output_file
 
 __all__ = ["register"]
 
@@ -24,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "link figures. torch is imported only when a measurement runs.")
     p.add_argument("instance", nargs="?", help="take the layer list (kinds and names) from this instance's model")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="JSON file to write")
+    p.add_argument("--json", action="store_true",
+                   help="print {output, document} as JSON on stdout (the progress lines go to stderr)")
     p.add_argument("--hf-config", metavar="CONFIG_JSON",
                    help="profile this Hugging Face architecture (config.json; transformers' modules, as the runner "
                         "builds it) instead of the runner's GPT: embedding + num_hidden_layers blocks + head")
@@ -75,10 +80,19 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "-o/--out")  # cli-input: before the measurement
     doc = _run_links(args) if args.links else _run_model(args)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    if getattr(args, "json", False):
+        print(json.dumps({"output": args.out, "document": doc}, indent=1))
+    else:
+        print(f"wrote {args.out}")
     return 0
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A progress line: stdout, or stderr under --json (cli-input)."""
+    print(line, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
 
 
 # ---- model --------------------------------------------------------------------------------------
@@ -122,7 +136,7 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
                        timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name)
     prof = profile_model(req)
     for t in prof.timings:
-        print(f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
+        _say(args, f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
               f"update {sum(t.update) * 1e3:.2f} ms over {len(t.fwd)} layers")
     return model_profile_to_dict(prof)
 
@@ -173,11 +187,11 @@ def _run_links(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--ranks must be >= 2, got {args.ranks}")
         rep = profile_links_loopback(args.ranks, settings)
     p2p = rep.pairs[0].fit
-    print(f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
+    _say(args, f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
           f"(worst fit residual {p2p.max_rel_residual:.0%})")
     if rep.allreduce_fit is not None:
         ar = rep.allreduce_fit
-        print(f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
+        _say(args, f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
     doc: dict[str, Any] = {"version": 1, "kind": "hgopt-link-profile", "emulated_mbit_s": args.emulate,
                            "burst_bytes": args.burst,
                            "measured": rep.to_dict(),

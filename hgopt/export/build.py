@@ -165,10 +165,28 @@ def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
         raise ValueError(f"--microbatches must be >= 1, got {opts.microbatches}")
     if opts.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0, got {opts.checkpoint_every}")
-    if opts.link_scale <= 0:
+    if not (math.isfinite(opts.link_scale) and opts.link_scale > 0):
         raise ValueError(f"--link-scale must be > 0, got {opts.link_scale}")
-    if opts.lr <= 0:
+    if not (math.isfinite(opts.lr) and opts.lr > 0):
         raise ValueError(f"--lr must be > 0, got {opts.lr}")
+    check_comm_options(opts)
+
+
+MIN_HEARTBEAT_TIMEOUT_S = 2.0
+"""Four beats of the runner's watchdog (hgopt/runner/watchdog.py beats every 0.5 s): a shorter timeout
+declares healthy ranks dead."""
+
+
+def check_comm_options(opts: ExportOptions) -> None:
+    """The communication settings of ``hgopt export`` (ValueError naming the option)."""
+    if not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):
+        raise ValueError(f"--timeout must be > 0 seconds, got {opts.timeout_s}")
+    if not (math.isfinite(opts.heartbeat_timeout_s) and opts.heartbeat_timeout_s >= MIN_HEARTBEAT_TIMEOUT_S):
+        raise ValueError(f"--heartbeat-timeout must be >= {MIN_HEARTBEAT_TIMEOUT_S} seconds (the runner's heartbeat "
+                         f"beats every 0.5 s), got {opts.heartbeat_timeout_s}")
+    if not (1 <= opts.master_port <= 65535 or (opts.local and opts.master_port == 0)):
+        raise ValueError(f"--master-port must be a TCP port in 1..65535 (0 = any free port, with --local only), "
+                         f"got {opts.master_port}")
 
 
 # ---- placement ------------------------------------------------------------------------------
