@@ -98,3 +98,22 @@ def test_text_training_lowers_the_loss_and_resume_continues_the_stream(tmp_path:
     assert [r["loss"] for r in resumed] == losses  # steps 4-6 read the same samples as the uninterrupted run
     a, b = load_full_state(tmp_path / "full"), load_full_state(tmp_path / "resumed")
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_resume_refuses_a_data_position_that_does_not_continue(tmp_path: Path) -> None:
+    """The checkpoint marker says how many samples were consumed; a plan whose global batch would put
+    the next step elsewhere in the stream is refused (restore runs no collective before this check)."""
+    import json
+
+    from hgopt.runner.checkpoint import restore
+    from hgopt.runner.engine import make_optimizer
+    from hgopt.runner.model import build_stage
+    from hgopt.runner.tp import TpGroup
+
+    rp = _rp()
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps({"step": 2, "samples": 12, "data": "text"}))
+    model = build_stage(rp.model, 0, 2)
+    with pytest.raises(ValueError, match=r"consumed 12 samples in 2 steps; this plan's global batch 8 would continue "
+                                         r"the data stream at 16"):
+        restore(rp, 0, model, make_optimizer(rp, model), TpGroup(), tmp_path)

@@ -179,3 +179,24 @@ def test_planner_path_imports_neither_torch_nor_transformers() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_instance_hf_config_errors(tmp_path: Path) -> None:
+    import yaml
+
+    from hgopt.spec import instance_from_dict
+
+    raw = yaml.safe_load((REPO / "instances" / "hf-llama-tiny-2r.yaml").read_text())
+    (tmp_path / "x.yaml").write_text("")  # relative hf_config paths are taken from the instance file's folder
+    raw["model"]["hf_config"] = "nope/config.json"
+    with pytest.raises(SpecError, match=r"x.yaml: model.hf_config: file .*nope/config.json does not exist"):
+        instance_from_dict(raw, str(tmp_path / "x.yaml"), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    raw["model"]["hf_config"] = "config.json"
+    with pytest.raises(SpecError, match=r"config.json: num_hidden_layers, num_attention_heads, intermediate_size, "
+                                        r"vocab_size, max_position_embeddings: required"):
+        instance_from_dict(raw, str(tmp_path / "x.yaml"), tmp_path)
+    raw["model"] = {"hf_config": str(LLAMA_TINY), "seq_len": 32, "dtype": "fp32", "gpus": ["A100-80", "A100-40"],
+                    "layers": 3}
+    with pytest.raises(SpecError, match=r"model.layers: unknown field"):
+        instance_from_dict(raw, str(tmp_path / "x.yaml"), tmp_path)

@@ -23,7 +23,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "instances" / "hf" / "llama-tiny"
 
 def test_profile_hf_config_feeds_plan_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "profile.json"
-    assert main(["profile", "--hf-config", str(CONFIG), "-o", str(out), "--mbs", "1,2", "--tp", "1", "--warmup", "0",
+    assert main(["profile", "--hf-config", str(CONFIG), "-o", str(out), "--mbs", "1,2", "--tp", "1,2", "--warmup", "0",
                  "--repeat", "1", "--gpu", "cpu-test"]) == 0
     data = json.loads(out.read_text())
     prof = model_profile_from_dict(data, str(out))
@@ -32,6 +32,15 @@ def test_profile_hf_config_feeds_plan_and_export(tmp_path: Path, capsys: pytest.
     tc = hf_transformer_config(read_hf_config(CONFIG), seq_len=32)
     assert [layer.params for layer in prof.layers] == [embedding_params(tc), block_params(tc), block_params(tc),
                                                        head_params(tc)]
+    # tp 2 shards, counted from the runner's modules: a block's projections split, its two RMSNorms whole —
+    # the analytic profile's per-rank block size (embedding and head differ: the runner replicates them)
+    from hgopt.profiles.hf import hf_profile
+
+    ana = {m.tp: m for m in hf_profile(read_hf_config(CONFIG), ["A100-80"], seq_len=32, dtype="fp32",
+                                       tps=(1, 2), mbss=(1,)).tp_memory}
+    got = {m.tp: m for m in prof.tp_memory}
+    assert got[2].params[1] == got[2].params[2] == ana[2].params[1] == (block_params(tc) - 2 * 256) / 2 + 2 * 256
+    assert sorted({t.tp for t in prof.timings}) == [1, 2]
     for t in prof.timings:  # identical blocks pooled: the planner sees one class of blocks
         assert t.fwd[1] == t.fwd[2] > 0 and t.bwd[1] == t.bwd[2] > 0
     inst = {"name": "cpu-llama", "model": str(out),

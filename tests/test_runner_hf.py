@@ -137,3 +137,25 @@ def test_export_refuses_what_the_architecture_cannot_do() -> None:
     inst1 = replace(inst, model=replace(inst.model, hf_config=json.dumps(cfg)))
     with pytest.raises(ValueError, match="tp 2 must divide num_key_value_heads 1"):
         build_runner_plan(bad, inst1, ExportOptions())
+
+
+def test_exported_node_scripts_train_under_torchrun(tmp_path: Path) -> None:
+    """The two node scripts of the dp 3 + 1 / tp 2 plan, run as two torchrun nodes on this machine (4
+    ranks, gloo), end where single-process training ends."""
+    import os
+    import subprocess
+    import sys
+
+    from hgopt.export import write_export
+    from hgopt.profiler.run import free_port
+
+    rp = build_runner_plan(_plan_dp_tp(), load_instance(INSTANCE),
+                           ExportOptions(dtype="float64", local=True, master_port=free_port()))
+    files = write_export(rp, tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(["sh", str(s), "--threads", "1", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for s in files.node_scripts]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    worst, name = _worst_abs(rp, tmp_path / "run")
+    assert worst <= 1e-10, f"{name} differs by {worst:.2e}"

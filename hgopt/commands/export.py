@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--mbs-unit", type=int, default=None, metavar="N",
                    help="runner samples per gcd of the plan's microbatch sizes (scales the batch, keeps the ratios)")
     t.add_argument("--microbatches", type=int, default=None, help="microbatches per pipeline (default: the plan's)")
+    t.add_argument("--checkpoint-format", choices=("torch", "dcp"), default="torch",
+                   help="torch: torch.save files per stage tp rank; dcp: torch.distributed.checkpoint (per-rank "
+                        "shards + metadata, loadable under another plan)")
     t.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
     c = p.add_argument_group("communication")
     c.add_argument("--master-addr", default="", help="rendezvous host (node 0); default $MASTER_ADDR, 127.0.0.1 with --local")
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ExportOptions(
         hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq, steps=args.steps, lr=args.lr,
         seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, data_files=tuple(args.data_file),
-        tokenizer=args.tokenizer, mbs_unit=args.mbs_unit,
+        tokenizer=args.tokenizer, checkpoint_format=args.checkpoint_format, mbs_unit=args.mbs_unit,
         microbatches=args.microbatches, checkpoint_every=args.checkpoint_every, local=args.local,
         emulate_links=args.emulate_links, link_scale=args.link_scale, master_addr=args.master_addr,
         master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout, device=args.device,

@@ -58,6 +58,7 @@ class ExportOptions:
     """``text`` data: local files (absolute paths are written; empty: the shipped corpus)."""
     tokenizer: str = ""
     """``text`` data: a ``tokenizer.json``; empty: bytes."""
+    checkpoint_format: Literal["torch", "dcp"] = "torch"
     mbs_unit: int | None = None
     """Runner samples per unit of the greatest common divisor of the plan's microbatch sizes
     (``None``: the plan's sizes as they are). Keeps the ratios between replicas."""
@@ -86,7 +87,8 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
                         checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision,
                         overlap_grad_sync=plan.overlap_grad_sync, grad_bucket_mb=plan.grad_bucket_mb,
                         data_files=tuple(str(Path(f).resolve()) for f in opts.data_files),
-                        tokenizer=str(Path(opts.tokenizer).resolve()) if opts.tokenizer else "")
+                        tokenizer=str(Path(opts.tokenizer).resolve()) if opts.tokenizer else "",
+                        checkpoint_format=opts.checkpoint_format)
     slots = _place(plan, instance)
     nodes = _nodes(slots, instance)
     rank_of = _rank_of(slots, nodes)

@@ -105,6 +105,9 @@ class TrainConfig:
     """``text``: local UTF-8 files, concatenated in this order (empty: the shipped corpus)."""
     tokenizer: str = ""
     """``text``: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package); empty: bytes."""
+    checkpoint_format: Literal["torch", "dcp"] = "torch"
+    """``torch``: one ``torch.save`` file per stage tp rank and ZeRO slice (:mod:`hgopt.runner.checkpoint`);
+    ``dcp``: ``torch.distributed.checkpoint`` with resharding on load (:mod:`hgopt.runner.dcp_checkpoint`)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only after the last step)."""
     grad_sync_precision: Precision = "native"
@@ -362,6 +365,7 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   "data": t.data, "checkpoint_every": t.checkpoint_every,
                   **({"data_files": list(t.data_files)} if t.data_files else {}),
                   **({"tokenizer": t.tokenizer} if t.tokenizer else {}),
+                  **({"checkpoint_format": t.checkpoint_format} if t.checkpoint_format != "torch" else {}),
                   "grad_sync_precision": t.grad_sync_precision, "overlap_grad_sync": t.overlap_grad_sync,
                   "grad_bucket_mb": t.grad_bucket_mb},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
@@ -495,6 +499,7 @@ def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
         dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
         data=rd.choice(t, "data", "train", ("corpus", "random", "text"), "corpus"),  # type: ignore[arg-type]
         data_files=tuple(str(f) for f in t.get("data_files", [])), tokenizer=str(t.get("tokenizer", "")),
+        checkpoint_format=rd.choice(t, "checkpoint_format", "train", ("torch", "dcp"), "torch"),  # type: ignore[arg-type]
         checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
         grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
         overlap_grad_sync=rd.get({"overlap_grad_sync": True, **t}, "overlap_grad_sync", "train", bool),

@@ -224,8 +224,13 @@ def _embedding_act_mem_bytes(cfg: TransformerConfig) -> float:
 
 # ---- times --------------------------------------------------------------------------------------
 def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float) -> float:
-    """Bandwidth term of a ring all-reduce among ``n`` ranks: ``2(n-1)/n · bytes / B``."""
-    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bytes_per_s
+    """Bandwidth term of a ring all-reduce among ``n`` ranks, ``2(n-1)/n · bytes / B``: the cost
+    kernel's [C5] all-reduce (:func:`hgopt.cost.tables.allreduce_time`) on a constant link without
+    latency (one definition of the ring)."""
+    from hgopt.cost.tables import allreduce_time
+    from hgopt.spec import Bandwidth
+
+    return allreduce_time(Bandwidth(gbyte_s=bytes_per_s / 1e9), nbytes, n)
 
 
 def layer_times(

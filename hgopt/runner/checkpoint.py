@@ -77,14 +77,18 @@ def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer
     and this rank's ZeRO-1 slices."""
     info = rp.rank_info(rank)
     path = _dir(out, step)
-    if info.replica == 0 or zero:
+    if rp.train.checkpoint_format == "dcp":  # torch.distributed.checkpoint (hfrunner)
+        from hgopt.runner.dcp_checkpoint import save_dcp
+
+        save_dcp(rp, rank, model, opt, tp, path, zero, next(model.parameters()).device)
+    elif info.replica == 0 or zero:
         path.mkdir(parents=True, exist_ok=True)
-    if info.replica == 0:
+    if info.replica == 0 and rp.train.checkpoint_format != "dcp":
         blob = {"step": step, "tp": tp.size, "tp_rank": tp.rank, "dims": split_dims(model),
                 "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
                 "optim": _optimizer_state(model, opt), "zero_sharded": sorted(n for z in zero for n in z.names)}
         _write(blob, path, f"p{info.pipeline}.s{info.stage}.t{tp.rank}")
-    for z in zero:
+    for z in (zero if rp.train.checkpoint_format != "dcp" else ()):
         _write({"step": step, "rank": rank, "names": z.names, "shapes": z.shapes, "numel": z.numel, "lo": z.lo,
                 "hi": z.hi, "state": _host(opt.state.get(z.shard, {})), "optimizer_elements": state_elements(opt),
                 "model_elements": sum(p.numel() for p in model.parameters())},
@@ -93,7 +97,8 @@ def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer
     if rank == 0:
         marker = out / "checkpoints" / "latest.json"
         tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": step, "samples": step * rp.global_batch, "data": rp.train.data}))
+        tmp.write_text(json.dumps({"step": step, "samples": step * rp.global_batch, "data": rp.train.data,
+                                   "format": rp.train.checkpoint_format}))
         os.replace(tmp, marker)
         _prune(out)
         log.info("checkpoint: %d steps done, saved to %s", step, path)
@@ -137,6 +142,12 @@ def restore(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimi
         raise ValueError(f"{out / 'checkpoints' / 'latest.json'}: the run consumed {marker['samples']} samples in {step} "
                          f"steps; this plan's global batch {rp.global_batch} would continue the data stream at "
                          f"{step * rp.global_batch}")
+    if marker.get("format", "torch") == "dcp":
+        from hgopt.runner.dcp_checkpoint import restore_dcp
+
+        restore_dcp(rp, rank, model, opt, tp, _dir(out, step), zero, next(model.parameters()).device)
+        log.info("resumed from checkpoint (torch.distributed.checkpoint): %d steps done", step)
+        return step
     info = rp.rank_info(rank)
     full, optim = _stage_tensors(_dir(out, step), info.pipeline, info.stage)
     dims = split_dims(model)
@@ -196,6 +207,10 @@ def load_full_state(out: str | Path, pipeline: int = 0, step: int | None = None)
     if step is None:
         raise ValueError(f"no checkpoint under {out}")
     path = _dir(out, step)
+    if (path / ".metadata").exists():
+        from hgopt.runner.dcp_checkpoint import load_full_dcp
+
+        return load_full_dcp(path)
     stages = sorted({int(f.name.split(".")[1][1:]) for f in path.glob(f"p{pipeline}.s*.pt")})
     state: dict[str, torch.Tensor] = {}
     for s in stages:
