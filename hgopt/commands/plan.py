@@ -143,19 +143,20 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline and res.plan is not None and ev is not None and ev.stages:
         from hgopt.report import plot_timeline
 
-        plot_timeline(res.plan, inst, args.timeline, tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
+        plot_timeline(res.plan, inst, args.timeline, tables=tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
     if interrupted:
         return interrupted
     return 0 if res.plan is not None else 1
 
 
 def _timeline_kwargs(variant: str) -> dict[str, str]:
-    """``variant=`` for report.plot_timeline when it takes one (the sim helper's rewrite)."""
+    """``label=`` (the planner variant, e.g. ``milp:auto``) for report.plot_timeline when it takes one
+    (the simulator-drawn timeline does; the older one titles the plan's ``planner``)."""
     import inspect
 
     from hgopt.report import plot_timeline
 
-    return {"variant": variant} if "variant" in inspect.signature(plot_timeline).parameters else {}
+    return {"label": variant} if "label" in inspect.signature(plot_timeline).parameters else {}
 
 
 def result_to_json(res: PlanResult, ev: Evaluation | None, expl: Explanation | None = None,

@@ -1334,6 +1334,8 @@ def _refine(
 def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
     """``heuristic`` for the planner registry: a plan without a bound."""
     t0 = time.perf_counter()
+    if options.progress:  # progress (cli-explain)
+        options.progress.report("heuristic search")
     extra = dict(options.extra)
     links = extra.get("max_compressed_links")
     try:
