@@ -99,10 +99,11 @@ def _options(args: argparse.Namespace) -> PlanOptions:
 
 
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
-    """Every output file the command will write is writable, checked before any search starts."""
+    """Every output file the command will write is writable, checked before any search starts.
+    ``options``: the option names as the user sees them (``-o/--output``, ``--timeline``)."""
     for opt in options:
-        path = getattr(args, opt.lstrip("-").replace("-", "_"), None)
-        if path:
+        path = getattr(args, opt.rpartition("--")[2].replace("-", "_"), None)
+        if path is not None:
             check_output_file(path, opt)
 
 
@@ -114,7 +115,7 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    check_outputs(args, "--output", "--timeline")
+    check_outputs(args, "-o/--output", "--timeline")
     if not args.why_not_time >= 0:
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
