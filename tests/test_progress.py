@@ -197,3 +197,25 @@ def test_compare_after_sigint_keeps_the_running_planners_plan_and_skips_the_rest
     assert rc == 130 and ran == ["milp"]
     assert [(r["planner"], r["status"]) for r in rows] == [("milp", "interrupted"), ("uniform", "not run")]
     assert rows[0]["plan"] is not None
+
+
+def test_a_second_signal_aborts() -> None:
+    from hgopt.commands._search import SearchInterrupted
+
+    release = threading.Event()
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        assert options.progress is not None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait(options.progress.stop_requested)
+        os.kill(os.getpid(), signal.SIGTERM)
+        release.wait(WAIT_S)
+        return PlanResult(planner="fake", status="error", plan=None)
+
+    try:
+        with pytest.raises(SearchInterrupted) as exc:
+            run_planner("fake", planner, tiny_instance(), PlanOptions(), Progress("fake", heartbeat=False),
+                        grace_s=WAIT_S)
+    finally:
+        release.set()
+    assert exc.value.signum == signal.SIGTERM

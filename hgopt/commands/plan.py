@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
+import sys
 from collections import Counter
 from typing import Any
 
-from hgopt.commands._search import exit_code, run_planner
+from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
 from hgopt.explain import Explanation, explain, infeasibility, why_not
@@ -121,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
     opts = _options(args)
     tables = build_tables(inst)
     progress = Progress(args.planner)
-    res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+    try:
+        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+    except SearchInterrupted as exc:  # a second signal: abort without a plan
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     ev = evaluate(res.plan, inst, tables) if res.plan is not None else None
     if args.output and res.plan is not None:
         with open(args.output, "w") as fh:
