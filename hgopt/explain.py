@@ -235,8 +235,11 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
     its pipelines must use that cluster (``require_clusters``; ``extra``: the same link settings
     as the plan's search), scored by ``evaluate``, and how much slower / costlier it is. A partly
     used cluster gets a line saying so (no planner can force more GPUs of one cluster)."""
+    import time
+
     from hgopt.search import PlanOptions, get_planner
 
+    deadline = time.monotonic() + time_limit_s
     tables = tables or build_tables(instance)
     used = plan.gpus_by_cluster()
     base_usd = _money(plan, instance, tables, ev.iteration_time_s, 1).usd_per_iteration
@@ -253,10 +256,18 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
                               note=f"uses {n} of {c.num_gpus} GPUs: the planner's best plan leaves the rest idle "
                                    "(no planner here can force more GPUs of one cluster)"))
             continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
+                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
+                              note=f"not searched: the {time_limit_s:g} s for why-not lines ran out (--why-not-time)"))
+            continue
+        log.info("why not %s: the heuristic's best plan that uses it (%d of %d idle clusters)", c.name,
+                 idle.index(c) + 1, len(idle))
         ex = {k: v for k, v in (extra or {}).items() if k in ("link_precision", "max_compressed_links", "link_penalty")}
         ex["require_clusters"] = c.name
         try:
-            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(each, 0.5), extra=ex))
+            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(min(each, left), 0.5), extra=ex))
         except ValueError as exc:
             out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
                               alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
