@@ -214,8 +214,9 @@ def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[
             prices[(link.src, link.dst)] = float(price)
     if not prices:
         return None
-    from hgopt.cost import evaluate as ev_mod
+    import importlib
 
+    ev_mod = importlib.import_module("hgopt.cost.evaluate")  # the module (the package re-exports the function)
     wan_bytes: Callable[..., dict[tuple[str, str], float]] | None = getattr(ev_mod, "wan_bytes_per_iteration", None)
     if wan_bytes is None:
         notes.append("WAN egress not priced: the cost kernel does not report WAN bytes per iteration yet")

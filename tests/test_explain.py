@@ -139,3 +139,25 @@ def test_plan_cli_explains_and_infeasible_names_memory(tmp_path: Path, capsys: p
     assert main(["plan", str(bad), "--planner", "heuristic", "--time-limit", "5"]) == 1
     out = capsys.readouterr().out
     assert "why no plan fits" in out and "does not fit" in out and "GB per GPU" in out
+
+
+def test_egress_is_priced_per_link_from_the_kernels_wan_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 GB a -> b and 1 GB b -> a per iteration at $0.02 and $0.05 per GB: $0.15 of egress on top of
+    the GPU-hours. (The WAN bytes come from the cost kernel; here a stand-in with known numbers.)"""
+    import dataclasses
+    import importlib
+    from types import SimpleNamespace
+
+    inst, plan = _inst(), _plan_on_a()
+    ev = evaluate(plan, inst)
+    price = {("a", "b"): 0.02, ("b", "a"): 0.05}
+    links = tuple(SimpleNamespace(src=l.src, dst=l.dst, bandwidth=l.bandwidth, egress_usd_per_gb=price[(l.src, l.dst)])
+                  for l in inst.topology.links)
+    priced = dataclasses.replace(inst, topology=dataclasses.replace(inst.topology, links=links))
+    e = explain(plan, priced, ev)
+    assert e.money.egress_usd_per_iteration is None and "WAN bytes" in " ".join(e.money.notes)
+    monkeypatch.setattr(importlib.import_module("hgopt.cost.evaluate"), "wan_bytes_per_iteration",
+                        lambda p, i, t: {("a", "b"): 5e9, ("b", "a"): 1e9}, raising=False)
+    e = explain(plan, priced, ev)
+    assert e.money.egress_usd_per_iteration == pytest.approx(5 * 0.02 + 1 * 0.05)
+    assert e.money.usd_per_iteration == pytest.approx(4 * 3.6 * ev.iteration_time_s / 3600 + 0.15)
