@@ -59,9 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
-    p.add_argument("--why-not-time", type=float, default=10.0, metavar="S",
+    p.add_argument("--why-not-time", type=float, default=None, metavar="S",
                    help="seconds, in all, for the why-not lines: per idle cluster the heuristic's best plan that "
-                        "uses it (default 10; 0 leaves them out)")
+                        "uses it (default: the smaller of 10 and --time-limit; 0 leaves them out)")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
                         "auto: native, bf16 or fp8 per boundary, as the planner finds fastest)")
@@ -118,7 +118,8 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
     check_outputs(args, "-o/--output", "--timeline")
-    if not args.why_not_time >= 0:
+    why_s = min(10.0, args.time_limit) if args.why_not_time is None else args.why_not_time
+    if not (why_s >= 0 and math.isfinite(why_s)):
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
     tables = build_tables(inst)
@@ -136,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     expl = None
     reasons: tuple[str, ...] = ()
     if res.plan is not None and ev is not None and ev.feasible:
-        why = () if interrupted or args.why_not_time == 0 else why_not(
-            res.plan, inst, ev, time_limit_s=args.why_not_time, extra=dict(opts.extra), tables=tables)
+        why = () if interrupted or why_s == 0 else why_not(
+            res.plan, inst, ev, time_limit_s=why_s, extra=dict(opts.extra), tables=tables)
         expl = explain(res.plan, inst, ev, tables, why)
     elif not interrupted:
         reasons = infeasibility(inst, tables)
