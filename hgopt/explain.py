@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from hgopt.cost import CostTables, Evaluation, build_tables, evaluate
+from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evaluate
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
 
@@ -330,7 +330,7 @@ def _pp_choices(most: int) -> list[int]:
     return out
 
 
-def _fullest(instance: Instance, tables: CostTables, stages: list[Stage], mbs: int) -> tuple[Any, bool] | None:
+def _fullest(instance: Instance, tables: CostTables, stages: list[Stage], mbs: int) -> tuple[StageReport, bool] | None:
     """``evaluate``'s stage closest to its memory limit in one pipeline of ``stages`` (and whether
     every stage fits); None when the layout is not a valid plan."""
     plan = Plan(pipelines=(Pipeline(stages=tuple(stages), num_microbatches=instance.job.global_batch // mbs),),
@@ -368,7 +368,7 @@ def _pooled_replica(instance: Instance, tables: CostTables) -> tuple[str, bool]:
     for i in range(len(layouts)):  # proportional shares, every cluster at least one layer
         want = round(L * sum(mem[: i + 1]) / sum(mem))
         cuts.append(min(max(want, cuts[-1] + 1), L - (len(layouts) - 1 - i)))
-    best: tuple[float, Any, bool, int] | None = None
+    best: tuple[float, StageReport, bool, int] | None = None
     most = max(max(1, min(c.num_gpus // tp, hi - lo)) for (c, tp), lo, hi in zip(layouts, cuts, cuts[1:]))
     for halve in range(len(_pp_choices(most))):
         stages: list[Stage] = []
@@ -406,7 +406,7 @@ def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tupl
     L, G = instance.model.num_layers, instance.job.global_batch
     if G % mbs:
         return f"{name}: global batch {G} is not a multiple of the smallest profiled microbatch size {mbs}", False
-    best: tuple[float, Any, bool, int] | None = None
+    best: tuple[float, StageReport, bool, int] | None = None
     for pp in _pp_choices(max(1, min(c.num_gpus // tp, L))):
         got = _fullest(instance, tables, _even(name, tp, mbs, 0, L, pp), mbs)
         if got is not None:
