@@ -30,15 +30,7 @@ from hgopt.solvers import backend_names
 from hgopt.spec import Instance
 from hgopt.table import fmt_seconds, format_table
 
-try:  # the output-path check of the cli-input helper (hgopt/commands/_paths.py)
-    from hgopt.commands._paths import check_output_file
-except ImportError:  # pragma: no cover - until that module is merged
-    def check_output_file(path: str, option: str) -> None:
-        import os
-
-        parent = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise ValueError(f"{option}: cannot write {path!r} (is a folder, or its folder is missing or not writable)")
+from hgopt.commands._paths import check_output_file
 
 __all__ = ["LINK_PLANNERS", "check_outputs", "register", "render_result", "result_to_json"]
 
