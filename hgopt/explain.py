@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from hgopt.cost import CostTables, Evaluation, build_tables, evaluate
+from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evaluate
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
 
@@ -214,8 +214,9 @@ def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[
             prices[(link.src, link.dst)] = float(price)
     if not prices:
         return None
-    from hgopt.cost import evaluate as ev_mod
+    import importlib
 
+    ev_mod = importlib.import_module("hgopt.cost.evaluate")  # the module (the package re-exports the function)
     wan_bytes: Callable[..., dict[tuple[str, str], float]] | None = getattr(ev_mod, "wan_bytes_per_iteration", None)
     if wan_bytes is None:
         notes.append("WAN egress not priced: the cost kernel does not report WAN bytes per iteration yet")
@@ -235,8 +236,11 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
     its pipelines must use that cluster (``require_clusters``; ``extra``: the same link settings
     as the plan's search), scored by ``evaluate``, and how much slower / costlier it is. A partly
     used cluster gets a line saying so (no planner can force more GPUs of one cluster)."""
+    import time
+
     from hgopt.search import PlanOptions, get_planner
 
+    deadline = time.monotonic() + time_limit_s
     tables = tables or build_tables(instance)
     used = plan.gpus_by_cluster()
     base_usd = _money(plan, instance, tables, ev.iteration_time_s, 1).usd_per_iteration
@@ -253,10 +257,18 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
                               note=f"uses {n} of {c.num_gpus} GPUs: the planner's best plan leaves the rest idle "
                                    "(no planner here can force more GPUs of one cluster)"))
             continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
+                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
+                              note=f"not searched: the {time_limit_s:g} s for why-not lines ran out (--why-not-time)"))
+            continue
+        log.info("why not %s: the heuristic's best plan that uses it (%d of %d idle clusters)", c.name,
+                 idle.index(c) + 1, len(idle))
         ex = {k: v for k, v in (extra or {}).items() if k in ("link_precision", "max_compressed_links", "link_penalty")}
         ex["require_clusters"] = c.name
         try:
-            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(each, 0.5), extra=ex))
+            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(min(each, left), 0.5), extra=ex))
         except ValueError as exc:
             out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
                               alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
@@ -295,13 +307,86 @@ def infeasibility(instance: Instance, tables: CostTables | None = None) -> tuple
             fits.append(c.name)
     biggest = max(instance.topology.clusters, key=lambda c: c.gpu_memory_bytes)
     if not fits:
-        lines.append(f"memory binds: no cluster holds a replica on its own (the largest GPU, {biggest.gpu} in "
-                     f"{biggest.name}, has {biggest.gpu_memory_bytes / 1e9:.1f} GB); a pipeline across clusters "
-                     "pools their memory, and the planners found none that fits")
+        pooled, pooled_ok = _pooled_replica(instance, tables)
+        alone = (f"no cluster holds a replica on its own (the largest GPU, {biggest.gpu} in {biggest.name}, has "
+                 f"{biggest.gpu_memory_bytes / 1e9:.1f} GB)")
+        if pooled_ok:
+            lines.append(f"{alone}; but {pooled}: memory alone does not rule a plan out (see the planners' notes)")
+        else:
+            lines.append(f"memory binds: {alone}; " + (pooled or "a pipeline across clusters pools their memory, "
+                                                                 "and the planners found none that fits"))
     else:
         lines.append(f"memory does not bind on {', '.join(fits)} (a replica fits there); the planners' notes say "
                      "what else did")
     return tuple(lines)
+
+
+def _pp_choices(most: int) -> list[int]:
+    """Pipeline depths tried for the smallest replica: ``most``, then halving down to 1 (more stages
+    hold fewer layers each but keep more microbatches in flight under 1F1B)."""
+    out = [most]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
+def _fullest(instance: Instance, tables: CostTables, stages: list[Stage], mbs: int) -> tuple[StageReport, bool] | None:
+    """``evaluate``'s stage closest to its memory limit in one pipeline of ``stages`` (and whether
+    every stage fits); None when the layout is not a valid plan."""
+    plan = Plan(pipelines=(Pipeline(stages=tuple(stages), num_microbatches=instance.job.global_batch // mbs),),
+                planner="explain")
+    ev = evaluate(plan, instance, tables)
+    if not ev.stages:
+        return None
+    worst = max(ev.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
+    return worst, not any(s.oom for s in ev.stages)
+
+
+def _even(name: str, tp: int, mbs: int, lo: int, hi: int, pp: int) -> list[Stage]:
+    cuts = [lo + round(j * (hi - lo) / pp) for j in range(pp + 1)]
+    return [Stage(start=a, end=b, groups=(ReplicaGroup(cluster=name, tp=tp, dp=1, mbs=mbs),), zero=0)
+            for a, b in zip(cuts, cuts[1:])]
+
+
+def _pooled_replica(instance: Instance, tables: CostTables) -> tuple[str, bool]:
+    """One pipeline across every cluster (in the topology's order), each cluster's share of the layers
+    in proportion to its GPU memory, split there evenly over its largest profiled tp and a depth of
+    its most stages halved 0, 1, 2 ... times (the layout closest to fitting is reported), by
+    ``evaluate``; ("", False) when the clusters share no profiled microbatch size."""
+    layouts = []
+    for c in instance.topology.clusters:
+        tps = [t for t in instance.model.tps(c.gpu) if c.gpus_per_node % t == 0 and t <= c.num_gpus]
+        if tps:
+            layouts.append((c, max(tps)))
+    common = set.intersection(*(set(instance.model.mbss(c.gpu, tp)) for c, tp in layouts)) if layouts else set()
+    L, G = instance.model.num_layers, instance.job.global_batch
+    if not common or len(layouts) < 2 or len(layouts) > L or G % min(common):
+        return "", False
+    mbs = min(common)
+    mem = [c.num_gpus * c.gpu_memory_bytes for c, _ in layouts]
+    cuts = [0]
+    for i in range(len(layouts)):  # proportional shares, every cluster at least one layer
+        want = round(L * sum(mem[: i + 1]) / sum(mem))
+        cuts.append(min(max(want, cuts[-1] + 1), L - (len(layouts) - 1 - i)))
+    best: tuple[float, StageReport, bool, int] | None = None
+    most = max(max(1, min(c.num_gpus // tp, hi - lo)) for (c, tp), lo, hi in zip(layouts, cuts, cuts[1:]))
+    for halve in range(len(_pp_choices(most))):
+        stages: list[Stage] = []
+        for (c, tp), lo, hi in zip(layouts, cuts, cuts[1:]):
+            stages += _even(c.name, tp, mbs, lo, hi, max(1, min(c.num_gpus // tp, hi - lo) >> halve))
+        got = _fullest(instance, tables, stages, mbs)
+        if got is not None:
+            ratio = got[0].peak_memory_bytes / got[0].memory_capacity_bytes
+            if best is None or ratio < best[0]:
+                best = (ratio, got[0], got[1], len(stages))
+    if best is None:
+        return "", False
+    _, worst, ok, n = best
+    c = instance.topology.cluster(worst.clusters[0])
+    return (f"one pipeline over all {len(layouts)} clusters (layers by GPU memory, largest tp, {n} stages, "
+            f"microbatch size {mbs}) needs {worst.peak_memory_bytes / 1e9:.1f} GB per GPU on its fullest stage "
+            f"({worst.clusters[0]}, {c.gpu} with {worst.memory_capacity_bytes / 1e9:.1f} GB): "
+            + ("fits" if ok else "does not fit"), ok)
 
 
 def _single_cluster_reason(instance: Instance, tables: CostTables, name: str) -> str:
@@ -309,6 +394,8 @@ def _single_cluster_reason(instance: Instance, tables: CostTables, name: str) ->
 
 
 def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tuple[str, bool]:
+    """The cluster's replica closest to fitting among: its largest profiled tp, its smallest profiled
+    microbatch size, layers split evenly over ``_pp_choices(most stages)``; by ``evaluate``."""
     c = instance.topology.cluster(name)
     tps = [t for t in instance.model.tps(c.gpu) if c.gpus_per_node % t == 0 and t <= c.num_gpus]
     if not tps:
@@ -316,21 +403,19 @@ def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tupl
                 f"(profiled: {instance.model.tps(c.gpu)})", False)
     tp = max(tps)
     mbs = min(instance.model.mbss(c.gpu, tp))
-    L = instance.model.num_layers
-    pp = max(1, min(c.num_gpus // tp, L))
-    G = instance.job.global_batch
+    L, G = instance.model.num_layers, instance.job.global_batch
     if G % mbs:
         return f"{name}: global batch {G} is not a multiple of the smallest profiled microbatch size {mbs}", False
-    cuts = [round(i * L / pp) for i in range(pp + 1)]
-    stages = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster=name, tp=tp, dp=1, mbs=mbs),), zero=0)
-                   for a, b in zip(cuts, cuts[1:]))
-    plan = Plan(pipelines=(Pipeline(stages=stages, num_microbatches=G // mbs),), planner="explain")
-    ev = evaluate(plan, instance, tables)
-    if not ev.stages:
-        return f"{name}: {'; '.join(ev.violations[:2])}", False
-    worst = max(ev.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
-    ok = not any(s.oom for s in ev.stages)
-    verb = "fits" if ok else "does not fit"
+    best: tuple[float, StageReport, bool, int] | None = None
+    for pp in _pp_choices(max(1, min(c.num_gpus // tp, L))):
+        got = _fullest(instance, tables, _even(name, tp, mbs, 0, L, pp), mbs)
+        if got is not None:
+            ratio = got[0].peak_memory_bytes / got[0].memory_capacity_bytes
+            if best is None or ratio < best[0]:
+                best = (ratio, got[0], got[1], pp)
+    if best is None:
+        return f"{name}: no replica layout is a valid plan here", False
+    _, worst, ok, pp = best
     return (f"{name}: the smallest replica (tp {tp} x pp {pp}, microbatch size {mbs}) needs "
             f"{worst.peak_memory_bytes / 1e9:.1f} GB per GPU on its fullest stage; {c.gpu} has "
-            f"{worst.memory_capacity_bytes / 1e9:.1f} GB: {verb}", ok)
+            f"{worst.memory_capacity_bytes / 1e9:.1f} GB: " + ("fits" if ok else "does not fit"), ok)

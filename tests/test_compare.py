@@ -58,6 +58,11 @@ def test_rows_are_scored_by_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rows["none"].plan is None and rows["none"].vs_best == 0.0 and rows["none"].gap_to_bound is None
     assert rows["bad"].status == "error" and "cannot handle" in rows["bad"].note
     assert rows["milp"].gpus == 4
+    # the own gap uses the row's own bound; gap_to_bound names the row whose bound it uses
+    assert rows["milp"].own_gap == pytest.approx((t_milp - 0.1) / t_milp) and rows["slow"].own_gap is None
+    assert rows["slow"].bound_from == "milp" and rows["none"].bound_from is None
+    text = compare_mod.render(inst, list(rows.values()))
+    assert "own gap" in text and "gap to milp bound" in text
 
 
 def test_bad_arguments_name_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,3 +135,6 @@ def test_milp_auto_row_and_the_bound_of_the_milp_rows(monkeypatch: pytest.Monkey
     assert seen == [("milp", {}), ("milp", {"link_precision": "auto"})]
     t = rows[0].iteration_time_s
     assert rows[0].gap_to_bound == pytest.approx((t - 0.05) / t)
+    # the milp row's gap is measured against the milp:auto row's bound, and the table says so
+    assert rows[0].bound_from == "milp:auto" and rows[0].own_gap == pytest.approx((t - 0.1) / t)
+    assert "gap to milp:auto bound" in compare_mod.render(tiny_instance(global_batch=8), rows)

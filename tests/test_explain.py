@@ -106,18 +106,30 @@ def test_why_not_alternative_is_a_real_plan_scored_by_evaluate() -> None:
         get_planner("heuristic")(inst, PlanOptions(time_limit_s=5.0, extra={"require_clusters": "zz"}))
 
 
+def _fullest_by_hand(inst: Instance, layout: list[tuple[str, int, int]]) -> tuple[float, float]:
+    """(peak bytes, capacity) of the stage closest to its limit; layout = (cluster, start, end), tp 2."""
+    plan = Plan(pipelines=(Pipeline(stages=tuple(
+        Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster=c, tp=2, dp=1, mbs=1),)) for c, lo, hi in layout),
+        num_microbatches=8),))
+    ev = evaluate(plan, inst, build_tables(inst))
+    s = max(ev.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
+    return s.peak_memory_bytes, s.memory_capacity_bytes
+
+
 def test_infeasibility_names_memory_with_evaluates_numbers() -> None:
     inst = _inst(mem=0.01)  # 10 MB GPUs: nothing fits
     lines = infeasibility(inst)
-    # cluster a by hand: tp 2 (largest profiled), pp = min(4 GPUs / 2, 4 layers) = 2, mbs 1
-    plan = Plan(pipelines=(Pipeline(stages=tuple(
-        Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster="a", tp=2, dp=1, mbs=1),)) for lo, hi in ((0, 2), (2, 4))),
-        num_microbatches=8),))
-    ev = evaluate(plan, inst, build_tables(inst))
-    need = max(s.peak_memory_bytes for s in ev.stages)
-    assert lines[0].startswith("a: the smallest replica (tp 2 x pp 2, microbatch size 1)")
+    # cluster a by hand: tp 2 (largest profiled), mbs 1, pp 2 = min(4 GPUs / 2, 4 layers) or halved to 1
+    pp2 = _fullest_by_hand(inst, [("a", 0, 2), ("a", 2, 4)])
+    pp1 = _fullest_by_hand(inst, [("a", 0, 4)])
+    (need, cap), pp = min(((pp2, 2), (pp1, 1)), key=lambda x: x[0][0] / x[0][1])
+    assert lines[0].startswith(f"a: the smallest replica (tp 2 x pp {pp}, microbatch size 1)")
     assert f"needs {need / 1e9:.1f} GB per GPU" in lines[0] and "does not fit" in lines[0]
-    assert "memory binds" in lines[-1]
+    # one pipeline over a and b: 2 layers each (equal memory), 2 stages per cluster or 1
+    deep = _fullest_by_hand(inst, [("a", 0, 1), ("a", 1, 2), ("b", 2, 3), ("b", 3, 4)])
+    flat = _fullest_by_hand(inst, [("a", 0, 2), ("b", 2, 4)])
+    need, cap = min((deep, flat), key=lambda x: x[0] / x[1])
+    assert lines[-1].startswith("memory binds") and f"needs {need / 1e9:.1f} GB per GPU" in lines[-1]
 
 
 def test_plan_cli_explains_and_infeasible_names_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,3 +151,25 @@ def test_plan_cli_explains_and_infeasible_names_memory(tmp_path: Path, capsys: p
     assert main(["plan", str(bad), "--planner", "heuristic", "--time-limit", "5"]) == 1
     out = capsys.readouterr().out
     assert "why no plan fits" in out and "does not fit" in out and "GB per GPU" in out
+
+
+def test_egress_is_priced_per_link_from_the_kernels_wan_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 GB a -> b and 1 GB b -> a per iteration at $0.02 and $0.05 per GB: $0.15 of egress on top of
+    the GPU-hours. (The WAN bytes come from the cost kernel; here a stand-in with known numbers.)"""
+    import dataclasses
+    import importlib
+    from types import SimpleNamespace
+
+    inst, plan = _inst(), _plan_on_a()
+    ev = evaluate(plan, inst)
+    price = {("a", "b"): 0.02, ("b", "a"): 0.05}
+    links = tuple(SimpleNamespace(src=l.src, dst=l.dst, bandwidth=l.bandwidth, egress_usd_per_gb=price[(l.src, l.dst)])
+                  for l in inst.topology.links)
+    priced = dataclasses.replace(inst, topology=dataclasses.replace(inst.topology, links=links))
+    e = explain(plan, priced, ev)
+    assert e.money.egress_usd_per_iteration is None and "WAN bytes" in " ".join(e.money.notes)
+    monkeypatch.setattr(importlib.import_module("hgopt.cost.evaluate"), "wan_bytes_per_iteration",
+                        lambda p, i, t: {("a", "b"): 5e9, ("b", "a"): 1e9}, raising=False)
+    e = explain(plan, priced, ev)
+    assert e.money.egress_usd_per_iteration == pytest.approx(5 * 0.02 + 1 * 0.05)
+    assert e.money.usd_per_iteration == pytest.approx(4 * 3.6 * ev.iteration_time_s / 3600 + 0.15)

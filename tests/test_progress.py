@@ -168,3 +168,54 @@ def test_sigint_into_hgopt_plan_writes_the_incumbent_and_exits_130(tmp_path: Pat
     assert "status interrupted" in stdout
     plan = load_plan(out)
     assert dict(plan.meta).get("status") == "interrupted" and plan.pipelines
+
+
+def test_compare_after_sigint_keeps_the_running_planners_plan_and_skips_the_rest(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from hgopt.cli import main
+    from tests.factories import tiny_model, tiny_topology
+
+    ran: list[str] = []
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        ran.append("milp")
+        assert options.progress is not None
+        os.kill(os.getpid(), signal.SIGINT)
+        assert _wait(options.progress.stop_requested)
+        return PlanResult(planner="milp", status="feasible", plan=_plan(), lower_bound_s=0.01,
+                          iteration_time_s=evaluate(_plan(), instance).iteration_time_s)
+
+    monkeypatch.setattr(compare_mod, "get_planner", lambda n: planner if n == "milp" else ran.append(n))
+    monkeypatch.setattr(compare_mod, "planner_names", lambda: ("milp", "uniform"))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps({"name": "tiny", "model": tiny_model(), "topology": tiny_topology(),
+                                "job": {"global_batch": 8, "seq_len": 128, "precision": "fp32"}}))
+    rc = main(["compare", str(path), "--planners", "milp,uniform", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert rc == 130 and ran == ["milp"]
+    assert [(r["planner"], r["status"]) for r in rows] == [("milp", "interrupted"), ("uniform", "not run")]
+    assert rows[0]["plan"] is not None
+
+
+def test_a_second_signal_aborts() -> None:
+    from hgopt.commands._search import SearchInterrupted
+
+    release = threading.Event()
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        assert options.progress is not None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait(options.progress.stop_requested)
+        os.kill(os.getpid(), signal.SIGTERM)
+        release.wait(WAIT_S)
+        return PlanResult(planner="fake", status="error", plan=None)
+
+    try:
+        with pytest.raises(SearchInterrupted) as exc:
+            run_planner("fake", planner, tiny_instance(), PlanOptions(), Progress("fake", heartbeat=False),
+                        grace_s=WAIT_S)
+    finally:
+        release.set()
+    assert exc.value.signum == signal.SIGTERM

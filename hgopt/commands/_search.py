@@ -88,7 +88,9 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                                                    ("status", "interrupted")))
         res = dataclasses.replace(res, status="interrupted", plan=plan, notes=(
             f"interrupted by {sig} after {progress.elapsed_s():.1f} s: the best plan found so far"
-            + ("; the lower bound still holds" if res.lower_bound_s is not None else ""), *res.notes))
+            + ("; the lower bound still holds" if res.lower_bound_s is not None else ""),
+            *(n.replace("time limit reached before", "the search stopped before")
+               .replace("the time limit ran out before", "the search stopped before") for n in res.notes)))
     return res
 
 

@@ -15,10 +15,12 @@ import argparse
 import json
 import logging
 import math
+import signal
+import sys
 import time
 from dataclasses import dataclass
 
-from hgopt.commands._search import EXIT_CODES, run_planner
+from hgopt.commands._search import EXIT_CODES, SearchInterrupted, run_planner
 from hgopt.commands.plan import check_outputs
 from hgopt.cost import build_tables, evaluate
 from hgopt.instances import load_instance
@@ -181,7 +183,11 @@ def run(args: argparse.Namespace) -> int:
     if args.link_penalty:
         link_penalties({"link_penalty": args.link_penalty})  # bad input fails here, naming the option
         extra["link_penalty"] = args.link_penalty
-    rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
+    try:
+        rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
+    except SearchInterrupted as exc:  # a second signal: abort without a table
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     sig = next((r.signal for r in rows if r.signal is not None), None)
     if args.json:
         print(json.dumps([_row_dict(r) for r in rows], indent=2))

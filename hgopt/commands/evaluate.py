@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline and ev.stages:
         from hgopt.report import plot_timeline
 
-        plot_timeline(plan, inst, args.timeline, tables, **_timeline_kwargs(plan.planner))
+        plot_timeline(plan, inst, args.timeline, tables=tables, **_timeline_kwargs(plan.planner))
     return 0 if ev.feasible else 1
 
 

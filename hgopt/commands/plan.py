@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
+import sys
 from collections import Counter
 from typing import Any
 
-from hgopt.commands._search import exit_code, run_planner
+from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
 from hgopt.explain import Explanation, explain, infeasibility, why_not
@@ -49,9 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
-    p.add_argument("--why-not-time", type=float, default=10.0, metavar="S",
+    p.add_argument("--why-not-time", type=float, default=None, metavar="S",
                    help="seconds, in all, for the why-not lines: per idle cluster the heuristic's best plan that "
-                        "uses it (default 10; 0 leaves them out)")
+                        "uses it (default: the smaller of 10 and --time-limit; 0 leaves them out)")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
                         "auto: native, bf16 or fp8 per boundary, as the planner finds fastest)")
@@ -91,11 +93,12 @@ def _options(args: argparse.Namespace) -> PlanOptions:
 
 
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
-    """Every output file the command will write is writable, checked before any search starts."""
+    """Every output file the command will write is writable, checked before any search starts.
+    ``options``: the option names as the user sees them (``-o/--output``, ``--timeline``)."""
     for opt in options:
-        path = getattr(args, opt.lstrip("-").replace("-", "_"), None)
-        if path:
-            check_output_file(path, "-o/--output" if opt == "--output" else opt)
+        path = getattr(args, opt.rpartition("--")[2].replace("-", "_"), None)
+        if path is not None:
+            check_output_file(path, opt)
 
 
 def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
@@ -106,13 +109,18 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    check_outputs(args, "--output", "--timeline")
-    if not args.why_not_time >= 0:
+    check_outputs(args, "-o/--output", "--timeline")
+    why_s = min(10.0, args.time_limit) if args.why_not_time is None else args.why_not_time
+    if not (why_s >= 0 and math.isfinite(why_s)):
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
     tables = build_tables(inst)
     progress = Progress(args.planner)
-    res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+    try:
+        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+    except SearchInterrupted as exc:  # a second signal: abort without a plan
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     ev = evaluate(res.plan, inst, tables) if res.plan is not None else None
     if args.output and res.plan is not None:
         with open(args.output, "w") as fh:
@@ -121,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     expl = None
     reasons: tuple[str, ...] = ()
     if res.plan is not None and ev is not None and ev.feasible:
-        why = () if interrupted or args.why_not_time == 0 else why_not(
-            res.plan, inst, ev, time_limit_s=args.why_not_time, extra=dict(opts.extra), tables=tables)
+        why = () if interrupted or why_s == 0 else why_not(
+            res.plan, inst, ev, time_limit_s=why_s, extra=dict(opts.extra), tables=tables)
         expl = explain(res.plan, inst, ev, tables, why)
     elif not interrupted:
         reasons = infeasibility(inst, tables)
@@ -135,19 +143,20 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline and res.plan is not None and ev is not None and ev.stages:
         from hgopt.report import plot_timeline
 
-        plot_timeline(res.plan, inst, args.timeline, tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
+        plot_timeline(res.plan, inst, args.timeline, tables=tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
     if interrupted:
         return interrupted
     return 0 if res.plan is not None else 1
 
 
 def _timeline_kwargs(variant: str) -> dict[str, str]:
-    """``variant=`` for report.plot_timeline when it takes one (the sim helper's rewrite)."""
+    """``label=`` (the planner variant, e.g. ``milp:auto``) for report.plot_timeline when it takes one
+    (the simulator-drawn timeline does; the older one titles the plan's ``planner``)."""
     import inspect
 
     from hgopt.report import plot_timeline
 
-    return {"variant": variant} if "variant" in inspect.signature(plot_timeline).parameters else {}
+    return {"label": variant} if "label" in inspect.signature(plot_timeline).parameters else {}
 
 
 def result_to_json(res: PlanResult, ev: Evaluation | None, expl: Explanation | None = None,

@@ -25,12 +25,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.cost.memory import stage_memory, stage_memory_parts
 from hgopt.cost.pipeline import in_flight, pipeline_time, trip_depth
@@ -92,8 +93,8 @@ class HeuristicOptions:
     require_clusters: tuple[str, ...] = ()
     """Only skeletons whose pipelines use every one of these clusters (the CLI's why-not lines:
     the best plan that uses an idle cluster); implies no [H9] groups. (cli-explain)"""
-    should_stop: Callable[[], bool] | None = field(default=None, compare=False)
-    """Cooperative stop (SIGINT): checked wherever the time limit is. (cli-explain)"""
+    progress: Progress | None = field(default=None, compare=False)
+    """Heartbeat state and cooperative stop (SIGINT), checked wherever the time limit is. (cli-explain)"""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
 
 
@@ -175,6 +176,9 @@ def plan_heuristic(
     realized = 0
     done: list[tuple[float, Skeleton, Plan]] = []
     for i, (est, sk) in enumerate(estimates):
+        if options.progress:  # progress (cli-explain)
+            options.progress.report("realising skeletons", done=i, total=len(lead),
+                                    incumbent_s=min((d[0] for d in done), default=None))
         if i >= len(lead) and (done or _out_of_time(ctx, options)):
             break  # past the finalists, walk on only while nothing could be realised
         got = _realize_repaired(ctx, sk)
@@ -191,6 +195,8 @@ def plan_heuristic(
         if got is not None:
             done.append(got)
     done.sort(key=lambda x: x[0])
+    if options.progress and done:  # progress (cli-explain)
+        options.progress.report("refining", incumbent_s=done[0][0], plan=done[0][2])
     best: tuple[float, Skeleton, Plan] | None = None
     for rank, got in enumerate(done):
         best = _checked(ctx, _refine(ctx, got, options))
@@ -208,6 +214,8 @@ def plan_heuristic(
     if options.repartition:
         best = _repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
+    if options.progress:  # progress (cli-explain)
+        options.progress.report("cluster groups [H9]", incumbent_s=t, plan=plan)
     if options.cross_cluster_dp and len(instance.topology.clusters) > 1 and not options.require_clusters:
         grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
                                     allowed=ctx.allowed, out_of_time=lambda: _out_of_time(ctx, options))
@@ -223,7 +231,8 @@ def _sub_plan(ctx: _Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan
     its pipeline time."""
     left = None if options.time_limit_s is None else max(options.time_limit_s - ctx.elapsed(), 0.1)
     res = plan_heuristic(sub, tables=ctx.tables, options=dataclasses.replace(
-        options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0))
+        options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0,
+        progress=None))  # (cli-explain) a group's times are not the plan's: no heartbeat from here
     if res.plan is None:
         return None
     return res.plan, evaluate(res.plan, sub, ctx.tables).pipeline_time_s
@@ -361,7 +370,7 @@ def _describe(sk: Skeleton) -> str:
 
 
 def _out_of_time(ctx: _Ctx, options: HeuristicOptions) -> bool:
-    if options.should_stop is not None and options.should_stop():  # (cli-explain)
+    if options.progress is not None and options.progress.stop_requested():  # (cli-explain)
         return True
     return options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s
 
@@ -1347,6 +1356,8 @@ def _refine(
 def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
     """``heuristic`` for the planner registry: a plan without a bound."""
     t0 = time.perf_counter()
+    if options.progress:  # progress (cli-explain)
+        options.progress.report("estimating skeletons")
     extra = dict(options.extra)
     links = extra.get("max_compressed_links")
     try:
@@ -1357,7 +1368,7 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
         max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items()),
         require_clusters=tuple(n for n in extra.get("require_clusters", "").split(",") if n),  # (cli-explain)
-        should_stop=options.progress.stop_requested if options.progress else None))  # (cli-explain)
+        progress=options.progress))  # (cli-explain)
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP; or data parallelism across cluster groups, "
