@@ -15,7 +15,8 @@ from hgopt.errors import PlanError, SpecError
 __all__ = ["main"]
 
 # Subcommand modules under hgopt.commands, in the order `hgopt --help` lists them.
-COMMANDS: tuple[str, ...] = ("instances", "show", "evaluate", "profile", "compare", "export", "plan", "export_model")
+COMMANDS: tuple[str, ...] = ("instances", "show", "evaluate", "profile", "compare", "export", "plan", "export_model",
+                            "simulate")  # simulate: added by the sim helper
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,115 @@
+"""Cost-model fidelity: ``evaluate`` (closed form) vs ``simulate`` (event replay of the runner's order)
+on the plan of every planner on every shipped instance; a table (instance, planner, evaluate,
+simulate, ratio) and the worst case.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/cost_fidelity.py [--time-limit 5] [--instances ...]
+        [--planners ...] [--cache DIR] [--refresh] [--out bench/cost_fidelity.json]
+
+Plans are cached as JSON in ``--cache`` (default ``out/cost_fidelity_plans``) keyed by instance,
+planner and time limit, so a re-run on a new cost model re-scores the same plans; ``--refresh``
+plans again. ``ratio`` = simulate / evaluate of the iteration; ``pipe ratio`` compares the pipeline
+part only (simulate: the last backward ends; evaluate: max_p T_p), which separates the [C3]
+composition from gradient sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.instances import list_instances, load_instance
+from hgopt.plan import Plan
+from hgopt.search import PlanOptions, get_planner
+from hgopt.simulate import simulate
+from hgopt.spec import Instance
+
+PLANNERS = ("milp", "milp:auto", "heuristic", "heuristic:auto", "metis", "uniform", "dp-only")
+
+log = logging.getLogger("cost_fidelity")
+
+
+def get_plan(inst: Instance, planner: str, time_limit: float, cache: Path, refresh: bool) -> tuple[Plan | None, str]:
+    f = cache / f"{inst.name}__{planner.replace(':', '-')}__{time_limit:g}.json"
+    if f.exists() and not refresh:
+        d = json.loads(f.read_text())
+        return (Plan.from_dict(d["plan"]) if d["plan"] else None), d["note"]
+    name, _, variant = planner.partition(":")
+    extra = {"link_precision": variant} if variant else {}
+    t0 = time.perf_counter()
+    try:
+        res = get_planner(name)(inst, PlanOptions(time_limit_s=time_limit, extra=extra))
+        plan, note = res.plan, res.status
+    except ValueError as exc:  # a planner that cannot handle the instance says why
+        plan, note = None, f"error: {str(exc)[:120]}"
+    log.info("%s %s: %s in %.1f s", inst.name, planner, note, time.perf_counter() - t0)
+    cache.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"plan": plan.to_dict() if plan else None, "note": note}))
+    return plan, note
+
+
+def score(inst: Instance, plan: Plan) -> dict[str, Any]:
+    tables = build_tables(inst)
+    ev = evaluate(plan, inst, tables)
+    t0 = time.process_time()
+    sim = simulate(plan, inst, tables)
+    return {
+        "evaluate_s": ev.iteration_time_s, "simulate_s": sim.iteration_time_s,
+        "ratio": sim.iteration_time_s / ev.iteration_time_s,
+        "evaluate_pipe_s": ev.pipeline_time_s, "simulate_pipe_s": sim.pipeline_time_s,
+        "pipe_ratio": sim.pipeline_time_s / ev.pipeline_time_s,
+        "stages": sum(len(p.stages) for p in plan.pipelines), "pipelines": len(plan.pipelines),
+        "clusters": len(plan.gpus_by_cluster()), "sim_cpu_s": time.process_time() - t0,
+        "feasible": ev.feasible,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--time-limit", type=float, default=5.0, help="MILP / heuristic budget per plan (s)")
+    ap.add_argument("--instances", nargs="+", default=None)
+    ap.add_argument("--planners", nargs="+", default=list(PLANNERS))
+    ap.add_argument("--cache", type=Path, default=Path("out/cost_fidelity_plans"))
+    ap.add_argument("--refresh", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    names = args.instances or [e.name for e in list_instances()]
+    rows: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for name in names:
+        inst = load_instance(name)
+        for planner in args.planners:
+            plan, note = get_plan(inst, planner, args.time_limit, args.cache, args.refresh)
+            row: dict[str, Any] = {"instance": name, "planner": planner, "note": note}
+            if plan is not None:
+                row |= score(inst, plan)
+            rows.append(row)
+    print("| instance | planner | stages | evaluate (s) | simulate (s) | ratio | pipe ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "ratio" not in r:
+            print(f"| {r['instance']} | {r['planner']} | – | – | – | no plan ({r['note']}) | |")
+            continue
+        print(f"| {r['instance']} | {r['planner']} | {r['stages']} | {r['evaluate_s']:.4g} | {r['simulate_s']:.4g} | "
+              f"{r['ratio']:.3f} | {r['pipe_ratio']:.3f} |")
+    scored = [r for r in rows if "ratio" in r and math.isfinite(r["ratio"])]
+    if scored:
+        worst = max(scored, key=lambda r: abs(math.log(r["ratio"])))
+        within = sum(1 for r in scored if abs(r["ratio"] - 1) <= 0.02)
+        print(f"\n{within}/{len(scored)} plans agree within 2 %; worst: {worst['instance']} {worst['planner']} "
+              f"evaluate {worst['evaluate_s']:.4g} s, simulate {worst['simulate_s']:.4g} s (ratio {worst['ratio']:.3f}); "
+              f"simulate CPU max {max(r['sim_cpu_s'] for r in scored):.2f} s; total {time.perf_counter() - t_start:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

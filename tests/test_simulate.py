@@ -1,0 +1,191 @@
+"""The event simulator (hgopt.simulate) against evaluate where both are exact, and against hand
+computation where they are not.
+
+tiny_model: every layer forward 0.01·mbs/tp s on A (0.02 on B), backward twice that, 1e6 activation
+bytes per sample at each boundary, 1e6 fp32 parameters (4 MB) and 1 ms of optimizer step per layer;
+inter-node links 100 Gbit/s without latency; WAN 8 Gbit/s (1 GB/s), 10 ms unless set."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import json
+
+import pytest
+
+from hgopt.cost import evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.runner.schedule import stage_ops
+from hgopt.simulate import Resource, simulate
+from hgopt.spec import Bandwidth
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+WAN_BPS = 1e9
+
+
+def _plan(m: int, *stages: tuple[int, int, str], dp: int = 1, schedule: str = "1f1b") -> Plan:
+    st = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster=c, dp=dp),)) for a, b, c in stages)
+    return Plan(pipelines=(Pipeline(stages=st, num_microbatches=m, schedule=schedule),))  # type: ignore[arg-type]
+
+
+# ---- where the closed form is exact, the two agree ------------------------------------------------
+@pytest.mark.parametrize("S,m,dp", [(1, 1, 1), (1, 5, 2), (2, 2, 1), (2, 8, 2), (4, 4, 1), (4, 9, 1)])
+def test_single_cluster_uniform_stages_without_transfers_agree_with_evaluate(S: int, m: int, dp: int) -> None:
+    # activations of 1e-6 bytes: transfers take ~1e-16 s, so the pace is the stage time and the
+    # closed form (m − 1)·t + S·t + sync + optimizer is exact
+    inst = tiny_instance(global_batch=m * dp, model=tiny_model(num_layers=4, activation_bytes=1e-6))
+    k = 4 // S
+    plan = _plan(m, *[(i * k, (i + 1) * k, "a") for i in range(S)], dp=dp)
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    assert sim.pipeline_time_s == pytest.approx(ev.pipeline_time_s, rel=1e-9)
+
+
+def test_data_parallel_across_two_clusters_agrees_with_evaluate() -> None:
+    """One stage, replicas in both clusters: the step is the slower replica's m·(f + b), then the
+    hierarchical all-reduce [C5] of the whole model and the optimizer step."""
+    inst = tiny_instance(global_batch=8)
+    plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(
+        ReplicaGroup(cluster="a", dp=2, mbs=2), ReplicaGroup(cluster="b", dp=2, mbs=2))),), num_microbatches=1),))
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    assert ev.stages[0].sync_s > 0.01  # the WAN ring is in it
+    assert sim.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-9)
+
+
+def test_two_replicas_sending_at_once_share_the_pipe() -> None:
+    """dp 2 → dp 2 across the WAN, one microbatch: both replicas' 1-sample flows start together and
+    share the 1 GB/s pipe, so each takes 2e6 / 1e9 s (as [C4w] prices the pipe's load) + 10 ms."""
+    inst = tiny_instance(global_batch=2)
+    plan = _plan(1, (0, 2, "a"), (2, 4, "b"), dp=2)
+    sim = simulate(plan, inst)
+    sends = [e for e in sim.events if e.kind == "sendF"]
+    assert len(sends) == 2
+    f0 = 2 * 0.01
+    for e in sends:
+        assert e.start == pytest.approx(f0, rel=1e-12)
+        assert e.end == pytest.approx(f0 + 2e6 / WAN_BPS + 0.010, rel=1e-12)
+    pipe = next(lk for lk in sim.links if lk.name == "a->b")
+    assert pipe.max_flows == 2 and pipe.bytes == pytest.approx(2e6)
+    assert sim.iteration_time_s == pytest.approx(evaluate(plan, inst).iteration_time_s, rel=1e-9)
+
+
+def test_staggered_flows_share_the_pipe_by_processor_sharing() -> None:
+    """Stage 0 has a replica of 2 samples (forward 0.02 s) and one of 1 sample (0.01 s); both send
+    to stage 1's single replica over a 0.4 Gbit/s = 0.05 GB/s pipe. The 1 MB flow runs alone for
+    10 ms (0.5 MB), then both share 25 MB/s: it ends 20 ms later at 0.04 s; the 2 MB flow has sent
+    0.5 MB by then and sends its last 1.5 MB alone in 30 ms: 0.07 s (+ 10 ms latency each)."""
+    inst = tiny_instance(global_batch=3, topology=tiny_topology(wan_gbit_s=0.4))
+    plan = Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", mbs=2), ReplicaGroup(cluster="a", mbs=1))),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", mbs=3),))), num_microbatches=1),))
+    sim = simulate(plan, inst)
+    end = {e.replica: e.end for e in sim.events if e.kind == "sendF"}
+    assert end[1] == pytest.approx(0.04 + 0.010, rel=1e-12)
+    assert end[0] == pytest.approx(0.07 + 0.010, rel=1e-12)
+    f1 = next(e for e in sim.events if e.kind == "F" and e.stage == 1)
+    assert f1.start == pytest.approx(0.08, rel=1e-12)
+
+
+def test_messages_between_one_pair_of_ranks_leave_in_order() -> None:
+    """GPipe: stage 0 runs its 3 forwards back to back (0.02 s each); their sends to stage 1 queue
+    on the pair's one connection, each 2e6 bytes of 0.05 GB/s = 40 ms: they end 40 ms apart, not
+    all at once as three shared flows would."""
+    inst = tiny_instance(global_batch=6, topology=tiny_topology(wan_gbit_s=0.4))
+    plan = Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", mbs=2),)),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", mbs=2),))), num_microbatches=3, schedule="gpipe"),))
+    sim = simulate(plan, inst)
+    ends = sorted(e.end for e in sim.events if e.kind == "sendF")
+    assert ends == pytest.approx([0.02 + 0.04 + 0.01, 0.02 + 0.08 + 0.01, 0.02 + 0.12 + 0.01], rel=1e-12)
+
+
+def test_a_slow_middle_link_paces_the_window_around_it() -> None:
+    """Four 1-layer stages a, a, b, b with a 100 ms WAN hop in the middle. In 1F1B, stage 1 holds 2
+    microbatches and the round trip through stage 2 and back is t1 + t2 + 2c: in steady state
+    stage 1 starts a forward every (t1 + t2 + 2c) / 2."""
+    inst = tiny_instance(global_batch=24, model=tiny_model(num_layers=4), topology=tiny_topology(wan_latency_ms=100.0))
+    plan = _plan(24, (0, 1, "a"), (1, 2, "a"), (2, 3, "b"), (3, 4, "b"))
+    sim = simulate(plan, inst)
+    t1, t2, c = 0.01 + 0.02, 0.02 + 0.04, 0.100 + 1e6 / WAN_BPS
+    starts = {e.microbatch: e.start for e in sim.events if e.kind == "F" and e.stage == 1}
+    for k in range(8, 20):
+        assert starts[k + 2] - starts[k] == pytest.approx(t1 + t2 + 2 * c, rel=1e-9)
+    assert max(t1, t2, c) < (t1 + t2 + 2 * c) / 2
+
+
+def test_resource_shares_per_flow_and_aggregate() -> None:
+    r = Resource("x", per_flow=Bandwidth(gbyte_s=1.0), aggregate=Bandwidth(gbyte_s=1.5))
+    assert r.rate(1e6, 1) == pytest.approx(1e9)  # one flow: its own limit
+    assert r.rate(1e6, 2) == pytest.approx(0.75e9)  # two flows: the aggregate split
+    assert Resource("y", aggregate=Bandwidth(gbyte_s=2.0)).rate(1e6, 4) == pytest.approx(0.5e9)
+
+
+# ---- the order is the runner's ---------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_each_replica_runs_the_runner_order(schedule: str) -> None:
+    inst = tiny_instance(global_batch=12, topology=tiny_topology(wan_latency_ms=50.0))
+    plan = _plan(6, (0, 1, "a"), (1, 2, "a"), (2, 4, "b"), dp=2, schedule=schedule)
+    sim = simulate(plan, inst)
+    for si in range(3):
+        for ri in range(2):
+            mine = sorted((e for e in sim.events if e.kind in ("F", "B") and (e.stage, e.replica) == (si, ri)),
+                          key=lambda e: e.start)
+            assert [(e.kind, e.microbatch) for e in mine] == [(o.kind, o.microbatch) for o in stage_ops(schedule, si, 3, 6)]
+            assert all(a.end <= b.start + 1e-12 for a, b in zip(mine, mine[1:]))
+
+
+def test_busy_and_idle_add_up_to_the_iteration() -> None:
+    inst = tiny_instance(global_batch=8)
+    plan = _plan(8, (0, 2, "a"), (2, 4, "b"))
+    sim = simulate(plan, inst)
+    assert sim.stages[0].busy_s == pytest.approx(8 * (0.02 + 0.04))
+    assert sim.stages[1].busy_s == pytest.approx(8 * (0.04 + 0.08))
+    for s in sim.stages:
+        assert s.busy_s + s.idle_s == pytest.approx(sim.iteration_time_s)
+
+
+def test_invalid_plan_is_refused() -> None:
+    with pytest.raises(ValueError, match="global batch"):
+        simulate(_plan(3, (0, 4, "a")), tiny_instance(global_batch=8))
+
+
+# ---- gradient buckets overlapped with the last backward (COMMON.md semantics) -----------------------
+def test_buckets_overlap_with_the_last_backward() -> None:
+    from dataclasses import fields
+
+    if "overlap_grad_sync" not in {f.name for f in fields(Plan)}:
+        pytest.skip("Plan has no overlap_grad_sync field yet")
+    from dataclasses import replace
+
+    from hgopt.cost.tables import allreduce_time
+
+    # one stage of 4 layers, dp 2 on one node; 4 MB of gradients per layer, buckets of 8 MiB hold two
+    inst = tiny_instance(global_batch=2)
+    base = _plan(1, (0, 4, "a"), dp=2)
+    d = allreduce_time(inst.topology.cluster("a").intra_node, 2 * 4e6, 2)
+    f, b, opt = 4 * 0.01, 4 * 0.02, 4 * 0.001
+    on = simulate(replace(base, overlap_grad_sync=True, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+    off = simulate(replace(base, overlap_grad_sync=False, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+    assert off.iteration_time_s == pytest.approx(f + b + 2 * d + opt, rel=1e-9)
+    # the first bucket (layers 2, 3) is ready half way through the backward
+    assert on.iteration_time_s == pytest.approx(f + max(b, b / 2 + d) + d + opt, rel=1e-9)
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+def test_simulate_command_prints_both_numbers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plan_file = tmp_path / "p.json"
+    plan_file.write_text(Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=13, groups=(ReplicaGroup(cluster="a100-40-us-central1", dp=1, mbs=1),)),
+        Stage(start=13, end=26, groups=(ReplicaGroup(cluster="v100-16-europe-west4", dp=1, mbs=1),))),
+        num_microbatches=2),)).to_json())
+    inst = "default"
+    from hgopt.instances import load_instance
+
+    gb = load_instance(inst).job.global_batch
+    plan_file.write_text(plan_file.read_text().replace('"num_microbatches": 2', f'"num_microbatches": {gb}'))
+    out = subprocess.run([sys.executable, "-m", "hgopt", "simulate", inst, str(plan_file), "--json"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode in (0, 1), out.stderr
+    d = json.loads(out.stdout)
+    assert d["simulate"]["iteration_time_s"] > 0 and d["evaluate"]["iteration_time_s"] > 0
+    assert {s["stage"] for s in d["simulate"]["stages"]} == {0, 1}
