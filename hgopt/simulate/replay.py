@@ -152,7 +152,7 @@ class _Flow:
     size: float
     """Message bytes the achieved bandwidth is looked up at."""
     rem: float
-    resources: tuple[Resource, ...]
+    resources: tuple[_Res, ...]
     counted: float
     on_done: Any
     rate: float = 0.0
@@ -163,11 +163,21 @@ class _Flow:
 @dataclass(slots=True)
 class _Res:
     res: Resource
+    shared: bool
+    """Has an aggregate cap: a flow's share depends on how many others there are."""
     flows: set[int] = field(default_factory=set)
     bytes: float = 0.0
     busy: float = 0.0
     since: float = 0.0
     max_flows: int = 0
+    cache: dict[tuple[float, int], float] = field(default_factory=dict)
+
+    def rate(self, size: float) -> float:
+        key = (size, len(self.flows))
+        r = self.cache.get(key)
+        if r is None:
+            r = self.cache[key] = self.res.rate(size, len(self.flows))
+        return r
 
 
 class _Replay:
@@ -340,27 +350,41 @@ class _Replay:
         """A flow of ``work`` bytes looked up at message size ``size``; ``on_done(t)`` when its last
         byte is through. ``counted``: bytes it adds to the resources' totals (default ``work``)."""
         fid = next(self.fid)
-        self.flows[fid] = _Flow(size=size, rem=work, resources=res, counted=work if counted is None else counted,
-                                on_done=on_done, t_last=self.now)
-        touched: set[int] = {fid}
-        for r in res:
-            st = self.res.setdefault(r, _Res(res=r))
+        states = tuple(self._state(r) for r in res)
+        f = self.flows[fid] = _Flow(size=size, rem=work, resources=states,
+                                    counted=work if counted is None else counted, on_done=on_done, t_last=self.now)
+        touched: set[int] = set()
+        for st in states:
             if not st.flows:
                 st.since = self.now
+            if st.shared:  # the others' shares change
+                touched |= st.flows
             st.flows.add(fid)
             st.max_flows = max(st.max_flows, len(st.flows))
-            touched |= st.flows
         self._rerate(touched)
+        self._rate(fid, f)
+
+    def _state(self, r: Resource) -> _Res:
+        st = self.res.get(r)
+        if st is None:
+            st = self.res[r] = _Res(res=r, shared=r.aggregate is not None)
+        return st
 
     def _rerate(self, fids: set[int]) -> None:
-        for fid in fids:
+        for fid in sorted(fids):
             f = self.flows[fid]
+            rate = min((st.rate(f.size) for st in f.resources), default=math.inf)
+            if rate == f.rate:
+                continue  # its completion event stands
             f.rem = max(f.rem - f.rate * (self.now - f.t_last), 0.0)
             f.t_last = self.now
-            f.rate = min((r.rate(f.size, len(self.res[r].flows)) for r in f.resources), default=math.inf)
-            f.version += 1
-            eta = self.now if f.rem <= 0 or math.isinf(f.rate) else self.now + f.rem / f.rate
-            self.push(eta, self.flow_end, fid, f.version)
+            self._rate(fid, f, rate)
+
+    def _rate(self, fid: int, f: _Flow, rate: float | None = None) -> None:
+        f.rate = min((st.rate(f.size) for st in f.resources), default=math.inf) if rate is None else rate
+        f.version += 1
+        eta = self.now if f.rem <= 0 or math.isinf(f.rate) else self.now + f.rem / f.rate
+        self.push(eta, self.flow_end, fid, f.version)
 
     def flow_end(self, fid: int, version: int) -> None:
         f = self.flows.get(fid)
@@ -368,13 +392,13 @@ class _Replay:
             return
         del self.flows[fid]
         touched: set[int] = set()
-        for r in f.resources:
-            st = self.res[r]
+        for st in f.resources:
             st.flows.discard(fid)
             st.bytes += f.counted
             if not st.flows:
                 st.busy += self.now - st.since
-            touched |= st.flows
+            if st.shared:
+                touched |= st.flows
         self._rerate(touched)
         f.on_done(self.now)
 
