@@ -4,6 +4,6 @@
 and all-reduce times and link contention (see :mod:`hgopt.simulate.replay`). No torch."""
 
 from hgopt.simulate.replay import Event, LinkUse, Simulation, StageUse, simulate
-from hgopt.simulate.resources import Resource, path
+from hgopt.simulate.resources import Network, Resource
 
-__all__ = ["Event", "LinkUse", "Resource", "Simulation", "StageUse", "path", "simulate"]
+__all__ = ["Event", "LinkUse", "Network", "Resource", "Simulation", "StageUse", "simulate"]

@@ -34,7 +34,7 @@ from hgopt.cost.evaluate import _quantisation_time, _segment_allreduce
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
 from hgopt.runner.schedule import Op, stage_ops
-from hgopt.simulate.resources import Resource, path
+from hgopt.simulate.resources import Network, Resource
 from hgopt.spec import Instance
 
 __all__ = ["Event", "LinkUse", "Simulation", "StageUse", "simulate"]
@@ -190,7 +190,7 @@ class _Replay:
         self.fid = itertools.count()
         self.res: dict[Resource, _Res] = {}
         self.now = 0.0
-        self._paths: dict[tuple[str, str], tuple[Resource, ...]] = {}
+        self.net = Network(plan, inst)
         self.channels: dict[tuple[int, ...], list[tuple[float, tuple[Resource, ...], Any]]] = {}
         ev = evaluate(plan, inst, tables)
         opt = {(s.pipeline, s.stage): s.optimizer_s for s in ev.stages}
@@ -225,7 +225,7 @@ class _Replay:
             for blo, bhi in _buckets(inst, tables, stages, lo, hi, math.inf if zero else cap):
                 seg = _segment_allreduce(inst, tables, stages, blo, bhi, plan.grad_sync_precision)
                 names = seg.clusters
-                wan = tuple(dict.fromkeys(r for a in names for b in names if a != b for r in self.path(a, b)))
+                wan = self.net.ring(names)
                 c = _Collective(layers=(blo, bhi), members=members, intra_s=seg.intra, inter_s=seg.inter, wan=wan,
                                 wan_bytes=seg.wan_bytes, chunk=seg.wan_bytes / max(len(names), 1))
                 for w in members:
@@ -239,12 +239,6 @@ class _Replay:
             w.buckets = cs
             w.bucket_frac = [tab.times(g.mbs, c.layers[0], st.end)[1] / total if overlap and total > 0 else 1.0
                              for c in cs]
-
-    def path(self, a: str, b: str) -> tuple[Resource, ...]:
-        key = (a, b)
-        if key not in self._paths:
-            self._paths[key] = path(self.inst, a, b)
-        return self._paths[key]
 
     # ---- event loop ----
     def push(self, t: float, fn: Any, *args: Any) -> None:
@@ -283,27 +277,25 @@ class _Replay:
         w.ptr += 1
         pipe = self.plan.pipelines[w.pi]
         if op.kind == "F" and w.out_pieces:
-            self._send(w, op.microbatch, "F", pipe.stages[w.si + 1], w.si, w.out_pieces)
+            self._send(w, op.microbatch, "F", w.si, w.out_pieces)
         elif op.kind == "B" and w.in_pieces:
-            self._send(w, op.microbatch, "B", pipe.stages[w.si - 1], w.si - 1, w.in_pieces)
+            self._send(w, op.microbatch, "B", w.si - 1, w.in_pieces)
         if w.ptr == len(w.ops):
             w.compute_end = self.now
         self.try_start(w)
 
     # ---- point-to-point ----
-    def _send(self, w: _Worker, mb: int, kind: str, peer_stage: Stage, boundary: int,
-              pieces: list[tuple[int, int, int]]) -> None:
+    def _send(self, w: _Worker, mb: int, kind: str, boundary: int, pieces: list[tuple[int, int, int]]) -> None:
         pipe = self.plan.pipelines[w.pi]
         bound = pipe.boundary(boundary)
         prec = bound.fwd if kind == "F" else bound.bwd
         factor = link_bytes_factor(self.inst.model.dtype, prec)
         per_sample = float(self.tables.activation_bytes[pipe.stages[boundary].end - 1])
-        peers = _replica_rows(peer_stage)
         dst_si = w.si + 1 if kind == "F" else w.si - 1
         for peer, lo, hi in pieces:
             dst = self.workers[(w.pi, dst_si, peer)]
             nbytes = (hi - lo) * per_sample * factor
-            res = self.path(w.cluster, peers[peer][0].cluster)
+            res = self.net.path(self.net.node_of[(w.pi, w.si, w.ri)], self.net.node_of[(w.pi, dst_si, peer)])
             quant = _quantisation_time(self.inst, prec, factor, per_sample, [(w.cluster, dst.cluster, hi - lo)])
             delay = max(r.latency_s for r in res) + quant
 

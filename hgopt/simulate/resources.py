@@ -5,13 +5,22 @@ concurrent flows through it each get ``min(per_flow, aggregate / n)`` (processor
 passes through several resources moves at the smallest of their shares. Achieved bandwidths (and their
 dependence on the message size) come from the cost kernel's :func:`bandwidth_bytes_per_s`.
 
-:func:`path` maps the instance's link model onto resources. Today's model ([C4], [C4w] in
-``formulations/cost_model.md``):
+:class:`Network` maps the instance's link model onto resources ([C1], [C4], [C4w] in
+``formulations/cost_model.md``). With per-flow links (``Link.aggregate``, ``Topology.link_spec``):
 
-- inside one cluster every sender has its own ``inter_node`` bandwidth (per flow, no aggregate: the
-  closed form's simplification that the NIC does not degrade with concurrent flows);
-- between two clusters one pipe per ordered pair whose bandwidth is shared by every flow on it
-  (aggregate, no per-flow limit).
+- every node's NIC (``Cluster.inter_node``, per node) is one resource per direction, shared by the
+  flows of all GPUs of the node that send (receive) to (from) another node;
+- between two clusters, what one node sends to one node is one flow of the link's per-flow bandwidth
+  (a node-pair resource), and a link with an aggregate cap is one more resource shared by every flow
+  of that direction.
+
+With the older topology model (one shared pipe per ordered cluster pair, ``inter_node`` per GPU):
+inside a cluster every sender has its own ``inter_node`` bandwidth (per flow, no aggregate), between
+two clusters one pipe per ordered pair shared by every flow on it (aggregate, no per-flow limit).
+
+Nodes: a stage's replica group of ``dp`` replicas of ``tp`` GPUs fills nodes of ``gpus_per_node``
+GPUs, ``gpus_per_node // tp`` replicas per node (each group on nodes of its own), as the cost
+kernel's placement (``evaluate._nodes_of``) assumes.
 """
 
 from __future__ import annotations
@@ -20,14 +29,15 @@ import math
 from dataclasses import dataclass
 
 from hgopt.cost.tables import bandwidth_bytes_per_s
+from hgopt.plan import Plan
 from hgopt.spec import Bandwidth, Instance
 
-__all__ = ["Resource", "path"]
+__all__ = ["Network", "Resource"]
 
 
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """One shared part of the network (a NIC direction, a WAN pipe direction)."""
+    """One shared part of the network (a NIC direction, a WAN pipe direction, a node pair)."""
 
     name: str
     per_flow: Bandwidth | None = None
@@ -48,16 +58,64 @@ class Resource:
     def latency_s(self) -> float:
         return max((b.latency_s for b in (self.per_flow, self.aggregate) if b is not None), default=0.0)
 
-    @property
-    def capacity(self) -> Bandwidth | None:
-        """The bandwidth utilisation is measured against (aggregate if any, else per flow)."""
-        return self.aggregate if self.aggregate is not None else self.per_flow
+
+Endpoint = tuple[str, str]
+"""(cluster, node label) of a replica."""
 
 
-def path(instance: Instance, src_cluster: str, dst_cluster: str) -> tuple[Resource, ...]:
-    """The resources a point-to-point transfer from a replica in ``src_cluster`` to one in
-    ``dst_cluster`` passes through, under today's link model (module docstring)."""
-    topo = instance.topology
-    if src_cluster == dst_cluster:
-        return (Resource(f"{src_cluster} inter-node", per_flow=topo.cluster(src_cluster).inter_node),)
-    return (Resource(f"{src_cluster}->{dst_cluster}", aggregate=topo.link(src_cluster, dst_cluster)),)
+class Network:
+    """The resources of one plan on one instance (see the module docstring)."""
+
+    def __init__(self, plan: Plan, instance: Instance) -> None:
+        self.inst = instance
+        topo = instance.topology
+        self.per_flow_links = hasattr(topo, "link_spec")
+        self._cache: dict[tuple[Endpoint, Endpoint], tuple[Resource, ...]] = {}
+        self.node_of: dict[tuple[int, int, int], Endpoint] = {}
+        for pi, pipe in enumerate(plan.pipelines):
+            for si, st in enumerate(pipe.stages):
+                ri = 0
+                for gi, g in enumerate(st.groups):
+                    per_node = max(topo.cluster(g.cluster).gpus_per_node // g.tp, 1)
+                    for d in range(g.dp):
+                        node = f"p{pi}.s{si}.g{gi}.n{d // per_node}" if self.per_flow_links else f"p{pi}.s{si}.r{ri}"
+                        self.node_of[(pi, si, ri)] = (g.cluster, node)
+                        ri += 1
+
+    def path(self, src: Endpoint, dst: Endpoint) -> tuple[Resource, ...]:
+        """The resources a point-to-point transfer from ``src`` to ``dst`` passes through."""
+        key = (src, dst)
+        if key not in self._cache:
+            self._cache[key] = self._path(src, dst)
+        return self._cache[key]
+
+    def _path(self, src: Endpoint, dst: Endpoint) -> tuple[Resource, ...]:
+        topo = self.inst.topology
+        (a, na), (b, nb) = src, dst
+        if not self.per_flow_links:
+            if a == b:
+                return (Resource(f"{a} inter-node", per_flow=topo.cluster(a).inter_node),)
+            return (Resource(f"{a}->{b}", aggregate=topo.link(a, b)),)
+        out = [Resource(f"{a} {na} NIC out", aggregate=topo.cluster(a).inter_node),
+               Resource(f"{b} {nb} NIC in", aggregate=topo.cluster(b).inter_node)]
+        if a != b:
+            link = topo.link_spec(a, b)  # type: ignore[attr-defined]
+            out.append(Resource(f"{a} {na}->{b} {nb}", aggregate=link.bandwidth))  # one node pair = one flow
+            if link.aggregate is not None:
+                out.append(Resource(f"{a}->{b}", aggregate=link.aggregate))
+        return tuple(out)
+
+    def ring(self, clusters: tuple[str, ...]) -> tuple[Resource, ...]:
+        """The shared resources a cross-cluster all-reduce ring over ``clusters`` occupies: every
+        ordered pair's pipe (old model) or aggregate cap (per-flow links; without a cap, rings of
+        different segments run between different node pairs and do not share)."""
+        topo = self.inst.topology
+        pairs = [(a, b) for a in clusters for b in clusters if a != b]
+        if not self.per_flow_links:
+            return tuple(Resource(f"{a}->{b}", aggregate=topo.link(a, b)) for a, b in pairs)
+        out = []
+        for a, b in pairs:
+            link = topo.link_spec(a, b)  # type: ignore[attr-defined]
+            if link.aggregate is not None:
+                out.append(Resource(f"{a}->{b}", aggregate=link.aggregate))
+        return tuple(out)
