@@ -409,8 +409,8 @@ class _Replay:
             self.push(self.now + c.intra_s, self.bucket_inter, c)
 
     def bucket_inter(self, c: _Collective) -> None:
-        if c.inter_s <= 0 or not c.wan:
-            self.bucket_end(c, self.now)
+        if c.inter_s <= 0 or not c.wan:  # nothing it shares: its own duration
+            self.push(self.now + c.inter_s, self.bucket_end, c, self.now + c.inter_s)
             return
         solo = min(r.rate(c.chunk, 1) for r in c.wan)
         self.start_flow(c.chunk, c.inter_s * solo, c.wan, lambda t: self.bucket_end(c, t), counted=c.wan_bytes)
