@@ -7,7 +7,7 @@ the measured median step time.
     PYTHONPATH=$PWD .venv/bin/python bench/simulate_vs_runner.py [--out DIR] [--steps 8] [--pace 0.15]
         [--only NAME,...]
 
-Plans: 1F1B pipelines with a slow (50 ms) link between two middle stages, where [C3]'s round trip
+Plans: 1F1B pipelines with a slow (50 or 200 ms) link between two middle stages, where [C3]'s round trip
 from stage s to the end misses the window around the slow hop; one plan without latency as a
 control. Each plan gets a fresh profile of its microbatch sizes just before its run (as in the
 validation bench) and both predictions use it.
@@ -35,12 +35,15 @@ from hgopt.simulate import simulate  # noqa: E402
 NETS = {
     "w100-50ms": Net(name="w100-50ms", mbit_s=100.0, latency_ms=50.0),
     "w1000-50ms": Net(name="w1000-50ms", mbit_s=1000.0, latency_ms=50.0),
+    "w1000-200ms": Net(name="w1000-200ms", mbit_s=1000.0, latency_ms=200.0),
 }
 
 
 def plans() -> list[tuple[str, str, Plan]]:
     one = lambda *p: Plan(pipelines=tuple(p))  # noqa: E731
     return [
+        ("4st aa|bb m8 200ms", "w1000-200ms",
+         one(pipe([0, 2, 3, 4, 6], [g("a", mbs=2), g("a", mbs=2), g("b", mbs=2), g("b", mbs=2)], 8))),
         ("4st aa|bb m8 (slow middle)", "w1000-50ms",
          one(pipe([0, 2, 3, 4, 6], [g("a", mbs=2), g("a", mbs=2), g("b", mbs=2), g("b", mbs=2)], 8))),
         ("3st a|b|b m8", "w100-50ms", one(pipe([0, 2, 4, 6], [g("a", mbs=2), g("b", mbs=2), g("b", mbs=2)], 8))),

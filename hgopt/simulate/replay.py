@@ -170,13 +170,17 @@ class _Res:
     busy: float = 0.0
     since: float = 0.0
     max_flows: int = 0
-    cache: dict[tuple[float, int], float] = field(default_factory=dict)
+    total: float = 0.0
+    """Sum of the active flows' message sizes."""
+    cache: dict[tuple[float, int, float], float] = field(default_factory=dict)
 
     def rate(self, size: float) -> float:
-        key = (size, len(self.flows))
+        key = (size, len(self.flows), self.total)
         r = self.cache.get(key)
         if r is None:
-            r = self.cache[key] = self.res.rate(size, len(self.flows))
+            if len(self.cache) > 4096:
+                self.cache.clear()
+            r = self.cache[key] = self.res.rate(size, len(self.flows), self.total)
         return r
 
 
@@ -352,6 +356,7 @@ class _Replay:
             if st.shared:  # the others' shares change
                 touched |= st.flows
             st.flows.add(fid)
+            st.total += size
             st.max_flows = max(st.max_flows, len(st.flows))
         self._rerate(touched)
         self._rate(fid, f)
@@ -386,6 +391,7 @@ class _Replay:
         touched: set[int] = set()
         for st in f.resources:
             st.flows.discard(fid)
+            st.total = st.total - f.size if st.flows else 0.0
             st.bytes += f.counted
             if not st.flows:
                 st.busy += self.now - st.since

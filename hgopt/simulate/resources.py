@@ -45,13 +45,17 @@ class Resource:
     aggregate: Bandwidth | None = None
     """Capacity shared by all concurrent flows (None: no shared cap)."""
 
-    def rate(self, nbytes: float, n: int) -> float:
-        """Bytes/s of each of ``n`` concurrent flows for a message of ``nbytes``."""
+    def rate(self, nbytes: float, n: int, total_bytes: float | None = None) -> float:
+        """Bytes/s of each of ``n`` concurrent flows, for a flow whose message is ``nbytes`` while
+        the ``n`` flows' messages add up to ``total_bytes`` (default ``n · nbytes``): the per-flow
+        bandwidth at the flow's own message size, the aggregate at the total (as [C4w] prices a
+        link's load: concurrent messages fill the pipe like one of their summed size)."""
         r = math.inf
         if self.per_flow is not None:
             r = bandwidth_bytes_per_s(self.per_flow, nbytes)
         if self.aggregate is not None:
-            r = min(r, bandwidth_bytes_per_s(self.aggregate, nbytes) / max(n, 1))
+            total = max(n, 1) * nbytes if total_bytes is None else total_bytes
+            r = min(r, bandwidth_bytes_per_s(self.aggregate, total) / max(n, 1))
         return r
 
     @property
