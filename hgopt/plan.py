@@ -116,6 +116,11 @@ class Plan:
     instance: str = ""
     grad_sync_precision: LinkPrecision = "native"
     """Precision of the gradients exchanged over WAN links when replicas of a layer span clusters."""
+    overlap_grad_sync: bool = True
+    """Gradient all-reduce overlapped with the last microbatch's backward, bucket by bucket (False: all
+    buckets start when that backward ends)."""
+    grad_bucket_mb: float = 25.0
+    """Gradient bucket size cap in MiB (PyTorch DDP's ``bucket_cap_mb`` default)."""
     meta: tuple[tuple[str, str], ...] = field(default=())
     """Free-form provenance (solver, status, bound) as key/value strings."""
 
@@ -138,6 +143,8 @@ class Plan:
             "instance": self.instance,
             "meta": dict(self.meta),
             "grad_sync_precision": self.grad_sync_precision,
+            "overlap_grad_sync": self.overlap_grad_sync,
+            "grad_bucket_mb": self.grad_bucket_mb,
             "pipelines": [
                 {
                     "num_microbatches": p.num_microbatches,
@@ -222,8 +229,16 @@ class _PlanReader:
         gsp = obj.get("grad_sync_precision", "native")
         if gsp not in get_args(LinkPrecision):
             raise self._fail("grad_sync_precision", f"must be one of {', '.join(get_args(LinkPrecision))}, got {gsp!r}")
+        overlap = obj.get("overlap_grad_sync", True)
+        if not isinstance(overlap, bool):
+            raise self._fail("overlap_grad_sync", f"must be true or false, got {overlap!r}")
+        bucket = obj.get("grad_bucket_mb", 25.0)
+        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not 0 < bucket < float("inf"):
+            raise self._fail("grad_bucket_mb", f"must be a number > 0 (MiB), got {bucket!r}")
         return Plan(
             grad_sync_precision=gsp,
+            overlap_grad_sync=overlap,
+            grad_bucket_mb=float(bucket),
             pipelines=tuple(self.pipeline(p, f"pipelines[{i}]") for i, p in enumerate(pipes)),
             planner=str(obj.get("planner", "manual")),
             instance=str(obj.get("instance", "")),

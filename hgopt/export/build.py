@@ -76,7 +76,8 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
                         heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
                         optimizer=opts.optimizer or instance.job.optimizer, dtype=opts.dtype, data=opts.data,
-                        checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision)
+                        checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision,
+                        overlap_grad_sync=plan.overlap_grad_sync, grad_bucket_mb=plan.grad_bucket_mb)
     slots = _place(plan, instance)
     nodes = _nodes(slots, instance)
     rank_of = _rank_of(slots, nodes)

@@ -81,6 +81,11 @@ class TrainConfig:
     """Save a checkpoint every this many steps (0: only after the last step)."""
     grad_sync_precision: Precision = "native"
     """Precision of gradient all-reduces whose replicas span more than one cluster."""
+    overlap_grad_sync: bool = True
+    """Start each gradient bucket's all-reduce during the last microbatch's backward, as soon as its
+    parameters are final (False: after that backward)."""
+    grad_bucket_mb: float = 25.0
+    """Bucket cap in MiB; a sync group's layers are packed in reverse order into buckets of at most this."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -323,7 +328,8 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   "seq": m.seq, "ffn_mult": m.ffn_mult},
         "train": {"steps": t.steps, "lr": t.lr, "seed": t.seed, "optimizer": t.optimizer, "dtype": t.dtype,
                   "data": t.data, "checkpoint_every": t.checkpoint_every,
-                  "grad_sync_precision": t.grad_sync_precision},
+                  "grad_sync_precision": t.grad_sync_precision, "overlap_grad_sync": t.overlap_grad_sync,
+                  "grad_bucket_mb": t.grad_bucket_mb},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
                  "master_port": rp.master_port, "timeout_s": rp.timeout_s,
                  "heartbeat_timeout_s": rp.heartbeat_timeout_s, "device": rp.device},
@@ -454,7 +460,16 @@ def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
         data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
         checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
         grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
+        overlap_grad_sync=rd.get({"overlap_grad_sync": True, **t}, "overlap_grad_sync", "train", bool),
+        grad_bucket_mb=_positive(rd, float(rd.get({"grad_bucket_mb": 25.0, **t}, "grad_bucket_mb", "train", (int, float))),
+                                 "train.grad_bucket_mb"),
     )
+
+
+def _positive(rd: _Reader, v: float, where: str) -> float:
+    if not 0 < v < float("inf"):
+        raise rd.fail(where, f"must be > 0, got {v!r}")
+    return v
 
 
 def _read_node(rd: _Reader, n: Any, where: str) -> NodeSpec:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,9 +29,11 @@ from hgopt.runner.codec import decode, encode, wire_specs
 from hgopt.runner.comm import Pending, Wire
 from hgopt.runner.data import IGNORE, Dataset
 from hgopt.runner.device import synchronize
-from hgopt.runner.model import DTYPES, StageModel, layer_of
+from hgopt.runner.grad_sync import GradSync, emulated_ring_s
+from hgopt.runner.memory import MemoryMeter
+from hgopt.runner.model import DTYPES, StageModel
 from hgopt.runner.schedule import Op, stage_ops
-from hgopt.runner.tp import TpGroup, shard, split_dims
+from hgopt.runner.tp import TpGroup, split_dims
 from hgopt.runner.zero import ZeroShard
 
 __all__ = ["Groups", "StageWorker", "StepStats", "make_groups", "make_optimizer"]
@@ -88,6 +90,10 @@ class StepStats:
     cpu_s: float
     """CPU seconds of this process (all its threads) during the step."""
     sent: dict[str, int]
+    grad_sync: dict[str, Any] = field(default_factory=dict)
+    """Bucket launches of this step (:meth:`GradSync.summary`)."""
+    memory: dict[str, int] = field(default_factory=dict)
+    """Bytes this rank held (:meth:`MemoryMeter.summary`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -116,9 +122,11 @@ class StageWorker:
         self.out_pieces = () if self.last else tuple(pc for pc in self.pipe.pieces(self.si) if pc.src == info.replica)
         self.b_in = None if self.first else self.pipe.boundaries[self.si - 1]
         self.b_out = None if self.last else self.pipe.boundaries[self.si]
-        self.sync_params = [(sg, pg, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end])
-                            for sg, pg in groups.sync]
         self.dims = split_dims(model)
+        self.grad_sync = GradSync(rp, model, groups.sync, tp=groups.tp, dims=self.dims, zero=self.zero,
+                                  wire_dtype=self._wire_dtype, emulate=self._emulated_link)
+        self._last_backward = max(i for i, op in enumerate(self.ops) if op.kind == "B")
+        self.memory = MemoryMeter(model, self.device)
         self._recvs: dict[tuple[str, int], list[Pending]] = {}
         self._global_tokens = 1
 
@@ -131,23 +139,32 @@ class StageWorker:
         self._global_tokens = self.data.global_tokens(step, self.rp.global_batch) if self.last else 1
         saved: dict[int, _Saved] = {}
         loss = torch.zeros((), dtype=torch.float64, device=self.device)  # read once, after the step
+        self.memory.start_step()
         for i, op in enumerate(self.ops):
             self._post_recvs(i)
             if op.kind == "F":
-                saved[op.microbatch] = self._forward(step, op.microbatch)
+                with self.memory.forward(op.microbatch):
+                    saved[op.microbatch] = self._forward(step, op.microbatch)
                 if self.last and self.leader:
                     loss += saved[op.microbatch].out.detach()
             else:
+                if i == self._last_backward:
+                    self.grad_sync.arm()  # gradients become final in this backward: buckets start from hooks
                 self._backward(saved.pop(op.microbatch), op.microbatch)
+                self.memory.backward_done(op.microbatch)
+        self.memory.after_backward()
+        self.grad_sync.flush()  # buckets not started yet (all of them without overlap)
         self.wire.wait_sends()
-        self._sync_grads()
+        self.grad_sync.finish()
         self.opt.step()
+        self.memory.after_step(self.opt)
         self._gather_zero()
         synchronize(self.device)
         elapsed = time.perf_counter() - t0
         sent = dict(self.wire.sent)
         self.wire.sent.clear()
-        return StepStats(loss=float(loss), time_s=elapsed, cpu_s=time.process_time() - c0, sent=sent)
+        return StepStats(loss=float(loss), time_s=elapsed, cpu_s=time.process_time() - c0, sent=sent,
+                         grad_sync=self.grad_sync.summary(), memory=self.memory.summary())
 
     # ---- receives ---------------------------------------------------------------------------------
     def _specs(self, pc: Piece, precision: str, direction: str) -> list[Any]:
@@ -226,22 +243,9 @@ class StageWorker:
                        m, f"p{self.pi}.b{self.si - 1}")
 
     # ---- gradient all-reduce ----------------------------------------------------------------------
-    def _sync_grads(self) -> None:
-        for sg, pg, params in self.sync_params:
-            t0 = time.perf_counter()
-            z = self.zero.get(sg)
-            if z is not None:
-                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for _, p in params])
-                nbytes, phases = z.reduce_grads(flat, self._wire_dtype(sg, flat.dtype))
-            elif sg.mode == "shard":
-                nbytes, phases = self._sync_shard(sg, pg, params), 2
-            else:
-                nbytes, phases = self._sync_full(sg, pg, params), 2
-            self._emulate_collective(sg, nbytes, t0, phases)
-
     def _gather_zero(self) -> None:
         """ZeRO-1: every member's updated slice back into every member's parameters (plan order)."""
-        for sg, _, _ in self.sync_params:
+        for sg, _ in self.groups.sync:
             if (z := self.zero.get(sg)) is not None:
                 t0 = time.perf_counter()
                 self._emulate_collective(sg, z.gather(), t0, 1)
@@ -251,59 +255,20 @@ class StageWorker:
         low = _LOW.get(self.rp.train.grad_sync_precision)
         return low if len(sg.clusters) > 1 and low is not None and low != dtype else None
 
-    def _all_reduce(self, flat: torch.Tensor, sg: SyncGroup, pg: Any) -> torch.Tensor:
-        low = self._wire_dtype(sg, flat.dtype)
-        if low is not None:
-            narrow = flat.to(low)
-            dist.all_reduce(narrow, group=pg)
-            return narrow.to(flat.dtype)
-        dist.all_reduce(flat, group=pg)
-        return flat
-
-    def _sync_shard(self, sg: SyncGroup, pg: Any, params: list[tuple[str, nn.Parameter]]) -> int:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in params]
-        flat = self._all_reduce(torch.cat([g.reshape(-1) for g in grads]), sg, pg)
-        self._scatter(flat, [p for _, p in params], [p.shape for _, p in params])
-        return flat.numel() * flat.element_size()
-
-    def _sync_full(self, sg: SyncGroup, pg: Any, params: list[tuple[str, nn.Parameter]]) -> int:
-        """Holders with different tp degrees: sum full-size gradients (each rank adds its shard at its
-        place; replicated tensors only from tp rank 0), then take the own shard back."""
-        tp = self.groups.tp
-        fulls = []
-        for name, p in params:
-            dim = self.dims[name]
-            shape = list(p.shape)
-            if dim is not None:
-                shape[dim] *= tp.size
-            full = torch.zeros(shape, dtype=p.dtype, device=p.device)
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            if dim is not None:
-                full.chunk(tp.size, dim=dim)[tp.rank].copy_(g)
-            elif tp.rank == 0:
-                full.copy_(g)
-            fulls.append(full)
-        flat = self._all_reduce(torch.cat([f.reshape(-1) for f in fulls]), sg, pg)
-        for (name, p), chunk, full in zip(params, torch.split(flat, [f.numel() for f in fulls]), fulls):
-            p.grad = shard(chunk.view(full.shape), self.dims[name], tp.size, tp.rank).contiguous().clone()
-        return flat.numel() * flat.element_size()
-
-    @staticmethod
-    def _scatter(flat: torch.Tensor, params: list[nn.Parameter], shapes: list[torch.Size]) -> None:
-        for p, chunk in zip(params, torch.split(flat, [s.numel() for s in shapes])):
-            p.grad = chunk.view(p.shape).clone()
+    def _emulated_link(self, sg: SyncGroup) -> tuple[float, float] | None:
+        """``delay`` mode, group across clusters: (bytes/s, latency s) of its slowest link, else None."""
+        if self.wire.mode != "delay" or len(sg.clusters) < 2:
+            return None
+        links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
+        return min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
 
     def _emulate_collective(self, sg: SyncGroup, nbytes: int, t0: float, phases: int) -> None:
-        """``delay`` mode: a ring all-reduce (``phases`` 2) over the slowest link among the group's
-        clusters takes 2(n-1)/n · bytes / bandwidth + 2(n-1) · latency (the cost model's [C5]); a
-        reduce-scatter or all-gather (``phases`` 1) half of that."""
-        if self.wire.mode != "delay" or len(sg.clusters) < 2:
+        """``delay`` mode: a collective begun at ``t0`` over a cross-cluster group takes at least
+        :func:`~hgopt.runner.grad_sync.emulated_ring_s` (the all-gather of ZeRO-1, ``phases`` 1)."""
+        link = self._emulated_link(sg)
+        if link is None:
             return
         synchronize(self.device)
-        elapsed = time.perf_counter() - t0
-        links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
-        n = len(sg.ranks)
-        bw, lat = min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
-        wait = phases * ((n - 1) / n * nbytes / bw + (n - 1) * lat) - elapsed
+        wait = emulated_ring_s(nbytes, len(sg.ranks), *link, phases) - (time.perf_counter() - t0)
         if wait > 0:
             time.sleep(wait)

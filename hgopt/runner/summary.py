@@ -36,6 +36,8 @@ def summarize(rp: RunnerPlan, out: str | Path) -> dict[str, Any]:
         "median_step_s": statistics.median(later),
         "tokens_per_s": rp.global_batch * rp.model.seq / statistics.median(later),
         "bytes_per_step": {k: v for k, v in steps[-1]["bytes"].items() if v},
+        "memory": [{k: r[k] for k in ("rank", "pipeline", "stage", "replica", "tp_rank", "memory")}
+                   for r in steps[-1].get("ranks", [])],
         "boundaries": {f"p{pi}.b{k}": {"fwd": p.boundaries[k].fwd, "bwd": p.boundaries[k].bwd}
                        for pi, p in enumerate(rp.pipelines) for k in range(len(p.stages) - 1)},
     }

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,13 +118,18 @@ def _report(rp: RunnerPlan, rank: int, step: int, st: StepStats, out: Path, devi
     dist.all_reduce(vec)
     t = torch.tensor([st.time_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    info = rp.rank_info(rank)
+    mine = {"rank": rank, "pipeline": info.pipeline, "stage": info.stage, "replica": info.replica,
+            "tp_rank": info.tp_rank, "memory": st.memory, "grad_sync": st.grad_sync}
+    per_rank: list[Any] = [None] * rp.world_size
+    dist.all_gather_object(per_rank, mine)  # memory and bucket launches of every rank (overlap, memory.py)
     if rank != 0:
         return
     tokens = rp.global_batch * rp.model.seq
     rec = {"step": step + 1, "loss": float(vec[0]), "time_s": float(t[0]), "tokens_per_s": tokens / float(t[0]),
            "cpu_s": float(vec[1]), "samples": rp.global_batch,
            "bytes": {k: int(v) for k, v in zip(keys, vec[2:].tolist())},
-           "wall": time.time()}
+           "wall": time.time(), "ranks": per_rank}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")

@@ -87,30 +87,35 @@ class ZeroShard:
         pad = self.members * self.chunk - flat.numel()
         return flat if pad == 0 else torch.cat([flat, flat.new_zeros(pad)])
 
-    def reduce_grads(self, flat: torch.Tensor, wire_dtype: torch.dtype | None) -> tuple[int, int]:
-        """Sum ``flat`` (this rank's gradients of the group, flattened) over the members and set
-        ``shard.grad`` to this member's slice of the sum; the model parameters' gradients are dropped.
-        ``wire_dtype``: reduce in that dtype (narrowed cross-cluster sync). Returns (bytes of the full
-        vector on the wire, ring phases: 1 reduce-scatter, 2 all-reduce)."""
+    @property
+    def reduce_scatter_ok(self) -> bool:
+        """False once the backend turned out to lack reduce-scatter (all-reduce and keep the slice)."""
+        return self._reduce_scatter_ok
+
+    def launch_reduce(self, flat: torch.Tensor, wire_dtype: torch.dtype | None) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Start summing ``flat`` (this rank's gradients of the group, flattened) over the members,
+        asynchronously; ``wire_dtype``: reduce in that dtype (narrowed cross-cluster sync). Returns
+        (the work, the padded full vector on the wire, the tensor that will hold this member's slice of
+        the sum); :meth:`complete_reduce` takes the slice once the work is done."""
         full = self._padded(flat if wire_dtype is None else flat.to(wire_dtype))
-        phases = 1
-        out = None
         if self._reduce_scatter_ok:
             out = full.new_empty(self.chunk)
             try:
-                _reduce_scatter_fn()(out, full, group=self.pg)
+                return _reduce_scatter_fn()(out, full, group=self.pg, async_op=True), full, out
             except (NotImplementedError, RuntimeError) as exc:
                 if "support" not in str(exc).lower():
                     raise
                 log.info("zero 1: this backend has no reduce-scatter (%s); all-reduce and keep the own slice", exc)
-                self._reduce_scatter_ok, out = False, None
-        if out is None:
-            dist.all_reduce(full, group=self.pg)
-            out, phases = full[self.member * self.chunk : (self.member + 1) * self.chunk], 2
-        self.shard.grad = out[: self.hi - self.lo].to(flat.dtype).clone()
+                self._reduce_scatter_ok = False
+        work = dist.all_reduce(full, group=self.pg, async_op=True)
+        return work, full, full[self.member * self.chunk : (self.member + 1) * self.chunk]
+
+    def complete_reduce(self, out: torch.Tensor, dtype: torch.dtype) -> None:
+        """After the work of :meth:`launch_reduce`: ``shard.grad`` = this member's slice of the sum (in
+        ``dtype``); the model parameters' gradients are dropped."""
+        self.shard.grad = out[: self.hi - self.lo].to(dtype).clone()
         for p in self.params:
             p.grad = None
-        return full.numel() * full.element_size(), phases
 
     def gather(self) -> int:
         """All-gather the members' updated slices into the model parameters; returns the bytes of the
