@@ -189,3 +189,47 @@ def test_simulate_command_prints_both_numbers(tmp_path) -> None:  # type: ignore
     d = json.loads(out.stdout)
     assert d["simulate"]["iteration_time_s"] > 0 and d["evaluate"]["iteration_time_s"] > 0
     assert {s["stage"] for s in d["simulate"]["stages"]} == {0, 1}
+
+
+# ---- per-flow links: node NICs, node-pair flows, aggregate caps (the links model) -------------------
+@pytest.mark.parametrize("cap_gbit_s", [None, 12.0])
+def test_flows_share_node_pairs_and_the_aggregate_cap(cap_gbit_s: float | None) -> None:
+    """dp 4 -> dp 4 across clusters of 2-GPU nodes, one sample per replica (1e6 bytes): each node
+    pair carries two replicas' pieces, one flow of 8 Gbit/s (1 GB/s) shared by both: 2e6 / 1e9 s.
+    With a 12 Gbit/s (1.5 GB/s) cap on the direction, its 4 pieces share 1.5 GB/s: 4e6 / 1.5e9 s."""
+    from hgopt.spec import Topology
+
+    if not hasattr(Topology, "link_spec"):
+        pytest.skip("topology without per-flow links yet")
+    link: dict[str, object] = {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}
+    if cap_gbit_s is not None:
+        link["aggregate"] = {"gbit_s": cap_gbit_s}
+    topo = tiny_topology()
+    topo["links"] = {"default": link}
+    inst = tiny_instance(global_batch=4, topology=topo)
+    plan = _plan(1, (0, 2, "a"), (2, 4, "b"), dp=4)
+    sim = simulate(plan, inst)
+    wire = 4e6 / 1.5e9 if cap_gbit_s is not None else 2e6 / 1e9
+    sends = [e for e in sim.events if e.kind == "sendF"]
+    assert len(sends) == 4
+    for e in sends:
+        assert e.end - e.start == pytest.approx(wire + 0.010, rel=1e-12)
+    if cap_gbit_s is not None:
+        cap = next(lk for lk in sim.links if lk.name == "a->b")
+        assert cap.max_flows == 4
+    ev = evaluate(plan, inst)
+    assert ev.stages[0].send_fwd_s == pytest.approx(wire + 0.010, rel=1e-12)  # [C4w] prices it the same
+
+
+def test_timeline_boxes_are_the_simulated_events(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hgopt.report import plot_timeline, timeline_ops
+
+    inst = tiny_instance(global_batch=8)
+    plan = _plan(4, (0, 2, "a"), (2, 4, "b"), dp=2)
+    sim = simulate(plan, inst)
+    ops = timeline_ops(plan, inst)
+    mine = sorted((e.kind, e.stage, e.microbatch, e.start, e.end) for e in sim.events if e.replica == 0)
+    assert sorted((o.kind, o.stage, o.microbatch, o.start, o.end) for o in ops) == mine
+    assert {o.kind for o in ops} == {"F", "B", "sendF", "sendB", "sync", "optimizer"}
+    out = plot_timeline(plan, inst, tmp_path / "t.png", label="manual:test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
