@@ -10,7 +10,9 @@ instance, planner and time limit, so a re-run on a new cost model re-scores the 
 1.5 minutes; ``--refresh`` plans again (the MILP on the scale-* instances overruns its limit, up to
 ~5 minutes each on a busy host). ``ratio`` = simulate / evaluate of the iteration; ``pipe ratio`` compares the pipeline
 part only (simulate: the last backward ends; evaluate: max_p T_p), which separates the [C3]
-composition from gradient sync.
+composition from gradient sync; ``pipe vs all windows`` (when the kernel has
+``hgopt.cost.pipeline``) compares it with the closed form whose pace is taken over every window of
+stages (``windows="all"``) on evaluate's stage times.
 """
 
 from __future__ import annotations
@@ -54,12 +56,32 @@ def get_plan(inst: Instance, planner: str, time_limit: float, cache: dict[str, A
     return plan, note
 
 
+def all_windows_pipe(plan: Plan, ev: Any) -> float | None:
+    """The closed form's pipeline time with the [C3] pace taken over every window of stages
+    (``hgopt.cost.pipeline``, ``windows="all"``) from evaluate's stage times; None without it."""
+    try:
+        from hgopt.cost.pipeline import fill_time, pipeline_bottleneck, pipeline_time
+    except ImportError:
+        return None
+    out = 0.0
+    for pr, pipe in zip(ev.pipelines, plan.pipelines):
+        st = [s for s in ev.stages if s.pipeline == pr.index]
+        f, b = [s.fwd_s for s in st], [s.bwd_s for s in st]
+        cf, cb = [s.send_fwd_s for s in st], [s.send_bwd_s for s in st]
+        pace = pipeline_bottleneck(pipe.schedule, f, b, cf, cb, pipe.num_microbatches, windows="all")
+        out = max(out, float(pipeline_time(pipe.num_microbatches, pace, fill_time([x + y for x, y in zip(f, b)], cf, cb))))
+    return out
+
+
 def score(inst: Instance, plan: Plan) -> dict[str, Any]:
     tables = build_tables(inst)
     ev = evaluate(plan, inst, tables)
     t0 = time.process_time()
     sim = simulate(plan, inst, tables)
+    allwin = all_windows_pipe(plan, ev)
     return {
+        "all_windows_pipe_s": allwin,
+        "allwin_ratio": sim.pipeline_time_s / allwin if allwin else None,
         "evaluate_s": ev.iteration_time_s, "simulate_s": sim.iteration_time_s,
         "ratio": sim.iteration_time_s / ev.iteration_time_s,
         "evaluate_pipe_s": ev.pipeline_time_s, "simulate_pipe_s": sim.pipeline_time_s,
@@ -96,14 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             if plan is not None:
                 row |= score(inst, plan)
             rows.append(row)
-    print("| instance | planner | stages | evaluate (s) | simulate (s) | ratio | pipe ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    allwin = any(r.get("allwin_ratio") for r in rows)
+    print("| instance | planner | stages | evaluate (s) | simulate (s) | ratio | pipe ratio |"
+          + (" pipe vs all windows |" if allwin else ""))
+    print("|---|---|---:|---:|---:|---:|---:|" + ("---:|" if allwin else ""))
     for r in rows:
         if "ratio" not in r:
             print(f"| {r['instance']} | {r['planner']} | – | – | – | no plan ({r['note']}) | |")
             continue
         print(f"| {r['instance']} | {r['planner']} | {r['stages']} | {r['evaluate_s']:.4g} | {r['simulate_s']:.4g} | "
-              f"{r['ratio']:.3f} | {r['pipe_ratio']:.3f} |")
+              f"{r['ratio']:.3f} | {r['pipe_ratio']:.3f} |" + (f" {r['allwin_ratio']:.3f} |" if allwin else ""))
     scored = [r for r in rows if "ratio" in r and math.isfinite(r["ratio"])]
     if scored:
         worst = max(scored, key=lambda r: abs(math.log(r["ratio"])))
