@@ -233,3 +233,12 @@ def test_timeline_boxes_are_the_simulated_events(tmp_path) -> None:  # type: ign
     assert {o.kind for o in ops} == {"F", "B", "sendF", "sendB", "sync", "optimizer"}
     out = plot_timeline(plan, inst, tmp_path / "t.png", label="manual:test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fewer_microbatches_than_stages_take_the_textbook_time() -> None:
+    """4 equal 1-layer stages (t = 0.03 s), m = 3, transfers ~0: (m + S − 1)·t, then the last
+    stage-0 backward's sync (one replica: none) and its 1 ms optimizer step."""
+    inst = tiny_instance(global_batch=3, model=tiny_model(num_layers=4, activation_bytes=1e-6))
+    plan = _plan(3, (0, 1, "a"), (1, 2, "a"), (2, 3, "a"), (3, 4, "a"))
+    sim = simulate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx((3 + 4 - 1) * 0.03 + 0.001, rel=1e-9)
