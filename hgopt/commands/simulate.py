@@ -18,6 +18,8 @@ from hgopt.table import fmt_seconds, format_table
 
 __all__ = ["register"]
 
+_MAX_LINKS = 20
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay one step event by event; compare with evaluate")
@@ -49,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
              fmt_seconds(s.end_s)] for s in sim.stages]
     print(format_table(["stage", "busy", "idle", "busy %", "last bwd ends", "sync ends", "optim ends"], rows))
     print()
+    busiest = sorted(sim.links, key=lambda lk: (-lk.utilisation, lk.name))
     links = [[lk.name, f"{lk.bytes / 1e9:.3f} GB", fmt_seconds(lk.busy_s), f"{100 * lk.utilisation:.0f} %",
-              str(lk.max_flows)] for lk in sim.links]
+              str(lk.max_flows)] for lk in busiest[:_MAX_LINKS]]
     if links:
-        print(format_table(["link", "carried", "busy", "busy %", "max flows"], links))
+        print(format_table(["link (busiest first)", "carried", "busy", "busy %", "max flows"], links))
+        if len(busiest) > _MAX_LINKS:
+            print(f"... and {len(busiest) - _MAX_LINKS} more link resources (--json lists all)")
         print()
     print(f"pipeline  {fmt_seconds(ev.pipeline_time_s)} by evaluate, {fmt_seconds(sim.pipeline_time_s)} by simulate")
     print(f"iteration {fmt_seconds(ev.iteration_time_s)} by evaluate, {fmt_seconds(sim.iteration_time_s)} by simulate "
