@@ -183,12 +183,13 @@ def test_simulate_command_prints_both_numbers(tmp_path) -> None:  # type: ignore
 
     gb = load_instance(inst).job.global_batch
     plan_file.write_text(plan_file.read_text().replace('"num_microbatches": 2', f'"num_microbatches": {gb}'))
-    out = subprocess.run([sys.executable, "-m", "hgopt", "simulate", inst, str(plan_file), "--json"],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run([sys.executable, "-m", "hgopt", "simulate", inst, str(plan_file), "--json",
+                          "--timeline", str(tmp_path / "t.png")], capture_output=True, text=True, check=False)
     assert out.returncode in (0, 1), out.stderr
     d = json.loads(out.stdout)
     assert d["simulate"]["iteration_time_s"] > 0 and d["evaluate"]["iteration_time_s"] > 0
     assert {s["stage"] for s in d["simulate"]["stages"]} == {0, 1}
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ---- per-flow links: node NICs, node-pair flows, aggregate caps (the links model) -------------------

@@ -1,4 +1,4 @@
-"""``hgopt simulate INSTANCE PLAN [--json]``: replay one training step of a plan event by event
+"""``hgopt simulate INSTANCE PLAN [--json] [--timeline FILE.png]``: replay one training step of a plan event by event
 (:func:`hgopt.simulate.simulate`) and print its iteration time next to ``evaluate``'s, each stage's
 busy and idle time and each link's utilisation.
 
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan JSON file (as written by `hgopt plan -o`)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--events", action="store_true", help="with --json: include every event of the step")
+    p.add_argument("--timeline", metavar="FILE.png", help="draw the simulated step (hgopt.report.plot_timeline)")
     p.set_defaults(func=run)
 
 
@@ -39,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.plan}: cannot simulate an invalid plan: {'; '.join(ev.violations)}")
     sim = simulate(plan, inst, tables)
     ratio = sim.iteration_time_s / ev.iteration_time_s if ev.iteration_time_s > 0 else math.nan
+    if args.timeline:
+        from hgopt.report import plot_timeline
+
+        plot_timeline(plan, inst, args.timeline, tables=tables)
     if args.json:
         print(json.dumps({
             "evaluate": {"iteration_time_s": ev.iteration_time_s, "pipeline_time_s": ev.pipeline_time_s},
