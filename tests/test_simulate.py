@@ -241,3 +241,23 @@ def test_fewer_microbatches_than_stages_take_the_textbook_time() -> None:
     plan = _plan(3, (0, 1, "a"), (1, 2, "a"), (2, 3, "a"), (3, 4, "a"))
     sim = simulate(plan, inst)
     assert sim.iteration_time_s == pytest.approx((3 + 4 - 1) * 0.03 + 0.001, rel=1e-9)
+
+
+def test_identical_pipelines_share_their_stages_nodes() -> None:
+    """Two identical one-replica pipelines a -> b on 2-GPU nodes: both stage-0 replicas sit on one
+    node, both stage-1 replicas on one node, so their pieces (1e6 bytes each) are one node-pair flow
+    of 1 GB/s: each takes 2e6 / 1e9 s, as evaluate's node pieces price it."""
+    from hgopt.spec import Topology
+
+    if not hasattr(Topology, "link_spec"):
+        pytest.skip("topology without per-flow links yet")
+    topo = tiny_topology()
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}}
+    inst = tiny_instance(global_batch=2, topology=topo)
+    one = _plan(1, (0, 2, "a"), (2, 4, "b")).pipelines[0]
+    plan = Plan(pipelines=(one, one))
+    sends = [e for e in simulate(plan, inst).events if e.kind == "sendF"]
+    assert len(sends) == 2
+    for e in sends:
+        assert e.end - e.start == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
+    assert evaluate(plan, inst).stages[0].send_fwd_s == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)

@@ -19,8 +19,10 @@ inside a cluster every sender has its own ``inter_node`` bandwidth (per flow, no
 two clusters one pipe per ordered pair shared by every flow on it (aggregate, no per-flow limit).
 
 Nodes: a stage's replica group of ``dp`` replicas of ``tp`` GPUs fills nodes of ``gpus_per_node``
-GPUs, ``gpus_per_node // tp`` replicas per node (each group on nodes of its own), as the cost
-kernel's placement (``evaluate._nodes_of``) assumes.
+GPUs, ``gpus_per_node // tp`` replicas per node, each (stage, group) on nodes of its own; identical
+pipelines pack the replicas of one (stage, group) together, copy after copy (replica d of copy c on
+node (c·dp + d) // (gpus_per_node // tp)), as the cost kernel's placement (``evaluate._node_pieces``)
+assumes.
 """
 
 from __future__ import annotations
@@ -76,13 +78,20 @@ class Network:
         self.per_flow_links = hasattr(topo, "link_spec")
         self._cache: dict[tuple[Endpoint, Endpoint], tuple[Resource, ...]] = {}
         self.node_of: dict[tuple[int, int, int], Endpoint] = {}
+        first: dict[object, int] = {}
+        copies: dict[int, int] = {}
         for pi, pipe in enumerate(plan.pipelines):
+            rep = first.setdefault(pipe, pi)  # identical pipelines share their stages' nodes, copy after copy
+            c = copies[rep] = copies.get(rep, -1) + 1
             for si, st in enumerate(pipe.stages):
                 ri = 0
                 for gi, g in enumerate(st.groups):
                     per_node = max(topo.cluster(g.cluster).gpus_per_node // g.tp, 1)
                     for d in range(g.dp):
-                        node = f"p{pi}.s{si}.g{gi}.n{d // per_node}" if self.per_flow_links else f"p{pi}.s{si}.r{ri}"
+                        if self.per_flow_links:
+                            node = f"p{rep}.s{si}.g{gi}.n{(c * g.dp + d) // per_node}"
+                        else:
+                            node = f"p{pi}.s{si}.r{ri}"
                         self.node_of[(pi, si, ri)] = (g.cluster, node)
                         ri += 1
 
