@@ -261,3 +261,18 @@ def test_identical_pipelines_share_their_stages_nodes() -> None:
     for e in sends:
         assert e.end - e.start == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
     assert evaluate(plan, inst).stages[0].send_fwd_s == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
+
+
+def test_a_zero1_segment_is_one_bucket() -> None:
+    """The runner reduce-scatters a ZeRO-1 sync group's whole flat gradient at once (one bucket);
+    without ZeRO the 16 MB of gradients go in 8 MiB buckets of two layers."""
+    from dataclasses import fields, replace
+
+    if "grad_bucket_mb" not in {f.name for f in fields(Plan)}:
+        pytest.skip("Plan has no grad_bucket_mb field yet")
+    inst = tiny_instance(global_batch=2)
+    base = _plan(1, (0, 4, "a"), dp=2)
+    zero = replace(base, pipelines=(replace(base.pipelines[0], stages=(replace(base.pipelines[0].stages[0], zero=1),)),))
+    for plan, n in ((base, 2), (zero, 1)):
+        sim = simulate(replace(plan, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+        assert len([e for e in sim.events if e.kind == "sync"]) == n
