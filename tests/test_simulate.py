@@ -80,6 +80,7 @@ def test_staggered_flows_share_the_pipe_by_processor_sharing() -> None:
         Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", mbs=3),))), num_microbatches=1),))
     sim = simulate(plan, inst)
     end = {e.replica: e.end for e in sim.events if e.kind == "sendF"}
+    assert {e.replica: e.rows for e in sim.events if e.kind == "sendF"} == {0: (0, 2), 1: (2, 3)}
     assert end[1] == pytest.approx(0.04 + 0.010, rel=1e-12)
     assert end[0] == pytest.approx(0.07 + 0.010, rel=1e-12)
     f1 = next(e for e in sim.events if e.kind == "F" and e.stage == 1)

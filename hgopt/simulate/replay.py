@@ -56,6 +56,8 @@ class Event:
     start: float
     end: float
     peer: int = -1
+    rows: tuple[int, int] = (0, 0)
+    """sendF/sendB: the rows [lo, hi) of the microbatch the piece carries."""
     resource: str = ""
     layers: tuple[int, int] = (0, 0)
 
@@ -304,9 +306,9 @@ class _Replay:
             delay = max(r.latency_s for r in res) + quant
 
             def done(start: float, t_bytes: float, dst: _Worker = dst, peer: int = peer,
-                     res: tuple[Resource, ...] = res, delay: float = delay) -> None:
+                     res: tuple[Resource, ...] = res, delay: float = delay, rows: tuple[int, int] = (lo, hi)) -> None:
                 self.events.append(Event(kind="send" + kind, pipeline=w.pi, stage=w.si, replica=w.ri, microbatch=mb,
-                                         start=start, end=t_bytes + delay, peer=peer,
+                                         start=start, end=t_bytes + delay, peer=peer, rows=rows,
                                          resource="+".join(r.name for r in res)))
                 self.push(t_bytes + delay, self.arrive, dst, kind, mb)
 
