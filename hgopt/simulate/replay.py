@@ -227,7 +227,9 @@ class _Replay:
                        if s.start <= lo and hi <= s.end]
             members = [w for w in self.workers.values() if any((w.pi, w.si) == (pi, si) for pi, si, _ in holders)]
             stages = [s for _, _, s in holders]
-            zero = all(s.zero for s in stages)
+            # the runner shards (ZeRO-1: one reduce-scatter of the whole group, no buckets) only when
+            # every holder asks for it and all hold one tp degree (export/build.py _zero_level)
+            zero = all(s.zero for s in stages) and len({g.tp for s in stages for g in s.groups}) == 1
             for blo, bhi in _buckets(inst, tables, stages, lo, hi, math.inf if zero else cap):
                 seg = _segment_allreduce(inst, tables, stages, blo, bhi, plan.grad_sync_precision)
                 names = seg.clusters
