@@ -206,7 +206,7 @@ class _Replay:
             for si, st in enumerate(pipe.stages):
                 ops = stage_ops(pipe.schedule, si, S, pipe.num_microbatches)
                 for ri, (g, lo, hi) in enumerate(_replica_rows(st)):
-                    f, b = tables.table(inst.topology.cluster(g.cluster).gpu, g.tp).times(g.mbs, st.start, st.end)
+                    f, b = _stage_times(tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs, st)
                     self.workers[(pi, si, ri)] = _Worker(
                         pi=pi, si=si, ri=ri, cluster=g.cluster, fwd_s=f, bwd_s=b, optimizer_s=opt[(pi, si)], ops=ops,
                         in_pieces=[] if si == 0 else _overlaps((lo, hi), _replica_rows(pipe.stages[si - 1])),
@@ -470,6 +470,16 @@ def simulate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+def _stage_times(tab: Any, mbs: int, stage: Stage) -> tuple[float, float]:
+    """Forward and backward seconds of one replica of ``stage`` [C2] (with full activation
+    recomputation the kernel's [C2r] times: the backward runs the forward again)."""
+    if getattr(stage, "recompute", "none") == "full":
+        from hgopt.cost.compute import stage_times
+
+        return stage_times(tab, mbs, stage.start, stage.end, recompute=True)  # type: ignore[call-arg]
+    return tab.times(mbs, stage.start, stage.end)  # type: ignore[no-any-return]
+
+
 def _replica_rows(stage: Stage) -> list[tuple[Any, int, int]]:
     """(replica group, first row, end row) of every replica, group after group (the runner's layout)."""
     out, lo = [], 0
