@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[runner,test]'
+	$(BIN)/python -m pip install -q -e '.[runner,test,hf]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,6 +1,7 @@
-"""The shipped instances: ``instances/*.yaml`` in the repository plus the embedded default
-(``hgopt/data/default.yaml``, present in every installation). Everywhere the CLI takes INSTANCE, a
-listed name or a path works."""
+"""The shipped instances: ``instances/*.yaml`` plus the embedded default (``hgopt/data/default.yaml``).
+In a source checkout they are read from the repository's ``instances/``; an installed wheel carries
+the same files as ``hgopt/data/instances/`` (copied there by setup.py at build time). Everywhere the
+CLI takes INSTANCE, a listed name or a path works."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ __all__ = ["DEFAULT_INSTANCE", "InstanceEntry", "instance_dirs", "list_instances
 
 DEFAULT_INSTANCE = "default"
 _PACKAGE_DATA = Path(__file__).resolve().parent / "data"
-_REPO_INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+_WHEEL_INSTANCES = _PACKAGE_DATA / "instances"
+_REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -24,11 +26,20 @@ class InstanceEntry:
     path: Path
 
 
+def _repo_instances() -> Path | None:
+    """``instances/`` of the source checkout this package runs from (None when installed: a folder
+    named ``instances`` next to site-packages' ``hgopt`` is not ours)."""
+    if (_REPO / "pyproject.toml").is_file() and (_REPO / "instances").is_dir():
+        return _REPO / "instances"
+    return None
+
+
 def instance_dirs() -> tuple[Path, ...]:
-    """Folders searched for instances: $HGOPT_INSTANCES (colon-separated), the repository's
-    ``instances/``, the package's embedded data."""
+    """Folders searched for instances: $HGOPT_INSTANCES (colon-separated), the checkout's
+    ``instances/`` or the wheel's ``hgopt/data/instances/``, the package's embedded data."""
     extra = [Path(p) for p in os.environ.get("HGOPT_INSTANCES", "").split(os.pathsep) if p]
-    return tuple(d for d in (*extra, _REPO_INSTANCES, _PACKAGE_DATA) if d.is_dir())
+    shipped = _repo_instances() or _WHEEL_INSTANCES
+    return tuple(d for d in (*extra, shipped, _PACKAGE_DATA) if d.is_dir())
 
 
 def list_instances() -> list[InstanceEntry]:

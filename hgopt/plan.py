@@ -59,6 +59,9 @@ class Stage:
     groups: tuple[ReplicaGroup, ...]
     zero: int = 0
     """0: every replica keeps the whole optimizer state; 1: it is sharded over the stage's replicas."""
+    recompute: Literal["none", "full"] = "none"
+    """Activation recomputation (hfrunner): ``full`` keeps only each layer's input for backward and runs
+    the layer's forward again there (``torch.utils.checkpoint`` per layer in the runner)."""
 
     @property
     def num_layers(self) -> int:
@@ -154,6 +157,7 @@ class Plan:
                         {
                             "layers": [s.start, s.end],
                             "zero": s.zero,
+                            **({"recompute": s.recompute} if s.recompute != "none" else {}),
                             "groups": [
                                 {"cluster": g.cluster, "tp": g.tp, "dp": g.dp, "mbs": g.mbs} for g in s.groups
                             ],
@@ -184,9 +188,11 @@ class Plan:
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanError(str(p), "<file>", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # cli-input: name the file
+        raise PlanError(str(p), "<file>", f"is not UTF-8 text: {exc}") from None
     return Plan.from_json(text, str(p))
 
 
@@ -288,7 +294,11 @@ class _PlanReader:
                     mbs=self._int(g, "mbs", gw, 1),
                 )
             )
-        return Stage(start=layers[0], end=layers[1], groups=tuple(out), zero=self._int(obj, "zero", where, 0))
+        recompute = obj.get("recompute", "none")
+        if recompute not in ("none", "full"):
+            raise self._fail(f"{where}.recompute", f"must be none or full, got {recompute!r}")
+        return Stage(start=layers[0], end=layers[1], groups=tuple(out), zero=self._int(obj, "zero", where, 0),
+                     recompute=recompute)
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,6 +360,8 @@ def _validate_pipeline(p: Pipeline, where: str, inst: Instance) -> list[Violatio
         expect = max(expect, s.end)
         if s.zero not in (0, 1):
             out.append(Violation(where=f"{sw}.zero", problem=f"must be 0 or 1, got {s.zero}"))
+        if s.recompute not in ("none", "full"):
+            out.append(Violation(where=f"{sw}.recompute", problem=f"must be none or full, got {s.recompute!r}"))
         if s.microbatch != p.microbatch:
             out.append(Violation(where=sw, problem=f"processes {s.microbatch} samples per microbatch, stage 0 processes {p.microbatch}"))
         if not s.groups:

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, Mapping, get_args
 
 from hgopt.errors import SpecError
 
 __all__ = [
     "DTYPE_BYTES",
+    "LIMITS",
+    "MAX_ALIAS_EXPANSION",
+    "MAX_DOCUMENT_BYTES",
     "Bandwidth",
     "Cluster",
     "Instance",
@@ -34,7 +39,11 @@ __all__ = [
     "bandwidth_to_dict",
     "instance_from_dict",
     "job_from_dict",
+    "gpu_spec_from_dict",
+    "gpu_table",
     "load_document",
+    "read_text",
+    "short_repr",
     "model_profile_from_dict",
     "model_profile_to_dict",
     "topology_from_dict",
@@ -49,6 +58,53 @@ Optimizer = Literal["adam", "sgd"]
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 GB = 1e9
 GIB = 2.0**30
+
+LIMITS: Mapping[str, float] = MappingProxyType({
+    # job
+    "global_batch": 2**20,  # sequences per iteration; published LLM runs use <= ~16k
+    "seq_len": 2**20,  # tokens per sequence
+    "workspace_gb": 10_000.0,
+    # model (a profile's layer list and the analytic generator's shape)
+    "layers": 4096,  # layers of a profile / blocks of the analytic generator (GPT-3: 96, LLaMA-3 405B: 126)
+    "hidden": 2**18,
+    "heads": 4096,
+    "vocab": 2**22,
+    "ffn": 2**20,
+    "timings": 10_000,  # (gpu, tp, mbs) entries of a profile
+    "tp": 1024,
+    "mbs": 2**16,
+    "layer_seconds": 1e6,  # one layer's forward/backward/update time per microbatch
+    "layer_params": 1e13,
+    "layer_bytes": 1e15,
+    # topology
+    "nodes": 100_000,  # per cluster
+    "gpus_per_node": 1024,
+    "gpu_memory_gb": 10_000.0,  # 10 TB per GPU (H200: 141 GB)
+    "memory_bandwidth_gbyte_s": 100_000.0,
+    "gbyte_s": 100_000.0,  # any link, 100 TB/s (NVLink 5: 1.8 TB/s)
+    "gbit_s": 800_000.0,
+    "latency_ms": 100_000.0,  # 100 s one way
+    "cost_per_gpu_hour": 1e6,
+    "gpu_tflops": 1e6,  # a declared GPU's peak (B200 dense FP8: 4.5e3)
+})
+"""Sane upper bounds of the input fields, far above any real system and far below what would make the
+planner run out of memory or time. A value above its bound is refused with a SpecError naming the field
+(docs/instance-format.md lists them)."""
+
+MAX_DOCUMENT_BYTES = 256 * 2**20
+"""Largest YAML/JSON file :func:`load_document` reads."""
+MAX_ALIAS_EXPANSION = 1_000_000
+"""Most YAML nodes that aliases (``*name``) may add when a document is expanded: the guard against
+"billion laughs" documents, which PyYAML would build as shared references that explode when walked."""
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+
+
+def short_repr(value: Any) -> str:
+    """``repr`` bounded in size and time (nested or shared structures are elided with ``...``)."""
+    return _SHORT.repr(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,6 +122,8 @@ class LayerProfile:
     """Bytes of the layer's output per sample (what a stage ending here sends to the next)."""
     act_mem_bytes: float
     """Activation bytes per sample kept for the backward pass."""
+    flops: float | None = None
+    """Forward matmul FLOPs per sample (one sequence) at tp 1; None when unknown (hfrunner)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +163,9 @@ class ModelProfile:
     """Optimizer state + master weights per parameter; ``None``: derived from the job (see cost model)."""
     source: str = ""
     """Where the figures come from (citation)."""
+    hf_config: str = ""
+    """The Hugging Face ``config.json`` the profile was built from, as compact JSON (``""``: none);
+    the export hands it to the runner, which builds that architecture (:mod:`hgopt.profiles.hf`)."""
 
     @property
     def num_layers(self) -> int:
@@ -161,6 +222,8 @@ class Cluster:
     memory_bandwidth_gbyte_s: float = 900.0
     """GPU memory (HBM/GDDR) bandwidth; prices the (de)quantisation of compressed link traffic.
     Default 900 GB/s (V100-class) when a topology does not say."""
+    defaults: tuple[str, ...] = field(default=(), compare=False)
+    """Fields the file left out and the GPU table (or the instance's ``gpus:``) filled in."""
 
     @property
     def num_gpus(self) -> int:
@@ -264,7 +327,7 @@ class _At:
         return [self._child(i, v) for i, v in enumerate(self.value)]
 
     def only(self, allowed: set[str]) -> None:
-        unknown = sorted(set(self.mapping()) - allowed)
+        unknown = sorted((set(self.mapping()) - allowed), key=str)
         if unknown:
             raise self._child(unknown[0], None).fail(
                 f"unknown field (allowed: {', '.join(sorted(allowed))})"
@@ -272,63 +335,173 @@ class _At:
 
     def string(self) -> str:
         if not isinstance(self.value, str) or not self.value:
-            raise self.fail(f"expected a non-empty string, got {self.value!r}")
+            raise self.fail(f"expected a non-empty string, got {short_repr(self.value)}")
         return self.value
 
-    def number(self, *, minimum: float | None = None, positive: bool = False) -> float:
+    def number(self, *, minimum: float | None = None, positive: bool = False, maximum: float | None = None) -> float:
         v = self.value
         if isinstance(v, str):  # PyYAML reads 1.0e6 (no sign in the exponent) as a string
             try:
                 v = float(v)
             except ValueError:
                 pass
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1e300:  # float(v) would overflow
+            raise self.fail(f"expected a finite number of sane size, got {short_repr(v)}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            raise self.fail(f"expected a finite number, got {v!r}")
+            raise self.fail(f"expected a finite number, got {short_repr(v)}")
         if positive and v <= 0:
             raise self.fail(f"must be > 0, got {v!r}")
         if minimum is not None and v < minimum:
             raise self.fail(f"must be >= {minimum}, got {v!r}")
+        if maximum is not None and v > maximum:
+            raise self.fail(f"must be <= {maximum:g} (a sane limit, see docs/instance-format.md), got {v:g}")
         return float(v)
 
-    def integer(self, *, minimum: int = 1) -> int:
+    def integer(self, *, minimum: int = 1, maximum: float | None = None) -> int:
         v = self.value
         if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
+            if isinstance(v, float) and math.isfinite(v) and v.is_integer():
                 v = int(v)
             else:
-                raise self.fail(f"expected an integer, got {v!r}")
+                raise self.fail(f"expected an integer, got {short_repr(v)}")
         if v < minimum:
-            raise self.fail(f"must be >= {minimum}, got {v}")
+            raise self.fail(f"must be >= {minimum}, got {short_repr(v)}")
+        if maximum is not None and v > maximum:
+            raise self.fail(f"must be <= {int(maximum)} (a sane limit, see docs/instance-format.md), got {short_repr(v)}")
         return int(v)
+
+    def limited(self, key: str, *, minimum: int = 1) -> int:
+        """An integer bounded by ``LIMITS[key]``."""
+        return self.integer(minimum=minimum, maximum=LIMITS[key])
 
     def choice(self, options: tuple[str, ...]) -> str:
         v = self.value
-        if v not in options:
-            raise self.fail(f"must be one of {', '.join(options)}, got {v!r}")
+        if isinstance(v, (list, dict)) or v not in options:
+            raise self.fail(f"must be one of {', '.join(options)}, got {short_repr(v)}")
         return str(v)
 
-    def numbers(self, length: int | None = None, *, minimum: float = 0.0) -> tuple[float, ...]:
-        out = tuple(item.number(minimum=minimum) for item in self.items())
+    def numbers(self, length: int | None = None, *, minimum: float = 0.0, maximum: float | None = None) -> tuple[float, ...]:
+        items = self.items()
+        if length is not None and len(items) != length:
+            raise self.fail(f"expected {length} values, got {len(items)}")
+        out = tuple(item.number(minimum=minimum, maximum=maximum) for item in items)
         if length is not None and len(out) != length:
             raise self.fail(f"expected {length} values, got {len(out)}")
         return out
 
 
-def load_document(path: str | Path) -> Any:
-    """Read a YAML or JSON file; a syntax error becomes a SpecError naming the file."""
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of a file; a missing, unreadable, oversized or non-UTF-8 file is a SpecError
+    naming it."""
     p = Path(path)
     try:
-        text = p.read_text()
+        if p.is_dir():
+            raise SpecError(str(p), "<file>", "is a folder, expected a file")
+        size = p.stat().st_size
+        if size > MAX_DOCUMENT_BYTES:
+            raise SpecError(str(p), "<file>", f"is {size} bytes, larger than the {MAX_DOCUMENT_BYTES} bytes an input may have")
+        data = p.read_bytes()
     except OSError as exc:
         raise SpecError(str(p), "<file>", f"cannot read: {exc.strerror or exc}") from None
     try:
-        if p.suffix.lower() == ".json":
-            return json.loads(text)
-        import yaml
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(str(p), "<file>", f"is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}, "
+                                          f"line {line})") from None
 
-        return yaml.safe_load(text)
-    except Exception as exc:  # yaml/json syntax errors of every kind
-        raise SpecError(str(p), "<file>", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+
+def load_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file; a syntax error becomes a SpecError naming the file. YAML aliases may
+    add at most :data:`MAX_ALIAS_EXPANSION` nodes (refused otherwise, naming the field that holds them)."""
+    p = Path(path)
+    text = read_text(p)
+    kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
+    try:
+        if kind == "JSON":
+            return json.loads(text)
+        return _load_yaml(text, str(p))
+    except SpecError:
+        raise
+    except Exception as exc:  # yaml/json syntax errors of every kind (and RecursionError of deep nesting)
+        raise SpecError(str(p), "<file>", f"not valid {kind}: {exc}") from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    import yaml
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_alias_expansion(node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for kv in node.value for n in kv]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_alias_expansion(root: Any, source: str) -> None:
+    """Refuse a YAML node graph whose aliases expand to more than MAX_ALIAS_EXPANSION extra nodes, or
+    that refers to itself. Linear in the number of distinct nodes (sizes are memoised)."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            continue
+        if key in size:
+            continue
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise SpecError(source, _big_field(root, size, 0) or "<file>", "a YAML alias refers to itself (recursive document)")
+            if id(child) not in size:
+                stack.append((child, False))
+    expanded, distinct = size[id(root)], len(size)
+    if expanded - distinct > MAX_ALIAS_EXPANSION:
+        raise SpecError(source, _big_field(root, size, MAX_ALIAS_EXPANSION) or "<file>",
+                        f"YAML aliases expand to {expanded:.3g} nodes from {distinct} written ones (at most "
+                        f"{MAX_ALIAS_EXPANSION} more are allowed): refusing an alias bomb")
+
+
+def _big_field(root: Any, size: dict[int, int], limit: int) -> str:
+    """The dotted path of the deepest mapping entry (or mapping in a list) whose expansion exceeds ``limit``."""
+    import yaml
+
+    path, node = "", root
+    for _ in range(64):
+        best: tuple[str, Any] | None = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                label = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+                if size.get(id(v), limit + 1) > limit and (best is None or size.get(id(v), 0) > size.get(id(best[1]), 0)):
+                    best = (f"{path}.{label}" if path else label, v)
+        elif isinstance(node, yaml.SequenceNode) and path:
+            for i, v in enumerate(node.value):
+                if isinstance(v, yaml.MappingNode) and size.get(id(v), limit + 1) > limit:
+                    best = (f"{path}[{i}]", v)
+                    break
+        if best is None:
+            break
+        path, node = best
+    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,15 +510,22 @@ def load_document(path: str | Path) -> Any:
 def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "") -> ModelProfile:
     """Validate and build a :class:`ModelProfile` from its JSON/YAML form."""
     at = _At(source, path, data)
-    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version"})
+    at.only({"name", "dtype", "seq_len", "layers", "timings", "tp_memory", "optimizer_bytes_per_param", "source", "version",
+             "hf_config"})
     name = at.get("name").string()
     dtype = at.get("dtype").choice(get_args(TrainDtype))
-    seq_len = at.get("seq_len").integer()
-    layers = tuple(_layer(item) for item in at.get("layers").items())
+    seq_len = at.get("seq_len").limited("seq_len")
+    layer_items = at.get("layers").items()
+    if len(layer_items) > LIMITS["layers"]:
+        raise at.get("layers").fail(f"lists {len(layer_items)} layers, more than the sane limit of {int(LIMITS['layers'])}")
+    layers = tuple(_layer(item) for item in layer_items)
     if not layers:
         raise at.get("layers").fail("must list at least one layer")
     n = len(layers)
-    timings = tuple(_timing(item, n) for item in at.get("timings").items())
+    timing_items = at.get("timings").items()
+    if len(timing_items) > LIMITS["timings"]:
+        raise at.get("timings").fail(f"lists {len(timing_items)} entries, more than the sane limit of {int(LIMITS['timings'])}")
+    timings = tuple(_timing(item, layers) for item in timing_items)
     if not timings:
         raise at.get("timings").fail("must hold at least one (gpu, tp, mbs) entry")
     seen: set[tuple[str, int, int]] = set()
@@ -358,15 +538,15 @@ def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "")
     if (tm := at.opt("tp_memory")) is not None:
         tp_memory = tuple(
             TpMemory(
-                tp=item.get("tp").integer(),
-                params=item.get("params").numbers(n),
-                act_mem_bytes=item.get("act_mem_bytes").numbers(n),
+                tp=item.get("tp").limited("tp"),
+                params=item.get("params").numbers(n, maximum=LIMITS["layer_params"]),
+                act_mem_bytes=item.get("act_mem_bytes").numbers(n, maximum=LIMITS["layer_bytes"]),
             )
             for item in tm.items()
         )
     opt_bytes = None
     if (ob := at.opt("optimizer_bytes_per_param")) is not None:
-        opt_bytes = ob.number(minimum=0.0)
+        opt_bytes = ob.number(minimum=0.0, maximum=1e3)
     src = at.opt("source")
     return ModelProfile(
         name=name,
@@ -377,30 +557,47 @@ def model_profile_from_dict(data: Any, source: str = "<inline>", path: str = "")
         tp_memory=tp_memory,
         optimizer_bytes_per_param=opt_bytes,
         source=src.string() if src and src.value != "" else "",
+        hf_config=_hf_config(at.opt("hf_config")),
     )
+
+
+def _hf_config(at: _At | None) -> str:
+    """An embedded Hugging Face config (an object) as compact JSON (hfrunner)."""
+    if at is None:
+        return ""
+    return json.dumps(dict(at.mapping()), sort_keys=True, separators=(",", ":"))
 
 
 def _layer(at: _At) -> LayerProfile:
-    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes"})
+    at.only({"name", "kind", "params", "activation_bytes", "act_mem_bytes", "flops"})
+    fl = at.opt("flops")
     return LayerProfile(
+        flops=fl.number(minimum=0.0) if fl is not None else None,
         name=at.get("name").string(),
         kind=at.get("kind").choice(get_args(LayerKind)),  # type: ignore[arg-type]
-        params=at.get("params").number(minimum=0.0),
-        activation_bytes=at.get("activation_bytes").number(positive=True),
-        act_mem_bytes=at.get("act_mem_bytes").number(minimum=0.0),
+        params=at.get("params").number(minimum=0.0, maximum=LIMITS["layer_params"]),
+        activation_bytes=at.get("activation_bytes").number(positive=True, maximum=LIMITS["layer_bytes"]),
+        act_mem_bytes=at.get("act_mem_bytes").number(minimum=0.0, maximum=LIMITS["layer_bytes"]),
     )
 
 
-def _timing(at: _At, n: int) -> TimingEntry:
+def _timing(at: _At, layers: tuple[LayerProfile, ...]) -> TimingEntry:
     at.only({"gpu", "tp", "mbs", "fwd", "bwd", "update"})
-    return TimingEntry(
+    n, top = len(layers), LIMITS["layer_seconds"]
+    entry = TimingEntry(
         gpu=at.get("gpu").string(),
-        tp=at.get("tp").integer(),
-        mbs=at.get("mbs").integer(),
-        fwd=at.get("fwd").numbers(n),
-        bwd=at.get("bwd").numbers(n),
-        update=at.get("update").numbers(n),
+        tp=at.get("tp").limited("tp"),
+        mbs=at.get("mbs").limited("mbs"),
+        fwd=at.get("fwd").numbers(n, maximum=top),
+        bwd=at.get("bwd").numbers(n, maximum=top),
+        update=at.get("update").numbers(n, maximum=top),
     )
+    for i, (f, b) in enumerate(zip(entry.fwd, entry.bwd)):
+        if f + b <= 0:
+            raise at.get("fwd").fail(
+                f"layer {i} ({layers[i].name}) has zero forward and backward time: every layer must take some time"
+            )
+    return entry
 
 
 def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
@@ -417,6 +614,7 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
                 "params": layer.params,
                 "activation_bytes": layer.activation_bytes,
                 "act_mem_bytes": layer.act_mem_bytes,
+                **({"flops": layer.flops} if layer.flops is not None else {}),
             }
             for layer in p.layers
         ],
@@ -431,6 +629,8 @@ def model_profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         ]
     if p.optimizer_bytes_per_param is not None:
         out["optimizer_bytes_per_param"] = p.optimizer_bytes_per_param
+    if p.hf_config:
+        out["hf_config"] = json.loads(p.hf_config)
     return out
 
 
@@ -448,16 +648,16 @@ def bandwidth_from_dict(at_or_data: Any, source: str = "<inline>", path: str = "
     if len(given) != 1:
         raise at.fail("give exactly one of gbit_s, gbyte_s or curve (+ max_gbyte_s)")
     latency = at.opt("latency_ms")
-    latency_s = latency.number(minimum=0.0) / 1e3 if latency else 0.0
+    latency_s = latency.number(minimum=0.0, maximum=LIMITS["latency_ms"]) / 1e3 if latency else 0.0
     if given[0] == "curve":
         curve = at.get("curve").numbers(3, minimum=-math.inf)
-        top = at.get("max_gbyte_s").number(positive=True)
+        top = at.get("max_gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"])
         return Bandwidth(gbyte_s=top, latency_s=latency_s, curve=curve)  # type: ignore[arg-type]
     if at.has("max_gbyte_s"):
         raise at.get("max_gbyte_s").fail("only allowed together with curve")
     if given[0] == "gbit_s":
-        return Bandwidth(gbyte_s=at.get("gbit_s").number(positive=True) / 8.0, latency_s=latency_s)
-    return Bandwidth(gbyte_s=at.get("gbyte_s").number(positive=True), latency_s=latency_s)
+        return Bandwidth(gbyte_s=at.get("gbit_s").number(positive=True, maximum=LIMITS["gbit_s"]) / 8.0, latency_s=latency_s)
+    return Bandwidth(gbyte_s=at.get("gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"]), latency_s=latency_s)
 
 
 def bandwidth_to_dict(b: Bandwidth) -> dict[str, Any]:
@@ -476,24 +676,49 @@ _CLUSTER_KEYS = {
 }
 
 
-def _cluster(at: _At) -> Cluster:
+def _gpu_defaults(at: _At, gpus: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cluster fields left out of ``at`` that the entry of its GPU type supplies: ``gpu_memory_gb``
+    (the datasheet memory), ``intra_node`` (achievable one-direction NVLink/PCIe GB/s) and
+    ``inter_node`` (the assumed node NIC); see :mod:`hgopt.profiles.gpus`. Empty for an unknown GPU."""
+    from hgopt.profiles.gpus import DEFAULT_LINK_LATENCY_MS, GPUS
+
+    m = at.mapping()
+    if not isinstance(m.get("gpu"), str):
+        return {}
+    spec = (gpus if gpus is not None else GPUS).get(m["gpu"])
+    if spec is None:
+        return {}
+    filled = {
+        "gpu_memory_gb": spec.memory_gb,
+        "intra_node": {"gbyte_s": spec.intra_node_gbyte_s, "latency_ms": DEFAULT_LINK_LATENCY_MS},
+        "inter_node": {"gbit_s": spec.node_network_gbit_s, "latency_ms": DEFAULT_LINK_LATENCY_MS},
+    }
+    return {k: v for k, v in filled.items() if m.get(k) is None}
+
+
+def _cluster(at: _At, gpus: Mapping[str, Any] | None = None) -> Cluster:
     at.only(_CLUSTER_KEYS)
+    filled = _gpu_defaults(at, gpus)
+    if filled:
+        at = _At(at.source, at.path, {**at.mapping(), **filled})
     cost = at.opt("cost_per_gpu_hour")
     return Cluster(
         name=at.get("name").string(),
         region=at.get("region").string(),
         gpu=at.get("gpu").string(),
-        gpu_memory_bytes=at.get("gpu_memory_gb").number(positive=True) * GB,
-        nodes=at.get("nodes").integer(),
-        gpus_per_node=at.get("gpus_per_node").integer(),
+        gpu_memory_bytes=at.get("gpu_memory_gb").number(positive=True, maximum=LIMITS["gpu_memory_gb"]) * GB,
+        nodes=at.get("nodes").limited("nodes"),
+        gpus_per_node=at.get("gpus_per_node").limited("gpus_per_node"),
         intra_node=bandwidth_from_dict(at.get("intra_node")),
         inter_node=bandwidth_from_dict(at.get("inter_node")),
-        cost_per_gpu_hour=cost.number(minimum=0.0) if cost else None,
-        memory_bandwidth_gbyte_s=mbw.number(positive=True) if (mbw := at.opt("memory_bandwidth_gbyte_s")) else 900.0,
+        defaults=tuple(filled),
+        cost_per_gpu_hour=cost.number(minimum=0.0, maximum=LIMITS["cost_per_gpu_hour"]) if cost else None,
+        memory_bandwidth_gbyte_s=mbw.number(positive=True, maximum=LIMITS["memory_bandwidth_gbyte_s"])
+        if (mbw := at.opt("memory_bandwidth_gbyte_s")) else 900.0,
     )
 
 
-def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Topology:
+def topology_from_dict(data: Any, source: str = "<inline>", path: str = "", gpus: Mapping[str, Any] | None = None) -> Topology:
     """Clusters plus links. ``links`` holds ``pairs`` (symmetric unless ``directed: true``) and
     optional ``same_region`` / ``default`` bandwidths for the pairs not listed."""
     at = _At(source, path, data)
@@ -501,7 +726,7 @@ def topology_from_dict(data: Any, source: str = "<inline>", path: str = "") -> T
     items = at.get("clusters").items()
     if not items:
         raise at.get("clusters").fail("must list at least one cluster")
-    clusters = tuple(_cluster(item) for item in items)
+    clusters = tuple(_cluster(item, gpus) for item in items)  # gpus: the GPU table for defaults (cli-input)
     names = [c.name for c in clusters]
     for i, (item, c) in enumerate(zip(items, clusters)):
         if c.name in names[:i]:
@@ -582,11 +807,11 @@ def job_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Job:
     ws = at.opt("workspace_gb")
     opt = at.opt("optimizer")
     return Job(
-        global_batch=at.get("global_batch").integer(),
-        seq_len=at.get("seq_len").integer(),
+        global_batch=at.get("global_batch").limited("global_batch"),
+        seq_len=at.get("seq_len").limited("seq_len"),
         precision=at.get("precision").choice(get_args(TrainDtype)),  # type: ignore[arg-type]
         optimizer=opt.choice(get_args(Optimizer)) if opt else "adam",  # type: ignore[arg-type]
-        workspace_bytes=ws.number(minimum=0.0) * GB if ws else 1.0 * GIB,
+        workspace_bytes=ws.number(minimum=0.0, maximum=LIMITS["workspace_gb"]) * GB if ws else 1.0 * GIB,
     )
 
 
@@ -595,11 +820,12 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
     (relative to ``base_dir``). A ``model`` mapping with a ``generator`` key is built by
     :func:`hgopt.profiles.generate` (analytic or importer) instead of being read literally."""
     at = _At(source, "", data)
-    at.only({"name", "description", "model", "topology", "job"})
+    at.only({"name", "description", "gpus", "model", "topology", "job"})
     name = at.get("name").string()
     desc = at.opt("description")
-    model = _part(at.get("model"), base_dir, _model_part)
-    topology = _part(at.get("topology"), base_dir, topology_from_dict)
+    gpus = gpu_table(at.opt("gpus"))
+    model = _part(at.get("model"), base_dir, lambda d, src, path: _model_part(d, src, path, gpus))
+    topology = _part(at.get("topology"), base_dir, lambda d, src, path: topology_from_dict(d, src, path, gpus))
     job = _part(at.get("job"), base_dir, job_from_dict)
     inst = Instance(
         name=name,
@@ -613,22 +839,88 @@ def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | Non
     return inst
 
 
-def _model_part(data: Any, source: str, path: str) -> ModelProfile:
-    if isinstance(data, Mapping) and "generator" in data:
+def _model_part(data: Any, source: str, path: str, gpus: Mapping[str, Any] | None = None) -> ModelProfile:
+    if isinstance(data, Mapping) and ("generator" in data or isinstance(data.get("hf_config"), str)):
         from hgopt.profiles import generate
 
-        return generate(data, source, path)
+        return generate(data, source, path, gpus=gpus)
     return model_profile_from_dict(data, source, path)
+
+
+_GPU_KEYS = {
+    "name", "fp32_tflops", "fp16_tflops", "bf16_tflops", "memory_gb", "memory_gbyte_s", "link_bidir_gbyte_s",
+    "link", "efficiency", "memory_efficiency", "node_network_gbit_s", "source",
+}
+
+
+def gpu_spec_from_dict(at_or_data: Any, source: str = "<inline>", path: str = "") -> Any:
+    """One GPU of an instance's ``gpus:`` section -> :class:`hgopt.profiles.gpus.GpuSpec`.
+
+    ``{name, fp32_tflops, fp16_tflops, bf16_tflops (omit: no BF16), memory_gb, memory_gbyte_s,
+    link_bidir_gbyte_s, link (nvlink | pcie | ...), efficiency, memory_efficiency (default 0.8),
+    node_network_gbit_s (default 100), source}``: peaks dense (no sparsity), the two efficiencies are
+    the achievable fractions of the peaks the analytic generator assumes; ``source`` cites the figures."""
+    from hgopt.profiles.gpus import TFLOPS, GpuSpec
+
+    at = at_or_data if isinstance(at_or_data, _At) else _At(source, path, at_or_data)
+    at.only(_GPU_KEYS)
+    flops = LIMITS["gpu_tflops"]
+    bf16 = at.opt("bf16_tflops")
+    mem_eff = at.opt("memory_efficiency")
+    nic = at.opt("node_network_gbit_s")
+    return GpuSpec(
+        name=at.get("name").string(),
+        fp32_flops=at.get("fp32_tflops").number(positive=True, maximum=flops) * TFLOPS,
+        fp16_flops=at.get("fp16_tflops").number(positive=True, maximum=flops) * TFLOPS,
+        bf16_flops=bf16.number(positive=True, maximum=flops) * TFLOPS if bf16 else None,
+        memory_gb=at.get("memory_gb").number(positive=True, maximum=LIMITS["gpu_memory_gb"]),
+        memory_gbyte_s=at.get("memory_gbyte_s").number(positive=True, maximum=LIMITS["memory_bandwidth_gbyte_s"]),
+        link_bidir_gbyte_s=at.get("link_bidir_gbyte_s").number(positive=True, maximum=LIMITS["gbyte_s"]),
+        link=at.get("link").string(),
+        efficiency=_fraction(at.get("efficiency")),
+        memory_efficiency=_fraction(mem_eff) if mem_eff else 0.8,
+        node_network_gbit_s=nic.number(positive=True, maximum=LIMITS["gbit_s"]) if nic else 100.0,
+        source=at.get("source").string(),
+    )
+
+
+def _fraction(at: _At) -> float:
+    v = at.number(positive=True)
+    if v > 1:
+        raise at.fail(f"is a fraction of the peak, must be in (0, 1], got {v:g}")
+    return v
+
+
+def gpu_table(at: _At | None) -> Mapping[str, Any]:
+    """The GPU table of an instance: :data:`hgopt.profiles.gpus.GPUS` plus (overriding) the GPUs its
+    ``gpus:`` section declares."""
+    from hgopt.profiles.gpus import GPUS
+
+    if at is None:
+        return GPUS
+    table = dict(GPUS)
+    seen: set[str] = set()
+    for item in at.items():
+        spec = gpu_spec_from_dict(item)
+        if spec.name in seen:
+            raise item.get("name").fail(f"GPU {spec.name!r} is declared twice")
+        seen.add(spec.name)
+        table[spec.name] = spec
+    return MappingProxyType(table)
 
 
 def _part(at: _At, base_dir: Path | None, build: Any) -> Any:
     if isinstance(at.value, str):
-        p = Path(at.value)
+        p = Path(at.string())
         if not p.is_absolute() and base_dir is not None:
             p = base_dir / p
         if not p.exists():
             raise at.fail(f"file {p} does not exist")
+        if p.is_dir():
+            raise at.fail(f"{p} is a folder: give the file of the {at.path} (YAML or JSON) or an inline mapping")
         return build(load_document(p), str(p), "")
+    if not isinstance(at.value, Mapping):
+        raise at.fail(f"expected a file name or a mapping, got {short_repr(at.value)}")
     return build(at.value, at.source, at.path)
 
 

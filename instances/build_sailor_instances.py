@@ -2,10 +2,11 @@
 ``instances/profiles/sailor-*.json`` and the embedded default ``hgopt/data/default.yaml`` (with its
 profile ``hgopt/data/profiles/sailor-opt-350.json``).
 
-Run from the repository root with Sailor's data at hand (default: ../shared/anchors/sailor):
+Run from the repository root with a copy of Sailor's data files (eth-easl/sailor; docs/sources.md lists
+them) at hand (default: ../shared/anchors/sailor):
 ``.venv/bin/python instances/build_sailor_instances.py [SAILOR_ROOT]``. The output is deterministic;
 the files are committed so that nothing here is needed at run time. The setups are the ones Sailor's
-paper evaluates (anchors/peer_plans.md): OPT-350 with A100-40 + V100-16 in us-central1-a, GPT-Neo-2.7
+paper evaluates (docs/sources.md, "Peer results"): OPT-350 with A100-40 + V100-16 in us-central1-a, GPT-Neo-2.7
 on 32 + 96 GPUs, and A100-40 in five zones.
 """
 

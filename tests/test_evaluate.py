@@ -214,7 +214,7 @@ def test_link_primitives() -> None:
     assert transfer_time(const, 4e9) == pytest.approx(0.05 + 2.0)
     assert allreduce_time(const, 4e9, 4) == pytest.approx(2 * 3 / 4 * 2.0 + 6 * 0.05)
     assert allreduce_time(const, 4e9, 1) == 0.0
-    # Sailor's curve for one A100 per VM in one zone (anchors README: 1.18 / 1.88 / 2.41 GB/s)
+    # Sailor's curve for one A100 per VM in one zone (docs/sources.md: 1.18 / 1.88 / 2.41 GB/s)
     curve = Bandwidth(gbyte_s=2.42, curve=(-0.00244142, 0.14086273, 1.11682276))
     assert bandwidth_bytes_per_s(curve, 1e6) / 1e9 == pytest.approx(1.1168, rel=1e-3)
     # u clamped at the top: huge messages do not exceed the maximum

@@ -34,6 +34,8 @@ def _raw_counts(path: Path) -> dict[str, Any]:
     model = data["model"]
     if isinstance(model, str):
         layers = len(json.loads((path.parent / model).read_text())["layers"])
+    elif "hf_config" in model:  # a Hugging Face config.json (hfrunner)
+        layers = json.loads((path.parent / model["hf_config"]).read_text())["num_hidden_layers"] + 2
     else:
         assert model["generator"] == "analytic"
         layers = model["layers"] + 2  # embedding + blocks + head

@@ -1,6 +1,7 @@
-"""Importers (Sailor, Metis) against the real files in /work/shared/anchors, the GPU table and the
-``generate`` dispatch. Expected values come from the raw JSON (read here independently), the anchors
-README and hand computation — never from the importers' own output."""
+"""Importers (Sailor, Metis) against the real files of eth-easl/sailor and SamsungLabs/Metis (a copy in
+../shared/anchors next to the checkout; skipped without it), the GPU table and the ``generate``
+dispatch. Expected values come from the raw JSON (read here independently), the figures docs/sources.md
+quotes and hand computation — never from the importers' own output."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def _mean_fit_gbs(bws: list, nbytes: float) -> float:
 @pytest.mark.parametrize(
     "gpus_per_vm,kind,expected",
     [
-        # anchors/README.md: A100 one GPU per VM same zone / cross-zone / cross-region, four per VM.
+        # docs/sources.md (means of the fits): A100 one GPU per VM same zone / cross-zone / cross-region, four per VM.
         # The README's figures are means over the zones (pairs) of that kind.
         (1, "same", (1.18, 1.88, 2.41)),
         (1, "cross-zone", (1.20, 1.89, 2.49)),

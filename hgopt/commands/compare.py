@@ -2,10 +2,12 @@
 scored by the one cost model (``evaluate``).
 
 Columns: planner, status, iteration time and throughput by ``evaluate``, throughput relative to the
-best plan, gap to the MILP's proven lower bound ((T − bound) / T; the least bound of the milp rows,
-e.g. ``milp`` and ``milp:auto``; it holds for their plan spaces, so a plan outside them — a Metis stage
-mixing GPU types — can beat it: the gap is then negative), search time and GPUs used. Exit status 0
-when at least one planner found a plan."""
+best plan, the row's own gap ((T − its own lower bound) / T, for planners with a bound), the gap to
+the least bound of the milp rows (``milp``, ``milp:auto``; the column header names the row whose bound
+it is; it holds for their plan spaces, so a plan outside them — a Metis stage mixing GPU types — can
+beat it: the gap is then negative), search time and GPUs used. Every planner's heartbeat on stderr is
+prefixed with its name. Exit status 0 when at least one planner found a plan; 130 / 143 after
+SIGINT / SIGTERM (the running planner's incumbent is kept, the planners after it are not run)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import math
 import time
 from dataclasses import dataclass
 
+from hgopt.commands._search import EXIT_CODES, run_planner
+from hgopt.commands.plan import check_outputs
 from hgopt.cost import build_tables, evaluate
 from hgopt.instances import load_instance
 from hgopt.plan import Plan
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult, get_planner, link_penalties, planner_names
 from hgopt.spec import Instance
 from hgopt.table import format_table
@@ -37,12 +42,18 @@ class CompareRow:
     vs_best: float
     """Throughput / the best throughput of the comparison (1.0 for the best plan)."""
     gap_to_bound: float | None
-    """(T − the MILP's proven lower bound) / T; None without a bound."""
+    """(T − the least lower bound of the milp rows) / T (the row ``bound_from``); None without one."""
     lower_bound_s: float | None
     search_time_s: float
     gpus: int
     plan: Plan | None
     note: str = ""
+    own_gap: float | None = None
+    """(T − this row's own lower bound) / T; None for planners without a bound."""
+    bound_from: str | None = None
+    """The row whose lower bound ``gap_to_bound`` is measured against."""
+    signal: int | None = None
+    """The signal (SIGINT/SIGTERM) that interrupted this planner, if one did."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -96,26 +107,36 @@ def _options(name: str, time_limit_s: float, extra: dict[str, str]) -> tuple[str
 
 
 def compare(
-    instance: Instance, planners: list[str], time_limit_s: float, extra: dict[str, str] | None = None
+    instance: Instance, planners: list[str], time_limit_s: float, extra: dict[str, str] | None = None,
+    *, heartbeat: bool = True,
 ) -> list[CompareRow]:
     """Run ``planners`` (registry names, optionally NAME:VARIANT) and score every plan with
-    ``evaluate``. ``extra``: PlanOptions.extra for every planner (a variant overrides its key)."""
+    ``evaluate``. ``extra``: PlanOptions.extra for every planner (a variant overrides its key).
+    ``heartbeat``: progress lines on stderr, prefixed with the planner's name. After SIGINT/SIGTERM
+    the running planner returns its incumbent and the later ones are reported as not run."""
     if time_limit_s <= 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {time_limit_s}")
     tables = build_tables(instance)
     results: list[tuple[str, PlanResult | None, str, float]] = []
+    stopped_by: int | None = None
     for name in planners:
+        if stopped_by is not None:
+            results.append((name, None, "not run: interrupted", 0.0))
+            continue
         t0 = time.perf_counter()
         base, opts = _options(name, time_limit_s, extra or {})
+        progress = Progress(name, heartbeat=heartbeat)
         try:
-            res: PlanResult | None = get_planner(base)(instance, opts)
+            res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress)
             note = ""
         except ValueError as exc:  # a planner that cannot handle this instance says why
             res, note = None, str(exc)
+        stopped_by = progress.signal
         results.append((name, res, note, time.perf_counter() - t0))
     # the least bound of the milp rows (milp, milp:auto, ...) holds for every plan of their spaces
-    bound = min((r.lower_bound_s for n, r, _, _ in results if n.partition(":")[0] == "milp" and r and r.lower_bound_s),
-                default=None)
+    milp_bounds = [(r.lower_bound_s, n) for n, r, _, _ in results
+                   if n.partition(":")[0] == "milp" and r and r.lower_bound_s]
+    bound, bound_from = min(milp_bounds) if milp_bounds else (None, None)
     scored = []
     for name, res, note, wall in results:
         plan = res.plan if res else None
@@ -125,9 +146,15 @@ def compare(
     best = min((t for *_, t, _ in scored), default=math.inf)
     rows = []
     for name, res, note, wall, plan, t, gpus in scored:
+        own = None
+        if res is not None and res.lower_bound_s is not None and math.isfinite(t):
+            own = (t - res.lower_bound_s) / t
         rows.append(CompareRow(
+            own_gap=own,
+            bound_from=bound_from if bound is not None and math.isfinite(t) else None,
+            signal=stopped_by if res is not None and res.status == "interrupted" else None,
             planner=name,
-            status=res.status if res else "error",
+            status=res.status if res else ("not run" if note == "not run: interrupted" else "error"),
             iteration_time_s=t,
             throughput_samples_per_s=instance.job.global_batch / t if math.isfinite(t) else 0.0,
             vs_best=best / t if math.isfinite(t) else 0.0,
@@ -143,6 +170,7 @@ def compare(
 
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
+    check_outputs(args, "--plot", "--timeline")
     extra = {}
     if args.link_precision:
         extra["link_precision"] = args.link_precision
@@ -154,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         link_penalties({"link_penalty": args.link_penalty})  # bad input fails here, naming the option
         extra["link_penalty"] = args.link_penalty
     rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
+    sig = next((r.signal for r in rows if r.signal is not None), None)
     if args.json:
         print(json.dumps([_row_dict(r) for r in rows], indent=2))
     else:
@@ -167,23 +196,37 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline and found:
         from hgopt.report import plot_timeline
 
+        from hgopt.commands.plan import _timeline_kwargs
+
         top = min(found, key=lambda r: r.iteration_time_s)
-        plot_timeline(top.plan, inst, args.timeline)  # type: ignore[arg-type]
+        plot_timeline(top.plan, inst, args.timeline, **_timeline_kwargs(top.planner))  # type: ignore[arg-type]
+    if sig is not None:
+        return EXIT_CODES.get(sig, 130)  # type: ignore[call-overload, no-any-return]
     return 0 if found else 1
 
 
 def render(inst: Instance, rows: list[CompareRow]) -> str:
+    src = next((r.bound_from for r in rows if r.bound_from), None)
     table = format_table(
-        ["planner", "status", "iteration", "samples/s", "vs best", "gap to bound", "search", "GPUs"],
+        ["planner", "status", "iteration", "samples/s", "vs best", "own gap",
+         f"gap to {src} bound" if src else "gap to milp bound", "search", "GPUs"],
         [[r.planner, r.status, _secs(r.iteration_time_s), _num(r.throughput_samples_per_s), _ratio(r.vs_best),
-          "-" if r.gap_to_bound is None else f"{100 * r.gap_to_bound:.2f} %", f"{r.search_time_s:.2f} s", r.gpus]
+          _gap(r.own_gap), _gap(r.gap_to_bound), f"{r.search_time_s:.2f} s", r.gpus]
          for r in rows])
     lines = [f"{inst.name}: {inst.topology.num_gpus()} GPUs in {len(inst.topology.clusters)} clusters, "
-             f"global batch {inst.job.global_batch}; every plan scored by evaluate", "", table]
+             f"global batch {inst.job.global_batch}; every plan scored by evaluate", "", table,
+             "own gap: (iteration - the row's own lower bound) / iteration; "
+             + (f"gap to {src} bound: (iteration - the {src} row's bound, the least of the milp rows) / iteration "
+                "(valid for the milp plan spaces; a plan outside them can be negative)" if src else
+                "gap to milp bound: no milp row with a bound")]
     notes = [f"  {r.planner}: {r.note}" for r in rows if r.note]
     if notes:
         lines += ["", "notes:", *notes]
     return "\n".join(lines)
+
+
+def _gap(g: float | None) -> str:
+    return "-" if g is None else f"{100 * g:.2f} %"
 
 
 def _secs(t: float) -> str:
@@ -203,6 +246,7 @@ def _row_dict(r: CompareRow) -> dict[str, object]:
     return {
         "planner": r.planner, "status": r.status, "iteration_time_s": fin(r.iteration_time_s),
         "throughput_samples_per_s": r.throughput_samples_per_s, "vs_best": r.vs_best,
-        "gap_to_bound": r.gap_to_bound, "lower_bound_s": r.lower_bound_s, "search_time_s": r.search_time_s,
+        "gap_to_bound": r.gap_to_bound, "gap_to_bound_of": r.bound_from, "own_gap": r.own_gap,
+        "lower_bound_s": r.lower_bound_s, "search_time_s": r.search_time_s,
         "gpus": r.gpus, "note": r.note, "plan": r.plan.to_dict() if r.plan else None,
     }

@@ -1,4 +1,5 @@
-"""``hgopt evaluate INSTANCE PLAN [--json]``: score a plan with the one cost model.
+"""``hgopt evaluate INSTANCE PLAN [--json] [--timeline F.png]``: score a plan with the one cost model,
+with the plan's explanation (GPUs used, busy share and MFU per cluster, dollars; ``hgopt.explain``).
 
 Exit status: 0 feasible, 1 infeasible (violations or out of memory), 2 unreadable input."""
 
@@ -8,7 +9,8 @@ import argparse
 import json
 import math
 
-from hgopt.cost import Evaluation, evaluate
+from hgopt.cost import Evaluation, build_tables, evaluate
+from hgopt.explain import explain
 from hgopt.instances import load_instance
 from hgopt.plan import load_plan
 from hgopt.table import fmt_seconds, format_table
@@ -21,17 +23,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
     p.add_argument("plan", help="plan JSON file (as written by `hgopt plan -o`)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hgopt.commands.plan import _timeline_kwargs, check_outputs, render_explanation
+
     inst = load_instance(args.instance)
+    check_outputs(args, "--timeline")
     plan = load_plan(args.plan)
-    ev = evaluate(plan, inst)
+    tables = build_tables(inst)
+    ev = evaluate(plan, inst, tables)
+    expl = explain(plan, inst, ev, tables) if ev.stages else None
     if args.json:
-        print(json.dumps(_json_safe(ev.to_dict()), indent=2))
+        doc = ev.to_dict()
+        doc["explanation"] = expl.to_dict() if expl else None
+        print(json.dumps(_json_safe(doc), indent=2))
     else:
-        print(render_evaluation(ev))
+        print(render_evaluation(ev) + ("\n" + render_explanation(expl) if expl else ""))
+    if args.timeline and ev.stages:
+        from hgopt.report import plot_timeline
+
+        plot_timeline(plan, inst, args.timeline, tables, **_timeline_kwargs(plan.planner))
     return 0 if ev.feasible else 1
 
 

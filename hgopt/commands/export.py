@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
+from hgopt.commands._paths import check_output_dir
 from hgopt.export import ExportOptions, build_runner_plan, write_export
+from hgopt.export.build import check_comm_options
 from hgopt.instances import load_instance
 from hgopt.plan import load_plan
 
@@ -22,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="shape cross-cluster traffic like the topology's links: netns (namespaces + tc tbf, root), "
                         "delay (sleep bytes/bandwidth + latency), auto (netns when possible)")
     p.add_argument("--link-scale", type=float, default=1.0, help="multiply emulated link bandwidths by this")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary (files written, ranks, per-node commands) instead of the listing")
     m = p.add_argument_group("runner model (small CPU-friendly defaults)")
     m.add_argument("--hidden", type=int, default=64)
     m.add_argument("--heads", type=int, default=4)
@@ -32,8 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--optimizer", choices=("adam", "sgd"), default=None, help="default: the instance job's")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype")
-    t.add_argument("--data", choices=("corpus", "random"), default="corpus")
+    t.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default=None,
+                   help="compute dtype; bfloat16: bf16 compute with fp32 master weights and optimizer state "
+                        "(default: bfloat16 when the job trains in bf16, else float32)")
+    t.add_argument("--data", choices=("corpus", "random", "text"), default="corpus",
+                   help="corpus: shipped text by paragraph, bytes; random: random tokens; text: the token stream of "
+                        "--data-file files (default: the shipped corpus), tokenised with --tokenizer (else bytes)")
+    t.add_argument("--data-file", action="append", default=[], metavar="FILE", help="text data file (repeatable)")
+    t.add_argument("--tokenizer", default="", metavar="TOKENIZER_JSON", help="a Hugging Face tokenizer.json")
     t.add_argument("--mbs-unit", type=int, default=None, metavar="N",
                    help="runner samples per gcd of the plan's microbatch sizes (scales the batch, keeps the ratios)")
     t.add_argument("--microbatches", type=int, default=None, help="microbatches per pipeline (default: the plan's)")
@@ -50,17 +62,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    instance = load_instance(args.instance)
-    plan = load_plan(args.plan)
     opts = ExportOptions(
         hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq, steps=args.steps, lr=args.lr,
-        seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, mbs_unit=args.mbs_unit,
+        seed=args.seed, optimizer=args.optimizer, dtype=args.dtype, data=args.data, data_files=tuple(args.data_file),
+        tokenizer=args.tokenizer, mbs_unit=args.mbs_unit,
         microbatches=args.microbatches, checkpoint_every=args.checkpoint_every, local=args.local,
         emulate_links=args.emulate_links, link_scale=args.link_scale, master_addr=args.master_addr,
         master_port=args.master_port, timeout_s=args.timeout, heartbeat_timeout_s=args.heartbeat_timeout, device=args.device,
     )
+    check_comm_options(opts)  # before any work: bad options and a bad -o fail in a second
+    check_output_dir(args.out, "-o/--out")
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan)
     rp = build_runner_plan(plan, instance, opts)
     files = write_export(rp, args.out)
+    if args.json:
+        print(json.dumps(_summary(rp, files), indent=2))
+        return 0
     print(f"runner plan: {files.plan}  ({rp.world_size} ranks on {len(rp.nodes)} nodes, "
           f"{len(rp.pipelines)} pipeline(s), global batch {rp.global_batch} x {rp.model.seq} tokens)")
     for r in rp.ranks():
@@ -76,3 +94,23 @@ def run(args: argparse.Namespace) -> int:
     if files.local_script is not None:
         print(f"run everything here: {files.local_script}   (or: python -m hgopt.runner --plan {files.plan})")
     return 0
+
+
+def _summary(rp: Any, files: Any) -> dict[str, Any]:
+    """The --json document: what was written and how to start it."""
+    return {
+        "plan": str(files.plan),
+        "world_size": rp.world_size,
+        "nodes": len(rp.nodes),
+        "pipelines": len(rp.pipelines),
+        "global_batch": rp.global_batch,
+        "seq": rp.model.seq,
+        "ranks": [
+            {"rank": r.rank, "node": r.node, "cluster": r.cluster, "pipeline": r.pipeline, "stage": r.stage,
+             "replica": r.replica, "tp_rank": r.tp_rank}
+            for r in rp.ranks()
+        ],
+        "node_scripts": [str(s) for s in files.node_scripts],
+        "commands": list(files.commands),
+        "local_script": str(files.local_script) if files.local_script is not None else None,
+    }

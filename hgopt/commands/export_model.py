@@ -9,9 +9,11 @@ file's optimum is the exact optimum of that split."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 
+from hgopt.commands._paths import check_output_file
 from hgopt.cost import build_tables
 from hgopt.instances import load_instance
 from hgopt.search.blocks import Window, block_options, cheap_bounds
@@ -29,10 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("mps", "lp"), default="mps", help="file format (default mps)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="file to write")
     p.add_argument("--split", metavar="K,B", help="pipelines K and microbatch B (default: the heuristic's)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (split, model size, file) on stdout")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, "-o/--output")
     inst = load_instance(args.instance)
     split = _split(inst, args.split)
     tables = build_tables(inst)
@@ -48,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
     text = model.to_mps() if args.format == "mps" else model.to_lp()
     with open(args.output, "w") as fh:
         fh.write(text)
-    print(f"{inst.name}, split {split}: {model.size()} -> {args.output} ({args.format})")
+    if args.json:
+        print(json.dumps({"instance": inst.name, "split": {"k": split.k, "microbatch": split.microbatch,
+                                                           "num_microbatches": split.num_microbatches},
+                          "variables": len(model.vars), "integer_variables": model.num_integer,
+                          "rows": len(model.rows), "nonzeros": model.num_nonzeros, "output": args.output, "format": args.format}, indent=2))
+    else:
+        print(f"{inst.name}, split {split}: {model.size()} -> {args.output} ({args.format})")
     return 0
 
 

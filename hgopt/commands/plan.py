@@ -1,8 +1,12 @@
 """``hgopt plan INSTANCE``: find a plan with a registered planner (default: the exact MILP planner)
 and print it with its predicted throughput (by ``evaluate``), the proven lower bound on the
-iteration time and the gap. Progress goes to stderr while the search runs.
+iteration time and the gap, and explain it (``hgopt.explain``): memory per stage, GPUs used, busy
+share and MFU per cluster, dollars per iteration and per million tokens, and for every idle cluster
+the best plan found that uses it. Without a plan it names the binding constraint. A heartbeat line
+goes to stderr at least every 2 s while the search runs (``-q`` silences it).
 
-Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time limit), 2 bad input."""
+Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time limit), 2 bad input,
+130 / 143 interrupted by SIGINT / SIGTERM (the best plan so far is still printed and written)."""
 
 from __future__ import annotations
 
@@ -12,16 +16,21 @@ import math
 from collections import Counter
 from typing import Any
 
+from hgopt.commands._search import exit_code, run_planner
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
+from hgopt.explain import Explanation, explain, infeasibility, why_not
 from hgopt.instances import load_instance
 from hgopt.plan import Plan
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult, get_planner, link_penalties, planner_names
 from hgopt.solvers import backend_names
 from hgopt.spec import Instance
 from hgopt.table import fmt_seconds, format_table
 
-__all__ = ["LINK_PLANNERS", "register", "render_result", "result_to_json"]
+from hgopt.commands._paths import check_output_file
+
+__all__ = ["LINK_PLANNERS", "check_outputs", "register", "render_result", "result_to_json"]
 
 LINK_PLANNERS = ("milp", "heuristic")
 """Planners that choose inter-cluster link precisions (``link_precision`` etc. in PlanOptions.extra)."""
@@ -39,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="solver random seed")
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
+    p.add_argument("--why-not-time", type=float, default=10.0, metavar="S",
+                   help="seconds, in all, for the why-not lines: per idle cluster the heuristic's best plan that "
+                        "uses it (default 10; 0 leaves them out)")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
                         "auto: native, bf16 or fp8 per boundary, as the planner finds fastest)")
@@ -77,24 +90,69 @@ def _options(args: argparse.Namespace) -> PlanOptions:
                        seed=args.seed, extra=extra)
 
 
+def check_outputs(args: argparse.Namespace, *options: str) -> None:
+    """Every output file the command will write is writable, checked before any search starts."""
+    for opt in options:
+        path = getattr(args, opt.lstrip("-").replace("-", "_"), None)
+        if path:
+            check_output_file(path, "-o/--output" if opt == "--output" else opt)
+
+
+def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
+    """``milp:auto`` for a milp plan searched with ``--link-precision auto`` (the timeline title)."""
+    prec = extra.get("link_precision") if extra else None
+    return f"{planner}:{prec}" if prec and prec != "native" else planner
+
+
 def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    res = get_planner(args.planner)(inst, _options(args))
-    ev = evaluate(res.plan, inst, build_tables(inst)) if res.plan is not None else None
+    check_outputs(args, "--output", "--timeline")
+    if not args.why_not_time >= 0:
+        raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
+    opts = _options(args)
+    tables = build_tables(inst)
+    progress = Progress(args.planner)
+    res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+    ev = evaluate(res.plan, inst, tables) if res.plan is not None else None
     if args.output and res.plan is not None:
         with open(args.output, "w") as fh:
             fh.write(res.plan.to_json() + "\n")
+    interrupted = exit_code(progress)
+    expl = None
+    reasons: tuple[str, ...] = ()
+    if res.plan is not None and ev is not None and ev.feasible:
+        why = () if interrupted or args.why_not_time == 0 else why_not(
+            res.plan, inst, ev, time_limit_s=args.why_not_time, extra=dict(opts.extra), tables=tables)
+        expl = explain(res.plan, inst, ev, tables, why)
+    elif not interrupted:
+        reasons = infeasibility(inst, tables)
     if args.json:
-        print(json.dumps(result_to_json(res, ev), indent=2))
+        print(json.dumps(result_to_json(res, ev, expl, reasons), indent=2))
     else:
-        print(render_result(inst, res, ev))
+        print(render_result(inst, res, ev, expl, reasons))
         if args.output and res.plan is not None:
             print(f"plan written to {args.output}")
+    if args.timeline and res.plan is not None and ev is not None and ev.stages:
+        from hgopt.report import plot_timeline
+
+        plot_timeline(res.plan, inst, args.timeline, tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
+    if interrupted:
+        return interrupted
     return 0 if res.plan is not None else 1
 
 
-def result_to_json(res: PlanResult, ev: Evaluation | None) -> dict[str, Any]:
-    """The --json document: the headline numbers, the plan and the stage breakdown."""
+def _timeline_kwargs(variant: str) -> dict[str, str]:
+    """``variant=`` for report.plot_timeline when it takes one (the sim helper's rewrite)."""
+    import inspect
+
+    from hgopt.report import plot_timeline
+
+    return {"variant": variant} if "variant" in inspect.signature(plot_timeline).parameters else {}
+
+
+def result_to_json(res: PlanResult, ev: Evaluation | None, expl: Explanation | None = None,
+                   reasons: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The --json document: the headline numbers, the plan, the stage breakdown and the explanation."""
     def num(x: float | None) -> float | None:
         return None if x is None or not math.isfinite(x) else x
 
@@ -113,39 +171,86 @@ def result_to_json(res: PlanResult, ev: Evaluation | None) -> dict[str, Any]:
         "gpus_used": ev.gpus_used if ev else 0,
         "feasible": ev.feasible if ev else False,
         "plan": res.plan.to_dict() if res.plan else None,
+        "explanation": expl.to_dict() if expl else None,
+        "infeasibility": list(reasons),
     }
 
 
-def render_result(inst: Instance, res: PlanResult, ev: Evaluation | None) -> str:
+def render_result(inst: Instance, res: PlanResult, ev: Evaluation | None, expl: Explanation | None = None,
+                  reasons: tuple[str, ...] = ()) -> str:
     """Human-readable plan: the stage table of one pipeline (the others are identical copies when
-    the planner says so), then the summary with throughput, bound and gap."""
+    the planner says so), then the summary with throughput, bound and gap, then the explanation."""
     out = [f"{inst.name}: planner {res.planner}, status {res.status}" + (f", solver {res.solver}" if res.solver else "")]
     if res.plan is None or ev is None:
         out.append("no plan" + (f"; lower bound on the iteration time {fmt_seconds(res.lower_bound_s)}"
                                 if res.lower_bound_s is not None else ""))
         out.extend(f"  {n}" for n in res.notes)
+        if reasons:
+            out.append("why no plan fits:")
+            out.extend(f"  {r}" for r in reasons)
         return "\n".join(out)
-    out.append(_stage_table(inst, res.plan))
+    out.append(_stage_table(inst, res.plan, ev))
     out.append(_summary(inst, res, ev))
+    if expl is not None:
+        out.append(render_explanation(expl))
     return "\n".join(out)
 
 
-def _stage_table(inst: Instance, plan: Plan) -> str:
+def _pct(v: float | None, note: str = "n/a") -> str:
+    return note if v is None else f"{100 * v:.1f} %"
+
+
+def _usd(v: float | None) -> str:
+    return "n/a" if v is None else f"${v:.4g}"
+
+
+def render_explanation(e: Explanation) -> str:
+    """The cluster table (GPUs used, busy share, MFU, price), the $ line and the why-not lines."""
+    rows = [[c.name, c.gpu, f"{c.gpus_used}/{c.gpus}", _pct(c.busy_share, "idle"),
+             _pct(c.mfu, "n/a" if c.gpus_used else "-"), "-" if c.usd_per_gpu_hour is None else f"${c.usd_per_gpu_hour:g}"]
+            for c in e.clusters]
+    out = ["", "clusters (busy: compute seconds of the used GPUs over GPUs x iteration time; "
+               "MFU: model FLOPs over GPUs x iteration time x datasheet peak):",
+           format_table(["cluster", "GPU", "GPUs used", "busy", "MFU", "$/GPU-hour"], rows)]
+    notes = list(dict.fromkeys(c.mfu_note for c in e.clusters if c.mfu_note))
+    out.append("MFU of all used GPUs " + (_pct(e.mfu) if e.mfu is not None else e.mfu_note or "n/a"))
+    m = e.money
+    line = (f"cost {_usd(m.usd_per_iteration)} per iteration, {_usd(m.usd_per_million_tokens)} per million tokens "
+            f"(GPU-hours {_usd(m.gpu_usd_per_iteration)}, WAN egress {_usd(m.egress_usd_per_iteration)})")
+    out.append(line + (f"; {'; '.join(m.notes)}" if m.notes else ""))
+    for w in e.why_not:
+        if w.alternative_s is not None:
+            cost = "" if w.costlier is None else f", {100 * w.costlier:+.1f} % $ per iteration"
+            gpus = ", ".join(f"{c} {n}" for c, n in w.alternative_gpus)
+            out.append(f"why not {w.cluster} ({w.gpus_used}/{w.gpus} GPUs used): the best plan the {w.planner} finds "
+                       f"using it takes {fmt_seconds(w.alternative_s)} per iteration, {100 * w.slower:+.1f} % "
+                       f"time{cost} (GPUs: {gpus})")
+        else:
+            out.append(f"why not {w.cluster} ({w.gpus_used}/{w.gpus} GPUs used): {w.note}")
+    return "\n".join(out)
+
+
+def _stage_table(inst: Instance, plan: Plan, ev: Evaluation | None = None) -> str:
     pipes = plan.pipelines
     same = all(p == pipes[0] for p in pipes)
     rows = []
     shown = pipes[:1] if same else pipes
     links = any(b.fwd != "native" or b.bwd != "native" for p in shown for b in p.boundaries)
+    mem = {(s.pipeline, s.stage): (s.peak_memory_bytes, s.memory_capacity_bytes, s.oom) for s in ev.stages} if ev else {}
     for pi, p in enumerate(shown):
         for si, s in enumerate(p.stages):
             for g in s.groups:
                 c = inst.topology.cluster(g.cluster)
                 rows.append([f"{pi}.{si}", f"{s.start}-{s.end - 1}", g.cluster, c.gpu, g.tp, g.dp, g.mbs, g.gpus])
+                if mem:
+                    r = mem.get((pi, si))
+                    rows[-1].append("" if r is None else f"{r[0] / 1e9:.1f}/{r[1] / 1e9:.1f} GB" + (" OOM" if r[2] else ""))
                 if links:  # precision of the boundary to the next stage (fwd/bwd when they differ)
                     b = p.boundary(si) if si + 1 < len(p.stages) else None
                     rows[-1].append("" if b is None else b.fwd if b.fwd == b.bwd else f"{b.fwd}/{b.bwd}")
     head = (f"{len(pipes)} identical pipeline(s), each:" if same else f"{len(pipes)} pipelines:")
-    cols = ["stage", "layers", "cluster", "GPU", "tp", "dp", "mbs", "GPUs"] + (["link to next"] if links else [])
+    cols = (["stage", "layers", "cluster", "GPU", "tp", "dp", "mbs", "GPUs"] + (["peak mem/GPU"] if mem else [])
+            + (["link to next"] if links else []))
     return head + "\n" + format_table(cols, rows)
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
+
+from hgopt.commands._paths import check_output_file
 
 __all__ = ["register"]
 
@@ -24,6 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "link figures. torch is imported only when a measurement runs.")
     p.add_argument("instance", nargs="?", help="take the layer list (kinds and names) from this instance's model")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="JSON file to write")
+    p.add_argument("--json", action="store_true",
+                   help="print {output, document} as JSON on stdout (the progress lines go to stderr)")
+    p.add_argument("--hf-config", metavar="CONFIG_JSON",
+                   help="profile this Hugging Face architecture (config.json; transformers' modules, as the runner "
+                        "builds it) instead of the runner's GPT: embedding + num_hidden_layers blocks + head")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="compute dtype; bfloat16 = the runner's mixed precision (profile precision bf16)")
     m = p.add_argument_group("model (the runner's GPT; same meaning as in `hgopt export`)")
     m.add_argument("--blocks", type=int, help="embedding + BLOCKS transformer blocks + head (without an instance)")
     m.add_argument("--hidden", type=int, default=64)
@@ -70,10 +80,19 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "-o/--out")  # cli-input: before the measurement
     doc = _run_links(args) if args.links else _run_model(args)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    if getattr(args, "json", False):
+        print(json.dumps({"output": args.out, "document": doc}, indent=1))
+    else:
+        print(f"wrote {args.out}")
     return 0
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A progress line: stdout, or stderr under --json (cli-input)."""
+    print(line, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
 
 
 # ---- model --------------------------------------------------------------------------------------
@@ -97,25 +116,47 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     from hgopt.profiler.timing import TimingSettings
     from hgopt.spec import model_profile_to_dict
 
-    kinds, names = _layers(args)
-    for name, v in (("--hidden", args.hidden), ("--heads", args.heads), ("--vocab", args.vocab), ("--seq", args.seq),
-                    ("--ffn-mult", args.ffn_mult)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    if args.hidden % args.heads:
-        raise ValueError(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
-    cfg = ModelConfig(layers=kinds, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
-                      ffn_mult=args.ffn_mult)
+    if args.hf_config:
+        cfg, names, name = _hf_model(args)
+    else:
+        kinds, names = _layers(args)
+        for key, v in (("--hidden", args.hidden), ("--heads", args.heads), ("--vocab", args.vocab), ("--seq", args.seq),
+                       ("--ffn-mult", args.ffn_mult)):
+            if v < 1:
+                raise ValueError(f"{key} must be >= 1, got {v}")
+        if args.hidden % args.heads:
+            raise ValueError(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
+        cfg = ModelConfig(layers=kinds, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seq=args.seq,
+                          ffn_mult=args.ffn_mult)
+        name = "runner-gpt"
     gpu = args.gpu or _device_name(args.device)
     timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
                             pace=args.pace)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
-                       timing=timing, pool_blocks=not args.no_pool_blocks)
+                       timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name)
     prof = profile_model(req)
     for t in prof.timings:
-        print(f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
+        _say(args, f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "
               f"update {sum(t.update) * 1e3:.2f} ms over {len(t.fwd)} layers")
     return model_profile_to_dict(prof)
+
+
+def _hf_model(args: argparse.Namespace) -> tuple[Any, tuple[str, ...], str]:
+    """The runner model of a Hugging Face config.json (validated by the same mapping as the analytic
+    profile, so an unsupported config fails with the same SpecError)."""
+    from hgopt.export.runner_plan import ModelConfig
+    from hgopt.profiles.hf import hf_transformer_config, read_hf_config
+
+    if args.instance or args.blocks is not None:
+        raise ValueError("--hf-config takes the layer list from the config: give no instance and no --blocks")
+    path = Path(args.hf_config)
+    raw = read_hf_config(path)
+    tc = hf_transformer_config(raw, source=str(path), seq_len=args.seq)
+    kinds = ("embedding", *("block",) * tc.layers, "head")
+    names = ("embedding", *(f"block{i}" for i in range(1, tc.layers + 1)), "head")
+    text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    cfg = ModelConfig(layers=kinds, hidden=tc.hidden, heads=tc.heads, vocab=tc.vocab, seq=args.seq, hf_config=text)
+    return cfg, names, path.resolve().parent.name
 
 
 def _device_name(device: str) -> str:
@@ -146,11 +187,11 @@ def _run_links(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--ranks must be >= 2, got {args.ranks}")
         rep = profile_links_loopback(args.ranks, settings)
     p2p = rep.pairs[0].fit
-    print(f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
+    _say(args, f"point to point: {p2p.gbit_s * 1e3:.1f} Mbit/s, latency {p2p.latency_s * 1e3:.3f} ms "
           f"(worst fit residual {p2p.max_rel_residual:.0%})")
     if rep.allreduce_fit is not None:
         ar = rep.allreduce_fit
-        print(f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
+        _say(args, f"all-reduce over {rep.world} ranks: {ar.gbit_s * 1e3:.1f} Mbit/s, latency {ar.latency_s * 1e3:.3f} ms")
     doc: dict[str, Any] = {"version": 1, "kind": "hgopt-link-profile", "emulated_mbit_s": args.emulate,
                            "burst_bytes": args.burst,
                            "measured": rep.to_dict(),

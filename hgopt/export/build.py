@@ -3,10 +3,12 @@ gradient-sync groups and emulated links. Pure Python; never imports torch."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, replace
 from functools import reduce
+from pathlib import Path
 from typing import Literal
 
 from hgopt.cost.tables import bandwidth_bytes_per_s
@@ -48,8 +50,14 @@ class ExportOptions:
     seed: int = 0
     optimizer: Literal["adam", "sgd"] | None = None
     """``None``: the instance job's optimizer."""
-    dtype: Literal["float32", "float64"] = "float32"
-    data: Literal["corpus", "random"] = "corpus"
+    dtype: Literal["float32", "float64", "bfloat16"] | None = None
+    """Runner compute dtype; ``None``: ``bfloat16`` (bf16 compute, fp32 masters) when the instance's job
+    trains in bf16, else ``float32``."""
+    data: Literal["corpus", "random", "text"] = "corpus"
+    data_files: tuple[str, ...] = ()
+    """``text`` data: local files (absolute paths are written; empty: the shipped corpus)."""
+    tokenizer: str = ""
+    """``text`` data: a ``tokenizer.json``; empty: bytes."""
     mbs_unit: int | None = None
     """Runner samples per unit of the greatest common divisor of the plan's microbatch sizes
     (``None``: the plan's sizes as they are). Keeps the ratios between replicas."""
@@ -72,12 +80,13 @@ class ExportOptions:
 def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> RunnerPlan:
     """The runner plan for ``plan`` on ``instance``; raises ValueError for an invalid plan or option."""
     _check_inputs(plan, instance, opts)
-    model = ModelConfig(layers=tuple(layer.kind for layer in instance.model.layers), hidden=opts.hidden,
-                        heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
+    model = _model_config(instance, opts)
     train = TrainConfig(steps=opts.steps, lr=opts.lr, seed=opts.seed,
-                        optimizer=opts.optimizer or instance.job.optimizer, dtype=opts.dtype, data=opts.data,
+                        optimizer=opts.optimizer or instance.job.optimizer, dtype=_dtype(instance, opts), data=opts.data,
                         checkpoint_every=opts.checkpoint_every, grad_sync_precision=plan.grad_sync_precision,
-                        overlap_grad_sync=plan.overlap_grad_sync, grad_bucket_mb=plan.grad_bucket_mb)
+                        overlap_grad_sync=plan.overlap_grad_sync, grad_bucket_mb=plan.grad_bucket_mb,
+                        data_files=tuple(str(Path(f).resolve()) for f in opts.data_files),
+                        tokenizer=str(Path(opts.tokenizer).resolve()) if opts.tokenizer else "")
     slots = _place(plan, instance)
     nodes = _nodes(slots, instance)
     rank_of = _rank_of(slots, nodes)
@@ -95,6 +104,36 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
     return rp
 
 
+def _dtype(instance: Instance, opts: ExportOptions) -> str:
+    if opts.dtype is not None:
+        return opts.dtype
+    return "bfloat16" if instance.job.precision == "bf16" else "float32"
+
+
+def _model_config(instance: Instance, opts: ExportOptions) -> ModelConfig:
+    """The runner's model: the instance's Hugging Face architecture when its profile carries one
+    (``--hidden/--heads/--vocab`` then do not apply), else the runner's GPT decoder of the options."""
+    kinds = tuple(layer.kind for layer in instance.model.layers)
+    text = instance.model.hf_config
+    if not text:
+        return ModelConfig(layers=kinds, hidden=opts.hidden, heads=opts.heads, vocab=opts.vocab, seq=opts.seq)
+    cfg = json.loads(text)
+    gpt2 = cfg.get("model_type") == "gpt2"
+    hidden, heads = cfg["n_embd" if gpt2 else "hidden_size"], cfg["n_head" if gpt2 else "num_attention_heads"]
+    blocks = cfg["n_layer" if gpt2 else "num_hidden_layers"]
+    if kinds.count("block") != blocks:
+        raise ValueError(f"the instance's model has {kinds.count('block')} blocks, its Hugging Face config {blocks}")
+    positions = cfg.get("n_positions" if gpt2 else "max_position_embeddings")
+    if isinstance(positions, int) and opts.seq > positions:
+        raise ValueError(f"--seq {opts.seq} exceeds the model's {positions} positions")
+    if opts.data in ("corpus", "text") and not opts.tokenizer and cfg["vocab_size"] < 256:
+        raise ValueError(f"the model's vocabulary ({cfg['vocab_size']}) is too small for byte-level text (needs 256); "
+                         "use --data random")
+    log.info("runner model: the instance's Hugging Face architecture (%s, hidden %d, %d heads); --hidden/--heads/--vocab "
+             "do not apply", cfg.get("model_type"), hidden, heads)
+    return ModelConfig(layers=kinds, hidden=hidden, heads=heads, vocab=cfg["vocab_size"], seq=opts.seq, hf_config=text)
+
+
 # ---- checks ---------------------------------------------------------------------------------
 def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
     problems = validate(plan, instance)
@@ -106,23 +145,46 @@ def _check_inputs(plan: Plan, instance: Instance, opts: ExportOptions) -> None:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if opts.hidden % opts.heads:
         raise ValueError(f"--hidden {opts.hidden} must be a multiple of --heads {opts.heads}")
-    if opts.data == "corpus" and opts.vocab < 256:
+    if opts.data in ("corpus", "text") and not opts.tokenizer and opts.vocab < 256 and not instance.model.hf_config:
         raise ValueError(f"--vocab {opts.vocab} is too small for byte-level text (needs 256); or use --data random")
     for pi, p in enumerate(plan.pipelines):
         for s in p.stages:
             for g in s.groups:
-                if opts.heads % g.tp:
+                if opts.heads % g.tp and not instance.model.hf_config:
                     raise ValueError(f"--heads {opts.heads} is not divisible by tp {g.tp} of pipeline {pi}; choose a multiple")
+    if (opts.data_files or opts.tokenizer) and opts.data != "text":
+        raise ValueError("--data-file and --tokenizer need --data text")
+    for f in (*opts.data_files, *([opts.tokenizer] if opts.tokenizer else [])):
+        if not Path(f).is_file():
+            raise ValueError(f"{f}: no such file")
     if opts.mbs_unit is not None and opts.mbs_unit < 1:
         raise ValueError(f"--mbs-unit must be >= 1, got {opts.mbs_unit}")
     if opts.microbatches is not None and opts.microbatches < 1:
         raise ValueError(f"--microbatches must be >= 1, got {opts.microbatches}")
     if opts.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0, got {opts.checkpoint_every}")
-    if opts.link_scale <= 0:
+    if not (math.isfinite(opts.link_scale) and opts.link_scale > 0):
         raise ValueError(f"--link-scale must be > 0, got {opts.link_scale}")
-    if opts.lr <= 0:
+    if not (math.isfinite(opts.lr) and opts.lr > 0):
         raise ValueError(f"--lr must be > 0, got {opts.lr}")
+    check_comm_options(opts)
+
+
+MIN_HEARTBEAT_TIMEOUT_S = 2.0
+"""Four beats of the runner's watchdog (hgopt/runner/watchdog.py beats every 0.5 s): a shorter timeout
+declares healthy ranks dead."""
+
+
+def check_comm_options(opts: ExportOptions) -> None:
+    """The communication settings of ``hgopt export`` (ValueError naming the option)."""
+    if not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):
+        raise ValueError(f"--timeout must be > 0 seconds, got {opts.timeout_s}")
+    if not (math.isfinite(opts.heartbeat_timeout_s) and opts.heartbeat_timeout_s >= MIN_HEARTBEAT_TIMEOUT_S):
+        raise ValueError(f"--heartbeat-timeout must be >= {MIN_HEARTBEAT_TIMEOUT_S} seconds (the runner's heartbeat "
+                         f"beats every 0.5 s), got {opts.heartbeat_timeout_s}")
+    if not (1 <= opts.master_port <= 65535 or (opts.local and opts.master_port == 0)):
+        raise ValueError(f"--master-port must be a TCP port in 1..65535 (0 = any free port, with --local only), "
+                         f"got {opts.master_port}")
 
 
 # ---- placement ------------------------------------------------------------------------------
@@ -189,7 +251,7 @@ def _pipelines(plan: Plan, opts: ExportOptions, rank_of: dict[_Key, int]) -> tup
                     ranks = tuple(rank_of[(pi, si, gi, d, t)] for t in range(g.tp))
                     reps.append(ReplicaSpec(ranks=ranks, cluster=g.cluster, mbs=mbs, offset=row, group=gi))
                     row += mbs
-            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps), zero=s.zero))
+            stages.append(RunnerStage(start=s.start, end=s.end, replicas=tuple(reps), zero=s.zero, recompute=s.recompute))
         bounds = tuple(BoundarySpec(fwd=p.boundary(k).fwd, bwd=p.boundary(k).bwd) for k in range(len(p.stages) - 1))
         rp = RunnerPipeline(stages=tuple(stages), num_microbatches=opts.microbatches or p.num_microbatches,
                             boundaries=bounds, schedule=p.schedule, sample_offset=sample_offset)
@@ -206,7 +268,7 @@ def _runner_mbs(g: ReplicaGroup, unit: int, opts: ExportOptions) -> int:
 def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[LinkSpec, ...]:
     """Every ordered pair of used clusters. The bandwidth is the topology's achieved rate for one
     microbatch of the runner's activations (curve links depend on message size), times ``link_scale``."""
-    itemsize = 8 if opts.dtype == "float64" else 4
+    itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
     message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
     out = []
     for a in rp.clusters:

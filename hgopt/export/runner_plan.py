@@ -41,7 +41,7 @@ RUNNER_PLAN_VERSION = 1
 Precision = Literal["native", "fp32", "bf16", "fp16", "fp8"]
 Emulation = Literal["off", "delay", "netns", "auto"]
 Device = Literal["auto", "cpu", "cuda"]
-ComputeDtype = Literal["float32", "float64"]
+ComputeDtype = Literal["float32", "float64", "bfloat16"]
 LayerKind = Literal["embedding", "block", "head"]
 
 
@@ -60,10 +60,30 @@ class ModelConfig:
     """Tokens per sample."""
     ffn_mult: int = 4
     """MLP width = ffn_mult × hidden."""
+    hf_config: str = ""
+    """A Hugging Face ``config.json`` (compact JSON): the runner builds that architecture with
+    ``transformers``' modules (:mod:`hgopt.runner.hf`); ``hidden``, ``heads`` and ``vocab`` then are the
+    config's. ``""``: the runner's own GPT-style decoder."""
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why ``tp`` cannot split this model, or None."""
+        if self.hf_config:
+            data = json.loads(self.hf_config)
+            if tp > 1 and data.get("model_type") == "gpt2":
+                return "the runner has no tensor-parallel path for GPT-2 (fused Conv1D projections)"
+            heads = data.get("num_attention_heads")
+            sizes = (("num_attention_heads", heads), ("num_key_value_heads", data.get("num_key_value_heads", heads)),
+                     ("the MLP width", data.get("intermediate_size", data.get("ffn_dim"))))
+        else:
+            sizes = (("model.heads", self.heads), ("the MLP width", self.ffn_mult * self.hidden))
+        for name, v in sizes:
+            if isinstance(v, int) and v % tp:
+                return f"tp {tp} must divide {name} {v}"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,10 +93,18 @@ class TrainConfig:
     seed: int = 0
     optimizer: Literal["adam", "sgd"] = "adam"
     dtype: ComputeDtype = "float32"
-    """Compute dtype; ``native`` boundaries send this dtype."""
-    data: Literal["corpus", "random"] = "corpus"
+    """Compute dtype; ``native`` boundaries send this dtype. ``bfloat16``: mixed precision — bf16
+    weights, activations and gradients, fp32 master weights and optimizer state
+    (:mod:`hgopt.runner.precision`)."""
+    data: Literal["corpus", "random", "text"] = "corpus"
     """``corpus``: the shipped text, byte-level, documents padded with ignored targets; ``random``:
-    uniformly random tokens, every target counted."""
+    uniformly random tokens, every target counted; ``text``: the token stream of ``data_files``
+    (tokenised with ``tokenizer``, else bytes) cut into consecutive windows, shuffled per epoch, read
+    in order across steps (:mod:`hgopt.runner.data`)."""
+    data_files: tuple[str, ...] = ()
+    """``text``: local UTF-8 files, concatenated in this order (empty: the shipped corpus)."""
+    tokenizer: str = ""
+    """``text``: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package); empty: bytes."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only after the last step)."""
     grad_sync_precision: Precision = "native"
@@ -128,6 +156,9 @@ class RunnerStage:
     zero: int = 0
     """The plan's ZeRO level: 1 shards the optimizer state over the holders of each layer (see
     :attr:`SyncGroup.zero`, which says where the runner does it)."""
+    recompute: Literal["none", "full"] = "none"
+    """``full``: every layer of the stage runs under ``torch.utils.checkpoint`` (only layer inputs are
+    kept for backward; the forward runs again during backward)."""
 
     @property
     def microbatch(self) -> int:
@@ -325,9 +356,12 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
         "planner": rp.planner,
         "meta": dict(rp.meta),
         "model": {"layers": list(m.layers), "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab,
-                  "seq": m.seq, "ffn_mult": m.ffn_mult},
+                  "seq": m.seq, "ffn_mult": m.ffn_mult,
+                  **({"hf_config": json.loads(m.hf_config)} if m.hf_config else {})},
         "train": {"steps": t.steps, "lr": t.lr, "seed": t.seed, "optimizer": t.optimizer, "dtype": t.dtype,
                   "data": t.data, "checkpoint_every": t.checkpoint_every,
+                  **({"data_files": list(t.data_files)} if t.data_files else {}),
+                  **({"tokenizer": t.tokenizer} if t.tokenizer else {}),
                   "grad_sync_precision": t.grad_sync_precision, "overlap_grad_sync": t.overlap_grad_sync,
                   "grad_bucket_mb": t.grad_bucket_mb},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
@@ -352,7 +386,7 @@ def _pipeline_dict(p: RunnerPipeline) -> dict[str, Any]:
         "sample_offset": p.sample_offset,
         "boundaries": [{"fwd": b.fwd, "bwd": b.bwd} for b in p.boundaries],
         "stages": [
-            {"layers": [s.start, s.end], "zero": s.zero,
+            {"layers": [s.start, s.end], "zero": s.zero, **({"recompute": s.recompute} if s.recompute != "none" else {}),
              "replicas": [{"ranks": list(r.ranks), "cluster": r.cluster, "mbs": r.mbs, "offset": r.offset,
                            "group": r.group} for r in s.replicas]}
             for s in p.stages
@@ -448,6 +482,8 @@ def _read_model(rd: _Reader, m: dict[str, Any]) -> ModelConfig:
         hidden=rd.get(m, "hidden", "model", int), heads=rd.get(m, "heads", "model", int),
         vocab=rd.get(m, "vocab", "model", int), seq=rd.get(m, "seq", "model", int),
         ffn_mult=rd.get(m, "ffn_mult", "model", int),
+        hf_config=json.dumps(rd.obj(m["hf_config"], "model.hf_config"), sort_keys=True, separators=(",", ":"))
+        if "hf_config" in m else "",
     )
 
 
@@ -457,7 +493,8 @@ def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
         seed=rd.get(t, "seed", "train", int),
         optimizer=rd.choice(t, "optimizer", "train", ("adam", "sgd"), "adam"),  # type: ignore[arg-type]
         dtype=rd.choice(t, "dtype", "train", get_args(ComputeDtype), "float32"),  # type: ignore[arg-type]
-        data=rd.choice(t, "data", "train", ("corpus", "random"), "corpus"),  # type: ignore[arg-type]
+        data=rd.choice(t, "data", "train", ("corpus", "random", "text"), "corpus"),  # type: ignore[arg-type]
+        data_files=tuple(str(f) for f in t.get("data_files", [])), tokenizer=str(t.get("tokenizer", "")),
         checkpoint_every=rd.get(t, "checkpoint_every", "train", int),
         grad_sync_precision=rd.choice(t, "grad_sync_precision", "train", get_args(Precision), "native"),  # type: ignore[arg-type]
         overlap_grad_sync=rd.get({"overlap_grad_sync": True, **t}, "overlap_grad_sync", "train", bool),
@@ -491,7 +528,9 @@ def _read_pipeline(rd: _Reader, p: Any, where: str) -> RunnerPipeline:
         zero = s.get("zero", 0)
         if zero not in (0, 1):
             raise rd.fail(f"{sw}.zero", f"must be 0 or 1, got {zero!r}")
-        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps, zero=zero))
+        recompute = rd.choice(s, "recompute", sw, ("none", "full"), "none")
+        stages.append(RunnerStage(start=int(layers[0]), end=int(layers[1]), replicas=reps, zero=zero,
+                                  recompute=recompute))  # type: ignore[arg-type]
     bounds = tuple(
         BoundarySpec(fwd=rd.choice(b, "fwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"),  # type: ignore[arg-type]
                      bwd=rd.choice(b, "bwd", f"{where}.boundaries[{j}]", get_args(Precision), "native"))  # type: ignore[arg-type]
@@ -544,8 +583,8 @@ def _check_pipeline(m: ModelConfig, p: RunnerPipeline, w: str) -> list[int]:
             if rep.offset != row or rep.mbs < 1:
                 raise ValueError(f"{sw}.replicas[{ri}]: rows [{rep.offset}, {rep.offset + rep.mbs}) do not continue at row {row}")
             row += rep.mbs
-            if m.heads % rep.tp or (m.ffn_mult * m.hidden) % rep.tp:
-                raise ValueError(f"{sw}.replicas[{ri}]: tp {rep.tp} must divide model.heads {m.heads} and the MLP width")
+            if (problem := m.tp_problem(rep.tp)) is not None:
+                raise ValueError(f"{sw}.replicas[{ri}]: {problem}")
             seen.extend(rep.ranks)
         if s.microbatch != p.microbatch:
             raise ValueError(f"{sw}: processes {s.microbatch} rows per microbatch, stage 0 processes {p.microbatch}")

@@ -29,6 +29,10 @@ __all__ = ["ModelRequest", "emulated_pair", "free_port", "profile_model", "profi
 log = logging.getLogger(__name__)
 
 
+_PROFILE_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
+"""Runner compute dtype -> the profile's training precision (bfloat16: the runner's mixed precision)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelRequest:
     model: ModelConfig
@@ -52,14 +56,14 @@ def free_port() -> int:
 
 def profile_model(req: ModelRequest) -> ModelProfile:
     """Timings for every (tp, mbs) asked for; sizes from tp 1 (and per-tp shard sizes as tp_memory)."""
-    if req.dtype != "float32":
-        raise ValueError(f"--dtype {req.dtype}: profiles record fp32, bf16 or fp16 timings; the runner computes in float32")
+    if req.dtype not in _PROFILE_DTYPE:
+        raise ValueError(f"--dtype {req.dtype}: the runner computes in float32 or bfloat16 (mixed precision)")
     if max(req.tps) > 1 and req.timing.device != "cpu":
         raise ValueError("--tp > 1 is measured with one CPU process per rank (the runner's gloo tensor "
                          "parallelism); use --device cpu")
     for tp in req.tps:
-        if req.model.heads % tp or (req.model.ffn_mult * req.model.hidden) % tp:
-            raise ValueError(f"--tp {tp} must divide --heads {req.model.heads} and the MLP width")
+        if (problem := req.model.tp_problem(tp)) is not None:
+            raise ValueError(f"--tp {tp}: {problem}")
     per_tp: dict[int, tuple[list[LayerMeasurement], list[TimingMeasurement]]] = {}
     for tp in sorted(set(req.tps) | {1}):
         per_tp[tp] = _measure_tp1(req) if tp == 1 else _measure_tp_workers(req, tp)
@@ -79,15 +83,18 @@ def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[T
     from hgopt.profiler.writer import build_model_profile
 
     m = req.model
-    source = (f"hgopt profile: runner GPT hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, "
-              f"ffn x{m.ffn_mult}, {req.dtype}; device {req.timing.device}"
+    what = (f"Hugging Face {json.loads(m.hf_config).get('model_type')} (transformers' modules) hidden {m.hidden}, "
+            f"heads {m.heads}, vocab {m.vocab}, seq {m.seq}" if m.hf_config else
+            f"runner GPT hidden {m.hidden}, heads {m.heads}, vocab {m.vocab}, seq {m.seq}, ffn x{m.ffn_mult}")
+    source = (f"hgopt profile: {what}, {req.dtype}; device {req.timing.device}"
               + (f", {req.timing.threads} thread(s)" if req.timing.device == "cpu" else "")
               + (f", paced device of {req.timing.pace:g} core (thread CPU time / {req.timing.pace:g})"
                  if req.timing.pace else "")
               + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up"
               + ("; blocks pooled (median over the identical blocks)" if req.pool_blocks else ""))
-    prof = build_model_profile(name=req.profile_name, dtype="fp32",
+    prof = build_model_profile(name=req.profile_name, dtype=_PROFILE_DTYPE[req.dtype],  # type: ignore[arg-type]
                                seq_len=m.seq, layers=layers, timings=timings, source=source)
+    prof = replace(prof, hf_config=m.hf_config)
     if not tp_memory:
         return prof
     data = model_profile_to_dict(replace(prof, tp_memory=tuple(tp_memory)))

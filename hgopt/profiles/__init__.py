@@ -7,6 +7,9 @@ An instance's ``model`` mapping with a ``generator`` key is built here by :func:
 - ``generator: analytic`` — ``name, layers, hidden, heads, vocab, seq_len`` and optionally ``ffn,
   kv_heads, glu, dtype, flash_attention, gpus, tps, mbss, optimizer`` (see
   :mod:`hgopt.profiles.analytic`);
+- ``hf_config: PATH`` (``generator`` optional, analytic) — the shape from a Hugging Face
+  ``config.json``, optionally ``name, seq_len, dtype, flash_attention, gpus, tps, mbss, optimizer``
+  (see :mod:`hgopt.profiles.hf`);
 - ``generator: sailor`` — ``root`` (Sailor's data folder), ``model``, optional ``gpus``, ``seq_len``;
 - ``generator: metis`` — ``dir``, ``seq_len``, ``hidden``, optional ``gpu, name, dtype,
   bytes_per_param``.
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hgopt.errors import SpecError
+from hgopt.profiles.gpus import GPUS, GpuSpec, gpu_spec
 from hgopt.spec import ModelProfile, _At
 
 __all__ = ["GENERATORS", "generate"]
@@ -27,11 +31,19 @@ __all__ = ["GENERATORS", "generate"]
 GENERATORS: tuple[str, ...] = ("analytic", "sailor", "metis")
 
 
-def generate(data: Mapping[str, Any], source: str = "<inline>", path: str = "") -> ModelProfile:
-    """Build the model profile described by ``data`` (a mapping with a ``generator`` key)."""
+def generate(data: Mapping[str, Any], source: str = "<inline>", path: str = "",
+             gpus: Mapping[str, GpuSpec] | None = None) -> ModelProfile:
+    """Build the model profile described by ``data`` (a mapping with a ``generator`` key). ``gpus``:
+    the GPU table the analytic generator reads (default :data:`hgopt.profiles.gpus.GPUS`; an
+    instance passes the table with its own ``gpus:`` added)."""
     at = _At(source, path, data)
-    kind = at.get("generator").choice(GENERATORS)
-    build: Callable[[_At], ModelProfile] = {"analytic": _analytic, "sailor": _sailor, "metis": _metis}[kind]
+    if "hf_config" in data and "generator" not in data:
+        kind = "analytic"
+    else:
+        kind = at.get("generator").choice(GENERATORS)
+    build: Callable[[_At], ModelProfile] = {
+        "analytic": lambda a: _analytic(a, gpus if gpus is not None else GPUS), "sailor": _sailor, "metis": _metis,
+    }[kind]
     try:
         return build(at)
     except ValueError as exc:
@@ -53,10 +65,10 @@ def _dir(at: _At, key: str) -> Path:
     return p
 
 
-def _ints(at: _At | None, default: tuple[int, ...]) -> tuple[int, ...]:
+def _ints(at: _At | None, default: tuple[int, ...], limit: str) -> tuple[int, ...]:
     if at is None:
         return default
-    out = tuple(item.integer() for item in at.items())
+    out = tuple(item.limited(limit) for item in at.items())
     if not out:
         raise at.fail("must list at least one value")
     return out
@@ -69,21 +81,50 @@ def _strings(at: _At) -> tuple[str, ...]:
     return out
 
 
-def _analytic(at: _At) -> ModelProfile:
+def _hf(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
+    """``hf_config: PATH`` (a Hugging Face config.json) with optional ``name, seq_len, dtype,
+    flash_attention, gpus, tps, mbss, optimizer``: see :mod:`hgopt.profiles.hf`."""
+    from hgopt.profiles.hf import hf_profile, read_hf_config
+
+    at.only({"generator", "hf_config", "name", "seq_len", "dtype", "flash_attention", "gpus", "tps", "mbss",
+             "optimizer"})
+    p = Path(at.get("hf_config").string())
+    p = p if p.is_absolute() else _base_dir(at.source) / p
+    if not p.is_file():
+        raise at.get("hf_config").fail(f"file {p} does not exist")
+    seq, name = at.opt("seq_len"), at.opt("name")
+    return hf_profile(
+        read_hf_config(p),
+        [gpu_spec(n, table) for n in _strings(at.get("gpus"))] if at.has("gpus") else None,
+        source=str(p),
+        seq_len=seq.limited("seq_len") if seq else None,
+        dtype=at.get("dtype").choice(("fp32", "bf16", "fp16")) if at.has("dtype") else "bf16",  # type: ignore[arg-type]
+        name=name.string() if name else p.parent.name,
+        tps=_ints(at.opt("tps"), (1, 2, 4, 8), "tp"),
+        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8), "mbs"),
+        optimizer=at.get("optimizer").choice(("adam", "sgd")) if at.has("optimizer") else "adam",  # type: ignore[arg-type]
+        flash_attention=_flag(at, "flash_attention", True),
+    )
+
+
+def _analytic(at: _At, table: Mapping[str, GpuSpec]) -> ModelProfile:
     from hgopt.profiles.analytic import TransformerConfig, generate_profile
+
+    if at.has("hf_config"):
+        return _hf(at, table)
 
     at.only({
         "generator", "name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn", "kv_heads", "glu",
         "dtype", "flash_attention", "gpus", "tps", "mbss", "optimizer",
     })
-    opt_int = {k: v.integer() for k in ("ffn", "kv_heads") if (v := at.opt(k)) is not None}
+    opt_int = {k: v.limited(lim) for k, lim in (("ffn", "ffn"), ("kv_heads", "heads")) if (v := at.opt(k)) is not None}
     cfg = TransformerConfig(
         name=at.get("name").string(),
-        layers=at.get("layers").integer(),
-        hidden=at.get("hidden").integer(),
-        heads=at.get("heads").integer(),
-        vocab=at.get("vocab").integer(),
-        seq_len=at.get("seq_len").integer(),
+        layers=at.get("layers").limited("layers"),
+        hidden=at.get("hidden").limited("hidden"),
+        heads=at.get("heads").limited("heads"),
+        vocab=at.get("vocab").limited("vocab"),
+        seq_len=at.get("seq_len").limited("seq_len"),
         glu=_flag(at, "glu", False),
         flash_attention=_flag(at, "flash_attention", True),
         dtype=at.get("dtype").choice(("fp32", "bf16", "fp16")) if at.has("dtype") else "bf16",  # type: ignore[arg-type]
@@ -94,11 +135,18 @@ def _analytic(at: _At) -> ModelProfile:
     if cfg.kv_heads is not None and cfg.heads % cfg.kv_heads:
         raise at.get("kv_heads").fail(f"{cfg.kv_heads} does not divide heads={cfg.heads}")
     optimizer = at.get("optimizer").choice(("adam", "sgd")) if at.has("optimizer") else "adam"
+    names = _strings(at.get("gpus"))
+    specs = []
+    for item, n in zip(at.get("gpus").items(), names):
+        try:
+            specs.append(gpu_spec(n, table))
+        except ValueError as exc:
+            raise item.fail(str(exc)) from None
     return generate_profile(
         cfg,
-        _strings(at.get("gpus")),
-        tps=_ints(at.opt("tps"), (1, 2, 4, 8)),
-        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8)),
+        specs,
+        tps=_ints(at.opt("tps"), (1, 2, 4, 8), "tp"),
+        mbss=_ints(at.opt("mbss"), (1, 2, 4, 8), "mbs"),
         optimizer=optimizer,
     )
 
@@ -118,7 +166,8 @@ def _sailor(at: _At) -> ModelProfile:
     at.only({"generator", "root", "model", "gpus", "seq_len"})
     gpus = _strings(at.get("gpus")) if at.has("gpus") else None
     seq = at.opt("seq_len")
-    return import_sailor_profile(_dir(at, "root"), at.get("model").string(), gpus, seq_len=seq.integer() if seq else None)
+    return import_sailor_profile(_dir(at, "root"), at.get("model").string(), gpus,
+                                 seq_len=seq.limited("seq_len") if seq else None)
 
 
 def _metis(at: _At) -> ModelProfile:
@@ -128,8 +177,8 @@ def _metis(at: _At) -> ModelProfile:
     gpu, name, bpp = at.opt("gpu"), at.opt("name"), at.opt("bytes_per_param")
     return import_metis_profile(
         _dir(at, "dir"),
-        seq_len=at.get("seq_len").integer(),
-        hidden=at.get("hidden").integer(),
+        seq_len=at.get("seq_len").limited("seq_len"),
+        hidden=at.get("hidden").limited("hidden"),
         gpu=gpu.string() if gpu else None,
         name=name.string() if name else None,
         dtype=at.get("dtype").choice(("fp32", "bf16", "fp16")) if at.has("dtype") else "fp16",

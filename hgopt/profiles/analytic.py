@@ -39,6 +39,7 @@ __all__ = [
     "head_params",
     "layer_times",
     "ring_allreduce_s",
+    "unique_params",
 ]
 
 Optimizer = Literal["adam", "sgd"]
@@ -75,45 +76,92 @@ class TransformerConfig:
     flash_attention: bool = True
     """Attention scores are not kept for backward (FlashAttention); False adds ``5·a·s²`` bytes."""
     dtype: TrainDtype = "bf16"
+    # ---- finer architecture (Hugging Face configs, :mod:`hgopt.profiles.hf`); None: GPT style
+    # (biases, LayerNorm, learned positions) unless ``glu`` (LLaMA style: none, RMSNorm, rotary) ----
+    head_dim: int | None = None
+    """Width of one attention head; ``None``: ``hidden / heads`` (Mistral-style configs may differ)."""
+    qkv_bias: bool | None = None
+    """Biases on the query/key/value projections (Qwen2 has them without the other biases)."""
+    out_bias: bool | None = None
+    """A bias on the attention output projection."""
+    mlp_bias: bool | None = None
+    """Biases on every MLP projection (input(s) and output)."""
+    rms_norm: bool | None = None
+    """RMSNorm (a scale only) instead of LayerNorm (scale and bias)."""
+    positions: int | None = None
+    """Rows of a learned position table in the embedding layer (GPT-2: ``n_positions``, OPT:
+    ``max_position_embeddings + 2``); 0 for rotary models; ``None``: ``seq_len`` in GPT style."""
+    dropout: bool = True
+    """The model trains with dropout (attention and residual): its masks are kept for backward
+    (Korthikanti et al.'s accounting); False drops them from :func:`block_act_mem_bytes`."""
+    tied_embeddings: bool = False
+    """The vocabulary projection shares the token table. The head still counts ``V·h`` parameters:
+    the stage holding it keeps a copy (Megatron-LM's shared embedding, gradients summed with the
+    embedding's), so memory and gradient sync are per copy; :func:`unique_params` counts it once."""
 
     @property
     def ffn_width(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
 
     @property
+    def q_width(self) -> float:
+        """Query (and attention output) width ``heads · head_dim``."""
+        return float(self.heads * self.head_dim) if self.head_dim is not None else float(self.hidden)
+
+    @property
     def kv_width(self) -> float:
-        return self.hidden * (self.kv_heads if self.kv_heads is not None else self.heads) / self.heads
+        kv = self.kv_heads if self.kv_heads is not None else self.heads
+        return self.q_width * kv / self.heads
 
     @property
     def bias(self) -> bool:
         """GPT style (biases, LayerNorm, learned positions) unless ``glu`` (LLaMA style)."""
         return not self.glu
 
+    def _flag(self, value: bool | None) -> bool:
+        return self.bias if value is None else value
+
+    @property
+    def learned_positions(self) -> int:
+        return self.positions if self.positions is not None else (self.seq_len if self.bias else 0)
+
 
 # ---- parameters ---------------------------------------------------------------------------------
 def _norm_params(cfg: TransformerConfig) -> float:
     """LayerNorm has a scale and a bias (2h), RMSNorm only a scale (h)."""
-    return 2.0 * cfg.hidden if cfg.bias else float(cfg.hidden)
+    rms = cfg.rms_norm if cfg.rms_norm is not None else not cfg.bias
+    return float(cfg.hidden) if rms else 2.0 * cfg.hidden
 
 
 def _replicated_params(cfg: TransformerConfig) -> float:
     """Block parameters every tensor-parallel rank holds whole: two norms, the two output biases."""
-    return 2 * _norm_params(cfg) + (2.0 * cfg.hidden if cfg.bias else 0.0)
+    out_biases = (cfg.hidden if cfg._flag(cfg.out_bias) else 0.0) + (cfg.hidden if cfg._flag(cfg.mlp_bias) else 0.0)
+    return 2 * _norm_params(cfg) + out_biases
 
 
 def block_params(cfg: TransformerConfig) -> float:
-    """Attention ``h(h + 2h_kv) + h²``, MLP ``k·h·f`` (k = 2, or 3 with ``glu``), two norms, and the
-    biases ``(h + 2h_kv) + h + f + h`` in GPT style."""
-    h, f, kv = cfg.hidden, cfg.ffn_width, cfg.kv_width
+    """Attention ``h(q + 2h_kv) + q·h`` (``q = heads · head_dim``, ``h`` by default), MLP ``k·h·f``
+    (k = 2, or 3 with ``glu``), two norms, and the biases ``q + 2h_kv`` (QKV), ``h`` (attention
+    output) and ``f + h`` (MLP; ``2f + h`` with ``glu``: gate, up, down) where the architecture has
+    them (all of them in GPT style)."""
+    h, f, kv, q = cfg.hidden, cfg.ffn_width, cfg.kv_width, cfg.q_width
     mats = 3 if cfg.glu else 2
-    weights = h * (h + 2 * kv) + h * h + mats * h * f
-    biases = (h + 2 * kv) + h + f + h if cfg.bias else 0.0
+    weights = h * (q + 2 * kv) + q * h + mats * h * f
+    biases = ((q + 2 * kv) if cfg._flag(cfg.qkv_bias) else 0.0) + (h if cfg._flag(cfg.out_bias) else 0.0) \
+        + ((mats - 1) * f + h if cfg._flag(cfg.mlp_bias) else 0.0)
     return float(weights + biases + 2 * _norm_params(cfg))
 
 
 def embedding_params(cfg: TransformerConfig) -> float:
-    """Token table ``V·h`` (+ learned positions ``s·h`` in GPT style)."""
-    return float(cfg.vocab * cfg.hidden + (cfg.seq_len * cfg.hidden if cfg.bias else 0))
+    """Token table ``V·h`` (+ a learned position table, ``s·h`` in GPT style)."""
+    return float(cfg.vocab * cfg.hidden + cfg.learned_positions * cfg.hidden)
+
+
+def unique_params(cfg: TransformerConfig) -> float:
+    """Distinct parameters of the model (a tied vocabulary projection counted once): what
+    ``transformers``' ``model.num_parameters()`` reports."""
+    total = embedding_params(cfg) + cfg.layers * block_params(cfg) + head_params(cfg)
+    return total - (cfg.vocab * cfg.hidden if cfg.tied_embeddings else 0.0)
 
 
 def head_params(cfg: TransformerConfig) -> float:
@@ -124,10 +172,10 @@ def head_params(cfg: TransformerConfig) -> float:
 # ---- FLOPs -------------------------------------------------------------------------------------
 def block_forward_flops(cfg: TransformerConfig, mbs: int) -> float:
     """Matmul FLOPs (2 per multiply-add) of one block's forward pass on ``mbs`` sequences."""
-    b, s, h, f, kv = mbs, cfg.seq_len, cfg.hidden, cfg.ffn_width, cfg.kv_width
-    qkv = 2.0 * b * s * h * (h + 2 * kv)
-    out_proj = 2.0 * b * s * h * h
-    scores_and_values = 4.0 * b * s * s * h
+    b, s, h, f, kv, q = mbs, cfg.seq_len, cfg.hidden, cfg.ffn_width, cfg.kv_width, cfg.q_width
+    qkv = 2.0 * b * s * h * (q + 2 * kv)
+    out_proj = 2.0 * b * s * q * h
+    scores_and_values = 4.0 * b * s * s * q
     mlp = (3 if cfg.glu else 2) * 2.0 * b * s * h * f
     return qkv + out_proj + scores_and_values + mlp
 
@@ -142,20 +190,23 @@ def block_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
     """Bytes one block keeps for backward, per sample, on one of ``tp`` tensor-parallel ranks.
 
     In 16-bit training, in units of ``s·h`` bytes (Korthikanti et al. 2022, Sec. 4.1, generalised):
-    two norm inputs 4; attention ``7 + 4·h_kv/h`` (QKV input 2, Q 2, K and V ``2·h_kv/h`` each,
-    output-projection input 2, dropout mask 1); MLP ``3 + c·f/h`` (input 2, dropout mask 1; ``c = 4``:
+    two norm inputs 4; attention ``3 + 4·q/h + 4·h_kv/h`` (QKV input 2, Q ``2·q/h``, K and V
+    ``2·h_kv/h`` each, output-projection input ``2·q/h``, dropout mask 1; ``q = h`` unless the
+    config sets ``head_dim``); MLP ``3 + c·f/h`` (input 2, dropout mask 1; ``c = 4``:
     GeLU input and output, ``c = 6``: gate and up outputs and the down-projection input). Without
     FlashAttention add ``5·a·s²`` (softmax output 2, its dropout mask 1, dropout output 2 per score);
     with it a 4-byte softmax statistic per head and token. For ``f = 4h``, ``h_kv = h``: 34·s·h +
     5·a·s². ``10·s·h`` (norm inputs, QKV and MLP inputs, the two masks) is replicated on every rank,
     the rest split over ``tp``. fp32 training doubles everything (masks included: a slight
-    over-estimate)."""
+    over-estimate). Without dropout (``cfg.dropout`` False: Llama, Mistral, Qwen2, GPT-NeoX configs)
+    the two masks go (``8·s·h`` replicated) and a kept score costs 2 bytes (the softmax output)."""
     s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
-    r = cfg.kv_width / h
-    per_sh = 4 + (7 + 4 * r) + 3 + (6 if cfg.glu else 4) * cfg.ffn_width / h
-    scores = 4.0 * a * s if cfg.flash_attention else 5.0 * a * s * s
+    r, rq = cfg.kv_width / h, cfg.q_width / h
+    masks = 2.0 if cfg.dropout else 0.0
+    per_sh = 4 + (2 + 4 * rq + 4 * r) + 2 + masks + (6 if cfg.glu else 4) * cfg.ffn_width / h
+    scores = 4.0 * a * s if cfg.flash_attention else (5.0 if cfg.dropout else 2.0) * a * s * s
     total = per_sh * s * h + scores
-    replicated = 10.0 * s * h
+    replicated = (8.0 + masks) * s * h
     return DTYPE_BYTES[cfg.dtype] / 2.0 * (replicated + (total - replicated) / tp)
 
 
@@ -219,13 +270,14 @@ def _kinds(cfg: TransformerConfig) -> list[str]:
 def _layers(cfg: TransformerConfig) -> tuple[LayerProfile, ...]:
     boundary = DTYPE_BYTES[cfg.dtype] * cfg.seq_len * cfg.hidden
     sizes = {
-        "embedding": (embedding_params(cfg), _embedding_act_mem_bytes(cfg)),
-        "block": (block_params(cfg), block_act_mem_bytes(cfg, 1)),
-        "head": (head_params(cfg), head_act_mem_bytes(cfg, 1)),
+        "embedding": (embedding_params(cfg), _embedding_act_mem_bytes(cfg), 0.0),
+        "block": (block_params(cfg), block_act_mem_bytes(cfg, 1), block_forward_flops(cfg, 1)),
+        "head": (head_params(cfg), head_act_mem_bytes(cfg, 1), head_forward_flops(cfg, 1)),
     }
     names = ["embedding"] + [f"block{i}" for i in range(cfg.layers)] + ["head"]
     return tuple(
-        LayerProfile(name=n, kind=k, params=sizes[k][0], activation_bytes=boundary, act_mem_bytes=sizes[k][1])  # type: ignore[arg-type]
+        LayerProfile(name=n, kind=k, params=sizes[k][0], activation_bytes=boundary, act_mem_bytes=sizes[k][1],  # type: ignore[arg-type]
+                     flops=sizes[k][2])
         for n, k in zip(names, _kinds(cfg))
     )
 
@@ -245,7 +297,7 @@ def _check(cfg: TransformerConfig, tps: Sequence[int], mbss: Sequence[int]) -> N
     for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
-    if cfg.hidden % cfg.heads:
+    if cfg.head_dim is None and cfg.hidden % cfg.heads:
         raise ValueError(f"hidden {cfg.hidden} is not a multiple of heads={cfg.heads}")
     for key, values in (("tps", tps), ("mbss", mbss)):
         if not values or min(values) < 1 or len(set(values)) != len(values):

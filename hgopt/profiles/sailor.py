@@ -1,6 +1,6 @@
 """Importer for the measured data published with Sailor (eth-easl/sailor, SOSP'25, MIT licence).
 
-Layout under ``root`` (see /work/shared/anchors/README.md):
+Layout under ``root`` (files of the eth-easl/sailor repository; docs/sources.md states their content):
 
 - ``profiles/<MODEL>/<GPU>/profile.json``: ``{mbs: {tp: {layer: [fwd_s, bwd_s, update_s]}}}``;
 - ``llm_info.json``: ``{MODEL: {tp: {layer: {params_floats, act_output_bytes, act_mem_bytes, ...}}}}``,

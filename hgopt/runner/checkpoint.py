@@ -93,7 +93,7 @@ def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer
     if rank == 0:
         marker = out / "checkpoints" / "latest.json"
         tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": step}))
+        tmp.write_text(json.dumps({"step": step, "samples": step * rp.global_batch, "data": rp.train.data}))
         os.replace(tmp, marker)
         _prune(out)
         log.info("checkpoint: %d steps done, saved to %s", step, path)
@@ -132,6 +132,11 @@ def restore(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimi
     if step is None:
         log.info("no checkpoint in %s: starting from step 0", out / "checkpoints")
         return 0
+    marker = json.loads((out / "checkpoints" / "latest.json").read_text())
+    if "samples" in marker and marker["samples"] != step * rp.global_batch:
+        raise ValueError(f"{out / 'checkpoints' / 'latest.json'}: the run consumed {marker['samples']} samples in {step} "
+                         f"steps; this plan's global batch {rp.global_batch} would continue the data stream at "
+                         f"{step * rp.global_batch}")
     info = rp.rank_info(rank)
     full, optim = _stage_tensors(_dir(out, step), info.pipeline, info.stage)
     dims = split_dims(model)

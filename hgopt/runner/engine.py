@@ -27,7 +27,7 @@ from torch import nn
 from hgopt.export.runner_plan import Piece, RunnerPlan, SyncGroup
 from hgopt.runner.codec import decode, encode, wire_specs
 from hgopt.runner.comm import Pending, Wire
-from hgopt.runner.data import IGNORE, Dataset
+from hgopt.runner.data import IGNORE, Dataset, replica_rows
 from hgopt.runner.device import synchronize
 from hgopt.runner.grad_sync import GradSync, emulated_ring_s
 from hgopt.runner.memory import MemoryMeter
@@ -77,9 +77,17 @@ def make_optimizer(rp: RunnerPlan, model: nn.Module, params: Iterable[nn.Paramet
     """The plan's optimizer over ``params`` (default: all of ``model``'s; with ZeRO-1, see
     :func:`hgopt.runner.zero.optimizer_params`)."""
     ps = list(model.parameters() if params is None else params)
-    if rp.train.optimizer == "sgd":
-        return torch.optim.SGD(ps, lr=rp.train.lr, momentum=0.9)
-    return torch.optim.Adam(ps, lr=rp.train.lr)
+
+    def make(ps: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if rp.train.optimizer == "sgd":
+            return torch.optim.SGD(ps, lr=rp.train.lr, momentum=0.9)
+        return torch.optim.Adam(ps, lr=rp.train.lr)
+
+    if rp.train.dtype == "bfloat16":  # mixed precision (hfrunner): fp32 masters and state
+        from hgopt.runner.precision import MasterWeightOptimizer
+
+        return MasterWeightOptimizer(ps, make)  # type: ignore[return-value]
+    return make(ps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,7 +124,7 @@ class StageWorker:
         self.leader = self.rep.leader == rank
         self.first, self.last = self.si == 0, self.si == len(self.pipe.stages) - 1
         self.compute = DTYPES[rp.train.dtype]
-        self.data = Dataset(rp.model, rp.train)
+        self.data = Dataset(rp.model, rp.train, rp.global_batch)
         self.ops = stage_ops(self.pipe.schedule, self.si, len(self.pipe.stages), self.pipe.num_microbatches)
         self.in_pieces = () if self.first else tuple(pc for pc in self.pipe.pieces(self.si - 1) if pc.dst == info.replica)
         self.out_pieces = () if self.last else tuple(pc for pc in self.pipe.pieces(self.si) if pc.src == info.replica)
@@ -210,8 +218,7 @@ class StageWorker:
 
     # ---- forward and backward -------------------------------------------------------------------
     def _rows(self, microbatch: int) -> range:
-        base = self.pipe.sample_offset + microbatch * self.pipe.microbatch + self.rep.offset
-        return range(base, base + self.rep.mbs)
+        return replica_rows(self.pipe, self.rep, microbatch)
 
     def _forward(self, step: int, m: int) -> _Saved:
         x_ref = None
@@ -223,6 +230,7 @@ class StageWorker:
         y = self.model(x)
         if self.last:
             targets = self.data.batch(step, self._rows(m))[1].to(self.device)
+            y = y.float() if y.dtype == torch.bfloat16 else y  # the loss in fp32 under mixed precision (hfrunner)
             loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
                                                reduction="sum") / self._global_tokens
             return _Saved(x_ref=x_ref, out=loss)

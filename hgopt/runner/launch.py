@@ -1,7 +1,12 @@
 """Run every rank of a (small) runner plan on this machine: host the rendezvous store, set up link
 emulation, start one process per rank, watch them, clean up. The store lives in this process (or,
 with network namespaces, in a helper process inside the first cluster's namespace), so it outlives
-any rank and the ranks' watchdogs can name the one that died."""
+any rank and the ranks' watchdogs can name the one that died.
+
+While the ranks start (interpreter and torch import, rendezvous: tens of seconds on a small machine)
+the launcher logs ``rendezvous k/N ranks`` as ranks reach the store. SIGTERM (and SIGINT) are
+forwarded to every rank as SIGTERM; ranks still running ``STOP_GRACE_S`` later are killed; the
+launcher then returns 143 (130 for SIGINT), without a traceback."""
 
 from __future__ import annotations
 
@@ -19,9 +24,15 @@ from typing import Any
 from hgopt.export import netns
 from hgopt.export.runner_plan import RunnerPlan
 
-__all__ = ["LaunchOptions", "launch_local", "local_device", "resolve_emulation", "run_forked"]
+__all__ = ["LaunchOptions", "STOP_GRACE_S", "launch_local", "local_device", "resolve_emulation", "run_forked"]
 
 log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+"""Seconds the ranks get to exit after the launcher forwarded SIGTERM, before they are killed."""
+_SIGNAL_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
+_PROGRESS_S = 2.0
+"""At most this long between two start-up progress lines while ranks are still connecting."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +105,8 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
         for r in range(rp.world_size):
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
-        return _watch(rp, procs)
+        store = keep[0] if keep and not isinstance(keep[0], (subprocess.Popen, netns.NetnsLayout)) else None
+        return _watch(rp, procs, store)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -199,16 +211,51 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
     return subprocess.Popen(cmd, env=env)
 
 
-def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]]) -> int:
-    """Wait for every rank. After the first failure the others get the heartbeat timeout (plus slack)
-    to notice and exit on their own; whoever is left then is killed."""
+def _connected(store: Any, ranks: int) -> int:
+    """Ranks whose watchdog has reached the rendezvous store (its first heartbeat key is set)."""
+    from hgopt.runner.watchdog import _PREFIX
+
+    try:
+        return sum(1 for r in range(ranks) if store.check([f"{_PREFIX}hb/{r}"]))
+    except Exception:  # a store that went away: no progress line, the exit codes tell the rest
+        return -1
+
+
+def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> int:
+    """Wait for every rank, logging start-up progress from ``store``. After the first failure the
+    others get the heartbeat timeout (plus slack) to notice and exit on their own; whoever is left
+    then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
     first: tuple[int, int] | None = None
     deadline = float("inf")
-    prev_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop: list[int] = []
+    t0 = time.monotonic()
+    shown, last_line = 0, t0
+    n = len(procs)
+
+    def on_signal(signum: int, frame: object) -> None:
+        if not stop:
+            stop.append(signum)
+
+    prev = {sig: signal.signal(sig, on_signal) for sig in _SIGNAL_EXIT}
     try:
         while True:
+            if stop and stop[0] > 0:
+                signum = stop[0]
+                stop[0] = -signum  # handled once
+                log.warning("%s: stopping %d rank(s) (SIGTERM forwarded; killed after %.0f s)",
+                            signal.Signals(signum).name, sum(p.poll() is None for p in procs.values()), STOP_GRACE_S)
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.terminate()
+                deadline = time.monotonic() + STOP_GRACE_S
+            if store is not None and shown < n and not stop:
+                k = _connected(store, n)
+                now = time.monotonic()
+                if k >= 0 and (k != shown or now - last_line >= _PROGRESS_S):
+                    log.info("rendezvous %d/%d ranks (%.0f s)", k, n, now - t0)
+                    shown, last_line = k, now
             codes = {r: p.poll() for r, p in procs.items()}
-            if first is None:
+            if first is None and not stop:
                 bad = [(r, c) for r, c in codes.items() if c not in (None, 0)]
                 if bad:
                     first = bad[0]
@@ -225,7 +272,10 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]]) -> int:
                 deadline = float("inf")
             time.sleep(0.1)
     finally:
-        signal.signal(signal.SIGTERM, prev_term)
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+    if stop:
+        return _SIGNAL_EXIT[signal.Signals(-stop[0])]
     if first is None:
         return 0
     log.error("run failed: %s exited first (status %d)", rp.rank_info(first[0]).describe(), first[1])

@@ -9,15 +9,18 @@ process model therefore start from identical numbers.
 
 from __future__ import annotations
 
+import json
+
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from hgopt.export.runner_plan import ModelConfig
 from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, enter_parallel, shard, split_dims
 
-__all__ = ["Block", "Embedding", "Head", "Layer", "StageModel", "build_stage", "layer_of"]
+__all__ = ["Block", "Embedding", "Head", "Layer", "StageModel", "build_stage", "layer_of", "make_layer"]
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 class Embedding(nn.Module):
@@ -110,17 +113,33 @@ class Layer(nn.Module):
         return x
 
 
+def make_layer(cfg: ModelConfig, index: int, tp: TpGroup) -> nn.Module:
+    """Layer ``index``: the Hugging Face architecture of ``cfg.hf_config`` (:mod:`hgopt.runner.hf`,
+    ``transformers`` imported only then) or the runner's own GPT block."""
+    if cfg.hf_config:
+        from hgopt.runner.hf import HfLayer
+
+        return HfLayer(cfg.hf_config, cfg.layers, index, tp)
+    return Layer(cfg, index, tp)
+
+
 class StageModel(nn.Module):
     """Layers ``[start, end)``; parameters are named ``layers.<global index>.…`` on every stage."""
 
-    def __init__(self, cfg: ModelConfig, start: int, end: int, tp: TpGroup) -> None:
+    def __init__(self, cfg: ModelConfig, start: int, end: int, tp: TpGroup, recompute: bool = False) -> None:
         super().__init__()
         self.start, self.end = start, end
-        self.layers = nn.ModuleDict({str(i): Layer(cfg, i, tp) for i in range(start, end)})
+        self.recompute = recompute
+        """Run every layer under ``torch.utils.checkpoint`` (non-reentrant): backward keeps each
+        layer's input only and runs the layer's forward again."""
+        self.layers = nn.ModuleDict({str(i): make_layer(cfg, i, tp) for i in range(start, end)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
-            x = layer(x)
+            if self.recompute and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return x
 
 
@@ -130,16 +149,22 @@ def layer_of(param_name: str) -> int:
 
 
 def build_stage(cfg: ModelConfig, start: int, end: int, tp: TpGroup | None = None, *, seed: int = 0,
-                dtype: str = "float32", device: torch.device | str = "cpu") -> StageModel:
+                dtype: str = "float32", device: torch.device | str = "cpu", recompute: bool = False) -> StageModel:
     """Layers ``[start, end)`` with their seeded initial weights, tp shard of ``tp``, in ``dtype``, on
-    ``device`` (weights are drawn on the CPU, so every device starts from the same numbers)."""
+    ``device`` (weights are drawn on the CPU, so every device starts from the same numbers);
+    ``recompute``: activation recomputation per layer (:class:`StageModel`)."""
     tp = tp or TpGroup()
-    model = StageModel(cfg, start, end, tp)
+    model = StageModel(cfg, start, end, tp, recompute)
     dims = split_dims(model)
     full = {}
     for i in range(start, end):
-        ref = Layer(cfg, i, TpGroup())
-        _init_full(ref, seed, i)
+        ref = make_layer(cfg, i, TpGroup())
+        if cfg.hf_config:
+            from hgopt.runner.hf import init_hf_layer
+
+            init_hf_layer(ref, seed, i, float(json.loads(cfg.hf_config).get("initializer_range", 0.02)))  # type: ignore[arg-type]
+        else:
+            _init_full(ref, seed, i)  # type: ignore[arg-type]
         full.update({f"layers.{i}.{k}": v for k, v in ref.state_dict().items()})
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -21,7 +21,7 @@ def train_reference(rp: RunnerPlan, steps: int | None = None) -> tuple[StageMode
     """Train for ``steps`` (default: the plan's) and return the model and the loss of every step."""
     model = build_stage(rp.model, 0, rp.model.num_layers, seed=rp.train.seed, dtype=rp.train.dtype)
     opt = make_optimizer(rp, model)
-    data = Dataset(rp.model, rp.train)
+    data = Dataset(rp.model, rp.train, rp.global_batch)
     losses = []
     for step in range(rp.train.steps if steps is None else steps):
         opt.zero_grad(set_to_none=True)
@@ -32,6 +32,7 @@ def train_reference(rp: RunnerPlan, steps: int | None = None) -> tuple[StageMode
                 first = pipe.sample_offset + m * pipe.microbatch
                 x, y = data.batch(step, range(first, first + pipe.microbatch))
                 logits = _forward(model, pipe, x)
+                logits = logits.float() if logits.dtype == torch.bfloat16 else logits
                 loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                    ignore_index=IGNORE, reduction="sum") / tokens
                 loss.backward()

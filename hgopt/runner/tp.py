@@ -76,15 +76,16 @@ class RowLinear(nn.Module):
     """``y = sum over ranks (x_shard @ W[:, cols of this rank].T) + b``; the bias is replicated and added
     once, after the all-reduce."""
 
-    def __init__(self, d_in: int, d_out: int, tp: TpGroup) -> None:
+    def __init__(self, d_in: int, d_out: int, tp: TpGroup, bias: bool = True) -> None:
         super().__init__()
         assert d_in % tp.size == 0, "checked when the runner plan is read"
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(d_out, d_in // tp.size))
-        self.bias = nn.Parameter(torch.empty(d_out))
+        self.bias = nn.Parameter(torch.empty(d_out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return leave_parallel(nn.functional.linear(x, self.weight), self.tp) + self.bias
+        y = leave_parallel(nn.functional.linear(x, self.weight), self.tp)
+        return y if self.bias is None else y + self.bias
 
 
 def split_dims(module: nn.Module) -> dict[str, int | None]:

@@ -83,7 +83,7 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
     info = rp.rank_info(rank)
     stage = rp.pipelines[info.pipeline].stages[info.stage]
     model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype,
-                        device=device)
+                        device=device, recompute=stage.recompute == "full")
     zero = make_zero_shards(rp, rank, model, groups.sync)
     opt = make_optimizer(rp, model, optimizer_params(model, zero))
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker

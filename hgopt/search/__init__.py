@@ -10,15 +10,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from hgopt.plan import Plan
+from hgopt.progress import Progress
 from hgopt.spec import Instance
 
 __all__ = ["LINK_PENALTY_DEFAULT", "PLANNERS", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner",
            "link_penalties", "planner_names"]
 
-Status = Literal["optimal", "feasible", "heuristic", "infeasible", "error"]
+Status = Literal["optimal", "feasible", "heuristic", "infeasible", "error", "interrupted"]
 """optimal: proven within ``gap`` of the lower bound over the planner's stated plan space;
 feasible: a plan and a lower bound, gap not closed at the time limit; heuristic: a plan without
-bound; infeasible: proven that no plan of the space fits; error: the search failed."""
+bound; infeasible: proven that no plan of the space fits; error: the search failed; interrupted:
+stopped by the user (SIGINT/SIGTERM) — the incumbent so far, its bound still valid."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,6 +37,8 @@ class PlanOptions:
     seed: int = 0
     extra: Mapping[str, str] = field(default_factory=dict)
     """Planner-specific settings as strings (e.g. ``link_precision``)."""
+    progress: Progress | None = field(default=None, compare=False)
+    """Heartbeat sink and cooperative stop flag (``hgopt.progress``); None: silent, never stopped."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

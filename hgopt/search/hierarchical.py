@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
@@ -87,6 +87,11 @@ class HeuristicOptions:
     """Realised skeletons besides the best whose stages are re-partitioned globally [H8]."""
     cross_cluster_dp: bool = True
     """Also try data parallelism across cluster groups [H9] (plans outside the exact planner's space)."""
+    require_clusters: tuple[str, ...] = ()
+    """Only skeletons whose pipelines use every one of these clusters (the CLI's why-not lines:
+    the best plan that uses an idle cluster); implies no [H9] groups. (cli-explain)"""
+    should_stop: Callable[[], bool] | None = field(default=None, compare=False)
+    """Cooperative stop (SIGINT): checked wherever the time limit is. (cli-explain)"""
     """Leading estimated skeletons whose cluster order is improved by 2-opt on the estimate [H3]."""
 
 
@@ -158,6 +163,8 @@ def plan_heuristic(
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
                max_links=_check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
     raw = _skeleton_candidates(ctx, options)
+    if options.require_clusters:  # why-not lines (cli-explain)
+        raw = _requiring(ctx, raw, options.require_clusters)
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
     lead = list(dict.fromkeys(_diverse(screened, options.finalists) + [sk for _, sk in raw[:2]]))
@@ -199,7 +206,7 @@ def plan_heuristic(
     if options.repartition:
         best = _repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
-    if options.cross_cluster_dp and len(instance.topology.clusters) > 1:
+    if options.cross_cluster_dp and len(instance.topology.clusters) > 1 and not options.require_clusters:
         grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
                                     allowed=ctx.allowed, out_of_time=lambda: _out_of_time(ctx, options))
         if grouped is not None:
@@ -352,7 +359,28 @@ def _describe(sk: Skeleton) -> str:
 
 
 def _out_of_time(ctx: _Ctx, options: HeuristicOptions) -> bool:
+    if options.should_stop is not None and options.should_stop():  # (cli-explain)
+        return True
     return options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s
+
+
+def _requiring(ctx: _Ctx, raw: list[tuple[float, Skeleton]], need: tuple[str, ...]) -> list[tuple[float, Skeleton]]:
+    """(cli-explain) The estimated skeletons that use every cluster of ``need``; when none does, the
+    clusters of the best few skeletons of each (k, B) plus ``need``, and ``need`` alone, split anew."""
+    names = [c.name for c in ctx.instance.topology.clusters]
+    for n in need:
+        if n not in names:
+            raise ValueError(f"require_clusters: unknown cluster {n!r} (clusters: {', '.join(names)})")
+    keep = [(e, sk) for e, sk in raw if set(need) <= set(sk.order)]
+    if keep:
+        return keep
+    out = []
+    for e, sk in raw[:12]:
+        for sub in (set(sk.order) | set(need), set(need)):
+            got = _best_for_subset(ctx, sk.pipelines, sk.microbatch, tuple(n for n in names if n in sub))
+            if got is not None and set(need) <= set(got[1].order):
+                out.append(got)
+    return sorted(dict.fromkeys(out), key=lambda x: x[0])
 
 
 # ---- [H1] pipelines and microbatch --------------------------------------------------------------
@@ -1314,7 +1342,9 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
     res = plan_heuristic(instance, options=HeuristicOptions(
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
-        max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items())))
+        max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items()),
+        require_clusters=tuple(n for n in extra.get("require_clusters", "").split(",") if n),  # (cli-explain)
+        should_stop=options.progress.stop_requested if options.progress else None))  # (cli-explain)
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP; or data parallelism across cluster groups, "

@@ -522,10 +522,15 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     model_shape(instance)  # fails early, naming the setting, when the model is not trunk-shaped
     links = link_policy(instance, options.extra)
     splits = batch_splits(instance)
+    prog = options.progress  # progress (cli-explain): heartbeat state + cooperative stop
+    if prog:  # progress (cli-explain)
+        prog.report("cheap bounds", total=len(splits))
     cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
                               num_microbatches=sp.num_microbatches, links=links) for sp in splits}
     log.debug("cheap bounds of %d splits in %.1f s", len(splits), time.perf_counter() - t_start)
     lbs = {sp: cheap[sp].value for sp in splits}
+    if prog:  # progress (cli-explain)
+        prog.report("warm start", bound_s=_global_lb(lbs, None))
     best = _warm_start(instance, tables, options, t_start, links)
     first = best.split if best else None
     order = sorted(splits, key=lambda sp: (sp != first, cheap[sp].value))
@@ -540,7 +545,12 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
         # then holds them even when one split's MILP takes the rest of the time (with compressed links
         # the first split's MILP can), and the MILPs are visited in the order of those bounds
         half = t_start + 0.5 * options.time_limit_s
-        for sp in order:
+        for i, sp in enumerate(order):
+            if prog:  # progress (cli-explain)
+                prog.report("relaxation bounds", done=i, total=len(order), bound_s=_global_lb(lbs, best),
+                            incumbent_s=best.value if best else None, plan=best.plan if best else None)
+                if prog.stop_requested():  # progress (cli-explain)
+                    break
             target = (best.value if best else math.inf) * (1 - options.gap / 2)
             if lbs[sp] >= target or not math.isfinite(lbs[sp]):
                 continue
@@ -549,12 +559,15 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
             lbs[sp] = max(lbs[sp], value)
         order = sorted(order, key=lambda sp: (sp != first, lbs[sp]))
-    for sp in order:
+    for i, sp in enumerate(order):
+        if prog:  # progress (cli-explain)
+            prog.report("splits", done=i, total=len(order), bound_s=_global_lb(lbs, best),
+                        incumbent_s=best.value if best else None, plan=best.plan if best else None)
         ub = best.value if best else math.inf
         target = ub * (1 - options.gap / 2)
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
             continue
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or (prog and prog.stop_requested()):  # progress (cli-explain): stop
             unfinished.append(sp)  # not pruned by its bound, and no time left for its MILP
             continue
         if use_relax and sp not in relaxed:
@@ -586,7 +599,7 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
         if best is not None and best.split in unfinished and not best.solves:
             best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=best.lower_bound,
                                 penalty=best.penalty, unfinished=True)
-    if best is not None and best.plan is not None:
+    if best is not None and best.plan is not None and not (prog and prog.stop_requested()):  # (cli-explain)
         notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline))
     return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links, tuple(notes))
 

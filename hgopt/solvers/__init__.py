@@ -3,7 +3,7 @@
 Every backend is a module with ``NAME``, ``available() -> bool``, ``version() -> str`` and
 ``solve(model: LinearModel, options: SolveOptions) -> SolveResult``; :data:`BACKENDS` maps the
 names users type to those modules (imported on first use). Shared options: time limit, relative
-gap, threads, seed. Pitfalls handled here (DESIGN.md §5): OR-Tools is imported before PuLP (PuLP
+gap, threads, seed. Pitfalls handled here (measured, docs/sources.md): OR-Tools is imported before PuLP (PuLP
 first makes OR-Tools' HiGHS segfault); HiGHS runs through MathOpt (pywraplp drops the incumbent at a
 time limit); PuLP's "Optimal" is checked against ``sol_status``; CP-SAT gets integer coefficients.
 """
@@ -112,7 +112,7 @@ def solve(model: LinearModel, name: str, options: SolveOptions) -> SolveResult:
 
 
 def _import_ortools_first() -> ModuleType | None:
-    """Import OR-Tools before anything imports PuLP (DESIGN.md §5)."""
+    """Import OR-Tools before anything imports PuLP (the other order segfaults HiGHS; docs/sources.md)."""
     try:
         return importlib.import_module("ortools.math_opt.python.mathopt")
     except ImportError:

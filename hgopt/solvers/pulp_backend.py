@@ -120,7 +120,7 @@ def _gap_of(log_text: str) -> float:
 
 
 def _pulp() -> object:
-    _import_ortools_first()  # DESIGN.md §5: OR-Tools before PuLP
+    _import_ortools_first()  # OR-Tools before PuLP (docs/sources.md: the reverse order segfaults)
     import pulp
 
     return pulp

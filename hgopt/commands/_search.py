@@ -1,0 +1,122 @@
+"""Running a planner from a command: heartbeat on stderr, and SIGINT/SIGTERM turned into an
+``interrupted`` result that still carries the incumbent.
+
+The planner runs in a worker thread while the main thread waits, so a signal is handled at once
+even while the worker sits in a solver call. The handler sets the :class:`~hgopt.progress.Progress`
+stop flag; the search loops check it and return their best plan. If the worker has not returned
+``grace_s`` seconds later (a long MILP solve), the command takes the incumbent the search last
+reported. A second signal ends the command at once (exit 130/143, no plan written)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import threading
+from typing import Any
+
+from hgopt.cost import evaluate
+from hgopt.plan import Plan
+from hgopt.progress import Progress
+from hgopt.search import Planner, PlanOptions, PlanResult
+
+__all__ = ["EXIT_CODES", "SearchInterrupted", "exit_code", "run_planner"]
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""128 + the signal number, as shells report a process ended by it."""
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """A second signal: stop now."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def exit_code(progress: Progress) -> int | None:
+    """130 / 143 when a signal stopped the search, else None."""
+    return EXIT_CODES.get(progress.signal) if progress.signal is not None else None  # type: ignore[call-overload]
+
+
+def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
+                *, grace_s: float = 5.0) -> PlanResult:
+    """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag)."""
+    opts = dataclasses.replace(options, progress=progress)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = planner(instance, opts)
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+
+    def on_signal(signum: int, frame: object) -> None:
+        if progress.stop_requested():
+            raise SearchInterrupted(signum)
+        log.warning("hgopt: %s received: stopping the search, keeping the best plan so far (again to abort)",
+                    signal.Signals(signum).name)
+        progress.request_stop(signum)
+
+    worker = threading.Thread(target=work, name=f"hgopt-search-{name}", daemon=True)
+    saved = _install(on_signal)
+    try:
+        with progress:
+            worker.start()
+            waited_after_stop = 0.0
+            while worker.is_alive():
+                worker.join(0.1)
+                if progress.stop_requested():
+                    waited_after_stop += 0.1
+                    if waited_after_stop >= grace_s:
+                        log.warning("hgopt: the search did not return within %.0f s of the stop; using the "
+                                    "incumbent it last reported", grace_s)
+                        return _from_snapshot(name, instance, progress)
+    finally:
+        _restore(saved)
+    if "error" in box:
+        raise box["error"]
+    res: PlanResult = box["result"]
+    if progress.stop_requested():
+        sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
+        plan = res.plan
+        if plan is not None:
+            plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"),
+                                                   ("status", "interrupted")))
+        res = dataclasses.replace(res, status="interrupted", plan=plan, notes=(
+            f"interrupted by {sig} after {progress.elapsed_s():.1f} s: the best plan found so far"
+            + ("; the lower bound still holds" if res.lower_bound_s is not None else ""), *res.notes))
+    return res
+
+
+def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:
+    st = progress.state()
+    plan = st.plan if isinstance(st.plan, Plan) else None
+    if plan is not None:
+        plan = dataclasses.replace(plan, planner=name.partition(":")[0], instance=instance.name,
+                                   meta=(*plan.meta, ("status", "interrupted")))
+    sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
+    bound = st.bound_s if st.bound_s is not None and math.isfinite(st.bound_s) else None
+    t = evaluate(plan, instance).iteration_time_s if plan is not None else math.inf
+    return PlanResult(planner=name.partition(":")[0], status="interrupted", plan=plan,
+                      iteration_time_s=t, lower_bound_s=bound, search_time_s=progress.elapsed_s(),
+                      notes=(f"interrupted by {sig} during phase '{st.phase}': the incumbent last reported"
+                             + ("" if plan else " (none yet)"),))
+
+
+def _install(handler: Any) -> dict[int, Any] | None:
+    if threading.current_thread() is not threading.main_thread():
+        return None  # signals are only delivered to the main thread: nothing to install
+    saved = {}
+    for sig in EXIT_CODES:
+        saved[sig] = signal.getsignal(sig)
+        signal.signal(sig, handler)
+    return saved
+
+
+def _restore(saved: dict[int, Any] | None) -> None:
+    for sig, h in (saved or {}).items():
+        signal.signal(sig, h)

@@ -1,0 +1,336 @@
+"""Why a plan looks the way it does, as a frozen record the commands only format.
+
+:func:`explain` reads ``evaluate``'s per-stage reports (memory, times) and the plan: per stage the
+peak memory per GPU against its capacity; per cluster the GPUs used, the busy share (the GPUs'
+compute seconds over the iteration time) and the MFU (model FLOPs over the iteration time at the
+GPUs' datasheet peak); the dollars per iteration and per million tokens from ``cost_per_gpu_hour``
+(and WAN egress where a link has ``egress_usd_per_gb``); and, with :func:`why_not`, for every idle
+cluster the best plan the heuristic finds when it must use that cluster, and how much slower and
+costlier it is. :func:`infeasibility` names the binding constraint of a planner that found no plan,
+with numbers from ``evaluate`` on the smallest replica layout of each cluster.
+
+No cost formula lives here: times and memory are ``evaluate``'s and the cost tables'
+(``CostTables.table(gpu, tp).times``); this module only sums them up."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from hgopt.cost import CostTables, Evaluation, build_tables, evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.spec import Instance
+
+__all__ = ["ClusterUse", "Explanation", "Money", "StageUse", "WhyNot", "explain", "infeasibility", "why_not"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageUse:
+    pipeline: int
+    stage: int
+    layers: tuple[int, int]
+    """[start, end)."""
+    clusters: tuple[str, ...]
+    gpus: int
+    peak_memory_bytes: float
+    """Per GPU, of the replica group closest to its limit (``evaluate``)."""
+    memory_capacity_bytes: float
+    oom: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterUse:
+    name: str
+    gpu: str
+    gpus: int
+    gpus_used: int
+    busy_share: float | None
+    """Compute (forward + backward) seconds of the cluster's used GPUs per iteration over
+    GPUs used × iteration time; None when the cluster is idle."""
+    mfu: float | None
+    """Model FLOPs (3 × forward, no recomputation) its GPUs run per iteration over GPUs used ×
+    iteration time × datasheet peak FLOP/s; None with ``mfu_note`` saying why."""
+    mfu_note: str = ""
+    usd_per_gpu_hour: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Money:
+    usd_per_iteration: float | None
+    """GPU-hours of the used GPUs (``cost_per_gpu_hour``) plus WAN egress; None when a used cluster
+    has no price."""
+    usd_per_million_tokens: float | None
+    gpu_usd_per_iteration: float | None
+    egress_usd_per_iteration: float | None
+    """None when no link carrying traffic has ``egress_usd_per_gb`` or the WAN bytes are unknown."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WhyNot:
+    cluster: str
+    gpus_used: int
+    gpus: int
+    alternative_s: float | None
+    """Iteration time (``evaluate``) of the best plan found that uses the cluster; None: none found."""
+    slower: float | None
+    """alternative / this plan's iteration time − 1."""
+    alternative_usd_per_iteration: float | None
+    costlier: float | None
+    """alternative $ / this plan's $ − 1 (None without prices)."""
+    planner: str
+    alternative_gpus: tuple[tuple[str, int], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Explanation:
+    iteration_time_s: float
+    tokens_per_iteration: int
+    stages: tuple[StageUse, ...]
+    clusters: tuple[ClusterUse, ...]
+    mfu: float | None
+    """Of all used GPUs together."""
+    mfu_note: str
+    money: Money
+    why_not: tuple[WhyNot, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))  # type: ignore[return-value]
+
+
+def _finite(obj: object) -> object:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---- the plan itself ----------------------------------------------------------------------------
+def explain(plan: Plan, instance: Instance, ev: Evaluation | None = None, tables: CostTables | None = None,
+            why: tuple[WhyNot, ...] = ()) -> Explanation:
+    """Memory, utilisation, MFU and dollars of ``plan`` (``ev``: its evaluation, computed when omitted)."""
+    tables = tables or build_tables(instance)
+    ev = ev or evaluate(plan, instance, tables)
+    T = ev.iteration_time_s
+    stages = tuple(StageUse(pipeline=s.pipeline, stage=s.stage, layers=s.layers, clusters=s.clusters, gpus=s.gpus,
+                            peak_memory_bytes=s.peak_memory_bytes, memory_capacity_bytes=s.memory_capacity_bytes,
+                            oom=s.oom) for s in ev.stages)
+    used = plan.gpus_by_cluster()
+    busy: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    layer_flops = _layer_flops(instance)
+    for p in plan.pipelines:
+        for s in p.stages:
+            for g in s.groups:
+                busy[g.cluster] = busy.get(g.cluster, 0.0) + g.gpus * p.num_microbatches * _group_compute_s(
+                    instance, tables, s, g)
+                if layer_flops is not None:
+                    flops[g.cluster] = flops.get(g.cluster, 0.0) + 3.0 * sum(layer_flops[s.start:s.end]) \
+                        * g.samples * p.num_microbatches
+    clusters = []
+    peak_total = flops_total = 0.0
+    missing_peak: list[str] = []
+    for c in instance.topology.clusters:
+        n = used.get(c.name, 0)
+        share = busy.get(c.name, 0.0) / (n * T) if n and math.isfinite(T) and T > 0 else None
+        mfu, note = None, ""
+        if n:
+            peak = _peak_flops(c.gpu, instance.job.precision)
+            if layer_flops is None:
+                note = "n/a: the model profile has no per-layer FLOPs"
+            elif peak is None:
+                note = f"n/a: no datasheet peak FLOP/s for GPU {c.gpu!r} in {instance.job.precision} (hgopt/profiles/gpus.py)"
+                missing_peak.append(c.gpu)
+            elif math.isfinite(T) and T > 0:
+                mfu = flops.get(c.name, 0.0) / (n * T * peak)
+                peak_total += n * peak
+                flops_total += flops.get(c.name, 0.0)
+        clusters.append(ClusterUse(name=c.name, gpu=c.gpu, gpus=c.num_gpus, gpus_used=n, busy_share=share, mfu=mfu,
+                                   mfu_note=note, usd_per_gpu_hour=c.cost_per_gpu_hour))
+    if layer_flops is None:
+        mfu_all, mfu_note = None, "n/a: the model profile has no per-layer FLOPs"
+    elif missing_peak:
+        mfu_all, mfu_note = None, f"n/a: no datasheet peak FLOP/s for {', '.join(sorted(set(missing_peak)))}"
+    else:
+        mfu_all, mfu_note = (flops_total / (T * peak_total) if peak_total > 0 and math.isfinite(T) else None), ""
+    tokens = instance.job.global_batch * instance.job.seq_len
+    return Explanation(iteration_time_s=T, tokens_per_iteration=tokens, stages=stages, clusters=tuple(clusters),
+                       mfu=mfu_all, mfu_note=mfu_note, money=_money(plan, instance, tables, T, tokens), why_not=why)
+
+
+def _group_compute_s(instance: Instance, tables: CostTables, s: Stage, g: ReplicaGroup) -> float:
+    """Forward + backward seconds of one microbatch on one GPU of group ``g`` (the cost tables' [C2])."""
+    f, b = tables.table(instance.topology.cluster(g.cluster).gpu, g.tp).times(g.mbs, s.start, s.end)
+    return f + b
+
+
+def _layer_flops(instance: Instance) -> list[float] | None:
+    """Forward FLOPs per sample of every layer (``LayerProfile.flops``), or None when the profile
+    does not give them for every layer."""
+    out = [getattr(layer, "flops", None) for layer in instance.model.layers]
+    if any(v is None for v in out):
+        return None
+    return [float(v) for v in out]  # type: ignore[arg-type]
+
+
+def _peak_flops(gpu: str, dtype: str) -> float | None:
+    from hgopt.profiles.gpus import gpu_spec
+
+    try:
+        return gpu_spec(gpu).peak_flops(dtype)
+    except (KeyError, ValueError):
+        return None
+
+
+def _money(plan: Plan, instance: Instance, tables: CostTables, T: float, tokens: int) -> Money:
+    notes: list[str] = []
+    used = plan.gpus_by_cluster()
+    unpriced = [c for c in used if instance.topology.cluster(c).cost_per_gpu_hour is None]
+    gpu_usd: float | None = None
+    if unpriced:
+        notes.append(f"no cost_per_gpu_hour for {', '.join(unpriced)}")
+    elif math.isfinite(T):
+        gpu_usd = sum(n * (instance.topology.cluster(c).cost_per_gpu_hour or 0.0) for c, n in used.items()) * T / 3600.0
+    egress = _egress_usd(plan, instance, tables, notes)
+    total = None if gpu_usd is None else gpu_usd + (egress or 0.0)
+    return Money(usd_per_iteration=total, usd_per_million_tokens=None if total is None else total / tokens * 1e6,
+                 gpu_usd_per_iteration=gpu_usd, egress_usd_per_iteration=egress, notes=tuple(notes))
+
+
+def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[str]) -> float | None:
+    """WAN bytes per iteration per directed link (from the cost kernel) × the link's egress price."""
+    prices = {}
+    for link in instance.topology.links:
+        price = getattr(link, "egress_usd_per_gb", None)
+        if price is not None:
+            prices[(link.src, link.dst)] = float(price)
+    if not prices:
+        return None
+    from hgopt.cost import evaluate as ev_mod
+
+    wan_bytes: Callable[..., dict[tuple[str, str], float]] | None = getattr(ev_mod, "wan_bytes_per_iteration", None)
+    if wan_bytes is None:
+        notes.append("WAN egress not priced: the cost kernel does not report WAN bytes per iteration yet")
+        return None
+    total = 0.0
+    for (a, b), nbytes in wan_bytes(plan, instance, tables).items():
+        if nbytes > 0 and (a, b) not in prices:
+            notes.append(f"link {a} -> {b} carries traffic but has no egress_usd_per_gb (counted as 0)")
+        total += nbytes / 1e9 * prices.get((a, b), 0.0)
+    return total
+
+
+# ---- why not the other clusters -------------------------------------------------------------------
+def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: float = 10.0,
+            extra: dict[str, str] | None = None, tables: CostTables | None = None) -> tuple[WhyNot, ...]:
+    """For every cluster ``plan`` leaves idle: the best plan the hierarchical heuristic finds when
+    its pipelines must use that cluster (``require_clusters``; ``extra``: the same link settings
+    as the plan's search), scored by ``evaluate``, and how much slower / costlier it is. A partly
+    used cluster gets a line saying so (no planner can force more GPUs of one cluster)."""
+    from hgopt.search import PlanOptions, get_planner
+
+    tables = tables or build_tables(instance)
+    used = plan.gpus_by_cluster()
+    base_usd = _money(plan, instance, tables, ev.iteration_time_s, 1).usd_per_iteration
+    idle = [c for c in instance.topology.clusters if used.get(c.name, 0) == 0]
+    out: list[WhyNot] = []
+    each = time_limit_s / max(len(idle), 1)
+    for c in instance.topology.clusters:
+        n = used.get(c.name, 0)
+        if n == c.num_gpus:
+            continue
+        if n > 0:
+            out.append(WhyNot(cluster=c.name, gpus_used=n, gpus=c.num_gpus, alternative_s=None, slower=None,
+                              alternative_usd_per_iteration=None, costlier=None, planner="",
+                              note=f"uses {n} of {c.num_gpus} GPUs: the planner's best plan leaves the rest idle "
+                                   "(no planner here can force more GPUs of one cluster)"))
+            continue
+        ex = {k: v for k, v in (extra or {}).items() if k in ("link_precision", "max_compressed_links", "link_penalty")}
+        ex["require_clusters"] = c.name
+        try:
+            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(each, 0.5), extra=ex))
+        except ValueError as exc:
+            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
+                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
+                              note=f"the heuristic declines: {exc}"))
+            continue
+        alt = res.plan
+        alt_ev = evaluate(alt, instance, tables) if alt is not None else None
+        if alt is None or alt_ev is None or not alt_ev.feasible or c.name not in alt.gpus_by_cluster():
+            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
+                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
+                              note="the heuristic found no plan that uses it (memory or batch divisibility: "
+                                   + _single_cluster_reason(instance, tables, c.name) + ")"))
+            continue
+        t = alt_ev.iteration_time_s
+        usd = _money(alt, instance, tables, t, 1).usd_per_iteration
+        out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=t,
+                          slower=t / ev.iteration_time_s - 1.0, alternative_usd_per_iteration=usd,
+                          costlier=(usd / base_usd - 1.0) if usd is not None and base_usd else None,
+                          planner="heuristic", alternative_gpus=tuple(alt.gpus_by_cluster().items())))
+    return tuple(out)
+
+
+# ---- why there is no plan ---------------------------------------------------------------------------
+def infeasibility(instance: Instance, tables: CostTables | None = None) -> tuple[str, ...]:
+    """Lines naming what keeps a plan from fitting, with ``evaluate``'s numbers: per cluster, the
+    smallest replica layout it can host (the largest profiled tp, as many pipeline stages as its
+    GPUs and the layers allow, the smallest profiled microbatch size) and that layout's fullest
+    stage's memory per GPU against the GPU's memory."""
+    tables = tables or build_tables(instance)
+    lines = []
+    fits = []
+    for c in instance.topology.clusters:
+        msg, ok = _smallest_replica(instance, tables, c.name)
+        lines.append(msg)
+        if ok:
+            fits.append(c.name)
+    biggest = max(instance.topology.clusters, key=lambda c: c.gpu_memory_bytes)
+    if not fits:
+        lines.append(f"memory binds: no cluster holds a replica on its own (the largest GPU, {biggest.gpu} in "
+                     f"{biggest.name}, has {biggest.gpu_memory_bytes / 1e9:.1f} GB); a pipeline across clusters "
+                     "pools their memory, and the planners found none that fits")
+    else:
+        lines.append(f"memory does not bind on {', '.join(fits)} (a replica fits there); the planners' notes say "
+                     "what else did")
+    return tuple(lines)
+
+
+def _single_cluster_reason(instance: Instance, tables: CostTables, name: str) -> str:
+    return _smallest_replica(instance, tables, name)[0]
+
+
+def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tuple[str, bool]:
+    c = instance.topology.cluster(name)
+    tps = [t for t in instance.model.tps(c.gpu) if c.gpus_per_node % t == 0 and t <= c.num_gpus]
+    if not tps:
+        return (f"{name}: the model has no profiled tp for {c.gpu} that divides its {c.gpus_per_node} GPUs per node "
+                f"(profiled: {instance.model.tps(c.gpu)})", False)
+    tp = max(tps)
+    mbs = min(instance.model.mbss(c.gpu, tp))
+    L = instance.model.num_layers
+    pp = max(1, min(c.num_gpus // tp, L))
+    G = instance.job.global_batch
+    if G % mbs:
+        return f"{name}: global batch {G} is not a multiple of the smallest profiled microbatch size {mbs}", False
+    cuts = [round(i * L / pp) for i in range(pp + 1)]
+    stages = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster=name, tp=tp, dp=1, mbs=mbs),), zero=0)
+                   for a, b in zip(cuts, cuts[1:]))
+    plan = Plan(pipelines=(Pipeline(stages=stages, num_microbatches=G // mbs),), planner="explain")
+    ev = evaluate(plan, instance, tables)
+    if not ev.stages:
+        return f"{name}: {'; '.join(ev.violations[:2])}", False
+    worst = max(ev.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
+    ok = not any(s.oom for s in ev.stages)
+    verb = "fits" if ok else "does not fit"
+    return (f"{name}: the smallest replica (tp {tp} x pp {pp}, microbatch size {mbs}) needs "
+            f"{worst.peak_memory_bytes / 1e9:.1f} GB per GPU on its fullest stage; {c.gpu} has "
+            f"{worst.memory_capacity_bytes / 1e9:.1f} GB: {verb}", ok)

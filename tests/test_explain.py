@@ -1,0 +1,141 @@
+"""``hgopt.explain``: utilisation, MFU and dollars from evaluate's reports, checked by hand on a tiny
+instance; why-not lines from the heuristic with a cluster required; infeasibility with numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import hgopt.explain as explain_mod
+from hgopt.cli import main
+from hgopt.cost import build_tables, evaluate
+from hgopt.errors import SpecError
+from hgopt.explain import explain, infeasibility, why_not
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+# GPU names from the GPU table (hgopt/profiles/gpus.py): A100-40 peaks at 19.5 TFLOP/s in fp32
+GPUS = {"A100-40": 0.01, "V100-16": 0.02}
+
+
+def _inst(price_a: float | None = 3.6, mem: float = 40.0, flops: float | None = None) -> Instance:
+    model = tiny_model(gpus=GPUS)
+    if flops is not None:
+        for layer in model["layers"]:
+            layer["flops"] = flops
+    topo = tiny_topology(clusters=(("a", "A100-40", 2, 2, mem), ("b", "V100-16", 2, 2, mem)))
+    if price_a is not None:
+        topo["clusters"][0]["cost_per_gpu_hour"] = price_a
+    return tiny_instance(global_batch=8, model=model, topology=topo)
+
+
+def _plan_on_a() -> Plan:
+    """4 replicas on cluster a, tp 1, mbs 1, 2 microbatches (8 samples)."""
+    return Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=4, mbs=1),)),),
+                                    num_microbatches=2),))
+
+
+def test_busy_share_and_dollars_by_hand() -> None:
+    inst, plan = _inst(), _plan_on_a()
+    ev = evaluate(plan, inst)
+    T = ev.iteration_time_s
+    e = explain(plan, inst, ev)
+    a, b = e.clusters
+    # per GPU: m = 2 microbatches x (forward 4 layers x 0.01 s + backward 4 x 0.02 s)
+    assert a.gpus_used == 4 and a.busy_share == pytest.approx(2 * (0.04 + 0.08) / T)
+    assert b.gpus_used == 0 and b.busy_share is None
+    assert e.money.gpu_usd_per_iteration == pytest.approx(4 * 3.6 * T / 3600)
+    assert e.money.usd_per_million_tokens == pytest.approx(4 * 3.6 * T / 3600 / (8 * 128) * 1e6)
+    assert e.money.egress_usd_per_iteration is None  # no link has an egress price
+    assert e.stages[0].peak_memory_bytes == ev.stages[0].peak_memory_bytes
+    assert json.dumps(e.to_dict())  # JSON-able, no inf/nan
+
+
+def test_unpriced_cluster_and_missing_flops_say_why() -> None:
+    inst, plan = _inst(price_a=None), _plan_on_a()
+    e = explain(plan, inst)
+    assert e.money.usd_per_iteration is None and "no cost_per_gpu_hour for a" in e.money.notes[0]
+    assert e.mfu is None and "no per-layer FLOPs" in e.mfu_note
+    assert e.clusters[0].mfu is None and "no per-layer FLOPs" in e.clusters[0].mfu_note
+
+
+def test_mfu_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 1e12 forward FLOPs per sample per layer: 3 x 4 layers x 1e12 x 8 samples per iteration
+    over 4 GPUs x T x 19.5e12 (A100-40's fp32 datasheet peak)."""
+    inst, plan = _inst(), _plan_on_a()
+    monkeypatch.setattr(explain_mod, "_layer_flops", lambda instance: [1e12] * 4)
+    e = explain(plan, inst)
+    T = evaluate(plan, inst).iteration_time_s
+    want = 3 * 4 * 1e12 * 8 / (4 * T * 19.5e12)
+    assert e.clusters[0].mfu == pytest.approx(want) and e.mfu == pytest.approx(want)
+
+
+def test_mfu_from_the_profile_field() -> None:
+    try:
+        inst = _inst(flops=1e12)
+    except SpecError:
+        pytest.skip("this checkout's model profiles have no per-layer `flops` field yet")
+    T = evaluate(_plan_on_a(), inst).iteration_time_s
+    assert explain(_plan_on_a(), inst).mfu == pytest.approx(3 * 4 * 1e12 * 8 / (4 * T * 19.5e12))
+
+
+def test_why_not_names_the_idle_cluster_with_evaluates_time() -> None:
+    inst, plan = _inst(), _plan_on_a()
+    ev = evaluate(plan, inst)
+    (w,) = why_not(plan, inst, ev, time_limit_s=5.0)
+    assert w.cluster == "b" and w.gpus_used == 0 and w.planner == "heuristic"
+    assert w.alternative_s is not None and dict(w.alternative_gpus).get("b", 0) > 0
+    assert w.slower == pytest.approx(w.alternative_s / ev.iteration_time_s - 1)
+    # b's V100-16 computes at half the speed and has no price: the alternative is not cheaper to know
+    assert w.costlier is None
+
+
+def test_why_not_alternative_is_a_real_plan_scored_by_evaluate() -> None:
+    """The heuristic with require_clusters returns a plan using the cluster; its time is evaluate's."""
+    from hgopt.search import PlanOptions, get_planner
+
+    inst = _inst()
+    res = get_planner("heuristic")(inst, PlanOptions(time_limit_s=5.0, extra={"require_clusters": "b"}))
+    assert res.plan is not None and "b" in res.plan.gpus_by_cluster()
+    assert res.iteration_time_s == pytest.approx(evaluate(res.plan, inst).iteration_time_s)
+    with pytest.raises(ValueError, match="unknown cluster"):
+        get_planner("heuristic")(inst, PlanOptions(time_limit_s=5.0, extra={"require_clusters": "zz"}))
+
+
+def test_infeasibility_names_memory_with_evaluates_numbers() -> None:
+    inst = _inst(mem=0.01)  # 10 MB GPUs: nothing fits
+    lines = infeasibility(inst)
+    # cluster a by hand: tp 2 (largest profiled), pp = min(4 GPUs / 2, 4 layers) = 2, mbs 1
+    plan = Plan(pipelines=(Pipeline(stages=tuple(
+        Stage(start=lo, end=hi, groups=(ReplicaGroup(cluster="a", tp=2, dp=1, mbs=1),)) for lo, hi in ((0, 2), (2, 4))),
+        num_microbatches=8),))
+    ev = evaluate(plan, inst, build_tables(inst))
+    need = max(s.peak_memory_bytes for s in ev.stages)
+    assert lines[0].startswith("a: the smallest replica (tp 2 x pp 2, microbatch size 1)")
+    assert f"needs {need / 1e9:.1f} GB per GPU" in lines[0] and "does not fit" in lines[0]
+    assert "memory binds" in lines[-1]
+
+
+def test_plan_cli_explains_and_infeasible_names_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok = tmp_path / "ok.yaml"
+    bad = tmp_path / "bad.yaml"
+    for path, mem in ((ok, 40.0), (bad, 0.01)):
+        topo = tiny_topology(clusters=(("a", "A100-40", 2, 2, mem), ("b", "V100-16", 2, 2, mem)))
+        path.write_text(json.dumps({"name": path.stem, "model": tiny_model(gpus=GPUS), "topology": topo,
+                                    "job": {"global_batch": 8, "seq_len": 128, "precision": "fp32"}}))
+    assert main(["plan", str(ok), "--planner", "heuristic", "--time-limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "peak mem/GPU" in out and "busy" in out and "cost " in out
+    assert main(["plan", str(ok), "--planner", "heuristic", "--time-limit", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    used = {c["name"] for c in doc["explanation"]["clusters"] if c["gpus_used"]}
+    idle = {c["name"] for c in doc["explanation"]["clusters"] if not c["gpus_used"]}
+    assert {w["cluster"] for w in doc["explanation"]["why_not"] if w["gpus_used"] == 0} == idle
+    assert used and all(math.isfinite(c["busy_share"]) for c in doc["explanation"]["clusters"] if c["gpus_used"])
+    assert main(["plan", str(bad), "--planner", "heuristic", "--time-limit", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "why no plan fits" in out and "does not fit" in out and "GB per GPU" in out
