@@ -501,19 +501,26 @@ def _overlaps(rows: tuple[int, int], other: list[tuple[Any, int, int]]) -> list[
 def _buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
              cap: float) -> list[tuple[int, int]]:
     """Layers ``[lo, hi)`` in reverse order packed into buckets of at most ``cap`` bytes of the
-    gradient one rank holds (the holder with the smallest tp; a layer above the cap is its own
-    bucket), last layers first."""
+    gradient one rank holds (the largest shard among the holders; a layer above the cap is its own
+    bucket), last layers first: the kernel's ``gradsync.bucket_ranges`` when it exists."""
     if math.isinf(cap):
         return [(lo, hi)]
-    g = min((g for s in holders for g in s.groups), key=lambda g: g.tp)
-    tab = tables.table(inst.topology.cluster(g.cluster).gpu, g.tp)
-    out: list[tuple[int, int]] = []
-    top, size = hi, 0.0
-    for layer in range(hi - 1, lo - 1, -1):
-        b = float(tab.params[layer + 1] - tab.params[layer]) * tables.dtype_bytes
-        if size > 0 and size + b > cap:
-            out.append((layer + 1, top))
-            top, size = layer + 1, 0.0
-        size += b
-    out.append((lo, top))
-    return out
+    layer_bytes = [0.0] * tables.num_layers
+    for st in holders:
+        for g in st.groups:
+            tab = tables.table(inst.topology.cluster(g.cluster).gpu, g.tp)
+            for layer in range(lo, hi):
+                layer_bytes[layer] = max(layer_bytes[layer], float(tab.params[layer + 1] - tab.params[layer]) * tables.dtype_bytes)
+    try:
+        from hgopt.cost.gradsync import bucket_ranges
+    except ImportError:
+        out: list[tuple[int, int]] = []
+        top, size = hi, 0.0
+        for layer in range(hi - 1, lo - 1, -1):
+            if size > 0 and size + layer_bytes[layer] > cap:
+                out.append((layer + 1, top))
+                top, size = layer + 1, 0.0
+            size += layer_bytes[layer]
+        out.append((lo, top))
+        return out
+    return bucket_ranges(layer_bytes, lo, hi, cap)
