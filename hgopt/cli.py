@@ -21,6 +21,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 # Subcommand modules under hgopt.commands, in the order `hgopt --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "instances", "show", "init", "evaluate", "profile", "compare", "export", "plan", "export_model", "model",
+    "simulate",  # simulate: added by the sim helper
 )
 
 

@@ -1,5 +1,6 @@
-"""Pictures of plans: a 1F1B pipeline timeline (``plot_timeline``) and a bar chart comparing planners
-(``plot_comparison``). matplotlib is imported lazily with the Agg backend (no display needed)."""
+"""Pictures of plans: the timeline of one simulated step (``plot_timeline``, drawn from
+:func:`hgopt.simulate.simulate`) and a bar chart comparing planners (``plot_comparison``). matplotlib
+is imported lazily with the Agg backend (no display needed)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hgopt.cost import Evaluation, evaluate
+from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
+from hgopt.runner.schedule import stage_ops
+from hgopt.simulate import Simulation, simulate
 from hgopt.spec import Instance
 
-__all__ = ["Op", "plot_comparison", "plot_timeline", "simulate_1f1b"]
+__all__ = ["Op", "plot_comparison", "plot_timeline", "simulate_1f1b", "timeline_ops"]
 
 log = logging.getLogger(__name__)
 
-_COLORS = {"F": "#4c72b0", "B": "#dd8452", "sendF": "#55a868", "sendB": "#c44e52", "sync": "#8c8c8c"}
+_COLORS = {"F": "#4c72b0", "B": "#dd8452", "sendF": "#55a868", "sendB": "#c44e52", "sync": "#8c8c8c",
+           "optimizer": "#8172b2"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Op:
     """One box of the timeline: ``kind`` F/B (compute), sendF/sendB (a boundary transfer leaving
-    ``stage``), or sync (gradient all-reduce + optimizer)."""
+    ``stage``), sync (one gradient bucket's all-reduce) or optimizer."""
 
     pipeline: int
     stage: int
@@ -33,26 +37,16 @@ class Op:
     end: float
 
 
-def _order_1f1b(S: int, m: int, s: int) -> list[tuple[str, int]]:
-    """Operation order of stage ``s`` under 1F1B: warm-up forwards, alternate, drain backwards."""
-    warm = min(S - s - 1, m)
-    order = [("F", i) for i in range(warm)]
-    f, b = warm, 0
-    while f < m:
-        order += [("F", f), ("B", b)]
-        f, b = f + 1, b + 1
-    order += [("B", i) for i in range(b, m)]
-    return order
-
-
 def simulate_1f1b(
     fwd: Sequence[float], bwd: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], m: int, pipeline: int = 0
 ) -> list[Op]:
-    """Event-level 1F1B schedule of one pipeline from per-stage times: a stage runs one operation at
-    a time in 1F1B order; F(s, i) waits for F(s−1, i) and its transfer, B(s, i) for B(s+1, i) and its
-    transfer; each link direction carries one transfer at a time (first come, first served)."""
+    """Event-level 1F1B schedule of one pipeline of single-replica stages from given per-stage times
+    (for checking closed forms; a plan's full replay is :func:`hgopt.simulate.simulate`): a stage runs
+    the runner's order (:func:`hgopt.runner.schedule.stage_ops`) one operation at a time; F(s, i)
+    waits for F(s−1, i) and its transfer, B(s, i) for B(s+1, i) and its transfer; each link direction
+    carries one transfer at a time (first come, first served)."""
     S = len(fwd)
-    orders = [_order_1f1b(S, m, s) for s in range(S)]
+    orders = [stage_ops("1f1b", s, S, m) for s in range(S)]
     arrive: dict[tuple[str, int, int], float] = {}  # (F|B, stage, mb) -> time its input is there
     link_free = {("F", s): 0.0 for s in range(S)} | {("B", s): 0.0 for s in range(S)}
     ptr, clock, ops = [0] * S, [0.0] * S, []
@@ -61,7 +55,7 @@ def simulate_1f1b(
         for s in range(S):
             if ptr[s] >= len(orders[s]):
                 continue
-            kind, i = orders[s][ptr[s]]
+            kind, i = orders[s][ptr[s]].kind, orders[s][ptr[s]].microbatch
             # stage 0's forwards need nothing; the last stage's backward follows its own forward,
             # which precedes it in the stage's order (so the stage clock covers it)
             first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
@@ -84,72 +78,90 @@ def simulate_1f1b(
     return ops
 
 
-def timeline_ops(plan: Plan, ev: Evaluation, pipelines: Sequence[int] | None = None) -> list[Op]:
-    """The simulated schedule of the given pipelines (default: all) plus each of their stages' sync +
-    optimizer, which starts after the slowest pipeline drains (as in [C7])."""
-    keep = set(range(len(ev.pipelines)) if pipelines is None else pipelines)
-    ops: list[Op] = []
-    ends = []
-    for pr in ev.pipelines:
-        st = [s for s in ev.stages if s.pipeline == pr.index]
-        sim = simulate_1f1b(
-            [s.fwd_s for s in st], [s.bwd_s for s in st], [s.send_fwd_s for s in st], [s.send_bwd_s for s in st],
-            pr.num_microbatches, pr.index,
-        )
-        ends.append(max(op.end for op in sim))
-        if pr.index in keep:
-            ops += sim
-    end = max(ends)
-    for s in ev.stages:
-        if s.pipeline in keep:
-            ops.append(Op(pipeline=s.pipeline, stage=s.stage, kind="sync", microbatch=-1, start=end,
-                          end=end + s.sync_s + s.optimizer_s))
-    return ops
+def timeline_ops(plan: Plan, instance: Instance, pipelines: Sequence[int] | None = None,
+                 tables: CostTables | None = None, sim: Simulation | None = None) -> list[Op]:
+    """The simulated step (:func:`hgopt.simulate.simulate`) of the given pipelines (default: all) as
+    timeline boxes: replica 0 of every stage (its compute, the transfers it sends, its gradient
+    buckets and optimizer step)."""
+    sim = sim or simulate(plan, instance, tables)
+    keep = set(range(len(plan.pipelines)) if pipelines is None else pipelines)
+    return [Op(pipeline=e.pipeline, stage=e.stage, kind=e.kind, microbatch=e.microbatch, start=e.start, end=e.end)
+            for e in sim.events if e.pipeline in keep and e.replica == 0]
 
 
 _MAX_ROWS = 48
+_LANES = {"sendF": (-0.14, 0.18), "sendB": (-0.36, 0.18)}
+"""Row offset and height of the thin transfer lanes; compute, sync and optimizer use (0.08, 0.55)."""
 
 
-def plot_timeline(plan: Plan, instance: Instance, path: str | Path, tables: CostTables | None = None) -> Path:
-    """Write a PNG of the plan's 1F1B timeline: one row per stage (forward, backward, the transfers
-    it sends, then gradient sync + optimizer), and the iteration time ``evaluate`` predicts. Identical
-    pipelines are drawn once (labelled ×k); at most 48 rows are drawn."""
+def plot_timeline(plan: Plan, instance: Instance, path: str | Path, tables: CostTables | None = None,
+                  label: str | None = None) -> Path:
+    """Write a PNG of one simulated step (:func:`hgopt.simulate.simulate`): one row per stage
+    (replica 0: forwards, backwards, the transfers it sends, its gradient buckets and optimizer step),
+    each labelled with its hardware (GPU@cluster tp×dp mbs) and the precision of the boundary below it;
+    the title gives the iteration time by ``evaluate`` and by ``simulate`` (dashed and solid lines).
+    ``label``: the planner (variant) to name, default the plan's ``planner``. Identical pipelines are
+    drawn once (labelled ×k); at most 48 rows are drawn. Few artists: one ``broken_barh`` per kind
+    and row, so plans of thousands of operations draw in about a second."""
+    tables = tables or build_tables(instance)
     ev = evaluate(plan, instance, tables)
     if not ev.pipelines:
         raise ValueError(f"cannot draw an invalid plan: {'; '.join(ev.violations)}")
+    sim = simulate(plan, instance, tables)
     first: dict[object, int] = {}
     copies: dict[int, int] = {}
     for i, p in enumerate(plan.pipelines):
         j = first.setdefault(p, i)
         copies[j] = copies.get(j, 0) + 1
-    rows = [(s.pipeline, s.stage) for s in ev.stages if s.pipeline in copies][:_MAX_ROWS]
-    ops = [op for op in timeline_ops(plan, ev, sorted(copies)) if (op.pipeline, op.stage) in set(rows)]
+    rows = [(pi, si) for pi in sorted(copies) for si in range(len(plan.pipelines[pi].stages))][:_MAX_ROWS]
+    y_of = {r: len(rows) - 1 - k for k, r in enumerate(rows)}
+    boxes: dict[tuple[tuple[int, int], str], list[tuple[float, float]]] = {}
+    for op in timeline_ops(plan, instance, sorted(copies), tables, sim):
+        if (op.pipeline, op.stage) in y_of:
+            boxes.setdefault(((op.pipeline, op.stage), op.kind), []).append((op.start, max(op.end - op.start, 0.0)))
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 2.2))
-    y_of = {r: len(rows) - 1 - k for k, r in enumerate(rows)}
-    for op in ops:
-        y = y_of[(op.pipeline, op.stage)]
-        lane = {"sendF": (y - 0.14, 0.18), "sendB": (y - 0.36, 0.18)}.get(op.kind, (y + 0.08, 0.55))
-        ax.broken_barh([(op.start, max(op.end - op.start, 0.0))], lane, facecolors=_COLORS[op.kind],
-                       edgecolor="white" if op.kind in ("F", "B") else "none", linewidth=0.3)
+    for (row, kind), spans in boxes.items():
+        dy, h = _LANES.get(kind, (0.08, 0.55))
+        ax.broken_barh(spans, (y_of[row] + dy, h), facecolors=_COLORS[kind], edgecolor="none")
     ax.axvline(ev.iteration_time_s, color="black", linestyle="--", linewidth=1)
-    by_key = {(s.pipeline, s.stage): s for s in ev.stages}
+    ax.axvline(sim.iteration_time_s, color="black", linestyle="-", linewidth=1)
     ax.set_yticks([y_of[r] + 0.2 for r in rows])
-    ax.set_yticklabels([f"p{p}{f' (x{copies[p]})' if copies[p] > 1 else ''}.s{s} {'/'.join(by_key[(p, s)].clusters)}"
-                        for p, s in rows], fontsize=7)
-    ax.set_xlabel("seconds (rows: compute; thin lanes below: activations sent on, gradients sent back)", fontsize=8)
+    ax.set_yticklabels([_row_label(plan, instance, p, s, copies[p]) for p, s in rows], fontsize=7)
+    ax.set_xlabel("seconds (rows: replica 0 of each stage; thin lanes below: activations sent on, gradients "
+                  "sent back; dashed: evaluate, solid: simulate)", fontsize=8)
+    name = label or plan.planner
     ax.set_title(
-        f"{instance.name} — {plan.planner}: iteration {ev.iteration_time_s:.3f} s by evaluate (dashed), "
-        f"simulated 1F1B ends {max(o.end for o in ops):.3f} s", fontsize=9)
+        f"{instance.name} — {name}: iteration {ev.iteration_time_s:.3f} s by evaluate, "
+        f"{sim.iteration_time_s:.3f} s by simulate ({sim.iteration_time_s / ev.iteration_time_s:.2f}×)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-    fig.legend(handles, ["forward", "backward", "send activations", "send gradients", "grad sync + optimizer"],
-               loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.legend(handles, ["forward", "backward", "send activations", "send gradients", "grad sync bucket", "optimizer"],
+               loc="lower center", ncol=6, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0.0, 0.05, 1.0, 1.0))
     out = Path(path)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     log.info("timeline written to %s", out)
     return out
+
+
+def _row_label(plan: Plan, instance: Instance, pi: int, si: int, copies: int) -> str:
+    """``p0 (x2).s1 A100@c tp1×dp8 mbs1 ↓bf16/fp8``: the stage's replica groups and, when it is not
+    native, the precision (forward/backward) of its boundary to the next stage."""
+    pipe = plan.pipelines[pi]
+    stage = pipe.stages[si]
+    hw = " + ".join(f"{_where(instance, g.cluster)} tp{g.tp}×dp{g.dp} mbs{g.mbs}" for g in stage.groups)
+    text = f"p{pi}{f' (x{copies})' if copies > 1 else ''}.s{si} {hw}"
+    if si + 1 < len(pipe.stages):
+        b = pipe.boundary(si)
+        if (b.fwd, b.bwd) != ("native", "native"):
+            text += f" ↓{b.fwd}/{b.bwd}"
+    return text
+
+
+def _where(instance: Instance, cluster: str) -> str:
+    gpu = instance.topology.cluster(cluster).gpu
+    return cluster if gpu in cluster else f"{gpu}@{cluster}"
 
 
 def plot_comparison(

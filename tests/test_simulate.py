@@ -1,0 +1,279 @@
+"""The event simulator (hgopt.simulate) against evaluate where both are exact, and against hand
+computation where they are not.
+
+tiny_model: every layer forward 0.01·mbs/tp s on A (0.02 on B), backward twice that, 1e6 activation
+bytes per sample at each boundary, 1e6 fp32 parameters (4 MB) and 1 ms of optimizer step per layer;
+inter-node links 100 Gbit/s without latency; WAN 8 Gbit/s (1 GB/s), 10 ms unless set."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import json
+
+import pytest
+
+from hgopt.cost import evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.runner.schedule import stage_ops
+from hgopt.simulate import Resource, simulate
+from hgopt.spec import Bandwidth
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+WAN_BPS = 1e9
+
+
+def _plan(m: int, *stages: tuple[int, int, str], dp: int = 1, schedule: str = "1f1b") -> Plan:
+    st = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster=c, dp=dp),)) for a, b, c in stages)
+    return Plan(pipelines=(Pipeline(stages=st, num_microbatches=m, schedule=schedule),))  # type: ignore[arg-type]
+
+
+# ---- where the closed form is exact, the two agree ------------------------------------------------
+@pytest.mark.parametrize("S,m,dp", [(1, 1, 1), (1, 5, 2), (2, 2, 1), (2, 8, 2), (4, 4, 1), (4, 9, 1)])
+def test_single_cluster_uniform_stages_without_transfers_agree_with_evaluate(S: int, m: int, dp: int) -> None:
+    # activations of 1e-6 bytes: transfers take ~1e-16 s, so the pace is the stage time and the
+    # closed form (m − 1)·t + S·t + sync + optimizer is exact
+    inst = tiny_instance(global_batch=m * dp, model=tiny_model(num_layers=4, activation_bytes=1e-6))
+    k = 4 // S
+    plan = _plan(m, *[(i * k, (i + 1) * k, "a") for i in range(S)], dp=dp)
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    assert sim.pipeline_time_s == pytest.approx(ev.pipeline_time_s, rel=1e-9)
+
+
+def test_data_parallel_across_two_clusters_agrees_with_evaluate() -> None:
+    """One stage, replicas in both clusters: the step is the slower replica's m·(f + b), then the
+    hierarchical all-reduce [C5] of the whole model and the optimizer step."""
+    inst = tiny_instance(global_batch=8)
+    plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(
+        ReplicaGroup(cluster="a", dp=2, mbs=2), ReplicaGroup(cluster="b", dp=2, mbs=2))),), num_microbatches=1),))
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    assert ev.stages[0].sync_s > 0.01  # the WAN ring is in it
+    assert sim.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-9)
+
+
+def test_two_replicas_sending_at_once_share_the_pipe() -> None:
+    """dp 2 → dp 2 across the WAN, one microbatch: both replicas' 1-sample flows start together and
+    share the 1 GB/s pipe, so each takes 2e6 / 1e9 s (as [C4w] prices the pipe's load) + 10 ms."""
+    inst = tiny_instance(global_batch=2)
+    plan = _plan(1, (0, 2, "a"), (2, 4, "b"), dp=2)
+    sim = simulate(plan, inst)
+    sends = [e for e in sim.events if e.kind == "sendF"]
+    assert len(sends) == 2
+    f0 = 2 * 0.01
+    for e in sends:
+        assert e.start == pytest.approx(f0, rel=1e-12)
+        assert e.end == pytest.approx(f0 + 2e6 / WAN_BPS + 0.010, rel=1e-12)
+    pipe = next(lk for lk in sim.links if lk.name == "a->b")
+    assert pipe.max_flows == 2 and pipe.bytes == pytest.approx(2e6)
+    assert sim.iteration_time_s == pytest.approx(evaluate(plan, inst).iteration_time_s, rel=1e-9)
+
+
+def test_staggered_flows_share_the_pipe_by_processor_sharing() -> None:
+    """Stage 0 has a replica of 2 samples (forward 0.02 s) and one of 1 sample (0.01 s); both send
+    to stage 1's single replica over a 0.4 Gbit/s = 0.05 GB/s pipe. The 1 MB flow runs alone for
+    10 ms (0.5 MB), then both share 25 MB/s: it ends 20 ms later at 0.04 s; the 2 MB flow has sent
+    0.5 MB by then and sends its last 1.5 MB alone in 30 ms: 0.07 s (+ 10 ms latency each)."""
+    inst = tiny_instance(global_batch=3, topology=tiny_topology(wan_gbit_s=0.4))
+    plan = Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", mbs=2), ReplicaGroup(cluster="a", mbs=1))),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", mbs=3),))), num_microbatches=1),))
+    sim = simulate(plan, inst)
+    end = {e.replica: e.end for e in sim.events if e.kind == "sendF"}
+    assert {e.replica: e.rows for e in sim.events if e.kind == "sendF"} == {0: (0, 2), 1: (2, 3)}
+    assert end[1] == pytest.approx(0.04 + 0.010, rel=1e-12)
+    assert end[0] == pytest.approx(0.07 + 0.010, rel=1e-12)
+    f1 = next(e for e in sim.events if e.kind == "F" and e.stage == 1)
+    assert f1.start == pytest.approx(0.08, rel=1e-12)
+
+
+def test_messages_between_one_pair_of_ranks_leave_in_order() -> None:
+    """GPipe: stage 0 runs its 3 forwards back to back (0.02 s each); their sends to stage 1 queue
+    on the pair's one connection, each 2e6 bytes of 0.05 GB/s = 40 ms: they end 40 ms apart, not
+    all at once as three shared flows would."""
+    inst = tiny_instance(global_batch=6, topology=tiny_topology(wan_gbit_s=0.4))
+    plan = Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", mbs=2),)),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", mbs=2),))), num_microbatches=3, schedule="gpipe"),))
+    sim = simulate(plan, inst)
+    ends = sorted(e.end for e in sim.events if e.kind == "sendF")
+    assert ends == pytest.approx([0.02 + 0.04 + 0.01, 0.02 + 0.08 + 0.01, 0.02 + 0.12 + 0.01], rel=1e-12)
+
+
+def test_a_slow_middle_link_paces_the_window_around_it() -> None:
+    """Four 1-layer stages a, a, b, b with a 100 ms WAN hop in the middle. In 1F1B, stage 1 holds 2
+    microbatches and the round trip through stage 2 and back is t1 + t2 + 2c: in steady state
+    stage 1 starts a forward every (t1 + t2 + 2c) / 2."""
+    inst = tiny_instance(global_batch=24, model=tiny_model(num_layers=4), topology=tiny_topology(wan_latency_ms=100.0))
+    plan = _plan(24, (0, 1, "a"), (1, 2, "a"), (2, 3, "b"), (3, 4, "b"))
+    sim = simulate(plan, inst)
+    t1, t2, c = 0.01 + 0.02, 0.02 + 0.04, 0.100 + 1e6 / WAN_BPS
+    starts = {e.microbatch: e.start for e in sim.events if e.kind == "F" and e.stage == 1}
+    for k in range(8, 20):
+        assert starts[k + 2] - starts[k] == pytest.approx(t1 + t2 + 2 * c, rel=1e-9)
+    assert max(t1, t2, c) < (t1 + t2 + 2 * c) / 2
+
+
+def test_resource_shares_per_flow_and_aggregate() -> None:
+    r = Resource("x", per_flow=Bandwidth(gbyte_s=1.0), aggregate=Bandwidth(gbyte_s=1.5))
+    assert r.rate(1e6, 1) == pytest.approx(1e9)  # one flow: its own limit
+    assert r.rate(1e6, 2) == pytest.approx(0.75e9)  # two flows: the aggregate split
+    assert Resource("y", aggregate=Bandwidth(gbyte_s=2.0)).rate(1e6, 4) == pytest.approx(0.5e9)
+
+
+# ---- the order is the runner's ---------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_each_replica_runs_the_runner_order(schedule: str) -> None:
+    inst = tiny_instance(global_batch=12, topology=tiny_topology(wan_latency_ms=50.0))
+    plan = _plan(6, (0, 1, "a"), (1, 2, "a"), (2, 4, "b"), dp=2, schedule=schedule)
+    sim = simulate(plan, inst)
+    for si in range(3):
+        for ri in range(2):
+            mine = sorted((e for e in sim.events if e.kind in ("F", "B") and (e.stage, e.replica) == (si, ri)),
+                          key=lambda e: e.start)
+            assert [(e.kind, e.microbatch) for e in mine] == [(o.kind, o.microbatch) for o in stage_ops(schedule, si, 3, 6)]
+            assert all(a.end <= b.start + 1e-12 for a, b in zip(mine, mine[1:]))
+
+
+def test_busy_and_idle_add_up_to_the_iteration() -> None:
+    inst = tiny_instance(global_batch=8)
+    plan = _plan(8, (0, 2, "a"), (2, 4, "b"))
+    sim = simulate(plan, inst)
+    assert sim.stages[0].busy_s == pytest.approx(8 * (0.02 + 0.04))
+    assert sim.stages[1].busy_s == pytest.approx(8 * (0.04 + 0.08))
+    for s in sim.stages:
+        assert s.busy_s + s.idle_s == pytest.approx(sim.iteration_time_s)
+
+
+def test_invalid_plan_is_refused() -> None:
+    with pytest.raises(ValueError, match="global batch"):
+        simulate(_plan(3, (0, 4, "a")), tiny_instance(global_batch=8))
+
+
+# ---- gradient buckets overlapped with the last backward (COMMON.md semantics) -----------------------
+def test_buckets_overlap_with_the_last_backward() -> None:
+    from dataclasses import fields
+
+    if "overlap_grad_sync" not in {f.name for f in fields(Plan)}:
+        pytest.skip("Plan has no overlap_grad_sync field yet")
+    from dataclasses import replace
+
+    from hgopt.cost.tables import allreduce_time
+
+    # one stage of 4 layers, dp 2 on one node; 4 MB of gradients per layer, buckets of 8 MiB hold two
+    inst = tiny_instance(global_batch=2)
+    base = _plan(1, (0, 4, "a"), dp=2)
+    d = allreduce_time(inst.topology.cluster("a").intra_node, 2 * 4e6, 2)
+    f, b, opt = 4 * 0.01, 4 * 0.02, 4 * 0.001
+    on = simulate(replace(base, overlap_grad_sync=True, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+    off = simulate(replace(base, overlap_grad_sync=False, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+    assert off.iteration_time_s == pytest.approx(f + b + 2 * d + opt, rel=1e-9)
+    # the first bucket (layers 2, 3) is ready half way through the backward
+    assert on.iteration_time_s == pytest.approx(f + max(b, b / 2 + d) + d + opt, rel=1e-9)
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+def test_simulate_command_prints_both_numbers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hgopt.instances import load_instance
+
+    gb = load_instance("default").job.global_batch
+    plan_file = tmp_path / "p.json"
+    plan_file.write_text(Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=13, groups=(ReplicaGroup(cluster="a100-40-us-central1"),)),
+        Stage(start=13, end=26, groups=(ReplicaGroup(cluster="v100-16-europe-west4"),))), num_microbatches=gb),)).to_json())
+    out = subprocess.run([sys.executable, "-m", "hgopt", "simulate", "default", str(plan_file), "--json",
+                          "--timeline", str(tmp_path / "t.png")], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["simulate"]["iteration_time_s"] > 0 and d["evaluate"]["iteration_time_s"] > 0
+    assert d["ratio"] == pytest.approx(d["simulate"]["iteration_time_s"] / d["evaluate"]["iteration_time_s"])
+    assert {s["stage"] for s in d["simulate"]["stages"]} == {0, 1}
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- per-flow links: node NICs, node-pair flows, aggregate caps (the links model) -------------------
+@pytest.mark.parametrize("cap_gbit_s", [None, 12.0])
+def test_flows_share_node_pairs_and_the_aggregate_cap(cap_gbit_s: float | None) -> None:
+    """dp 4 -> dp 4 across clusters of 2-GPU nodes, one sample per replica (1e6 bytes): each node
+    pair carries two replicas' pieces, one flow of 8 Gbit/s (1 GB/s) shared by both: 2e6 / 1e9 s.
+    With a 12 Gbit/s (1.5 GB/s) cap on the direction, its 4 pieces share 1.5 GB/s: 4e6 / 1.5e9 s."""
+    from hgopt.spec import Topology
+
+    if not hasattr(Topology, "link_spec"):
+        pytest.skip("topology without per-flow links yet")
+    link: dict[str, object] = {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}
+    if cap_gbit_s is not None:
+        link["aggregate"] = {"gbit_s": cap_gbit_s}
+    topo = tiny_topology()
+    topo["links"] = {"default": link}
+    inst = tiny_instance(global_batch=4, topology=topo)
+    plan = _plan(1, (0, 2, "a"), (2, 4, "b"), dp=4)
+    sim = simulate(plan, inst)
+    wire = 4e6 / 1.5e9 if cap_gbit_s is not None else 2e6 / 1e9
+    sends = [e for e in sim.events if e.kind == "sendF"]
+    assert len(sends) == 4
+    for e in sends:
+        assert e.end - e.start == pytest.approx(wire + 0.010, rel=1e-12)
+    if cap_gbit_s is not None:
+        cap = next(lk for lk in sim.links if lk.name == "a->b")
+        assert cap.max_flows == 4
+    ev = evaluate(plan, inst)
+    assert ev.stages[0].send_fwd_s == pytest.approx(wire + 0.010, rel=1e-12)  # [C4w] prices it the same
+
+
+def test_timeline_boxes_are_the_simulated_events(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hgopt.report import plot_timeline, timeline_ops
+
+    inst = tiny_instance(global_batch=8)
+    plan = _plan(4, (0, 2, "a"), (2, 4, "b"), dp=2)
+    sim = simulate(plan, inst)
+    ops = timeline_ops(plan, inst)
+    mine = sorted((e.kind, e.stage, e.microbatch, e.start, e.end) for e in sim.events if e.replica == 0)
+    assert sorted((o.kind, o.stage, o.microbatch, o.start, o.end) for o in ops) == mine
+    assert {o.kind for o in ops} == {"F", "B", "sendF", "sendB", "sync", "optimizer"}
+    out = plot_timeline(plan, inst, tmp_path / "t.png", label="manual:test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fewer_microbatches_than_stages_take_the_textbook_time() -> None:
+    """4 equal 1-layer stages (t = 0.03 s), m = 3, transfers ~0: (m + S − 1)·t, then the last
+    stage-0 backward's sync (one replica: none) and its 1 ms optimizer step."""
+    inst = tiny_instance(global_batch=3, model=tiny_model(num_layers=4, activation_bytes=1e-6))
+    plan = _plan(3, (0, 1, "a"), (1, 2, "a"), (2, 3, "a"), (3, 4, "a"))
+    sim = simulate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx((3 + 4 - 1) * 0.03 + 0.001, rel=1e-9)
+
+
+def test_identical_pipelines_share_their_stages_nodes() -> None:
+    """Two identical one-replica pipelines a -> b on 2-GPU nodes: both stage-0 replicas sit on one
+    node, both stage-1 replicas on one node, so their pieces (1e6 bytes each) are one node-pair flow
+    of 1 GB/s: each takes 2e6 / 1e9 s, as evaluate's node pieces price it."""
+    from hgopt.spec import Topology
+
+    if not hasattr(Topology, "link_spec"):
+        pytest.skip("topology without per-flow links yet")
+    topo = tiny_topology()
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}}
+    inst = tiny_instance(global_batch=2, topology=topo)
+    one = _plan(1, (0, 2, "a"), (2, 4, "b")).pipelines[0]
+    plan = Plan(pipelines=(one, one))
+    sends = [e for e in simulate(plan, inst).events if e.kind == "sendF"]
+    assert len(sends) == 2
+    for e in sends:
+        assert e.end - e.start == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
+    assert evaluate(plan, inst).stages[0].send_fwd_s == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
+
+
+def test_a_zero1_segment_is_one_bucket() -> None:
+    """The runner reduce-scatters a ZeRO-1 sync group's whole flat gradient at once (one bucket);
+    without ZeRO the 16 MB of gradients go in 8 MiB buckets of two layers."""
+    from dataclasses import fields, replace
+
+    if "grad_bucket_mb" not in {f.name for f in fields(Plan)}:
+        pytest.skip("Plan has no grad_bucket_mb field yet")
+    inst = tiny_instance(global_batch=2)
+    base = _plan(1, (0, 4, "a"), dp=2)
+    zero = replace(base, pipelines=(replace(base.pipelines[0], stages=(replace(base.pipelines[0].stages[0], zero=1),)),))
+    for plan, n in ((base, 2), (zero, 1)):
+        sim = simulate(replace(plan, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+        assert len([e for e in sim.events if e.kind == "sync"]) == n
