@@ -208,3 +208,20 @@ def test_wan_bytes_per_iteration_hand_computed() -> None:
                                   num_microbatches=1),))
     grad = float(tables.table("A", 1).params[-1]) * tables.dtype_bytes
     assert wan_bytes_per_iteration(dp, inst, tables) == pytest.approx({("a", "b"): grad, ("b", "a"): grad})
+
+
+def test_a_zero1_stage_syncs_its_segment_as_one_bucket() -> None:
+    """ZeRO-1 (zero = 1): the runner reduce-scatters the shard group's flat gradient at once, so the
+    bucket cap does not change its [C7o] time; without ZeRO tiny buckets pay a latency each."""
+    from tests.factories import tiny_topology
+
+    inst = tiny_instance(global_batch=8, topology=tiny_topology(wan_latency_ms=100.0))
+    groups = (ReplicaGroup(cluster="a", dp=2), ReplicaGroup(cluster="b", dp=2))
+    t = {}
+    for zero in (0, 1):
+        for mb in (1e-6, 1e6):
+            plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=groups, zero=zero),),
+                                            num_microbatches=2),), grad_bucket_mb=mb)
+            t[(zero, mb)] = evaluate(plan, inst).iteration_time_overlap_s
+    assert t[(1, 1e-6)] == t[(1, 1e6)]
+    assert t[(0, 1e-6)] > t[(0, 1e6)]

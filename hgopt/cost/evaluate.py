@@ -549,7 +549,10 @@ def _bucketed_sync(
             if gt not in layer_bytes:
                 layer_bytes[gt] = gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes)
             per_layer = np.maximum(per_layer, layer_bytes[gt])
-        for x, y in bucket_ranges(per_layer, lo, hi, cap):
+        # a ZeRO-1 stage synchronises its shard group's whole flat gradient at once (one reduce-scatter
+        # in the runner): its segment is one bucket
+        seg_cap = math.inf if any(st.zero for st in holders) else cap
+        for x, y in bucket_ranges(per_layer, lo, hi, seg_cap):
             seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
             ready = {}
             for k in keys:

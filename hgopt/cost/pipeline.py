@@ -23,7 +23,9 @@ __all__ = [
     "round_trip_pace",
     "stage_pace",
     "stages_that_matter",
+    "stage_fill",
     "steady_weight",
+    "weighted_time",
     "trip_depth",
     "window_trip",
 ]
@@ -36,9 +38,20 @@ def steady_weight(num_microbatches: int) -> float:
     return float(num_microbatches - 1)
 
 
+def weighted_time(weight: float, bottleneck: Num, fill: Num) -> Num:
+    """[C3] weight·bottleneck + fill: the pipeline time with the steady-state weight given (the
+    search's objectives and bounds take the weight once per batch split)."""
+    return weight * bottleneck + fill  # type: ignore[return-value]
+
+
 def pipeline_time(num_microbatches: int, bottleneck: Num, fill: Num) -> Num:
     """[C3] (m − 1)·bottleneck + fill (one microbatch's trip through and back, R_0)."""
-    return steady_weight(num_microbatches) * bottleneck + fill  # type: ignore[return-value]
+    return weighted_time(steady_weight(num_microbatches), bottleneck, fill)
+
+
+def stage_fill(t: Num, send_f: Num, send_b: Num) -> Num:
+    """[C3] One stage's share of the fill: fwd + bwd + its send forward + its send backward."""
+    return t + send_f + send_b  # type: ignore[return-value]
 
 
 def in_flight(num_stages: Num | int, stage: Num | int, num_microbatches: Num | int, schedule: str = "1f1b") -> Num:
@@ -63,7 +76,7 @@ def stage_pace(t: Num, send_f: Num, send_b: Num) -> Num:
 
 def fill_time(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float]) -> float:
     """[C3] R_0 = Σ_s (t_s + c^f_s + c^b_s): one microbatch's trip through the pipeline and back."""
-    return float(sum(a + b + c for a, b, c in zip(t, send_f, send_b)))
+    return float(sum(stage_fill(a, b, c) for a, b, c in zip(t, send_f, send_b)))
 
 
 def stages_that_matter(num_microbatches: int) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 
 from hgopt.cost.evaluate import boundary_cast_times
 from hgopt.cost.links import handover_lower_bound
-from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, steady_weight
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
@@ -323,9 +323,9 @@ def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float
     sends = np.zeros(len(t))
     if len(hi) > 1:
         sends[:-1] = sm.send(hi[:-1])
-    e = t + 2.0 * sends
+    e = stage_fill(t, sends, sends)
     suffix = tuple(float(x) for x in np.cumsum(e[::-1]))
-    prefix = tuple(float(x) for x in np.cumsum(e) - 2.0 * sends)
+    prefix = tuple(float(x) for x in np.cumsum(e) - stage_fill(0.0, sends, sends))
     inner = round_trip_pace(t.tolist(), sends.tolist(), sends.tolist(), m) if ROUND_TRIP_WINDOWS == "all" else 0.0
     return suffix, prefix, inner
 
@@ -360,7 +360,7 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     for i in order:
         if kept:
             k = np.array(kept)
-            worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
+            worse = weighted_time(win.weight, np.maximum(T[k] - T[i], 0.0), F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one
@@ -409,7 +409,7 @@ class CheapBounds:
             if hi <= t:
                 continue
             f = self.fill_at[i + 1] if i + 1 < len(self.grid) else self.f_lb
-            best = min(best, self.weight * max(tau, t) + f + self.s_lb)
+            best = min(best, weighted_time(self.weight, max(tau, t), f) + self.s_lb)
         return best
 
 
@@ -467,12 +467,12 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     fill: list[float] = []
     best = INF
     for tau in full:  # stop once w·tau alone makes every later interval worse than the best one
-        if w * tau + floor + s_lb >= best:
+        if weighted_time(w, tau, floor) + s_lb >= best:
             break
         grid.append(tau)
         fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
         if len(fill) >= 2:
-            best = min(best, w * grid[-2] + fill[-1] + s_lb)
+            best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb)
     return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor)
 
 

@@ -23,7 +23,7 @@ from hgopt.cost.comm import allreduce_time_v, gradient_bytes, transfer_time
 from hgopt.cost.compute import optimizer_share
 from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.memory import stage_memory
-from hgopt.cost.pipeline import in_flight, pipeline_time
+from hgopt.cost.pipeline import in_flight, pipeline_time, stage_fill
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.spec import Cluster, Instance
@@ -252,7 +252,7 @@ def _config_estimate(
     act_bytes = float(np.mean(tables.activation_bytes))
     send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, replicas * dp, mbs) * act_bytes)  # links: NIC
     bott = np.where(s > 1, np.maximum(bott, send), bott)
-    fill = work + 2.0 * (s - 1) * send
+    fill = stage_fill(work, (s - 1) * send, (s - 1) * send)
     # gradient sync + optimizer of the stage with most parameters [C5, C6]
     p_b, p_pre, p_post = P.params
     pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)

@@ -26,7 +26,7 @@ from hgopt.cost.compute import interp_rows, optimizer_time, stage_compute_v
 from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.memory import max_in_flight, max_in_flight_v, stage_memory
 from hgopt.cost.pipeline import in_flight as in_flight_depth
-from hgopt.cost.pipeline import pipeline_time, steady_weight
+from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables, GpuTpTable
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
@@ -503,8 +503,8 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
         T = np.maximum(T, tc.l_comp[XL])
         S = np.maximum(S, tc.l_so[XL])
         F = F + tc.l_comp[XL]
-    F = F + 2.0 * sends
-    J = np.where(ok, w * T + F + S, INF)
+    F = stage_fill(F, sends, sends)
+    J = np.where(ok, weighted_time(w, T, F) + S, INF)
     flat = J.reshape(-1, J.shape[2])
     arg = np.argmin(flat, axis=0)
     cols = np.arange(J.shape[2])
@@ -525,7 +525,7 @@ def _solve_single(tc: TrunkCosts, in_flight: int, w: float, ns: np.ndarray) -> T
     ok = (sm.memory(lo, hi, in_flight) <= sm.capacity) & (hi > lo)
     T = sm.compute(lo, hi)
     S = sm.sync_opt(lo, hi)
-    J = np.where(ok, w * T + T + S, INF)
+    J = np.where(ok, weighted_time(w, T, T) + S, INF)
     z = np.zeros(len(ns), dtype=np.int64)
     return TrunkSolution(feasible=ok, value=J, bottleneck=T, fill=T, sync_opt=S, x0=z, xl=z, counts=(),
                          geo=geo, ns=ns, s=1)
@@ -573,7 +573,7 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
         if r > 1:
             front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
         for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
-            val = pipeline_time(m, t, comp[(start, end)] + 2.0 * sd) + sv
+            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + sv
             if best is None or val < best.value:
                 best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
     return best
