@@ -157,10 +157,14 @@ def test_profile_json_and_bad_output(tmp_path: Path) -> None:
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_init_from_a_hugging_face_config(tmp_path: Path) -> None:
-    """A config.json (model_type key) becomes `model: {hf_config: ...}`, read by hgopt.profiles.hf."""
+def test_init_from_a_hugging_face_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config.json (model_type key) becomes `model: {hf_config: ...}` with a path relative to the
+    written file, read by hgopt.profiles.hf (run from an unrelated folder: the path must not depend on it)."""
     config = Path(__file__).resolve().parents[1] / "instances" / "hf" / "llama-tiny" / "config.json"
-    out = tmp_path / "hf.yaml"
+    (tmp_path / "cwd" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd" / "deeper")
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "hf.yaml"
     assert main(["init", "-o", str(out), "--cluster", "a:A100-80:2@r1", "--cluster", "b:A100-40:2@r2",
                  "--model", str(config), "--seq-len", "32", "--precision", "fp32", "--global-batch", "8"]) == 0
     assert "hf_config:" in out.read_text()
@@ -168,3 +172,4 @@ def test_init_from_a_hugging_face_config(tmp_path: Path) -> None:
     ref = load_instance("hf-llama-tiny-2r")
     assert inst.model.num_layers == ref.model.num_layers and inst.job.seq_len == 32
     assert inst.model.total_params() == ref.model.total_params()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["hf.yaml"]  # no temporary file left

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from hgopt.commands._paths import check_output_file
+from hgopt.errors import SpecError
 from hgopt.profiles.gpus import DEFAULT_LINK_LATENCY_MS, GPUS, gpu_spec
 from hgopt.spec import LIMITS, instance_from_dict, load_document
 
@@ -77,8 +79,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"-o/--output: {out} exists (add --force to overwrite)")
     text = render_instance(args)
     data = yaml.safe_load(text)
-    instance_from_dict(data, str(out), out.parent)  # the one validation path: refuse to write a broken file
-    out.write_text(text)
+    # The one validation path, on a temporary file next to the output (relative paths in it, and the
+    # generators' base folder, are the output's): a broken instance is never written.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        try:
+            instance_from_dict(load_document(tmp), str(tmp), tmp.parent)
+        except SpecError as exc:
+            raise SpecError(str(out), exc.field, exc.problem.replace(str(tmp), str(out))) from None
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"wrote {out}: {len(data['topology']['clusters'])} clusters, "
           f"{sum(c['nodes'] * c['gpus_per_node'] for c in data['topology']['clusters'])} GPUs; "
           f"try `hgopt show {out}` and `hgopt plan {out}`")
