@@ -74,3 +74,20 @@ def test_gpipe_holds_every_microbatch_and_is_unchanged() -> None:
     f = max(0.02, 0.04, c)
     b = max(0.04, 0.08, c)
     assert ev.pipelines[0].bottleneck_s == pytest.approx(f + b, rel=1e-12)
+
+
+def test_a_slow_link_in_the_middle_sets_the_pace_through_its_window() -> None:
+    """Stages a, a | b, b with a 100 ms WAN hop in the middle: the window of stages 1 and 2 around
+    the hop, (t1 + t2 + 2·wan) / 2, binds; the suffixes from stage 0 or 1 average the hop over more
+    stages and are lower (the pre-window [C3] priced this pipeline at the suffix's pace)."""
+    inst = tiny_instance(global_batch=8, topology=tiny_topology(wan_latency_ms=100.0))
+    ev = evaluate(_plan(8, (0, 1, "a"), (1, 2, "a"), (2, 3, "b"), (3, 4, "b")), inst)
+    ta = 0.01 + 0.02
+    tb = 0.02 + 0.04
+    local, wan = 1e6 / INTER_BPS, 0.100 + 1e6 / WAN_BPS
+    window = (ta + tb + 2 * wan) / 2
+    suffix1 = (ta + 2 * wan + tb + 2 * local + tb) / 3
+    suffix0 = (ta + 2 * local + ta + 2 * wan + tb + 2 * local + tb) / 4
+    assert window > max(suffix1, suffix0, tb, wan)
+    assert ev.pipelines[0].bottleneck_s == pytest.approx(window, rel=1e-12)
+    assert round_trip_bound(list(ev.stages), 8) == pytest.approx(window, rel=1e-12)

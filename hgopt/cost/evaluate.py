@@ -9,8 +9,23 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
+
+from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
+from hgopt.cost.compute import optimizer_time, stage_times
+from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule, iteration_end
+from hgopt.cost.memory import stage_memory_terms
+from hgopt.cost.pipeline import (
+    fill_time,
+    in_flight,
+    last_backward_ends,
+    pipeline_bottleneck,
+    pipeline_time,
+    round_trip_pace,
+)
 from hgopt.cost.tables import (
     CostTables,
+    GpuTpTable,
     allreduce_time,
     build_tables,
     link_bytes_factor,
@@ -19,7 +34,15 @@ from hgopt.cost.tables import (
 from hgopt.plan import Pipeline, Plan, Stage, validate
 from hgopt.spec import Cluster, Instance
 
-__all__ = ["Evaluation", "PipelineReport", "StageReport", "evaluate", "round_trip_bound", "stage_boundary_time"]
+__all__ = [
+    "Evaluation",
+    "PipelineReport",
+    "StageReport",
+    "evaluate",
+    "round_trip_bound",
+    "stage_boundary_time",
+    "wan_bytes_per_iteration",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +64,10 @@ class StageReport:
     optimizer_s: float
     peak_memory_bytes: float
     """Peak per GPU of the replica group closest to its memory limit."""
+    last_backward_end_s: float = 0.0
+    """[C7o] When the backward of the last microbatch ends on this stage (closed form)."""
+    sync_end_s: float = 0.0
+    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting."""
     memory_capacity_bytes: float
     """Memory per GPU of that group's cluster."""
     oom: bool
@@ -68,6 +95,11 @@ class Evaluation:
     violations: tuple[str, ...]
     pipelines: tuple[PipelineReport, ...]
     stages: tuple[StageReport, ...]
+    iteration_time_overlap_s: float = math.inf
+    """[C7o] Iteration time under the plan's gradient-sync setting (``overlap_grad_sync``,
+    ``grad_bucket_mb``): bucketed all-reduce per stage from its last backward, optimizer after its
+    sync, the last optimizer step ends the iteration. ``iteration_time_s`` is still [C7] (sync after
+    the slowest drain, unbucketed), the number every planner optimises and every bound bounds."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -103,6 +135,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
     t_pipe = max(p.time_s for p in pipe_reports)
     t_tail = max(s.sync_s + s.optimizer_s for s in stage_reports)  # [C7]
     t_iter = t_pipe + t_tail
+    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
     for s in stage_reports:
         if s.oom:
             violations.append(
@@ -121,6 +154,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
         violations=tuple(violations),
         pipelines=tuple(pipe_reports),
         stages=tuple(stage_reports),
+        iteration_time_overlap_s=t_overlap,
     )
 
 
@@ -142,31 +176,24 @@ def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
 # ---- pipeline time [C3] ----------------------------------------------------------------------
 def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> PipelineReport:
     m = pipe.num_microbatches
-    fill = sum(s.fwd_s + s.bwd_s + s.send_fwd_s + s.send_bwd_s for s in st)
-    if pipe.schedule == "gpipe":
-        bottleneck = max(max(s.fwd_s, s.send_fwd_s) for s in st) + max(max(s.bwd_s, s.send_bwd_s) for s in st)
-    else:
-        bottleneck = max(max(s.fwd_s + s.bwd_s, s.send_fwd_s, s.send_bwd_s) for s in st)
-        bottleneck = max(bottleneck, round_trip_bound(st, m))
+    t = [s.fwd_s + s.bwd_s for s in st]
+    send_f, send_b = [s.send_fwd_s for s in st], [s.send_bwd_s for s in st]
+    bottleneck = pipeline_bottleneck(pipe.schedule, [s.fwd_s for s in st], [s.bwd_s for s in st], send_f, send_b, m)
+    fill = fill_time(t, send_f, send_b)
     return PipelineReport(
         index=index,
         num_microbatches=m,
         microbatch=pipe.microbatch,
         bottleneck_s=bottleneck,
         fill_drain_s=fill,
-        time_s=(m - 1) * bottleneck + fill,
+        time_s=pipeline_time(m, bottleneck, fill),
     )
 
 
 def round_trip_bound(st: list[StageReport], m: int) -> float:
-    """[C3] 1F1B keeps at most min(S − s, m) microbatches in flight at stage s (its warm-up depth + 1):
-    the forward of microbatch k + S − s waits for the backward of k, whose round trip runs through every
-    later stage and link. The steady-state pace is at least that round trip over the microbatches in it."""
-    best = trip = 0.0
-    for s in range(len(st) - 1, -1, -1):
-        trip += st[s].fwd_s + st[s].bwd_s + st[s].send_fwd_s + st[s].send_bwd_s
-        best = max(best, trip / min(len(st) - s, m))
-    return best
+    """[C3] The 1F1B round-trip pace of a pipeline's stage reports (``pipeline.round_trip_pace``)."""
+    return round_trip_pace([s.fwd_s + s.bwd_s for s in st], [s.send_fwd_s for s in st],
+                           [s.send_bwd_s for s in st], m)
 
 
 # ---- one stage: compute [C2], boundary [C4], optimizer [C6-opt], memory [C6] ------------------------
@@ -184,22 +211,15 @@ def _stage_report(
     fwd = bwd = opt = 0.0
     peak, cap, oom = 0.0, math.inf, False
     n_stages = len(pipe.stages)
-    in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(n_stages - si, pipe.num_microbatches)
+    depth = in_flight(n_stages, si, pipe.num_microbatches, pipe.schedule)
     for g in stage.groups:
         cluster = topo.cluster(g.cluster)
         tab = tables.table(cluster.gpu, g.tp)
-        f, b = tab.times(g.mbs, stage.start, stage.end)
+        f, b = stage_times(tab, g.mbs, stage.start, stage.end)
         fwd, bwd = max(fwd, f), max(bwd, b)
         shards = stage.replicas if stage.zero else 1
-        opt = max(opt, float(tab.update[stage.end] - tab.update[stage.start]) / shards)
-        params = float(tab.params[stage.end] - tab.params[stage.start])
-        act = float(tab.act_mem[stage.end] - tab.act_mem[stage.start])
-        mem = (
-            2.0 * params * tables.dtype_bytes  # weights + gradients
-            + params * tables.optimizer_bytes_per_param / shards
-            + in_flight * g.mbs * act
-            + inst.job.workspace_bytes
-        )
+        opt = max(opt, float(optimizer_time(tab, stage.start, stage.end, shards)))
+        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth, shards).total
         if mem > cluster.gpu_memory_bytes:
             oom = True
         if mem / cluster.gpu_memory_bytes > peak / cap:  # report the group closest to its limit
@@ -408,3 +428,83 @@ def _segment_allreduce(
         wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
         inter = max(allreduce_time(topo.link(a, b), wan_bytes, k) for a in names for b in names if a != b)
     return _SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)
+
+
+# ---- bucketed gradient sync overlapped with the last backward [C7o] ------------------------------
+def _bucketed_sync(
+    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport]
+) -> tuple[list[StageReport], float]:
+    """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
+    gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
+    (``_segment_allreduce``); the iteration ends with the last optimizer step. Identical pipelines
+    have identical times, so each is scheduled once (its replicas still count in the rings)."""
+    first: dict[Pipeline, int] = {}
+    for pi, pipe in enumerate(plan.pipelines):
+        first.setdefault(pipe, pi)
+    report = {(r.pipeline, r.stage): r for r in stages}
+    ends: dict[tuple[int, int], float] = {}
+    for pr in pipes:
+        if first[plan.pipelines[pr.index]] != pr.index:
+            continue
+        st = [report[(pr.index, si)] for si in range(len(plan.pipelines[pr.index].stages))]
+        for r, e in zip(st, last_backward_ends(pr.time_s, [r.bwd_s for r in st], [r.send_bwd_s for r in st])):
+            ends[(r.pipeline, r.stage)] = e
+    where = {(pi, si): st for pi in first.values() for si, st in enumerate(plan.pipelines[pi].stages)}
+    every = [st for p in plan.pipelines for st in p.stages]
+    slowest: dict[tuple[int, int], tuple[GpuTpTable, int, float]] = {}  # the group setting the stage's backward
+    for key, st in where.items():
+        tab, mbs = max(((tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs) for g in st.groups),
+                       key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
+        slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
+    layer_bytes: dict[tuple[str, int], np.ndarray] = {}
+    cap = plan.grad_bucket_mb * MIB
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    buckets: list[Bucket] = []
+    for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
+        keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
+        holders = [st for st in every if st.start <= lo and hi <= st.end]
+        per_layer = np.zeros(tables.num_layers)
+        for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
+            if gt not in layer_bytes:
+                layer_bytes[gt] = gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes)
+            per_layer = np.maximum(per_layer, layer_bytes[gt])
+        # a ZeRO-1 stage synchronises its shard group's whole flat gradient at once (one reduce-scatter
+        # in the runner): its segment is one bucket
+        seg_cap = math.inf if any(st.zero for st in holders) else cap
+        for x, y in bucket_ranges(per_layer, lo, hi, seg_cap):
+            seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
+            ready = {}
+            for k in keys:
+                st = where[k]
+                tab, mbs, total = slowest[k]
+                done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
+                ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
+            buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
+    sync_end = bucket_schedule(buckets, ends)
+    rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
+    out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
+           for r in stages]
+    return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end})
+
+
+# ---- WAN traffic per iteration (for egress prices) --------------------------------------------------
+def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | None = None) -> dict[tuple[str, str], float]:
+    """Bytes one iteration sends over each directed inter-cluster link: every pipeline's boundary
+    activations and their gradients ([C4w] loads per microbatch, ``_wan_loads``, times its m) plus each
+    sync segment's cross-cluster ring ([C5], ``_segment_allreduce``'s WAN bytes; ring c_0 → c_1 → … →
+    c_0 in the segment's cluster order, each edge 2(k − 1)/k of them)."""
+    tables = tables or build_tables(inst)
+    out: dict[tuple[str, str], float] = {}
+    for pipe, count in Counter(plan.pipelines).items():
+        for link, nbytes in _wan_loads(inst, tables, (pipe,)).items():
+            out[link] = out.get(link, 0.0) + count * pipe.num_microbatches * nbytes
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    stages = [s for p in plan.pipelines for s in p.stages]
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = [s for s in stages if s.start <= lo and hi <= s.end]
+        seg = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        k = len(seg.clusters)
+        for i, a in enumerate(seg.clusters):
+            b = seg.clusters[(i + 1) % k]
+            out[(a, b)] = out.get((a, b), 0.0) + ring_edge_bytes(seg.wan_bytes, k)
+    return out

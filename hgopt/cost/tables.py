@@ -24,7 +24,9 @@ __all__ = [
     "transfer_time",
 ]
 
-_U_MIN, _U_MAX = -10.0, 14.0
+U_RANGE = (-10.0, 14.0)
+"""Clamp of u = log2(bytes / 1e6) in the bandwidth curve [C1]."""
+_U_MIN, _U_MAX = U_RANGE
 
 
 def bandwidth_bytes_per_s(bw: Bandwidth, nbytes: float) -> float:

@@ -4,6 +4,7 @@ planner it runs). Add a planner with a one-line edit of the mapping."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from dataclasses import dataclass, field
@@ -117,4 +118,15 @@ def get_planner(name: str) -> Planner:
     if name not in PLANNERS:
         raise ValueError(f"--planner: unknown planner {name!r} (choices: {', '.join(PLANNERS)})")
     module, func = PLANNERS[name].split(":")
-    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    planner: Planner = getattr(importlib.import_module(module), func)
+
+    def run(instance: Instance, options: PlanOptions) -> PlanResult:
+        """The planner, then the plan's gradient-sync fields by [C7o] (``sync_choice.choose_sync``)."""
+        from hgopt.search.sync_choice import choose_sync
+
+        res = planner(instance, options)
+        if res.plan is None:
+            return res
+        return dataclasses.replace(res, plan=choose_sync(res.plan, instance))
+
+    return run

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 
 from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables, link_bytes_factor, transfer_time
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
@@ -115,6 +116,10 @@ class BlockOption:
     suffix_fill: tuple[float, ...] = ()
     """suffix_fill[r-1]: fill (fwd+bwd and intra-cluster sends) of the block's last r local stages,
     for the 1F1B round trip [C3]; suffix_fill[-1] == fill."""
+    prefix_trip: tuple[float, ...] = ()
+    """prefix_trip[r-1]: round trip of the window of the block's first r local stages (their fwd+bwd
+    and the sends between them, not the r-th stage's send out), for windows that enter the block
+    from an earlier one [C3]; prefix_trip[-1] == fill."""
 
     @property
     def s(self) -> int:
@@ -174,7 +179,7 @@ def block_options(
     :class:`OutOfTime` once ``time.perf_counter()`` passes ``deadline`` (checked per configuration):
     an incomplete option set would make a MILP whose bound is not valid."""
     shape = model_shape(instance)
-    win = window or Window(weight=float(num_microbatches - 1))
+    win = window or Window(weight=steady_weight(num_microbatches))
     out: dict[tuple[str, Role, int], list[BlockOption]] = {}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
@@ -299,23 +304,29 @@ def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.nd
     for i in np.flatnonzero(new):
         n = int(sol.ns[i])
         bounds = sol.bounds(int(i))
-        suffix = _suffix_fill(tc.sm, bounds)
+        suffix, prefix, inner = _trips(tc.sm, bounds, m)
         cands.setdefault(n, []).append(BlockOption(
             cluster=cluster, role=role, n=n, cfg=cfg, bounds=bounds,
-            bottleneck=float(sol.bottleneck[i]), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
-            dmax=float(dm[i]), suffix_fill=suffix,
+            bottleneck=max(float(sol.bottleneck[i]), inner), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
+            dmax=float(dm[i]), suffix_fill=suffix, prefix_trip=prefix,
         ))
     return dm
 
 
-def _suffix_fill(sm: StageModel, bounds: tuple[int, ...]) -> tuple[float, ...]:
-    """Fill of the last r local stages, r = 1..s: each stage's fwd+bwd plus its send forward and
-    backward to the next local stage [C3]."""
+def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(fill of the last r local stages, round trip of the first r local stages, r = 1..s; the
+    round-trip pace of the windows inside the block [C3], ``pipeline.round_trip_pace``). A stage's
+    fill is its fwd+bwd plus its send forward and backward to the next local stage."""
     lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
-    e = sm.compute(lo, hi)
+    t = sm.compute(lo, hi)
+    sends = np.zeros(len(t))
     if len(hi) > 1:
-        e[:-1] += 2.0 * sm.send(hi[:-1])
-    return tuple(float(x) for x in np.cumsum(e[::-1]))
+        sends[:-1] = sm.send(hi[:-1])
+    e = stage_fill(t, sends, sends)
+    suffix = tuple(float(x) for x in np.cumsum(e[::-1]))
+    prefix = tuple(float(x) for x in np.cumsum(e) - stage_fill(0.0, sends, sends))
+    inner = round_trip_pace(t.tolist(), sends.tolist(), sends.tolist(), m) if ROUND_TRIP_WINDOWS == "all" else 0.0
+    return suffix, prefix, inner
 
 
 def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[BlockOption]:
@@ -338,17 +349,21 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     mb = np.array([o.cfg.mbs if win.mbs_matters and role != "only" else 0 for o in opts])
     width = int(st.max())
     prof = np.full((len(opts), width), INF)
+    pre = np.full((len(opts), width), INF)
     for i, o in enumerate(opts):
         prof[i, : o.s] = o.suffix_fill
+        pre[i, : o.s] = o.prefix_trip
     order = np.lexsort((st, S, F, T))
     kept: list[int] = []
     tol = 1e-12
     for i in order:
         if kept:
             k = np.array(kept)
-            worse = win.weight * np.maximum(T[k] - T[i], 0.0) + (F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
+            worse = weighted_time(win.weight, np.maximum(T[k] - T[i], 0.0), F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
+            if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one
+                rt &= np.all(np.where(np.isfinite(pre[k]), pre[k] <= pre[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt & (mb[k] <= mb[i])
             if beats.any():
                 continue
@@ -393,7 +408,7 @@ class CheapBounds:
             if hi <= t:
                 continue
             f = self.fill_at[i + 1] if i + 1 < len(self.grid) else self.f_lb
-            best = min(best, self.weight * max(tau, t) + f + self.s_lb)
+            best = min(best, weighted_time(self.weight, max(tau, t), f) + self.s_lb)
         return best
 
 
@@ -442,7 +457,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
-    s_lb, w = max(s_min.values()), float(num_microbatches - 1)
+    s_lb, w = max(s_min.values()), steady_weight(num_microbatches)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
@@ -451,12 +466,12 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     fill: list[float] = []
     best = INF
     for tau in full:  # stop once w·tau alone makes every later interval worse than the best one
-        if w * tau + floor + s_lb >= best:
+        if weighted_time(w, tau, floor) + s_lb >= best:
             break
         grid.append(tau)
         fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
         if len(fill) >= 2:
-            best = min(best, w * grid[-2] + fill[-1] + s_lb)
+            best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb)
     return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor)
 
 

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hgopt.cost import evaluate
+from hgopt.cost.comm import gradient_bytes
 from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
@@ -109,7 +110,8 @@ def wan_allreduce_time(instance: Instance, tables: CostTables, clusters: Sequenc
     if len(clusters) < 2:
         return 0.0
     tab = tables.table(instance.topology.cluster(clusters[0]).gpu, 1)
-    nbytes = float(tab.params[-1] - tab.params[0]) * tables.dtype_bytes * link_bytes_factor(instance.model.dtype, precision)
+    nbytes = gradient_bytes(float(tab.params[-1] - tab.params[0]), tables.dtype_bytes,
+                            link_bytes_factor(instance.model.dtype, precision))
     topo = instance.topology
     return max(allreduce_time(topo.link(a, b), nbytes, len(clusters)) for a in clusters for b in clusters if a != b)
 

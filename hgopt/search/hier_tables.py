@@ -19,9 +19,13 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from hgopt.cost.tables import CostTables, transfer_time
+from hgopt.cost.comm import allreduce_time_v, gradient_bytes, transfer_time
+from hgopt.cost.compute import optimizer_share
+from hgopt.cost.memory import stage_memory
+from hgopt.cost.pipeline import in_flight, pipeline_time, stage_fill
+from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
-from hgopt.spec import Bandwidth, Cluster, Instance
+from hgopt.spec import Cluster, Instance
 
 __all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
 
@@ -49,7 +53,7 @@ class ClusterTable:
 
     def objective(self, m: int) -> np.ndarray:
         ok = np.isfinite(self.fill)
-        return np.where(ok, (m - 1) * np.where(ok, self.bottleneck, 0.0) + self.fill + self.sync_opt, math.inf)
+        return np.where(ok, pipeline_time(m, np.where(ok, self.bottleneck, 0.0), self.fill) + self.sync_opt, math.inf)
 
 
 _FIELDS = ("bottleneck", "fill", "sync_opt", "stages")
@@ -144,9 +148,9 @@ def cluster_tables(
     for w in ws:
         full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(3)))
         if blk is not None and ok is not None:
-            j = np.where(ok, (max(w, 1) - 1) * blk.bott + blk.fill + blk.sync, math.inf)
+            j = np.where(ok, pipeline_time(max(w, 1), blk.bott, blk.fill) + blk.sync, math.inf)
             if w == MOST_STAGES:  # the most local stages that fit, then the lowest objective at m
-                j = np.where(ok, -blk.s * 1e12 + (m - 1) * blk.bott + blk.fill + blk.sync, math.inf)
+                j = np.where(ok, -blk.s * 1e12 + pipeline_time(m, blk.bott, blk.fill) + blk.sync, math.inf)
             pick = np.argmin(j, axis=0)
             cols = np.arange(len(n))
             feasible = np.isfinite(j[pick, cols])
@@ -178,8 +182,8 @@ class _Block:
 
     def fits(self, d: int, m: int, capacity: float) -> np.ndarray:
         """[C6] the first local stage keeps min(s + d, m) microbatches, a trunk stage min(s − 1 + d, m)."""
-        first = self.first_base + np.minimum(self.s + d, m) * self.first_act <= capacity
-        trunk = (self.s == 1) | (self.trunk_base + np.minimum(self.s - 1 + d, m) * self.trunk_act <= capacity)
+        first = self.first_base + in_flight(self.s + d, 0, m) * self.first_act <= capacity
+        trunk = (self.s == 1) | (self.trunk_base + in_flight(self.s + d, 1, m) * self.trunk_act <= capacity)
         return self.shape_ok & first & trunk
 
 
@@ -221,21 +225,6 @@ def _stage_grid(top: int) -> np.ndarray:
     return np.array(vals, dtype=np.int64)
 
 
-def _allreduce(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
-    """``hgopt.cost.tables.allreduce_time`` over an array of message sizes ([C1], [C5])."""
-    if n <= 1:
-        return np.zeros_like(nbytes)
-    chunk = np.maximum(nbytes / n, 1.0)
-    if bw.curve is None:
-        rate = np.full_like(nbytes, bw.gbyte_s * 1e9)
-    else:
-        c0, c1, c2 = bw.curve
-        u = np.clip(np.log2(chunk / 1e6), -10.0, 14.0)
-        rate = np.clip(c0 * u * u + c1 * u + c2, 0.01 * bw.gbyte_s, bw.gbyte_s) * 1e9
-    t = 2.0 * (n - 1) / n * nbytes / rate + 2.0 * (n - 1) * bw.latency_s
-    return np.where(nbytes > 0, t, 0.0)
-
-
 def _config_estimate(
     instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
     budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
@@ -262,7 +251,7 @@ def _config_estimate(
     act_bytes = float(np.mean(tables.activation_bytes))
     send = transfer_time(c.inter_node, mbs * act_bytes)
     bott = np.where(s > 1, np.maximum(bott, send), bott)
-    fill = work + 2.0 * (s - 1) * send
+    fill = stage_fill(work, (s - 1) * send, (s - 1) * send)
     # gradient sync + optimizer of the stage with most parameters [C5, C6]
     p_b, p_pre, p_post = P.params
     pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
@@ -272,17 +261,21 @@ def _config_estimate(
     stage_update = stage_params / p_b * u_b if p_b > 0 else np.zeros_like(stage_params)
     ring = replicas * dp
     bw = c.intra_node if ring * tp <= c.gpus_per_node else c.inter_node
-    sync = _allreduce(bw, stage_params * tables.dtype_bytes, ring) + stage_update / dp
+    sync = allreduce_time_v(bw, gradient_bytes(stage_params, tables.dtype_bytes), ring) + optimizer_share(stage_update, dp)
     # memory of the first local stage (most microbatches in flight) and of a trunk stage [C6]
     a_b, a_pre, a_post = P.act
-    per_param = 2.0 * tables.dtype_bytes + tables.optimizer_bytes_per_param / dp
     ws = instance.job.workspace_bytes
+
+    def base_mem(params: np.ndarray) -> np.ndarray:  # [C6] without activations
+        return stage_memory(params, 0.0, 0, mbs, dtype_bytes=tables.dtype_bytes,
+                            optimizer_bytes=tables.optimizer_bytes_per_param, shards=dp, workspace=ws)
+
     first_params = np.where(s == 1, stage_params, low_blocks * p_b + pre_p)
     first_act = mbs * np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (a_post if has_post else 0.0),
                                low_blocks * a_b + (a_pre if has_pre else 0.0))
-    trunk_base = per_stage_blocks * p_b * per_param + ws
+    trunk_base = base_mem(per_stage_blocks * p_b)
     trunk_act = mbs * per_stage_blocks * a_b
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
-    out = (bott, fill, sync, s, shape_ok, first_params * per_param + ws, first_act, trunk_base, trunk_act)
+    out = (bott, fill, sync, s, shape_ok, base_mem(first_params), first_act, trunk_base, trunk_act)
     shape = np.broadcast_shapes(*(np.shape(a) for a in out))
     return tuple(np.broadcast_to(a, shape) for a in out)

@@ -32,7 +32,9 @@ from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
-from hgopt.search.baselines._common import BlockLayout, block_layout, stage_memory_parts
+from hgopt.cost.memory import stage_memory, stage_memory_parts
+from hgopt.cost.pipeline import in_flight, pipeline_time, trip_depth
+from hgopt.search.baselines._common import BlockLayout, block_layout
 from hgopt.search.hier_tables import MOST_STAGES, ClusterTable, cluster_tables, role_of
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
 from hgopt.search.groups import GroupedPlan, best_grouped_plan
@@ -605,7 +607,7 @@ def _best_link(ctx: _Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = _link_times(ctx, a, b, B, cut, prec)
-        score = (m - 1) * max(f, bw) + f + bw + ctx.penalty.get(prec, 0.0)
+        score = pipeline_time(m, max(f, bw), f + bw) + ctx.penalty.get(prec, 0.0)
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
@@ -621,7 +623,7 @@ def _link_choice(ctx: _Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence
     for a, b, cut in zip(order, order[1:], cuts):
         prec, f, bw = _best_link(ctx, a, b, B, cut, m)
         nf, nb = _link_times(ctx, a, b, B, cut, "native")
-        gain = (m - 1) * (max(nf, nb) - max(f, bw)) + (nf + nb) - (f + bw) - ctx.penalty.get(prec, 0.0)
+        gain = pipeline_time(m, max(nf, nb), nf + nb) - pipeline_time(m, max(f, bw), f + bw) - ctx.penalty.get(prec, 0.0)
         picks.append((prec, gain))
     if ctx.max_links is not None:
         keep = {i for i, _ in sorted(((i, g) for i, (p, g) in enumerate(picks) if p != "native"),
@@ -646,7 +648,7 @@ def _path_cost(ctx: _Ctx, order: Sequence[str], B: int, m: int) -> float:
     for a, b in zip(order, order[1:]):
         _, f, bw = _best_link(ctx, a, b, B, cut, m)
         worst, total = max(worst, f, bw), total + f + bw
-    return (m - 1) * worst + total
+    return pipeline_time(m, worst, total)
 
 
 def _best_of(ctx: _Ctx, orders: Sequence[tuple[str, ...]], B: int, m: int) -> tuple[str, ...]:
@@ -774,8 +776,8 @@ def _can_hold(ctx: _Ctx, k: int, names: tuple[str, ...]) -> bool:
         inst, tb = ctx.instance, ctx.tables
         room = sum((c.num_gpus // k) * max(c.gpu_memory_bytes - inst.job.workspace_bytes, 0.0)
                    for c in inst.topology.clusters if c.name in names)
-        need = min(tp * float(t.params[-1]) for (gpu, tp), t in tb.by_gpu_tp.items()) \
-            * (2.0 * tb.dtype_bytes + tb.optimizer_bytes_per_param)
+        need = stage_memory(min(tp * float(t.params[-1]) for (gpu, tp), t in tb.by_gpu_tp.items()), 0.0, 0, 0,
+                            dtype_bytes=tb.dtype_bytes, optimizer_bytes=tb.optimizer_bytes_per_param)
         ctx.subsets[key] = room >= need  # type: ignore[assignment]
     return bool(ctx.subsets[key])
 
@@ -854,9 +856,11 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
     """[H4] The [C3]/[C7] form over clusters, from (bottleneck, fill, sync_opt, local stages) per
     cluster: (m − 1)·pace + Σ fill + WAN trips + max sync_opt, the pace being the slowest stage or
     link or the 1F1B round trip of a suffix over the microbatches it can hold in flight — suffixes
-    from a cluster's first and from its last local stage (local stages taken as equal)."""
+    from a cluster's first and from its last local stage — or of the window of a cluster's last and
+    the next cluster's first local stage around their WAN link (local stages taken as equal; the
+    exact pace of every window is ``evaluate``'s, [C3])."""
     bott, fill, sync = wan[0], wan[1], 0.0
-    trip, count = 0.0, 0
+    trip, count, head = 0.0, 0, -1.0
     for i in range(len(vals) - 1, -1, -1):
         b, f, s_, k = vals[i]
         bott = max(bott, b)
@@ -864,18 +868,21 @@ def _combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple
         sync = max(sync, s_)
         link = wan[2][i] if i < len(wan[2]) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            bott = max(bott, (f / k + link + trip) / min(1 + count, m))
+            bott = max(bott, (f / k + link + trip) / trip_depth(1 + count, m))
+            if head >= 0.0:  # the window of that stage and the next cluster's first stage
+                bott = max(bott, (f / k + link + head) / trip_depth(2, m))
+        head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:
-            bott = max(bott, trip / min(count, m))
-    return (m - 1) * bott + fill + sync
+            bott = max(bott, trip / trip_depth(count, m))
+    return pipeline_time(m, bott, fill) + sync
 
 
 def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
     """``_combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops)."""
     bott, fill, sync = wan[0], wan[1], 0.0
-    trip, count = 0.0, 0
+    trip, count, head = 0.0, 0, -1.0
     per = wan[2]
     last = len(per)
     for i in range(len(t) - 1, -1, -1):
@@ -889,16 +896,21 @@ def _estimate(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[float, f
         link = per[i] if i < last else 0.0
         k = ti.stages[ni]
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / (count + 1 if count + 1 < m else m)
+            pace = (f / k + link + trip) / trip_depth(count + 1, m)
             if pace > bott:
                 bott = pace
+            if head >= 0.0:  # the window of that stage and the next cluster's first stage
+                pace = (f / k + link + head) / trip_depth(2, m)
+                if pace > bott:
+                    bott = pace
+        head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:
-            pace = trip / (count if count < m else m)
+            pace = trip / trip_depth(count, m)
             if pace > bott:
                 bott = pace
-    return (m - 1) * bott + fill + sync
+    return pipeline_time(m, bott, fill) + sync
 
 
 def _split(
@@ -975,7 +987,7 @@ def _cheapest_growth(t: Sequence[_Lists], n: Sequence[int], m: int, wan: tuple[f
             continue
         ob = b2 if bott[i] == b1 else b1
         os_ = s2 if sync[i] == s1 else s1
-        est = ((m - 1) * max(ob, ti.bott[n[i] + 1], wan[0]) + fill - ti.fill[n[i]] + ti.fill[n[i] + 1]
+        est = (pipeline_time(m, max(ob, ti.bott[n[i] + 1], wan[0]), fill - ti.fill[n[i]] + ti.fill[n[i] + 1])
                + max(os_, ti.sync[n[i] + 1]))
         if math.isfinite(est) and (best is None or est < best[0]):
             best = (est, i)
@@ -1211,7 +1223,8 @@ def _fits(ctx: _Ctx, plan: Plan) -> bool:
     for si, st in enumerate(pipe.stages):
         for g in st.groups:
             c = ctx.instance.topology.cluster(g.cluster)
-            base, opt = stage_memory_parts(ctx.instance, ctx.tables, c, g.tp, st.start, st.end, g.mbs, min(S - si, m))
+            base, opt = stage_memory_parts(ctx.instance, ctx.tables, c, g.tp, st.start, st.end, g.mbs,
+                                           in_flight(S, si, m, pipe.schedule))
             if base + opt / (st.replicas if st.zero else 1) > c.gpu_memory_bytes:
                 return False
     return True

@@ -21,7 +21,12 @@ from typing import Iterable
 
 import numpy as np
 
-from hgopt.cost.tables import CostTables, GpuTpTable, allreduce_time, transfer_time
+from hgopt.cost.comm import allreduce_time, allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
+from hgopt.cost.compute import interp_rows, optimizer_time, stage_compute_v
+from hgopt.cost.memory import max_in_flight, max_in_flight_v, stage_memory
+from hgopt.cost.pipeline import in_flight as in_flight_depth
+from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weighted_time
+from hgopt.cost.tables import CostTables, GpuTpTable
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
 from hgopt.spec import Cluster, Instance
@@ -74,7 +79,7 @@ class LocalPlan:
 
     def objective(self, num_microbatches: int) -> float:
         """[I1] (m − 1)·bottleneck + fill + sync_opt."""
-        return (num_microbatches - 1) * self.bottleneck_s + self.fill_s + self.sync_opt_s
+        return pipeline_time(num_microbatches, self.bottleneck_s, self.fill_s) + self.sync_opt_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,88 +124,42 @@ class StageModel:
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """fwd + bwd seconds [C2]."""
-        t = self.tab
-        f = _interp_rows(t.mbs, t.fwd[:, hi] - t.fwd[:, lo], self.cfg.mbs)
-        b = _interp_rows(t.mbs, t.bwd[:, hi] - t.bwd[:, lo], self.cfg.mbs)
-        return f + b
+        return stage_compute_v(self.tab, self.cfg.mbs, lo, hi)
 
     def send(self, hi: np.ndarray) -> np.ndarray:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
         local stage: mbs samples over the cluster's inter-node link [C4] (same both directions)."""
         per_sample = self.act_bytes[np.asarray(hi) - 1]
-        return _vmap(lambda x: transfer_time(self.cluster.inter_node, self.cfg.mbs * x * 1.0), per_sample)
+        return transfer_time_v(self.cluster.inter_node, self.cfg.mbs * per_sample * 1.0)
 
     def sync_opt(self, lo: np.ndarray, hi: np.ndarray, zero: bool = True) -> np.ndarray:
         """Intra-cluster all-reduce of the stage's gradients among all its replicas [C5] plus the
         optimizer step, sharded over the stage's dp replicas with ZeRO-1 (``zero``) [C6]."""
         t = self.tab
-        shard = (t.params[hi] - t.params[lo]) * self.dtype_bytes
-        sync = _vmap(lambda x: allreduce_time(self.ring_bw, x, self.ring), shard)
-        opt = (t.update[hi] - t.update[lo]) / (self.cfg.dp if zero else 1)
-        return sync + opt
+        shard = gradient_bytes(t.params[hi] - t.params[lo], self.dtype_bytes)
+        sync = allreduce_time_v(self.ring_bw, shard, self.ring)
+        return sync + optimizer_time(t, lo, hi, self.cfg.dp if zero else 1)
 
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
         the dp replicas with ZeRO-1, ``zero``)."""
         t = self.tab
-        params = t.params[hi] - t.params[lo]
-        act = t.act_mem[hi] - t.act_mem[lo]
-        return (
-            2.0 * params * self.dtype_bytes
-            + params * self.opt_bytes / (self.cfg.dp if zero else 1)
-            + in_flight * self.cfg.mbs * act
-            + self.workspace
-        )
+        return stage_memory(t.params[hi] - t.params[lo], t.act_mem[hi] - t.act_mem[lo], in_flight, self.cfg.mbs,
+                            dtype_bytes=self.dtype_bytes, optimizer_bytes=self.opt_bytes,
+                            shards=self.cfg.dp if zero else 1, workspace=self.workspace)
 
     def max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf)."""
+        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf) [C6]."""
         base = self.memory(lo, hi, 0)
-        act = self.memory(lo, hi, 1) - base
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k = np.where(act > 0, np.floor((self.capacity - base) / np.where(act > 0, act, 1.0)), 0.0)
-        k = np.maximum(k, 0.0)
-        for _ in range(2):  # the division may be one off the exact comparison evaluate makes
-            k = np.where((k > 0) & (self.memory(lo, hi, k) > self.capacity), k - 1, k)
-            k = np.where(self.memory(lo, hi, k + 1) <= self.capacity, k + 1, k)
-        k = np.where(act > 0, k, INF)
-        return np.where(base > self.capacity, -1.0, k)
+        return max_in_flight_v(base, self.memory(lo, hi, 1) - base, self.capacity, lambda k: self.memory(lo, hi, k))
 
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
-        -1 when even the weights do not fit)."""
-        base = float(self.memory(np.array(lo), np.array(hi), 0))
-        if base > self.capacity:
-            return -1
-        act = float(self.memory(np.array(lo), np.array(hi), 1)) - base
-        if act <= 0:
-            return INF
-        k = int((self.capacity - base) // act)
-        while k >= 0 and float(self.memory(np.array(lo), np.array(hi), k)) > self.capacity:
-            k -= 1
-        while float(self.memory(np.array(lo), np.array(hi), k + 1)) <= self.capacity:
-            k += 1
-        return k
-
-
-def _interp_rows(xs: np.ndarray, rows: np.ndarray, x: float) -> np.ndarray:
-    """``hgopt.cost.tables._interp`` applied to every column of ``rows`` (same operations)."""
-    if x <= xs[0]:
-        return rows[0] * x / xs[0]
-    if x >= xs[-1]:
-        return rows[-1] * x / xs[-1]
-    j = int(np.searchsorted(xs, x, side="right")) - 1
-    if xs[j] == x:
-        return rows[j]
-    slope = (rows[j + 1] - rows[j]) / (xs[j + 1] - xs[j])
-    return slope * (x - xs[j]) + rows[j]
-
-
-def _vmap(fn: object, values: np.ndarray) -> np.ndarray:
-    """Apply a scalar cost function to every element, computing each distinct value once."""
-    arr = np.asarray(values, dtype=float)
-    uniq, inv = np.unique(arr, return_inverse=True)
-    out = np.array([fn(float(u)) for u in uniq], dtype=float)  # type: ignore[operator]
-    return out[inv].reshape(arr.shape)
+        -1 when even the weights do not fit) [C6]."""
+        lo_a, hi_a = np.array(lo), np.array(hi)
+        base = float(self.memory(lo_a, hi_a, 0))
+        act = float(self.memory(lo_a, hi_a, 1)) - base
+        return max_in_flight(base, act, self.capacity, lambda k: self.memory(lo_a, hi_a, k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,8 +192,8 @@ def local_plan_costs(
             send = transfer_time(c.inter_node, min(g.mbs, nxt.mbs, st.microbatch) * per_sample * 1.0)
         fill += f + b + send + send
         bottleneck = max(bottleneck, f + b, send)
-        shard = float(sm.tab.params[st.end] - sm.tab.params[st.start]) * tables.dtype_bytes
-        opt = float(sm.tab.update[st.end] - sm.tab.update[st.start]) / g.dp
+        shard = gradient_bytes(float(sm.tab.params[st.end] - sm.tab.params[st.start]), tables.dtype_bytes)
+        opt = float(optimizer_time(sm.tab, st.start, st.end, g.dp))
         sync_opt = max(sync_opt, allreduce_time(sm.ring_bw, shard, sm.ring) + opt)
         k = sm.max_in_flight(st.start, st.end)
         if num_microbatches is None or k < num_microbatches:
@@ -311,7 +270,7 @@ def best_local_plan(
         sm = StageModel(instance, tables, c, cfg, replicas)
         s_max = min(gpu_budget // cfg.gpus, end - start)
         work = float(sm.compute(np.array([start]), np.array([end]))[0])
-        todo.append(((num_microbatches - 1) * work / s_max + work, idx, work, sm, s_max))
+        todo.append((pipeline_time(num_microbatches, work / s_max, work), idx, work, sm, s_max))
     todo.sort(key=lambda x: (x[0], x[1]))
     best_idx = -1
     for lb, idx, work, sm, s_max in todo:
@@ -362,7 +321,7 @@ def _search_range(
     tc = TrunkCosts(sm, geo, geo.trunk)
     best: _Choice | None = None
     for s in range(s_max, 0, -1):  # ties go to the fewest stages, as in ascending order
-        if (m - 1) * work / s + work > min(incumbent, best.value if best is not None else INF):
+        if pipeline_time(m, work / s, work) > min(incumbent, best.value if best is not None else INF):
             break
         sol = solve_trunk(tc, s, d, m, np.array([geo.trunk]))
         if sol is None or not sol.feasible[0]:
@@ -490,8 +449,8 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
     count (costs grow with it), which memory caps per position make a small covering problem.
     ``front``: give the extra trunk layers to the earliest stages memory allows (instead of the
     latest), which shortens the 1F1B round trip of the later stages [C3]."""
-    geo, w = tc.geo, float(m - 1)
-    infl = [min(s - i + d, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
+    geo, w = tc.geo, steady_weight(m)
+    infl = [in_flight_depth(s + d, i, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
     if s == 1:
         return _solve_single(tc, infl[0], w, ns)
     has_f, has_l = bool(geo.p), bool(geo.q)
@@ -541,8 +500,8 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
         T = np.maximum(T, tc.l_comp[XL])
         S = np.maximum(S, tc.l_so[XL])
         F = F + tc.l_comp[XL]
-    F = F + 2.0 * sends
-    J = np.where(ok, w * T + F + S, INF)
+    F = stage_fill(F, sends, sends)
+    J = np.where(ok, weighted_time(w, T, F) + S, INF)
     flat = J.reshape(-1, J.shape[2])
     arg = np.argmin(flat, axis=0)
     cols = np.arange(J.shape[2])
@@ -563,7 +522,7 @@ def _solve_single(tc: TrunkCosts, in_flight: int, w: float, ns: np.ndarray) -> T
     ok = (sm.memory(lo, hi, in_flight) <= sm.capacity) & (hi > lo)
     T = sm.compute(lo, hi)
     S = sm.sync_opt(lo, hi)
-    J = np.where(ok, w * T + T + S, INF)
+    J = np.where(ok, weighted_time(w, T, T) + S, INF)
     z = np.zeros(len(ns), dtype=np.int64)
     return TrunkSolution(feasible=ok, value=J, bottleneck=T, fill=T, sync_opt=S, x0=z, xl=z, counts=(),
                          geo=geo, ns=ns, s=1)
@@ -605,13 +564,13 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
     # front[r][l] = list of (T, S, sends, h, index into front[r-1][h])
     front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
     front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
-                  for lo in range(start, end) if fit[(lo, end)] >= min(1 + d, m)})
+                  for lo in range(start, end) if fit[(lo, end)] >= in_flight_depth(1 + d, 0, m)})
     best: _Choice | None = None
     for r in range(1, s_max + 1):
         if r > 1:
             front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
         for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
-            val = (m - 1) * t + comp[(start, end)] + 2.0 * sd + sv
+            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + sv
             if best is None or val < best.value:
                 best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
     return best
@@ -623,7 +582,7 @@ def _extend(
     fit: dict[tuple[int, int], float],
 ) -> dict[int, list[tuple[float, float, float, int, int]]]:
     out: dict[int, list[tuple[float, float, float, int, int]]] = {}
-    need = min(r + d, m)
+    need = in_flight_depth(r + d, 0, m)
     for lo in range(start, end - r + 1):
         cands = []
         for h, entries in prev.items():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
@@ -238,7 +239,7 @@ def build_milp(
         _precision_rows(form, by_cluster, pol)
     if ROUND_TRIP:
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
-    obj = {t: float(split.num_microbatches - 1), u: 1.0}
+    obj = {t: steady_weight(split.num_microbatches), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
         for v in lv:
@@ -376,6 +377,55 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
             row[j] = ys[j].fill + f_max
         if js:
             lm.add_row(f"M16_round_trip_cap[{c}]", row, ub=f_max, kind="time")
+    if ROUND_TRIP_WINDOWS == "all":
+        _window_rows(form, by_cluster, names, v, big_x, big_x_m, f_max, arc_fill)
+
+
+def _window_rows(form: Formulation, by_cluster: dict[str, list[int]], names: list[str], v: dict[int, int],
+                 big_x: float, big_m: float, f_max: float, arc_fill: Callable[[tuple[str, str], float], dict[int, float]]) -> None:
+    """[M15w] The 1F1B round trip of every window of stages [C3] that starts in block c and ends in a
+    later block: with h[c] = max over windows starting at the first stage after c of (round trip −
+    T·stages) (stored shifted by big_x), the stage r-th from the end of c's block needs
+    suffix_fill_o(r) + fill(out of c) − r·T + h[c] <= 0. h[a] >= prefix_trip_o(r') − r'·T for b's
+    option o with >= r' stages, and h[a] >= F_b + fill(out of b) − s_b·T + h[b], when a hands over to b.
+    Windows inside one block are in its option's bottleneck; windows longer than m are covered by
+    [M16] (their trip is at most a suffix's)."""
+    lm, ys = form.model, form.y
+    h = {c: lm.add_var(f"h[{c}]", lb=0.0, ub=2 * big_x, kind="time") for c in names}
+    big = big_x + 2 * f_max + big_m
+    for (a, b), zj in form.z.items():
+        js = by_cluster[b]
+        for r in range(1, max((ys[j].s for j in js), default=0) + 1):
+            row: dict[int, float] = {h[a]: 1.0, zj: -big}
+            for j in js:
+                if ys[j].s >= r:
+                    row[j] = -ys[j].prefix_trip[r - 1]
+                    row[v[j]] = float(r)
+                else:
+                    row[j] = big
+            lm.add_row(f"M15w_enter[{a},{b},{r}]", row, lb=big_x - big, kind="time")
+        # h[a] >= F_b + fill(out of b) − s_b·T + h[b] (shifts cancel)
+        row = {h[a]: 1.0, h[b]: -1.0, zj: -big_m, **{j: -ys[j].fill for j in js}}
+        for j in js:
+            row[v[j]] = float(ys[j].s)
+        for (b2, c2) in form.z:
+            if b2 == b:
+                _add_terms(row, arc_fill((b2, c2), -1.0))
+        lm.add_row(f"M15w_pass[{a},{b}]", row, lb=-big_m, kind="time")
+    for c in names:
+        js = by_cluster[c]
+        out: dict[int, float] = {}
+        for b in names:
+            if (c, b) in form.z:
+                _add_terms(out, arc_fill((c, b), 1.0))
+        for r in range(1, max((ys[j].s for j in js), default=0) + 1):
+            has = [j for j in js if ys[j].s >= r]
+            bigr = f_max + big_x + big_m * r
+            row = {h[c]: 1.0, **out}
+            for j in has:
+                row[j] = ys[j].suffix_fill[r - 1] + bigr
+                row[v[j]] = row.get(v[j], 0.0) - float(r)
+            lm.add_row(f"M15w_window[{c},{r}]", row, ub=big_x + bigr, kind="time")
 
 
 def decode(instance: Instance, form: Formulation, values: object) -> Plan:
@@ -460,7 +510,7 @@ def solve_split(
         t_opts = time.perf_counter()
         try:
             opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
-                                 num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
+                                 num_microbatches=split.num_microbatches, d_cap=stages_that_matter(split.num_microbatches),
                                  window=window, deadline=deadline)
             log.debug("split %s cap %.4g: %d block options in %.1f s", split, t_cap,
                       sum(len(v) for v in opts.values()), time.perf_counter() - t_opts)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import CheapBounds, LinkPolicy, arc_precisions, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -192,7 +193,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 for k, e in enumerate(arc_precisions(instance, tables, a, b, microbatch, replicas, pol, shape)):
                     wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
-                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=float(m - 1),
+                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
                         s_lb=cheap.s_lb)
 
 
@@ -205,7 +206,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
     xs = np.arange(N + 1)
     caps = []
     for r in range(1, s_max + 1):
-        ok = km[1:] >= min(r, m)
+        ok = km[1:] >= in_flight(r, 0, m)
         bad = np.flatnonzero(~ok)
         caps.append(int(bad[0]) if bad.size else N)
     caps_a = np.array(caps)
@@ -225,7 +226,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
         if s >= 2:
             t = np.maximum(t, tc.t_send)
         T[si] = np.where(ok, t, INF)
-        F[si] = np.where(ok, tc.t_comp[n] + 2.0 * (s - 1) * tc.t_send, INF)
+        F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
         S[si] = np.where(ok, tc.t_so[xm], INF)
     return T, F, S
 
@@ -255,14 +256,14 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
         return memo[tau]
 
     if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
-        return w * lo_t + at(INF)
+        return weighted_time(w, lo_t, at(INF))
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
-    best_above = w * hi_t + at(INF)
+    best_above = weighted_time(w, hi_t, at(INF))
     intervals = [(lo_t, hi_t)]
     result = best_above
     while intervals:
         a, b = intervals.pop()
-        val = w * a + at(b)
+        val = weighted_time(w, a, at(b))
         if val >= target or b <= a * ratio or time.perf_counter() > deadline:
             result = min(result, val)
             continue

@@ -27,6 +27,7 @@ import numpy as np
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, in_flight, stage_pace, trip_depth
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
 from hgopt.search.intra import LocalConfig, StageModel
@@ -56,6 +57,8 @@ class _StageCosts:
     fill: np.ndarray
     steady: np.ndarray
     tail: np.ndarray
+    comp: np.ndarray
+    """fwd + bwd alone (a window's last stage contributes no send [C3])."""
 
 
 def repartition(plan: Plan, instance: Instance, tables: CostTables) -> RepartitionResult | None:
@@ -73,7 +76,7 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
     base = evaluate(plan, instance, tables)
     best_t = base.iteration_time_s if base.feasible else INF
     best_plan, seen = plan, {_bounds(pipe)}
-    cur_steady = max(max(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
+    cur_steady = max(stage_pace(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
     cur_tail = max(r.sync_s + r.optimizer_s for r in base.stages) if base.feasible else INF
     m = None if pipe.schedule == "gpipe" else pipe.num_microbatches
     caps = _caps(costs, L, max(cur_steady, _round_trip(base)), m)
@@ -116,13 +119,13 @@ def _stage_costs(inst: Instance, tables: CostTables, pipe: Pipeline, s: int, k: 
     lo, hi = np.triu_indices(L + 1, k=1)  # every [a, b) with a < b
     comp = sm.compute(lo, hi)
     send_f, send_b = _sends(inst, tables, pipe, s, k, hi)
-    in_flight = pipe.num_microbatches if pipe.schedule == "gpipe" else min(len(pipe.stages) - s, pipe.num_microbatches)
+    depth = in_flight(len(pipe.stages), s, pipe.num_microbatches, pipe.schedule)
     # one group per stage: evaluate's ZeRO shards (the stage's replicas) are the group's dp
     tail = sm.sync_opt(lo, hi, zero=bool(st.zero))
-    ok = sm.memory(lo, hi, in_flight, zero=bool(st.zero)) <= c.gpu_memory_bytes
+    ok = sm.memory(lo, hi, depth, zero=bool(st.zero)) <= c.gpu_memory_bytes
     full = lambda v: _square(L, lo, hi, np.where(ok, v, INF))  # noqa: E731
-    return _StageCosts(fill=full(comp + send_f + send_b), steady=full(np.maximum(comp, np.maximum(send_f, send_b))),
-                       tail=full(tail))
+    return _StageCosts(fill=full(comp + send_f + send_b), steady=full(stage_pace(comp, send_f, send_b)),
+                       tail=full(tail), comp=full(comp))
 
 
 def _square(L: int, lo: np.ndarray, hi: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -197,6 +200,79 @@ def _caps(costs: list[_StageCosts], L: int, current: float, m: int | None) -> li
 
 
 def _min_fill(costs: list[_StageCosts], L: int, cap: float, tail_cap: float, m: int | None = None) -> tuple[int, ...] | None:
+    """Stage end layers minimising R_0 = Σ fill subject to steady ≤ cap, tail ≤ tail_cap and, with
+    ``m`` (1F1B), the round-trip limit of [C3] for every window the kernel prices
+    (``pipeline.ROUND_TRIP_WINDOWS``). The suffix windows alone are exact in a one-dimensional DP
+    (:func:`_min_fill_suffix`); when its answer breaks a window that ends before the last stage, a
+    Pareto DP over (R_s, H_s) (:func:`_min_fill_windows`) finds the exact answer."""
+    ends = _min_fill_suffix(costs, L, cap, tail_cap, m)
+    if ends is None or m is None or ROUND_TRIP_WINDOWS == "suffix" or _windows_ok(costs, ends, cap):
+        return ends
+    return _min_fill_windows(costs, L, cap, tail_cap, m)
+
+
+def _windows_ok(costs: list[_StageCosts], ends: tuple[int, ...], cap: float) -> bool:
+    """Every window s..j within cap·(j − s + 1) (the m cap of longer windows is implied by the
+    suffix limit R_s ≤ cap·min(S − s, m), as W(s, j) ≤ R_s)."""
+    starts = (0, *ends[:-1])
+    t = [float(c.comp[a, b]) for c, a, b in zip(costs, starts, ends)]
+    sends = [float(c.fill[a, b]) - x for c, a, b, x in zip(costs, starts, ends, t)]
+    for s in range(len(t)):
+        w = 0.0
+        for j in range(s, len(t)):
+            w += t[j] + (sends[j - 1] if j > s else 0.0)
+            if w > cap * (j - s + 1) * (1 + 1e-12):
+                return False
+    return True
+
+
+def _min_fill_windows(costs: list[_StageCosts], L: int, cap: float, tail_cap: float, m: int) -> tuple[int, ...] | None:
+    """Exact [H8] DP with every window: backwards over the stages, for each (stage s, first layer a)
+    the Pareto set of (R_s, H_s), R_s the suffix fill and H_s = max_j (W(s, j) − cap·(j − s + 1)) the
+    worst window from s (H_s = max(t_s − cap, t_s + c_s − cap + H_{s+1})); a window constraint is
+    H_s ≤ 0, the suffix cap R_s ≤ cap·min(S − s, m); both grow with (R_{s+1}, H_{s+1}), so the
+    dominated points can be dropped."""
+    S = len(costs)
+    tol = 1e-12
+    # front[a] = list of (R, H, end layer, index in the next front), R ascending, H descending
+    nxt: dict[int, list[tuple[float, float, int, int]]] = {L: [(0.0, -INF, L, -1)]}
+    fronts = []
+    for s in range(S - 1, -1, -1):
+        c = costs[s]
+        ok = (c.steady <= cap) & (c.tail <= tail_cap) & np.isfinite(c.fill)
+        limit = cap * trip_depth(S - s, m) * (1 + tol)
+        cur: dict[int, list[tuple[float, float, int, int]]] = {}
+        for a in range(L):
+            cands = []
+            for b, front in nxt.items():
+                if b <= a or not ok[a, b]:
+                    continue
+                f, t = float(c.fill[a, b]), float(c.comp[a, b])
+                for i, (r, h, _, _) in enumerate(front):
+                    rr, hh = f + r, max(t - cap, f - cap + h)
+                    if rr <= limit and hh <= cap * tol:
+                        cands.append((rr, hh, b, i))
+            if cands:
+                cands.sort()
+                kept, h_min = [], INF
+                for cand in cands:
+                    if cand[1] < h_min:
+                        kept.append(cand)
+                        h_min = cand[1]
+                cur[a] = kept
+        fronts.append(cur)
+        nxt = cur
+    if 0 not in nxt:
+        return None
+    ends, a, i = [], 0, 0
+    for front in reversed(fronts):
+        _, _, b, i = front[a][i]
+        ends.append(b)
+        a = b
+    return tuple(ends)
+
+
+def _min_fill_suffix(costs: list[_StageCosts], L: int, cap: float, tail_cap: float, m: int | None = None) -> tuple[int, ...] | None:
     """Stage end layers minimising the round trip R_0 = Σ fill subject to steady ≤ cap, tail ≤
     tail_cap and, with ``m`` (1F1B), the round-trip limit R_s ≤ cap · min(S − s, m) of [C3] for every
     stage s (None: no split qualifies). Backwards over the stages: for each (stage, first layer) the
@@ -213,7 +289,7 @@ def _min_fill(costs: list[_StageCosts], L: int, cap: float, tail_cap: float, m: 
         arg = np.argmin(tot, axis=1)
         best = tot[np.arange(L + 1), arg]
         if m is not None:
-            best = np.where(best <= cap * min(S - s, m) * (1 + 1e-12), best, INF)
+            best = np.where(best <= cap * trip_depth(S - s, m) * (1 + 1e-12), best, INF)
         choice.append(arg)
     if not math.isfinite(best[0]):
         return None

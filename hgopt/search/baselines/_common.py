@@ -7,8 +7,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from hgopt.cost.tables import CostTables
-from hgopt.spec import Cluster, Instance
+from hgopt.cost.memory import stage_memory_parts
+from hgopt.spec import Instance
 
 __all__ = [
     "Budget",
@@ -52,19 +52,6 @@ def block_layout(instance: Instance) -> BlockLayout:
     if any(k != "block" for k in kinds[first : last + 1]):
         return BlockLayout(pre=0, blocks=len(kinds), post=0)
     return BlockLayout(pre=first, blocks=last - first + 1, post=len(kinds) - 1 - last)
-
-
-def stage_memory_parts(
-    instance: Instance, tables: CostTables, cluster: Cluster, tp: int, lo: int, hi: int, mbs: int, in_flight: int
-) -> tuple[float, float]:
-    """Per-GPU memory of layers [lo, hi) as (everything but the optimizer state, optimizer state
-    unsharded), following [C6] of formulations/cost_model.md; with ZeRO-1 over z replicas the
-    total is ``first + second / z``."""
-    tab = tables.table(cluster.gpu, tp)
-    params = float(tab.params[hi] - tab.params[lo])
-    act = float(tab.act_mem[hi] - tab.act_mem[lo])
-    base = 2.0 * params * tables.dtype_bytes + in_flight * mbs * act + instance.job.workspace_bytes
-    return base, params * tables.optimizer_bytes_per_param
 
 
 def min_shards_to_fit(base: float, optimizer: float, capacity: float) -> float:

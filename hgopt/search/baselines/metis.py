@@ -43,7 +43,9 @@ from typing import Iterator, Sequence
 from hgopt.cost import evaluate
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.search.baselines._common import Budget, split_capped, stage_memory_parts
+from hgopt.cost.memory import stage_memory, stage_memory_parts
+from hgopt.cost.pipeline import in_flight
+from hgopt.search.baselines._common import Budget, split_capped
 from hgopt.spec import Bandwidth, Cluster, Instance, Link, Topology
 
 __all__ = ["MetisOptions", "metis_view", "plan_metis"]
@@ -176,7 +178,8 @@ def min_stages(instance: Instance, tables: CostTables) -> int:
     the best (GPU type, tp) over the room a GPU of that type has; the stages together hold them all."""
     L = tables.num_layers
     need = [math.inf] * L
-    per_param = 2.0 * tables.dtype_bytes + tables.optimizer_bytes_per_param
+    per_param = stage_memory(1.0, 0.0, 0, 0, dtype_bytes=tables.dtype_bytes,
+                             optimizer_bytes=tables.optimizer_bytes_per_param)  # [C6] bytes per parameter
     for c in instance.topology.clusters:
         room = c.gpu_memory_bytes - instance.job.workspace_bytes
         if room <= 0:
@@ -368,7 +371,7 @@ def _oom_stages(
     instance: Instance, tables: CostTables, groups: Sequence[Sequence[ReplicaGroup]], cuts: Sequence[int], m: int
 ) -> list[int]:
     S = len(groups)
-    return [s for s in range(S) if _stage_oom(instance, tables, groups[s], cuts[s], cuts[s + 1], min(S - s, m)) > 0]
+    return [s for s in range(S) if _stage_oom(instance, tables, groups[s], cuts[s], cuts[s + 1], in_flight(S, s, m)) > 0]
 
 
 def _repair_memory(
@@ -391,7 +394,7 @@ def _repair_memory(
         if not options:
             break
         cuts = min(options, key=lambda c: max(
-            _stage_oom(instance, tables, groups[k], c[k], c[k + 1], min(S - k, m)) for k in range(S)
+            _stage_oom(instance, tables, groups[k], c[k], c[k + 1], in_flight(S, k, m)) for k in range(S)
         ))
     return cuts
 

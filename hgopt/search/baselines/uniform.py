@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hgopt.cost import evaluate
+from hgopt.cost.memory import stage_memory_parts
+from hgopt.cost.pipeline import in_flight
 from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search.baselines._common import (
@@ -33,7 +35,6 @@ from hgopt.search.baselines._common import (
     block_layout,
     min_shards_to_fit,
     powers_of_two_upto,
-    stage_memory_parts,
 )
 from hgopt.spec import Cluster, Instance
 
@@ -139,7 +140,7 @@ def _needs_shards(
     """ZeRO-1 shard count a GPU of ``c`` needs to hold the most demanding stage of the grid."""
     need = 1.0
     for s, (lo, hi) in enumerate(ranges):
-        base, opt = stage_memory_parts(instance, tables, c, tp, lo, hi, mbs, min(len(ranges) - s, m))
+        base, opt = stage_memory_parts(instance, tables, c, tp, lo, hi, mbs, in_flight(len(ranges), s, m))
         need = max(need, min_shards_to_fit(base, opt, c.gpu_memory_bytes))
         if math.isinf(need):
             break

@@ -1,0 +1,61 @@
+"""Stage compute and optimizer-step times from the prefix-sum tables [C2], [C6-opt].
+
+``stage_times`` (scalar) and ``stage_compute_v`` (numpy, over arrays of layer ranges) are the same
+formula: per-layer profile times summed over [lo, hi), linear in the microbatch size between
+profiled sizes and proportional to it outside them. ``optimizer_time`` is the update seconds of the
+range divided by the ZeRO-1 shard count.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+
+from hgopt.cost.tables import GpuTpTable
+
+__all__ = ["interp_rows", "optimizer_share", "optimizer_time", "stage_compute_v", "stage_times", "stage_times_v"]
+
+Num = TypeVar("Num", float, np.ndarray)
+
+
+def stage_times(tab: GpuTpTable, mbs: int, lo: int, hi: int) -> tuple[float, float]:
+    """Forward and backward seconds of layers [lo, hi) at microbatch ``mbs`` [C2]."""
+    return tab.times(mbs, lo, hi)
+
+
+def interp_rows(xs: np.ndarray, rows: np.ndarray, x: float) -> np.ndarray:
+    """[C2] ``GpuTpTable.times``' interpolation applied to every column of ``rows`` (rows: profiled
+    microbatch sizes ``xs``)."""
+    if x <= xs[0]:
+        return rows[0] * x / xs[0]
+    if x >= xs[-1]:
+        return rows[-1] * x / xs[-1]
+    j = int(np.searchsorted(xs, x, side="right")) - 1
+    if xs[j] == x:
+        return rows[j]
+    slope = (rows[j + 1] - rows[j]) / (xs[j + 1] - xs[j])
+    return slope * (x - xs[j]) + rows[j]
+
+
+def stage_times_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stage_times` for arrays of ranges [lo, hi)."""
+    f = interp_rows(tab.mbs, tab.fwd[:, hi] - tab.fwd[:, lo], mbs)
+    b = interp_rows(tab.mbs, tab.bwd[:, hi] - tab.bwd[:, lo], mbs)
+    return f, b
+
+
+def stage_compute_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """fwd + bwd seconds of arrays of ranges [lo, hi) [C2]."""
+    f, b = stage_times_v(tab, mbs, lo, hi)
+    return f + b
+
+
+def optimizer_share(update_s: Num, shards: Num | int = 1) -> Num:
+    """[C6] One replica's optimizer-step seconds when ``shards`` ZeRO-1 replicas split ``update_s``."""
+    return update_s / shards  # type: ignore[return-value]
+
+
+def optimizer_time(tab: GpuTpTable, lo: Num | int, hi: Num | int, shards: Num | int = 1) -> Num:
+    """Optimizer-step seconds of layers [lo, hi), sharded over ``shards`` ZeRO-1 replicas [C6]."""
+    return optimizer_share(tab.update[hi] - tab.update[lo], shards)  # type: ignore[return-value]

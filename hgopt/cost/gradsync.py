@@ -1,0 +1,73 @@
+"""Bucketed gradient synchronisation overlapped with the last backward [C7o] (COMMON.md semantics).
+
+Pure functions over plain numbers; ``hgopt.cost.evaluate`` feeds them a plan's stages. A stage's
+gradients are synchronised per sync segment [C5] in buckets of consecutive layers, last layer first,
+each at most ``cap_bytes`` (a larger layer is its own bucket). A bucket is ready once the last
+microbatch's backward has passed all its layers (overlap on) or once that backward ends (off); it
+starts when every holder has it ready and has finished its previous bucket, and holds all of them
+for its [C5] duration. A stage's optimizer step follows its last bucket; the iteration ends with the
+last optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Sequence
+
+__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "iteration_end"]
+
+MIB = float(2**20)
+"""``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
+
+
+def bucket_ranges(layer_bytes: Sequence[float], lo: int, hi: int, cap_bytes: float) -> list[tuple[int, int]]:
+    """Buckets of the layers [lo, hi) (``layer_bytes[l]``: gradient bytes of layer l), walking from
+    the last layer down and closing a bucket before it would exceed ``cap_bytes``; in that order."""
+    out: list[tuple[int, int]] = []
+    end, size = hi, 0.0
+    for layer in range(hi - 1, lo - 1, -1):
+        b = float(layer_bytes[layer])
+        if size > 0 and size + b > cap_bytes:
+            out.append((layer + 1, end))
+            end, size = layer + 1, 0.0
+        size += b
+    if end > lo:
+        out.append((lo, end))
+    return out
+
+
+def bucket_ready_time(backward_end: float, backward_s: float, done_fraction: float, overlap: bool) -> float:
+    """When a bucket of a stage is ready: the backward of the last microbatch runs over
+    [end − b, end] and has passed the bucket's layers after ``done_fraction`` of it (by profiled
+    backward time, last layer first); without overlap, at the end."""
+    if not overlap:
+        return backward_end
+    return backward_end - backward_s + backward_s * done_fraction
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bucket:
+    """One all-reduce: its layers, seconds, and the time it is ready at each holder."""
+
+    layers: tuple[int, int]
+    duration_s: float
+    ready: Mapping[Hashable, float]
+
+
+def bucket_schedule(buckets: Sequence[Bucket], backward_end: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """When each holder's gradient sync ends: ``buckets`` in descending layer order (every holder
+    meets its buckets in that order), each starting once every holder has it ready and is done with
+    its previous bucket; never before the holder's last backward ends (``backward_end``, also the
+    answer for a holder without buckets)."""
+    free = {h: -math.inf for h in backward_end}
+    for bk in buckets:
+        t0 = max(max(bk.ready[h], free[h]) for h in bk.ready)
+        for h in bk.ready:
+            free[h] = t0 + bk.duration_s
+    return {h: max(free[h], backward_end[h]) for h in backward_end}
+
+
+def iteration_end(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float]) -> float:
+    """[C7o] The last optimizer step's end: max over stages of sync end + optimizer seconds."""
+    return max(sync_end[h] + optimizer_s[h] for h in sync_end)

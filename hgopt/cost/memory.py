@@ -1,0 +1,116 @@
+"""Per-GPU memory of a stage [C6]: the one definition of its terms.
+
+mem = 2·P·w + P·o / z + k·mbs·A + workspace, with P the parameters one GPU holds, w the bytes per
+value of the training dtype (weights and gradients), o the optimizer bytes per parameter, z the ZeRO-1
+shard count, k the in-flight microbatches (``hgopt.cost.pipeline.in_flight``), A the activation bytes
+kept per sample. ``stage_memory`` is the numpy form the search uses (any argument may be an array),
+``stage_memory_terms`` the per-term scalar form ``evaluate`` and the memory bench use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from hgopt.cost.tables import CostTables, GpuTpTable
+from hgopt.spec import Cluster, Instance
+
+__all__ = [
+    "MemoryTerms",
+    "max_in_flight",
+    "max_in_flight_v",
+    "range_params_act",
+    "stage_memory",
+    "stage_memory_parts",
+    "stage_memory_terms",
+]
+
+Num = TypeVar("Num", float, np.ndarray)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryTerms:
+    """[C6] Bytes per GPU of one replica group of a stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    workspace: float
+
+    @property
+    def total(self) -> float:
+        """The [C6] sum, in the order :func:`stage_memory` adds it (bit-identical)."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.workspace
+
+
+def range_params_act(tab: GpuTpTable, lo: Num | int, hi: Num | int) -> tuple[Num, Num]:
+    """Parameters held per GPU and activation bytes kept per sample of layers [lo, hi)."""
+    return tab.params[hi] - tab.params[lo], tab.act_mem[hi] - tab.act_mem[lo]  # type: ignore[return-value]
+
+
+def stage_memory(
+    params: Num, act: Num, in_flight: Num | int, mbs: Num | int, *, dtype_bytes: float, optimizer_bytes: float,
+    shards: Num | int = 1, workspace: float = 0.0,
+) -> Num:
+    """[C6] 2·P·w + P·o/z + k·mbs·A + workspace (elementwise)."""
+    return 2.0 * params * dtype_bytes + params * optimizer_bytes / shards + in_flight * mbs * act + workspace  # type: ignore[return-value]
+
+
+def stage_memory_terms(
+    instance: Instance, tables: CostTables, cluster: Cluster, tp: int, lo: int, hi: int, mbs: int, in_flight: int,
+    shards: int = 1,
+) -> MemoryTerms:
+    """[C6] The terms of one group (GPU type of ``cluster``, ``tp``, ``mbs``) holding layers [lo, hi)."""
+    params, act = range_params_act(tables.table(cluster.gpu, tp), lo, hi)
+    params, act = float(params), float(act)
+    return MemoryTerms(
+        weights=params * tables.dtype_bytes,
+        gradients=params * tables.dtype_bytes,
+        optimizer=params * tables.optimizer_bytes_per_param / shards,
+        activations=in_flight * mbs * act,
+        workspace=instance.job.workspace_bytes,
+    )
+
+
+def stage_memory_parts(
+    instance: Instance, tables: CostTables, cluster: Cluster, tp: int, lo: int, hi: int, mbs: int, in_flight: int
+) -> tuple[float, float]:
+    """[C6] (everything but the optimizer state, the optimizer state unsharded): with ZeRO-1 over z
+    replicas the total is ``first + second / z``."""
+    params, act = range_params_act(tables.table(cluster.gpu, tp), lo, hi)
+    params, act = float(params), float(act)
+    base = stage_memory(params, act, in_flight, mbs, dtype_bytes=tables.dtype_bytes, optimizer_bytes=0.0,
+                        workspace=instance.job.workspace_bytes)
+    return base, params * tables.optimizer_bytes_per_param
+
+
+def max_in_flight_v(base: np.ndarray, act: np.ndarray, capacity: float, memory: object) -> np.ndarray:
+    """Largest in-flight count k with ``memory(k) <= capacity`` per element (float array: -1 when
+    even k = 0 does not fit, inf when activations are free). ``base`` = memory(0), ``act`` =
+    memory(1) − memory(0); ``memory`` recomputes the exact [C6] sum so that the answer agrees with
+    the comparison ``evaluate`` makes (the division may be one off)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(act > 0, np.floor((capacity - base) / np.where(act > 0, act, 1.0)), 0.0)
+    k = np.maximum(k, 0.0)
+    for _ in range(2):
+        k = np.where((k > 0) & (memory(k) > capacity), k - 1, k)  # type: ignore[operator]
+        k = np.where(memory(k + 1) <= capacity, k + 1, k)  # type: ignore[operator]
+    k = np.where(act > 0, k, np.inf)
+    return np.where(base > capacity, -1.0, k)
+
+
+def max_in_flight(base: float, act: float, capacity: float, memory: object) -> float:
+    """Scalar :func:`max_in_flight_v`."""
+    if base > capacity:
+        return -1
+    if act <= 0:
+        return np.inf
+    k = int((capacity - base) // act)
+    while k >= 0 and float(memory(k)) > capacity:  # type: ignore[operator]
+        k -= 1
+    while float(memory(k + 1)) <= capacity:  # type: ignore[operator]
+        k += 1
+    return k

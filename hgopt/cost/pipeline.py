@@ -1,0 +1,155 @@
+"""Pipeline composition [C3]: how per-stage times and boundary times make one pipeline's time.
+
+The one definition of the steady-state weight (m − 1), the pipeline time (m − 1)·bottleneck + fill,
+the in-flight depth of a stage, the 1F1B round-trip pace over every contiguous window of stages, the
+GPipe variant, and the end of each stage's last backward (for the overlapped gradient sync [C7o]).
+Every function takes plain floats or numpy arrays (elementwise) unless it says otherwise; the search
+and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence, TypeVar
+
+import numpy as np
+
+__all__ = [
+    "ROUND_TRIP_WINDOWS",
+    "fill_time",
+    "in_flight",
+    "last_backward_ends",
+    "pipeline_bottleneck",
+    "pipeline_time",
+    "round_trip_pace",
+    "stage_pace",
+    "stages_that_matter",
+    "stage_fill",
+    "steady_weight",
+    "weighted_time",
+    "trip_depth",
+    "window_trip",
+]
+
+Num = TypeVar("Num", float, np.ndarray)
+
+
+def steady_weight(num_microbatches: int) -> float:
+    """The steady-state weight m − 1: the microbatches after the first one [C3]."""
+    return float(num_microbatches - 1)
+
+
+def weighted_time(weight: float, bottleneck: Num, fill: Num) -> Num:
+    """[C3] weight·bottleneck + fill: the pipeline time with the steady-state weight given (the
+    search's objectives and bounds take the weight once per batch split)."""
+    return weight * bottleneck + fill  # type: ignore[return-value]
+
+
+def pipeline_time(num_microbatches: int, bottleneck: Num, fill: Num) -> Num:
+    """[C3] (m − 1)·bottleneck + fill (one microbatch's trip through and back, R_0)."""
+    return weighted_time(steady_weight(num_microbatches), bottleneck, fill)
+
+
+def stage_fill(t: Num, send_f: Num, send_b: Num) -> Num:
+    """[C3] One stage's share of the fill: fwd + bwd + its send forward + its send backward."""
+    return t + send_f + send_b  # type: ignore[return-value]
+
+
+def in_flight(num_stages: Num | int, stage: Num | int, num_microbatches: Num | int, schedule: str = "1f1b") -> Num:
+    """[C6] Microbatches stage ``stage`` (0-based) of ``num_stages`` holds between forward and backward:
+    1F1B runs S − s − 1 warm-up forwards and one more before its first backward, so min(S − s, m);
+    GPipe holds all m. Elementwise on numpy arrays."""
+    if schedule == "gpipe":
+        return num_microbatches  # type: ignore[return-value]
+    if _is_array(num_stages, stage, num_microbatches):
+        return np.minimum(np.asarray(num_stages) - stage, num_microbatches)
+    return min(num_stages - stage, num_microbatches)  # type: ignore[operator,return-value]
+
+
+def _is_array(*xs: object) -> bool:
+    return any(isinstance(x, np.ndarray) for x in xs)
+
+
+def stage_pace(t: Num, send_f: Num, send_b: Num) -> Num:
+    """[C3] 1F1B steady term of one stage: max(f + b, c^f, c^b) (links are full duplex)."""
+    return np.maximum(t, np.maximum(send_f, send_b)) if _is_array(t, send_f, send_b) else max(t, send_f, send_b)  # type: ignore[return-value]
+
+
+def fill_time(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float]) -> float:
+    """[C3] R_0 = Σ_s (t_s + c^f_s + c^b_s): one microbatch's trip through the pipeline and back."""
+    return float(sum(stage_fill(a, b, c) for a, b, c in zip(t, send_f, send_b)))
+
+
+def stages_that_matter(num_microbatches: int) -> int:
+    """[C6] Stages after a stage beyond which its in-flight depth min(S − s, m) no longer grows: m − 1."""
+    return max(num_microbatches - 1, 0)
+
+
+def trip_depth(window_stages: int, num_microbatches: int) -> int:
+    """[C3] Microbatches one round trip of a window of n stages advances: min(n, m)."""
+    return window_stages if window_stages < num_microbatches else num_microbatches
+
+
+def window_trip(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], s: int, j: int) -> float:
+    """[C3] Round trip of the window of stages s..j: Σ_{i=s..j} t_i + Σ_{i=s..j−1} (c^f_i + c^b_i)
+    (the links between the window's stages; the link leaving stage j is not on the cycle)."""
+    return float(sum(t[s : j + 1]) + sum(send_f[s:j]) + sum(send_b[s:j]))
+
+
+ROUND_TRIP_WINDOWS: Literal["suffix", "all"] = "all"
+"""Windows [C3] prices (a constant, not a setting): ``"all"`` is what the runner's 1F1B order does
+(checked against the exact replay, ``tests/test_cost_kernel.py``); ``"suffix"`` (only windows ending
+at the last stage) is the model before the fix. ``evaluate``, the MILP rows [M15w] and the
+re-partition DP [H8] all read this constant, so the three stay one model."""
+
+
+def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
+                    windows: Literal["suffix", "all"] = ROUND_TRIP_WINDOWS) -> float:
+    """[C3] The least 1F1B pace that every contiguous window of stages s..j allows (``windows="all"``;
+    ``"suffix"``: only the windows ending at the last stage).
+
+    In the strict 1F1B order (``hgopt.runner.schedule.stage_ops``) stage s runs its forward of
+    microbatch k + (j − s + 1) + w_j only after its backward of k, which comes back from stage j
+    after the trip of ``window_trip`` (w_j: stage j's warm-up). The cycle advances j − s + 1
+    microbatches (at most m), so the pace is at least trip / min(j − s + 1, m). O(S²)."""
+    S, m = len(t), num_microbatches
+    best = 0.0
+    if windows == "suffix":
+        trip = 0.0
+        for s in range(S - 1, -1, -1):
+            trip += t[s] + send_f[s] + send_b[s] if s < S - 1 else t[s]
+            best = max(best, trip / trip_depth(S - s, m))
+        return best
+    for s in range(S):
+        trip = 0.0
+        for j in range(s, S):
+            trip += t[j] + (send_f[j - 1] + send_b[j - 1] if j > s else 0.0)
+            best = max(best, trip / trip_depth(j - s + 1, m))
+    return best
+
+
+def pipeline_bottleneck(
+    schedule: str,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    windows: Literal["suffix", "all"] = ROUND_TRIP_WINDOWS,
+) -> float:
+    """[C3] Steady-state seconds per microbatch. GPipe: max_s max(f_s, c^f_s) + max_s max(b_s, c^b_s);
+    1F1B: max(max_s stage_pace, round_trip_pace)."""
+    if schedule == "gpipe":
+        return max(max(f, c) for f, c in zip(fwd, send_f)) + max(max(b, c) for b, c in zip(bwd, send_b))
+    t = [f + b for f, b in zip(fwd, bwd)]
+    steady = max(stage_pace(a, c, d) for a, c, d in zip(t, send_f, send_b))
+    return max(steady, round_trip_pace(t, send_f, send_b, num_microbatches, windows))
+
+
+def last_backward_ends(time_s: float, bwd: Sequence[float], send_b: Sequence[float]) -> list[float]:
+    """[C7o] When each stage's backward of the last microbatch ends, in the closed form: stage 0 at
+    the pipeline time, stage s earlier by the backward path Σ_{i<s} (b_i + c^b_i) from it to stage 0."""
+    out, ahead = [], 0.0
+    for b, c in zip(bwd, send_b):
+        out.append(time_s - ahead)
+        ahead += b + c
+    return out
