@@ -4,8 +4,8 @@
 
 For each of a few small plans of the runner's GPT (embedding, 4 blocks, head; hidden 64, 4 heads,
 vocabulary 256, 32 tokens, float32, Adam) on a two-cluster instance whose model is the *analytic*
-profile of exactly that shape (``hgopt.profiles.analytic``, fp32 — the profile the planner uses
-when nothing is measured): the runner trains one step on this CPU and every rank reports the bytes
+profile of exactly that shape (``hgopt.profiles.analytic``, fp32, no dropout like the runner's
+model — the profile the planner uses when nothing is measured): the runner trains one step on this CPU and every rank reports the bytes
 of its parameters, gradients, optimizer state and the peak of the tensors autograd saved
 (``hgopt/runner/memory.py``); the cost model's terms for the same stage group come from the kernel
 (``hgopt.cost.memory.stage_memory_terms`` with ``hgopt.cost.pipeline.in_flight``), never from a
@@ -60,7 +60,7 @@ def plans() -> dict[str, Plan]:
 
 def instance(global_batch: int) -> Instance:
     cfg = TransformerConfig(name="runner-gpt", layers=BLOCKS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, seq_len=SEQ,
-                            dtype="fp32")
+                            dtype="fp32", dropout=False)
     prof = generate_profile(cfg, ["A100-80"], tps=(1, 2), mbss=(1, 2, 3, 4))
     clusters = [{"name": c, "region": f"r-{c}", "gpu": "A100-80", "gpu_memory_gb": 80, "nodes": 1, "gpus_per_node": 4,
                  "intra_node": {"gbyte_s": 100}, "inter_node": {"gbit_s": 100}} for c in ("a", "b")]

@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 from hgopt.export import ExportOptions, build_runner_plan  # noqa: E402
 from hgopt.export.runner_plan import RunnerPlan  # noqa: E402
 from hgopt.runner.checkpoint import load_full_state  # noqa: E402
-from hgopt.runner.grad_sync import MIB, pack_buckets  # noqa: E402
+from hgopt.runner.grad_sync import pack_buckets  # noqa: E402
 from hgopt.runner.launch import run_forked  # noqa: E402
 from hgopt.runner.model import build_stage, layer_of  # noqa: E402
 from hgopt.runner.reference import train_reference  # noqa: E402

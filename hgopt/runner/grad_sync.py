@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hgopt.cost.gradsync import MIB, bucket_ranges
 from hgopt.export.runner_plan import RunnerPlan, SyncGroup
 from hgopt.runner.model import layer_of
 from hgopt.runner.tp import TpGroup, shard
@@ -45,22 +46,19 @@ from hgopt.runner.zero import ZeroShard
 __all__ = ["BucketSpec", "GradSync", "LaunchRecord", "emulated_ring_s", "pack_buckets"]
 
 log = logging.getLogger(__name__)
-MIB = 1024 * 1024
 
 
 def pack_buckets(layer_bytes: Sequence[tuple[int, int]], cap_bytes: float) -> list[tuple[int, ...]]:
-    """Layers (given as ``(layer, bytes)`` in forward order) in reverse order, consecutive layers
-    packed greedily into buckets of at most ``cap_bytes``; a layer larger than the cap is alone."""
-    out: list[list[int]] = []
-    size = 0.0
-    for layer, nbytes in reversed(layer_bytes):
-        if out and size + nbytes <= cap_bytes:
-            out[-1].append(layer)
-            size += nbytes
-        else:
-            out.append([layer])
-            size = nbytes
-    return [tuple(b) for b in out]
+    """Layers (given as ``(layer, bytes)`` in forward order, consecutive) in reverse order, packed into
+    buckets of at most ``cap_bytes`` (a larger layer is alone): the cost kernel's
+    :func:`hgopt.cost.gradsync.bucket_ranges`, the one definition the cost model prices."""
+    if not layer_bytes:
+        return []
+    lo, hi = layer_bytes[0][0], layer_bytes[-1][0] + 1
+    if [layer for layer, _ in layer_bytes] != list(range(lo, hi)):
+        raise ValueError(f"layers must be consecutive, got {[layer for layer, _ in layer_bytes]}")
+    sizes = [0.0] * lo + [float(b) for _, b in layer_bytes]
+    return [tuple(range(y - 1, x - 1, -1)) for x, y in bucket_ranges(sizes, lo, hi, cap_bytes)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
