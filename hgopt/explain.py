@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evaluate
+from hgopt.cost.evaluate import wan_bytes_per_iteration
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
 
@@ -214,15 +215,8 @@ def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[
             prices[(link.src, link.dst)] = float(price)
     if not prices:
         return None
-    import importlib
-
-    ev_mod = importlib.import_module("hgopt.cost.evaluate")  # the module (the package re-exports the function)
-    wan_bytes: Callable[..., dict[tuple[str, str], float]] | None = getattr(ev_mod, "wan_bytes_per_iteration", None)
-    if wan_bytes is None:
-        notes.append("WAN egress not priced: the cost kernel does not report WAN bytes per iteration yet")
-        return None
     total = 0.0
-    for (a, b), nbytes in wan_bytes(plan, instance, tables).items():
+    for (a, b), nbytes in wan_bytes_per_iteration(plan, instance, tables).items():
         if nbytes > 0 and (a, b) not in prices:
             notes.append(f"link {a} -> {b} carries traffic but has no egress_usd_per_gb (counted as 0)")
         total += nbytes / 1e9 * prices.get((a, b), 0.0)
