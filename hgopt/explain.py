@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evaluate
 from hgopt.cost.evaluate import wan_bytes_per_iteration

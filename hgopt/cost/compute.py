@@ -19,9 +19,11 @@ __all__ = ["interp_rows", "optimizer_share", "optimizer_time", "stage_compute_v"
 Num = TypeVar("Num", float, np.ndarray)
 
 
-def stage_times(tab: GpuTpTable, mbs: int, lo: int, hi: int) -> tuple[float, float]:
-    """Forward and backward seconds of layers [lo, hi) at microbatch ``mbs`` [C2]."""
-    return tab.times(mbs, lo, hi)
+def stage_times(tab: GpuTpTable, mbs: int, lo: int, hi: int, recompute: bool = False) -> tuple[float, float]:
+    """Forward and backward seconds of layers [lo, hi) at microbatch ``mbs`` [C2]. ``recompute``
+    (a plan stage's ``recompute: full``, hfrunner): the backward runs the forward again first [C2r]."""
+    f, b = tab.times(mbs, lo, hi)
+    return (f, b + f) if recompute else (f, b)
 
 
 def interp_rows(xs: np.ndarray, rows: np.ndarray, x: float) -> np.ndarray:

@@ -219,11 +219,13 @@ def _stage_report(
     for g in stage.groups:
         cluster = topo.cluster(g.cluster)
         tab = tables.table(cluster.gpu, g.tp)
-        f, b = stage_times(tab, g.mbs, stage.start, stage.end)
+        recompute = stage.recompute == "full"  # hfrunner: [C2r]/[C6r]
+        f, b = stage_times(tab, g.mbs, stage.start, stage.end, recompute)
         fwd, bwd = max(fwd, f), max(bwd, b)
         shards = stage.replicas if stage.zero else 1
         opt = max(opt, float(optimizer_time(tab, stage.start, stage.end, shards)))
-        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth, shards).total
+        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth, shards,
+                                 recompute).total
         if mem > cluster.gpu_memory_bytes:
             oom = True
         if mem / cluster.gpu_memory_bytes > peak / cap:  # report the group closest to its limit

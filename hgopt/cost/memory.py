@@ -22,6 +22,7 @@ __all__ = [
     "max_in_flight",
     "max_in_flight_v",
     "range_params_act",
+    "recompute_activation_bytes",
     "stage_memory",
     "stage_memory_parts",
     "stage_memory_terms",
@@ -61,18 +62,40 @@ def stage_memory(
 
 def stage_memory_terms(
     instance: Instance, tables: CostTables, cluster: Cluster, tp: int, lo: int, hi: int, mbs: int, in_flight: int,
-    shards: int = 1,
+    shards: int = 1, recompute: bool = False,
 ) -> MemoryTerms:
-    """[C6] The terms of one group (GPU type of ``cluster``, ``tp``, ``mbs``) holding layers [lo, hi)."""
-    params, act = range_params_act(tables.table(cluster.gpu, tp), lo, hi)
+    """[C6] The terms of one group (GPU type of ``cluster``, ``tp``, ``mbs``) holding layers [lo, hi);
+    ``recompute``: activations as :func:`recompute_activation_bytes`."""
+    tab = tables.table(cluster.gpu, tp)
+    params, act = range_params_act(tab, lo, hi)
     params, act = float(params), float(act)
+    activations = (recompute_activation_bytes(instance, tab, lo, hi, mbs, in_flight) if recompute
+                   else in_flight * mbs * act)
     return MemoryTerms(
         weights=params * tables.dtype_bytes,
         gradients=params * tables.dtype_bytes,
         optimizer=params * tables.optimizer_bytes_per_param / shards,
-        activations=in_flight * mbs * act,
+        activations=activations,
         workspace=instance.job.workspace_bytes,
     )
+
+
+# ---- activation recomputation (hfrunner) [C6r] -------------------------------------------------------------
+TOKEN_ID_BYTES = 8.0
+"""An int64 token id: what the first layer keeps of its input per token."""
+
+
+def recompute_activation_bytes(instance: Instance, tab: GpuTpTable, lo: int, hi: int, mbs: int,
+                               in_flight: int) -> float:
+    """[C6r] Activation bytes per GPU of layers [lo, hi) run with full recomputation (the runner:
+    ``torch.utils.checkpoint`` per layer): every microbatch in flight keeps each layer's input only —
+    the previous layer's output, ``activation_bytes`` per sample (whole on every tp rank), or the token
+    ids for layer 0 — and one backward at a time rebuilds one layer's activations (the largest)."""
+    layers = instance.model.layers
+    inputs = sum(layers[i - 1].activation_bytes if i > 0 else TOKEN_ID_BYTES * instance.model.seq_len
+                 for i in range(lo, hi))
+    largest = max(float(tab.act_mem[i + 1] - tab.act_mem[i]) for i in range(lo, hi))
+    return in_flight * mbs * inputs + mbs * largest
 
 
 def stage_memory_parts(

@@ -31,6 +31,7 @@ from typing import Any
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import _quantisation_time, _segment_allreduce
+from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
 from hgopt.runner.schedule import Op, stage_ops
@@ -471,16 +472,8 @@ def simulate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
 
 # ---- helpers -------------------------------------------------------------------------------------
 def _stage_times(tab: Any, mbs: int, stage: Stage) -> tuple[float, float]:
-    """Forward and backward seconds of one replica of ``stage`` [C2] (with full activation
-    recomputation the kernel's [C2r] times: the backward runs the forward again)."""
-    if getattr(stage, "recompute", "none") == "full":
-        try:
-            from hgopt.cost.compute import stage_times
-
-            return stage_times(tab, mbs, stage.start, stage.end, recompute=True)  # type: ignore[call-arg,no-any-return]
-        except (ImportError, TypeError):  # a kernel without [C2r] prices recomputation as evaluate does: not at all
-            pass
-    return tab.times(mbs, stage.start, stage.end)  # type: ignore[no-any-return]
+    """Forward and backward seconds of one replica of ``stage``: the kernel's [C2] / [C2r] times."""
+    return stage_times(tab, mbs, stage.start, stage.end, stage.recompute == "full")
 
 
 def _replica_rows(stage: Stage) -> list[tuple[Any, int, int]]:
