@@ -86,6 +86,20 @@ DEFAULT_WAN = {
 }
 
 
+# Illustrative on-demand prices, so that `hgopt plan default` can show $ (check your own contract):
+# A100-40 and V100-16: Google Cloud's GPU list prices per GPU-hour in us-central1 (cloud.google.com/compute/
+# gpus-pricing, 2024; GPU only, no VM); GH200 is not offered by Google Cloud: Lambda's on-demand list price
+# per GPU-hour (lambdalabs.com/service/gpu-cloud, 2024).
+DEFAULT_PRICES = {"A100-40": 2.934, "V100-16": 2.48, "GH-96": 3.19}
+# Google Cloud inter-region data transfer between continents, $ per GB (cloud.google.com/vpc/network-pricing,
+# 2024 list prices, illustrative): North America <-> Europe 0.05, to or from Asia 0.08.
+DEFAULT_EGRESS = {
+    ("us-central1", "europe-west4"): 0.05,
+    ("us-central1", "asia-east1"): 0.08,
+    ("europe-west4", "asia-east1"): 0.08,
+}
+
+
 DEFAULT_WAN_SOURCE = ("illustrative: a region-pair capacity of DEFAULT_WAN (instances/build_sailor_instances.py) as the "
                       "aggregate cap per direction, and one flow may use all of it")
 
@@ -101,7 +115,8 @@ def build_default(root: Path) -> None:
     clusters = tuple(
         Cluster(name=f"{g.lower()}-{DEFAULT_REGIONS[g][0]}", region=DEFAULT_REGIONS[g][0], gpu=g,
                 gpu_memory_bytes=c.gpu_memory_bytes, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                intra_node=c.intra_node, inter_node=c.inter_node, memory_bandwidth_gbyte_s=c.memory_bandwidth_gbyte_s)
+                intra_node=c.intra_node, inter_node=c.inter_node, memory_bandwidth_gbyte_s=c.memory_bandwidth_gbyte_s,
+                cost_per_gpu_hour=DEFAULT_PRICES[g])
         for g, c in zip(gpus, measured.clusters)
     )
     links = []
@@ -109,12 +124,15 @@ def build_default(root: Path) -> None:
         for b in clusters:
             if a is not b:
                 gbit, ms = DEFAULT_WAN.get((a.region, b.region)) or DEFAULT_WAN[(b.region, a.region)]
+                egress = DEFAULT_EGRESS.get((a.region, b.region)) or DEFAULT_EGRESS[(b.region, a.region)]
                 links.append(Link(src=a.name, dst=b.name, bandwidth=Bandwidth(gbyte_s=gbit / 8, latency_s=ms / 1e3),
-                                  aggregate=Bandwidth(gbyte_s=gbit / 8), kind="per_flow", source=DEFAULT_WAN_SOURCE))
+                                  aggregate=Bandwidth(gbyte_s=gbit / 8), kind="per_flow", source=DEFAULT_WAN_SOURCE,
+                                  egress_usd_per_gb=egress))
     desc = ("Default: OPT-350 (fp32, real per-layer measurements from Sailor) on 16 A100-40 in us-central1, "
             "32 V100-16 in europe-west4 and 8 GH200 (GH-96) in asia-east1; intra/inter-node bandwidths are "
             "Sailor's GCP fits, WAN links 2-5 Gbit/s per region pair (aggregate cap, one flow may use all of it) "
-            "with 45-95 ms one-way latency (illustrative).")
+            "with 45-95 ms one-way latency (illustrative); illustrative list prices per GPU-hour and WAN egress per GB "
+            "(instances/build_sailor_instances.py names their sources).")
     job = _job(root, "OPT-350") | {"global_batch": 512}
     _write_yaml(data / "default.yaml",
                 _instance("default", desc, "profiles/sailor-opt-350.json", Topology(clusters=clusters, links=tuple(links)), job))

@@ -55,7 +55,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
     py = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheels[0])],
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "--force-reinstall", "-q", str(wheels[0])],
          cwd=tmp)
     purelib = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
     dep_dirs = sorted({str(Path(importlib.import_module(m).__file__).resolve().parents[1]) for m in DEPENDENCIES})

@@ -15,6 +15,7 @@ import math
 
 from hgopt.commands._paths import check_output_file
 from hgopt.cost import build_tables
+from hgopt.cost.pipeline import stages_that_matter
 from hgopt.instances import load_instance
 from hgopt.search.blocks import Window, block_options, cheap_bounds
 from hgopt.search.milp import BatchSplit, build_milp
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--split: no plan of split {split} fits on {inst.name}")
     window = Window(t_lb=cheap.t_lb, s_lb=cheap.s_lb, weight=cheap.weight)
     opts = block_options(inst, tables, replicas=split.k, microbatch=split.microbatch,
-                         num_microbatches=split.num_microbatches, d_cap=max(split.num_microbatches - 1, 0),
+                         num_microbatches=split.num_microbatches, d_cap=stages_that_matter(split.num_microbatches),
                          window=window)
     model = build_milp(inst, tables, split, opts, cheap).model
     text = model.to_mps() if args.format == "mps" else model.to_lp()
