@@ -367,3 +367,23 @@ def test_cli_device_cuda_without_gpu_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "hgopt.runner: error: --device cuda: torch.cuda.is_available() is False" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "not-a-dict"])
+def test_a_damaged_checkpoint_file_is_named_in_the_error(tmp_path: Path, damage: str) -> None:
+    """torch's own message for a truncated zip ("failed reading zip archive") names no file: the loader's does."""
+    import torch
+
+    from hgopt.runner.checkpoint import _load
+
+    path = tmp_path / "p0.s0.t0.pt"
+    torch.save({"tp": 1, "params": {"w": torch.ones(64)}}, path)
+    assert _load(path)["tp"] == 1
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "foreign":
+        path.write_text("this is not a checkpoint\n")
+    else:
+        torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match=str(path)):
+        _load(path)

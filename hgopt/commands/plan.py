@@ -56,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "uses it (default: the smaller of 10 and --time-limit; 0 leaves them out)")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
-                        "auto: native, bf16 or fp8 per boundary, as the planner finds fastest)")
+                        "auto: native, bf16 or fp8 per boundary, as the planner finds fastest; a policy other than "
+                        "native also lets the heuristic all-reduce gradients across cluster groups in bf16, which the "
+                        "output names)")
     p.add_argument("--max-compressed-links", type=int, default=None, metavar="N",
                    help="at most N compressed inter-cluster boundaries per pipeline (milp and heuristic planners)")
     p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",

@@ -104,6 +104,19 @@ def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer
         log.info("checkpoint: %d steps done, saved to %s", step, path)
 
 
+def _load(path: Path) -> dict[str, Any]:
+    """One checkpoint file; a truncated, foreign or unreadable file is a ValueError naming it (torch's own
+    message, e.g. "failed reading zip archive", names no file)."""
+    try:
+        blob = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises RuntimeError, pickle/zip errors or EOFError depending on the damage
+        raise ValueError(f"{path}: not a readable hgopt checkpoint file (truncated or foreign?): "
+                         f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    if not isinstance(blob, dict):
+        raise ValueError(f"{path}: not an hgopt checkpoint file (holds a {type(blob).__name__}, not a dict)")
+    return blob
+
+
 def _prune(out: Path) -> None:
     dirs = sorted((out / "checkpoints").glob("step*"))
     for d in dirs[:-_KEEP]:
@@ -115,7 +128,7 @@ def _stage_tensors(path: Path, pipeline: int, stage: int) -> tuple[dict[str, Any
     files = sorted(path.glob(f"p{pipeline}.s{stage}.t*.pt"), key=lambda f: int(f.stem.split(".t")[-1]))
     if not files:
         raise ValueError(f"checkpoint {path} has no files for pipeline {pipeline} stage {stage} (was the plan changed?)")
-    blobs = [torch.load(f, weights_only=True, map_location="cpu") for f in files]
+    blobs = [_load(f) for f in files]
     if len(blobs) != blobs[0]["tp"]:
         raise ValueError(f"checkpoint {path}: pipeline {pipeline} stage {stage} has {len(blobs)} of {blobs[0]['tp']} tp files")
     dims = blobs[0]["dims"]
@@ -182,7 +195,7 @@ def _zero_state(path: Path, z: ZeroShard, step: int) -> dict[str, Any]:
     if not files:
         raise ValueError(f"checkpoint step {step} has no ZeRO-1 optimizer slices for sync group {z.index} (layers "
                          f"[{z.sg.start}, {z.sg.end})): saved without zero 1, resumed with it?")
-    blobs = [torch.load(f, weights_only=True, map_location="cpu") for f in files]
+    blobs = [_load(f) for f in files]
     for f, b in zip(files, blobs):
         if tuple(b["names"]) != z.names or tuple(tuple(s) for s in b["shapes"]) != z.shapes:
             raise ValueError(f"{f}: covers other parameters than this rank's sync group {z.index} (was the plan changed?)")
