@@ -65,3 +65,33 @@ def test_killed_rank_stops_everyone_with_its_name(tmp_path: Path) -> None:
     codes = run_forked(rp, out, steps=done + 1, resume=True, timeout_s=120)
     assert codes == {r: 0 for r in range(4)}
     assert [r["step"] for r in read_metrics(out)[before:]] == [done + 1]  # one step: started from the checkpoint
+
+
+def test_stopped_rank_is_the_one_the_launcher_blames(tmp_path: Path) -> None:
+    """A SIGSTOPped rank never exits by itself: a healthy rank that noticed it exits first. The launcher's
+    last line must still name the rank the watchdogs found dead, not the first one to exit."""
+    rp = build_runner_plan(plan_dp_tp(), runner_instance(), ExportOptions(
+        local=True, steps=100_000, master_port=0, heartbeat_timeout_s=HEARTBEAT_S, timeout_s=60))
+    files = write_export(rp, tmp_path)
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "hgopt.runner", "--plan", str(files.plan), "--threads", "1"],
+                                stderr=subprocess.PIPE, text=True)
+    pids: dict[str, int] = {}
+    try:
+        _wait_for(lambda: len(read_metrics(out)) >= 2, 120, "two training steps")
+        pids = json.loads((out / "pids.json").read_text())
+        os.kill(pids["2"], signal.SIGSTOP)
+        _, err = launcher.communicate(timeout=HEARTBEAT_S + 60)
+    finally:
+        if pids:
+            try:
+                os.kill(pids["2"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 1, err[-3000:]
+    last = [ln for ln in err.splitlines() if "run failed:" in ln][-1]
+    dead = "rank 2 (cluster b, pipeline 0 stage 1 replica 0 tp rank 0)"
+    assert last.split("run failed: ", 1)[1].startswith(f"{dead} stopped responding"), last

@@ -278,5 +278,11 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any
         return _SIGNAL_EXIT[signal.Signals(-stop[0])]
     if first is None:
         return 0
-    log.error("run failed: %s exited first (status %d)", rp.rank_info(first[0]).describe(), first[1])
+    from hgopt.runner.watchdog import abort_reason
+
+    reason = abort_reason(store) if store is not None else None
+    if reason:  # the rank that exited first is often a healthy one that noticed the dead one
+        log.error("run failed: %s; %s exited first (status %d)", reason, rp.rank_info(first[0]).describe(), first[1])
+    else:
+        log.error("run failed: %s exited first (status %d)", rp.rank_info(first[0]).describe(), first[1])
     return 1

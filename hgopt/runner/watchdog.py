@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-__all__ = ["Watchdog"]
+__all__ = ["Watchdog", "abort_reason"]
 
 log = logging.getLogger(__name__)
 _PREFIX = "hgopt/watchdog/"
@@ -110,3 +110,15 @@ class Watchdog:
             h.flush()
         sys.stderr.flush()
         os._exit(1)
+
+
+def abort_reason(store: object) -> str | None:
+    """What the first rank that gave up wrote into the store ("rank 2 (...) stopped responding ..."), or
+    None when no watchdog aborted the run (or the store is gone)."""
+    key = f"{_PREFIX}abort"
+    try:
+        if store.check([key]):  # type: ignore[attr-defined]
+            return bytes(store.get(key)).decode() or None  # type: ignore[attr-defined]
+    except Exception:  # the store may be gone
+        return None
+    return None
