@@ -358,19 +358,8 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
         ends = {j: -big_x for j in js if ys[j].role in ("end", "only")}
         if ends:  # [M14] nothing after the end block: x[c] >= 0 (stored as big_x)
             lm.add_row(f"M14_x_end[{c}]", {x[c]: 1.0, **ends}, lb=0.0, kind="time")
-        out: dict[int, float] = {}
-        for b in names:
-            if (c, b) in form.z:
-                _add_terms(out, arc_fill((c, b), 1.0))
-        for r in range(1, max((ys[j].s for j in js), default=0) + 1):
-            has = [j for j in js if ys[j].s >= r]
-            big = f_max + big_x + t_ub * r
-            # [M15] suffix_fill(r) − r·T + (2·wan out) + x[c] <= 0, x stored shifted by big_x
-            row = {x[c]: 1.0, **out}
-            for j in has:
-                row[j] = ys[j].suffix_fill[r - 1] + big
-                row[v[j]] = row.get(v[j], 0.0) - float(r)
-            lm.add_row(f"M15_round_trip[{c},{r}]", row, ub=big_x + big, kind="time")
+        # [M15] suffix_fill(r) − r·T + (2·wan out) + x[c] <= 0, x stored shifted by big_x
+        _suffix_trip_rows(form, names, c, js, v, x[c], big_x, f_max, t_ub, arc_fill, "M15_round_trip")
         # [M16] the block's first stage: fill from it to the end <= m·T (covers min(R, m) = m)
         row = {psi[c]: 1.0, t: -float(m)}
         for j in js:
@@ -413,19 +402,28 @@ def _window_rows(form: Formulation, by_cluster: dict[str, list[int]], names: lis
                 _add_terms(row, arc_fill((b2, c2), -1.0))
         lm.add_row(f"M15w_pass[{a},{b}]", row, lb=-big_m, kind="time")
     for c in names:
-        js = by_cluster[c]
-        out: dict[int, float] = {}
-        for b in names:
-            if (c, b) in form.z:
-                _add_terms(out, arc_fill((c, b), 1.0))
-        for r in range(1, max((ys[j].s for j in js), default=0) + 1):
-            has = [j for j in js if ys[j].s >= r]
-            bigr = f_max + big_x + big_m * r
-            row = {h[c]: 1.0, **out}
-            for j in has:
-                row[j] = ys[j].suffix_fill[r - 1] + bigr
+        _suffix_trip_rows(form, names, c, by_cluster[c], v, h[c], big_x, f_max, big_m, arc_fill, "M15w_window")
+
+
+def _suffix_trip_rows(form: Formulation, names: list[str], c: str, js: list[int], v: dict[int, int], shift: int,
+                      big_x: float, f_max: float, slope: float,
+                      arc_fill: Callable[[tuple[str, str], float], dict[int, float]], label: str) -> None:
+    """For each r: suffix_fill_o(r) + fill(out of c) − r·T + shift <= 0 on the option o chosen for c's block
+    (its last r stages; ``shift`` is x[c] for [M15] or h[c] for [M15w], stored + big_x), relaxed by
+    f_max + big_x + slope·r when no option with >= r stages is chosen."""
+    lm, ys = form.model, form.y
+    out: dict[int, float] = {}
+    for b in names:
+        if (c, b) in form.z:
+            _add_terms(out, arc_fill((c, b), 1.0))
+    for r in range(1, max((ys[j].s for j in js), default=0) + 1):
+        big = f_max + big_x + slope * r
+        row = {shift: 1.0, **out}
+        for j in js:
+            if ys[j].s >= r:
+                row[j] = ys[j].suffix_fill[r - 1] + big
                 row[v[j]] = row.get(v[j], 0.0) - float(r)
-            lm.add_row(f"M15w_window[{c},{r}]", row, ub=big_x + bigr, kind="time")
+        lm.add_row(f"{label}[{c},{r}]", row, ub=big_x + big, kind="time")
 
 
 def decode(instance: Instance, form: Formulation, values: object) -> Plan:
