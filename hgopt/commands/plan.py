@@ -223,7 +223,6 @@ def render_explanation(e: Explanation) -> str:
     out = ["", "clusters (busy: compute seconds of the used GPUs over GPUs x iteration time; "
                "MFU: model FLOPs over GPUs x iteration time x datasheet peak):",
            format_table(["cluster", "GPU", "GPUs used", "busy", "MFU", "$/GPU-hour"], rows)]
-    notes = list(dict.fromkeys(c.mfu_note for c in e.clusters if c.mfu_note))
     out.append("MFU of all used GPUs " + (_pct(e.mfu) if e.mfu is not None else e.mfu_note or "n/a"))
     m = e.money
     line = (f"cost {_usd(m.usd_per_iteration)} per iteration, {_usd(m.usd_per_million_tokens)} per million tokens "

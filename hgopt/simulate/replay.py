@@ -284,7 +284,6 @@ class _Replay:
         w.busy += self.now - start
         w.running = False
         w.ptr += 1
-        pipe = self.plan.pipelines[w.pi]
         if op.kind == "F" and w.out_pieces:
             self._send(w, op.microbatch, "F", w.si, w.out_pieces)
         elif op.kind == "B" and w.in_pieces:
