@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from hgopt.cost.comm import allreduce_time, allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
-from hgopt.cost.compute import interp_rows, optimizer_time, stage_compute_v
+from hgopt.cost.compute import optimizer_time, stage_compute_v
 from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.memory import max_in_flight, max_in_flight_v, stage_memory
 from hgopt.cost.pipeline import in_flight as in_flight_depth
