@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.hier_tables import ClusterTable
-from hgopt.search.hierarchical.records import HeuristicOptions
+from hgopt.search.hierarchical.records import Estimated, HeuristicOptions
 from hgopt.search.intra import LocalPlan
 from hgopt.spec import Instance
 
@@ -22,11 +22,15 @@ class Ctx:
     layout: BlockLayout
     start: float
     tabs: dict[tuple[object, ...], ClusterTable] = field(default_factory=dict)
-    links: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
+    links: dict[tuple[str, str, int, int, str], tuple[float, float]] = field(default_factory=dict)
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
-    subsets: dict[tuple[object, ...], object] = field(default_factory=dict)
-    """[H4] estimated skeleton per (k, B, clusters, passes), and [C6] memory bounds per (k, clusters)."""
+    subsets: dict[tuple[int, int, tuple[str, ...], int], Estimated | None] = field(default_factory=dict)
+    """[H4] estimated skeleton per (k, B, clusters, passes)."""
+    holds: dict[tuple[int, tuple[str, ...]], bool] = field(default_factory=dict)
+    """[C6] memory screen per (k, clusters)."""
+    alike: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """[H2] per cluster, what its estimates read of it (the key of the shared tables)."""
     allowed: tuple[str, ...] = ("native",)
     """Precisions an inter-cluster boundary may use (mixed-precision links)."""
     max_links: int | None = None

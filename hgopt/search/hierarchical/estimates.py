@@ -5,12 +5,12 @@ form); the choice of each cluster's local alternative by coordinate descent."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from hgopt.cost.pipeline import pipeline_time, trip_depth
 from hgopt.search.hier_tables import ClusterTable, MOST_STAGES, cluster_tables
 from hgopt.search.hierarchical.context import Ctx
-from hgopt.search.hierarchical.links import wan_times
+from hgopt.search.hierarchical.links import Wan, wan_times
 
 
 def local_weights(m: int) -> tuple[int, ...]:
@@ -31,13 +31,12 @@ def alt_tables(ctx: Ctx, name: str, role: str, k: int, B: int, m: int, after: in
     return ctx.tabs[key]  # type: ignore[return-value]
 
 
-def alike(ctx: Ctx, name: str) -> object:
+def alike(ctx: Ctx, name: str) -> tuple[object, ...]:
     """What a cluster's estimates [H2] read of it: clusters that agree on all of it share tables."""
-    key = ("alike", name)
-    if key not in ctx.subsets:
+    if name not in ctx.alike:
         c = ctx.instance.topology.cluster(name)
-        ctx.subsets[key] = (c.gpu, c.gpus_per_node, c.num_gpus, c.gpu_memory_bytes, c.intra_node, c.inter_node)
-    return ctx.subsets[key]
+        ctx.alike[name] = (c.gpu, c.gpus_per_node, c.num_gpus, c.gpu_memory_bytes, c.intra_node, c.inter_node)
+    return ctx.alike[name]
 
 
 def real_table(ctx: Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> ClusterTable:
@@ -64,21 +63,36 @@ def as_lists(tb: ClusterTable) -> Lists:
     return Lists(tb.bottleneck.tolist(), tb.fill.tolist(), tb.sync_opt.tolist(), tb.stages.tolist())
 
 
-def combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
+class Cell(NamedTuple):
+    """One cluster's estimate [H2] at one layer count."""
+
+    bottleneck: float
+    fill: float
+    sync_opt: float
+    stages: int
+    """Local pipeline stages."""
+
+
+def cell(tb: ClusterTable, n: int) -> Cell:
+    """``tb`` at ``n`` layers."""
+    return Cell(float(tb.bottleneck[n]), float(tb.fill[n]), float(tb.sync_opt[n]), int(tb.stages[n]))
+
+
+def combine(vals: Sequence[Cell], m: int, wan: Wan) -> float:
     """[H4] The [C3]/[C7] form over clusters, from (bottleneck, fill, sync_opt, local stages) per
     cluster: (m − 1)·pace + Σ fill + WAN trips + max sync_opt, the pace being the slowest stage or
     link or the 1F1B round trip of a suffix over the microbatches it can hold in flight — suffixes
     from a cluster's first and from its last local stage — or of the window of a cluster's last and
     the next cluster's first local stage around their WAN link (local stages taken as equal; the
     exact pace of every window is ``evaluate``'s, [C3])."""
-    bott, fill, sync = wan[0], wan[1], 0.0
+    bott, fill, sync = wan.worst_s, wan.total_s, 0.0
     trip, count, head = 0.0, 0, -1.0
     for i in range(len(vals) - 1, -1, -1):
         b, f, s_, k = vals[i]
         bott = max(bott, b)
         fill += f
         sync = max(sync, s_)
-        link = wan[2][i] if i < len(wan[2]) else 0.0
+        link = wan.per_boundary_s[i] if i < len(wan.per_boundary_s) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
             bott = max(bott, (f / k + link + trip) / trip_depth(1 + count, m))
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
@@ -91,11 +105,11 @@ def combine(vals: Sequence[tuple[float, float, float, int]], m: int, wan: tuple[
     return pipeline_time(m, bott, fill) + sync
 
 
-def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: tuple[float, float, tuple[float, ...]]) -> float:
+def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan) -> float:
     """``combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops)."""
-    bott, fill, sync = wan[0], wan[1], 0.0
+    bott, fill, sync = wan.worst_s, wan.total_s, 0.0
     trip, count, head = 0.0, 0, -1.0
-    per = wan[2]
+    per = wan.per_boundary_s
     last = len(per)
     for i in range(len(t) - 1, -1, -1):
         ti, ni = t[i], n[i]
@@ -134,8 +148,7 @@ def choose_weights(
     wan = wan_times(ctx, order, B, links)
     ws = [m] * len(order)
 
-    val = [{w: (float(t.bottleneck[n]), float(t.fill[n]), float(t.sync_opt[n]), int(t.stages[n]))
-            for w, t in tb.items()} for tb, n in zip(tabs, layers)]
+    val = [{w: cell(t, n) for w, t in tb.items()} for tb, n in zip(tabs, layers)]
 
     def est(choice: Sequence[int]) -> float:
         return combine([v[w] for v, w in zip(val, choice)], m, wan)

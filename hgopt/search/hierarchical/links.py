@@ -3,13 +3,24 @@ precisions ``--link-precision`` allows, and the per-boundary precision choice.""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.pipeline import pipeline_time
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.hierarchical.context import Ctx
 from hgopt.spec import DTYPE_BYTES, Instance
+
+
+class Wan(NamedTuple):
+    """A pipeline's inter-cluster boundaries at a block boundary's activation size (seconds)."""
+
+    worst_s: float
+    """Slowest single send (forward or backward)."""
+    total_s: float
+    """Sum of all sends, both ways."""
+    per_boundary_s: tuple[float, ...]
+    """Per boundary, forward + backward."""
 
 
 LINK_PRECISIONS = ("native", "fp32", "bf16", "fp16", "fp8", "auto")
@@ -86,7 +97,7 @@ def block_cut(ctx: Ctx) -> int:
 
 def wan_times(
     ctx: Ctx, order: Sequence[str], B: int, links: Sequence[str] = ()
-) -> tuple[float, float, tuple[float, ...]]:
+) -> Wan:
     """(slowest WAN send, sum of WAN sends both ways, per boundary forward + backward) of the
     pipeline at a block boundary's activation size (exact cut sizes are costed when realised), with
     the boundaries' precisions ``links`` (empty: native)."""
@@ -97,4 +108,4 @@ def wan_times(
         f, bw = link_times(ctx, a, b, B, cut, links[i] if links else "native")
         worst, total = max(worst, f, bw), total + f + bw
         per.append(f + bw)
-    return worst, total, tuple(per)
+    return Wan(worst, total, tuple(per))

@@ -16,7 +16,7 @@ from hgopt.search.baselines._common import block_layout
 from hgopt.search.hier_tables import role_of
 from hgopt.search.hierarchical.context import Ctx
 from hgopt.search.hierarchical.estimates import alt_tables, round_up
-from hgopt.search.hierarchical.records import INF, Skeleton
+from hgopt.search.hierarchical.records import INF, Realised, Skeleton
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
 from hgopt.spec import Instance
 
@@ -29,11 +29,11 @@ def realize(instance: Instance, tables: CostTables, sk: Skeleton) -> Plan | None
     got = realize_and_score(ctx, sk)
     if got is None:
         return None
-    return Plan(pipelines=got[2].pipelines, planner="heuristic", instance=instance.name,
-                meta=(("skeleton", describe(sk)), ("decomposed_s", repr(got[0]))))
+    return Plan(pipelines=got.plan.pipelines, planner="heuristic", instance=instance.name,
+                meta=(("skeleton", describe(sk)), ("decomposed_s", repr(got.time_s))))
 
 
-def realize_and_score(ctx: Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None:
+def realize_and_score(ctx: Ctx, sk: Skeleton) -> Realised | None:
     """Exact local pipelines for ``sk`` and the plan's iteration time by the [C3]/[C7] decomposition
     (local bottlenecks, fills and sync from the intra-cluster DP, WAN boundaries as ``evaluate``
     costs them); the final plan is checked with ``evaluate`` itself."""
@@ -43,10 +43,10 @@ def realize_and_score(ctx: Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | 
     t = decomposed(ctx, sk, locals_)
     if not math.isfinite(t):
         return None  # out of memory: a fill-leaning local pipeline is checked at its weight only
-    return t, sk, assemble(ctx, sk, locals_)
+    return Realised(t, sk, assemble(ctx, sk, locals_))
 
 
-def realize_repaired(ctx: Ctx, sk: Skeleton, tries: int = 3) -> tuple[float, Skeleton, Plan] | None:
+def realize_repaired(ctx: Ctx, sk: Skeleton, tries: int = 3) -> Realised | None:
     """Realise ``sk``; when a cluster cannot host its range (the estimates saw fewer stages after
     it than the exact local plans make, so less memory in flight), move one layer at a time from
     that cluster to a neighbour and try again."""
@@ -68,7 +68,7 @@ def realize_repaired(ctx: Ctx, sk: Skeleton, tries: int = 3) -> tuple[float, Ske
                 if (r := realize_and_score(ctx, cand)) is not None:
                     options.append(r)
         if options:
-            return min(options, key=lambda x: x[0])
+            return min(options, key=lambda x: x.time_s)
         if len(sk.order) < 2 or sk.layers[bad] <= 1:
             return None
         j = bad + 1 if bad + 1 < len(sk.order) else bad - 1
@@ -93,7 +93,7 @@ def _first_failing(ctx: Ctx, sk: Skeleton) -> int | None:
     return None
 
 
-def realize_table(ctx: Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None:
+def realize_table(ctx: Ctx, sk: Skeleton) -> Realised | None:
     """The skeleton realised with each cluster's local pipeline as the estimate has it (its config,
     stage count and even layers), costed exactly."""
     m = ctx.instance.job.global_batch // (sk.pipelines * sk.microbatch)
@@ -108,13 +108,13 @@ def realize_table(ctx: Ctx, sk: Skeleton) -> tuple[float, Skeleton, Plan] | None
         after += len(lp.stages)
     plans = out[::-1]
     t = decomposed(ctx, sk, plans)
-    return (t, sk, assemble(ctx, sk, plans)) if math.isfinite(t) else None
+    return Realised(t, sk, assemble(ctx, sk, plans)) if math.isfinite(t) else None
 
 
 def realize_fast(ctx: Ctx, sk: Skeleton) -> float | None:
     """Exact time of the skeleton with the estimates' own local pipelines (no DP call)."""
     got = realize_table(ctx, sk)
-    return None if got is None else got[0]
+    return None if got is None else got.time_s
 
 
 def local_plans(ctx: Ctx, sk: Skeleton) -> list[LocalPlan] | None:

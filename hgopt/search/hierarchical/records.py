@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hgopt.plan import Plan
 from hgopt.progress import Progress
@@ -85,3 +86,19 @@ class HeuristicResult:
     groups: tuple[tuple[str, ...], ...] = ()
     """[H9] When the plan trains on cluster groups in data parallel: the groups (``skeleton`` is
     then None); empty for a single family of identical pipelines."""
+
+
+class Estimated(NamedTuple):
+    """A skeleton and its estimated iteration time [H2]/[H4]."""
+
+    estimate_s: float
+    skeleton: Skeleton
+
+
+class Realised(NamedTuple):
+    """A skeleton realised with exact local pipelines [H5]: its plan and the plan's iteration time
+    (``evaluate``'s)."""
+
+    time_s: float
+    skeleton: Skeleton
+    plan: Plan

@@ -12,8 +12,9 @@ from hgopt.plan import Plan
 from hgopt.search.hier_tables import MOST_STAGES
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.estimates import local_weights
-from hgopt.search.hierarchical.realise import assemble, decomposed, dp_local, local_plans, realize_and_score, table_local
-from hgopt.search.hierarchical.records import HeuristicOptions, Skeleton
+from hgopt.search.hierarchical.realise import (assemble, decomposed, dp_local, local_plans, realize_and_score,
+                                              table_local)
+from hgopt.search.hierarchical.records import HeuristicOptions, Realised, Skeleton
 from hgopt.search.intra import LocalPlan
 from hgopt.search.repartition import repartition
 
@@ -21,16 +22,14 @@ from hgopt.search.repartition import repartition
 log = logging.getLogger(__name__)
 
 
-def refine(
-    ctx: Ctx, best: tuple[float, Skeleton, Plan], options: HeuristicOptions
-) -> tuple[float, Skeleton, Plan]:
+def refine(ctx: Ctx, best: Realised, options: HeuristicOptions) -> Realised:
     """Move one layer across each cluster boundary (both ways) while that lowers ``evaluate``."""
     for _ in range(options.refine_rounds):
         improved = False
-        sk = best[1]
+        sk = best.skeleton
         for i in range(len(sk.order) - 1):
             for step in (1, -1):
-                layers = list(best[1].layers)
+                layers = list(best.skeleton.layers)
                 layers[i] += step
                 layers[i + 1] -= step
                 if min(layers) < 1:
@@ -38,7 +37,7 @@ def refine(
                 cand = Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch, order=sk.order, layers=tuple(layers),
                                 weights=sk.weights, links=sk.links)
                 got = realize_and_score(ctx, cand)
-                if got is not None and got[0] < best[0] - 1e-12:
+                if got is not None and got.time_s < best.time_s - 1e-12:
                     best, improved = got, True
                 if out_of_time(ctx, options):
                     return best
@@ -47,11 +46,11 @@ def refine(
     return best
 
 
-def polish(ctx: Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan]:
+def polish(ctx: Ctx, got: Realised) -> Realised:
     """[H6] Per cluster, the local pipelines the DP finds when it weighs its bottleneck differently
     and the estimates' alternatives made exact; coordinate descent over the combination on the
     exact decomposition (a plan out of memory scores inf), kept if ``evaluate`` confirms it."""
-    sk = got[1]
+    sk = got.skeleton
     base = local_plans(ctx, sk)
     if base is None:
         return got
@@ -87,31 +86,31 @@ def polish(ctx: Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton
         return got
     plan = assemble(ctx, sk, pick)
     ev = evaluate(plan, ctx.instance, ctx.tables)
-    if ev.feasible and ev.iteration_time_s < got[0]:
-        return ev.iteration_time_s, sk, plan
+    if ev.feasible and ev.iteration_time_s < got.time_s:
+        return Realised(ev.iteration_time_s, sk, plan)
     return got
 
 
-def checked(ctx: Ctx, got: tuple[float, Skeleton, Plan]) -> tuple[float, Skeleton, Plan] | None:
+def checked(ctx: Ctx, got: Realised) -> Realised | None:
     """The realised plan scored by ``evaluate`` (None when it is infeasible there)."""
-    ev = evaluate(got[2], ctx.instance, ctx.tables)
+    ev = evaluate(got.plan, ctx.instance, ctx.tables)
     if not ev.feasible:
         log.warning("heuristic: realised plan infeasible by evaluate: %s", "; ".join(ev.violations[:2]))
         return None
-    if abs(ev.iteration_time_s - got[0]) > 1e-9 * max(1.0, ev.iteration_time_s):
-        log.debug("heuristic: decomposition %.9g s, evaluate %.9g s", got[0], ev.iteration_time_s)
-    return ev.iteration_time_s, got[1], got[2]
+    if abs(ev.iteration_time_s - got.time_s) > 1e-9 * max(1.0, ev.iteration_time_s):
+        log.debug("heuristic: decomposition %.9g s, evaluate %.9g s", got.time_s, ev.iteration_time_s)
+    return Realised(ev.iteration_time_s, got.skeleton, got.plan)
 
 
 def repartitioned(
-    ctx: Ctx, best: tuple[float, Skeleton, Plan], others: Sequence[tuple[float, Skeleton, Plan]]
-) -> tuple[float, Skeleton, Plan]:
+    ctx: Ctx, best: Realised, others: Sequence[Realised]
+) -> Realised:
     """[H8] The best plan and the other realised finalists with every stage's layer range re-chosen
     at once (stage hardware kept), scored by ``evaluate``; the best of all."""
     for _, sk, plan in [best, *others]:
         got = repartition(plan, ctx.instance, ctx.tables)
-        if got is not None and got.iteration_time_s < best[0] - 1e-12:
-            best = (got.iteration_time_s, _skeleton_of(sk, got.plan), got.plan)
+        if got is not None and got.iteration_time_s < best.time_s - 1e-12:
+            best = Realised(got.iteration_time_s, _skeleton_of(sk, got.plan), got.plan)
     return best
 
 

@@ -15,7 +15,7 @@ from hgopt.search.groups import GroupedPlan, best_grouped_plan
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.links import allowed_link_precisions, check_max_links
 from hgopt.search.hierarchical.realise import describe, realize_fast, realize_repaired, realize_table
-from hgopt.search.hierarchical.records import HeuristicOptions, HeuristicResult, Skeleton
+from hgopt.search.hierarchical.records import Estimated, HeuristicOptions, HeuristicResult, Realised, Skeleton
 from hgopt.search.hierarchical.refine import checked, polish, refine, repartitioned
 from hgopt.search.hierarchical.skeletons import requiring, skeleton_candidates
 from hgopt.spec import Instance
@@ -28,9 +28,7 @@ def plan_heuristic(
     instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions()
 ) -> HeuristicResult:
     """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
-    ctx = Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
-               start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+    ctx = _context(instance, tables, options)
     raw = skeleton_candidates(ctx, options)
     if options.require_clusters:  # why-not lines (cli-explain)
         raw = requiring(ctx, raw, options.require_clusters)
@@ -38,32 +36,32 @@ def plan_heuristic(
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
     lead = list(dict.fromkeys(_diverse(screened, options.finalists) + [sk for _, sk in raw[:2]]))
     est_of = {sk: e for e, sk in raw}
-    estimates = [(est_of[sk], sk) for sk in lead] + [(e, sk) for e, sk in screened if sk not in set(lead)]
+    estimates = [Estimated(est_of[sk], sk) for sk in lead] + [x for x in screened if x.skeleton not in set(lead)]
     realized = 0
-    done: list[tuple[float, Skeleton, Plan]] = []
+    done: list[Realised] = []
     for i, (est, sk) in enumerate(estimates):
         if options.progress:  # progress (cli-explain)
             options.progress.report("realising skeletons", done=i, total=len(lead),
-                                    incumbent_s=min((d[0] for d in done), default=None))
+                                    incumbent_s=min((d.time_s for d in done), default=None))
         if i >= len(lead) and (done or out_of_time(ctx, options)):
             break  # past the finalists, walk on only while nothing could be realised
         got = realize_repaired(ctx, sk)
         if sk.weights:  # the estimate's local alternatives may not carry over: also try without
             plain = realize_repaired(ctx, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch,
-                                                    order=sk.order, layers=sk.layers, links=sk.links))
-            if plain is not None and (got is None or plain[0] < got[0]):
+                                                   order=sk.order, layers=sk.layers, links=sk.links))
+            if plain is not None and (got is None or plain.time_s < got.time_s):
                 got = plain
         table = realize_table(ctx, sk)  # what the estimate itself describes, exactly costed
-        if table is not None and (got is None or table[0] < got[0]):
+        if table is not None and (got is None or table.time_s < got.time_s):
             got = table
         realized += 1
-        log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got[0], 4), sk)
+        log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got.time_s, 4), sk)
         if got is not None:
             done.append(got)
-    done.sort(key=lambda x: x[0])
+    done.sort(key=lambda x: x.time_s)
     if options.progress and done:  # progress (cli-explain)
-        options.progress.report("refining", incumbent_s=done[0][0], plan=done[0][2])
-    best: tuple[float, Skeleton, Plan] | None = None
+        options.progress.report("refining", incumbent_s=done[0].time_s, plan=done[0].plan)
+    best: Realised | None = None
     for rank, got in enumerate(done):
         best = checked(ctx, refine(ctx, got, options))
         if best is not None:
@@ -72,7 +70,7 @@ def plan_heuristic(
                 alt = checked(ctx, other)
                 if alt is not None:
                     alt = polish(ctx, alt)
-                    if alt[0] < best[0]:
+                    if alt.time_s < best.time_s:
                         best = alt
             break
     if best is None:
@@ -90,6 +88,13 @@ def plan_heuristic(
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", describe(sk)),))
     return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
+
+
+def _context(instance: Instance, tables: CostTables | None, options: HeuristicOptions) -> Ctx:
+    """A fresh search context for ``instance`` under ``options``' link policy."""
+    return Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
+               start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
+               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
 
 
 def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan, float] | None:
@@ -118,9 +123,7 @@ def grouped_alternative(
     """[H9] alone: the best plan with data parallelism across cluster groups that beats
     ``incumbent_s`` (e.g. the exact planner's plan, to tell its user that a plan outside its space is
     faster), or None."""
-    ctx = Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
-               start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+    ctx = _context(instance, tables, options)
     if len(instance.topology.clusters) < 2:
         return None
     grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=incumbent_s,
@@ -128,7 +131,7 @@ def grouped_alternative(
     return None if grouped is None else _grouped_result(ctx, grouped)
 
 
-def _screen(ctx: Ctx, estimates: list[tuple[float, Skeleton]], options: HeuristicOptions) -> list[tuple[float, Skeleton]]:
+def _screen(ctx: Ctx, estimates: list[Estimated], options: HeuristicOptions) -> list[Estimated]:
     """[H5] Exact screening: the leading `screen` estimated skeletons realised cheaply — each
     cluster's local pipeline as the estimate has it (config, stage count, even layers), costed
     exactly — and re-ranked by that exact time; the rest keep their estimates behind them."""
@@ -138,10 +141,10 @@ def _screen(ctx: Ctx, estimates: list[tuple[float, Skeleton]], options: Heuristi
         got = realize_fast(ctx, sk)
         scored.append((min(got, est) if got is not None else est + 1e9, est, sk))
     scored.sort(key=lambda x: (x[0], x[1]))
-    return [(est, sk) for _, est, sk in scored] + tail
+    return [Estimated(est, sk) for _, est, sk in scored] + tail
 
 
-def _diverse(ranked: list[tuple[float, Skeleton]], n: int, per_group: int = 2) -> list[Skeleton]:
+def _diverse(ranked: list[Estimated], n: int, per_group: int = 2) -> list[Skeleton]:
     """[H5] The first ``n`` skeletons of ``ranked`` taking at most ``per_group`` of each (k·B, order):
     skeletons that differ only in how k·B samples per microbatch step are cut into k pipelines
     realise alike, and without this they can fill every finalist slot (seen on sailor-het-32+96,

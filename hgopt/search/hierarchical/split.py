@@ -6,21 +6,29 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import pipeline_time
 from hgopt.search.hier_tables import ClusterTable, role_of
 from hgopt.search.hierarchical.context import Ctx
-from hgopt.search.hierarchical.estimates import Lists, alt_tables, as_lists, choose_weights, estimate_at, real_table, round_up
-from hgopt.search.hierarchical.links import block_cut, link_choice, wan_times
+from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, choose_weights, estimate_at, real_table,
+                                                round_up)
+from hgopt.search.hierarchical.links import Wan, block_cut, link_choice, wan_times
 from hgopt.search.hierarchical.order import cluster_order
-from hgopt.search.hierarchical.records import Skeleton
+from hgopt.search.hierarchical.records import Estimated, Skeleton
+
+
+class LayerSplit(NamedTuple):
+    """[H4] Layers per cluster of one order and the estimate there."""
+
+    estimate_s: float
+    layers: tuple[int, ...]
 
 
 def best_for_subset(
     ctx: Ctx, k: int, B: int, names: tuple[str, ...], passes: int = 2
-) -> tuple[float, Skeleton] | None:
+) -> Estimated | None:
     """Order ``names``, split the layers on the estimates (with ``passes`` = 2 a second time with
     the stages after each cluster that the first split implies) and return (estimate, skeleton)."""
     key = (k, B, names, passes)
@@ -32,7 +40,7 @@ def best_for_subset(
         order = cluster_order(ctx, names, k * B, m)  # WAN load of the k pipelines [C4w]
         orders = (order, order[::-1]) if passes > 1 else (order,)  # the coarse pass keeps one direction
         found = [g for o in dict.fromkeys(orders) if (g := split_order(ctx, k, B, m, o, passes)) is not None]
-        got = min(found, key=lambda x: x[0]) if found else None
+        got = min(found, key=lambda x: x.estimate_s) if found else None
     ctx.subsets[key] = got
     return got
 
@@ -42,20 +50,20 @@ def can_hold(ctx: Ctx, k: int, names: tuple[str, ...]) -> bool:
     its optimizer state at least once in total (ZeRO-1 shards it over a stage's replicas), so the
     GPU memory one pipeline gets, Σ_c ⌊n_c / k⌋ · (capacity_c − workspace), must hold
     P · (2·w + o), P the fewest parameters of one model replica over the profiled tp degrees."""
-    key = ("hold", k, names)
-    if key not in ctx.subsets:
+    key = (k, names)
+    if key not in ctx.holds:
         inst, tb = ctx.instance, ctx.tables
         room = sum((c.num_gpus // k) * max(c.gpu_memory_bytes - inst.job.workspace_bytes, 0.0)
                    for c in inst.topology.clusters if c.name in names)
         need = stage_memory(min(tp * float(t.params[-1]) for (gpu, tp), t in tb.by_gpu_tp.items()), 0.0, 0, 0,
                             dtype_bytes=tb.dtype_bytes, optimizer_bytes=tb.optimizer_bytes_per_param)
-        ctx.subsets[key] = room >= need  # type: ignore[assignment]
-    return bool(ctx.subsets[key])
+        ctx.holds[key] = room >= need
+    return ctx.holds[key]
 
 
 def split_order(
     ctx: Ctx, k: int, B: int, m: int, order: tuple[str, ...], passes: int
-) -> tuple[float, Skeleton] | None:
+) -> Estimated | None:
     """The layer split of one cluster order (both directions of a path cost the same on symmetric
     links, but the first cluster also holds the embedding and the last the head)."""
     after = [round_up(len(order) - 1 - i) for i in range(len(order))]
@@ -63,15 +71,15 @@ def split_order(
     got = None
     for _ in range(passes):
         tabs = [real_table(ctx, n, role_of(i, len(order)), k, B, m, after[i]) for i, n in enumerate(order)]
-        split = split_layers(ctx, order, tabs, k * B, m, links, start=got[1].layers if got else None,
-                       steps=(1, 2, 4) if passes > 1 else (1,))
+        split = split_layers(ctx, order, tabs, k * B, m, links, start=got.skeleton.layers if got else None,
+                             steps=(1, 2, 4) if passes > 1 else (1,))
         if split is None:
             return got
         est, layers = split
         est2, ws = choose_weights(ctx, order, [alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])
-                                                for i, n in enumerate(order)], layers, k * B, m, links)
-        got = (est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
-                              weights=() if all(w == m for w in ws) else ws, links=links))
+                                               for i, n in enumerate(order)], layers, k * B, m, links)
+        got = Estimated(est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
+                                       weights=() if all(w == m for w in ws) else ws, links=links))
         chosen = [alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
         stages = [int(t.stages[n]) for t, n in zip(chosen, layers)]
         new_after = [round_up(sum(stages[i + 1 :])) for i in range(len(order))]
@@ -84,7 +92,7 @@ def split_order(
 def split_layers(
     ctx: Ctx, order: tuple[str, ...], tabs: Sequence[ClusterTable], B: int, m: int, links: Sequence[str] = (),
     start: Sequence[int] | None = None, steps: tuple[int, ...] = (1,),
-) -> tuple[float, tuple[int, ...]] | None:
+) -> LayerSplit | None:
     """[H4] Layers per cluster: from the smallest bottleneck cap that holds all layers (and from
     ``start``, e.g. the previous pass's split), surplus layers taken back and missing ones added
     where the estimate changes least, then layers moved between any two clusters (1, 2 or 4 at a
@@ -108,9 +116,8 @@ def split_layers(
 
 
 def _descend(
-    t: Sequence[Lists], n: list[int], lo: Sequence[int], L: int, m: int, wan: tuple[float, float, tuple[float, ...]],
-    steps: tuple[int, ...] = (1,),
-) -> tuple[float, tuple[int, ...]] | None:
+    t: Sequence[Lists], n: list[int], lo: Sequence[int], L: int, m: int, wan: Wan, steps: tuple[int, ...] = (1,),
+) -> LayerSplit | None:
     n = list(n)
     while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
         i = _cheapest_shrink(t, n, lo, m, wan)
@@ -138,15 +145,15 @@ def _descend(
                 else:
                     n[i] += step
                     n[j] -= step
-    return (cur, tuple(n)) if math.isfinite(cur) else None
+    return LayerSplit(cur, tuple(n)) if math.isfinite(cur) else None
 
 
-def _cheapest_growth(t: Sequence[Lists], n: Sequence[int], m: int, wan: tuple[float, float], L: int) -> int | None:
+def _cheapest_growth(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, L: int) -> int | None:
     """The cluster whose one more layer raises the estimate least (maxima of the others kept by a
     top-two scan, so each step is O(clusters))."""
     bott = [ti.bott[ni] for ti, ni in zip(t, n)]
     sync = [ti.sync[ni] for ti, ni in zip(t, n)]
-    fill = sum(ti.fill[ni] for ti, ni in zip(t, n)) + wan[1]
+    fill = sum(ti.fill[ni] for ti, ni in zip(t, n)) + wan.total_s
     b1, b2 = _top_two(bott)
     s1, s2 = _top_two(sync)
     best: tuple[float, int] | None = None
@@ -155,7 +162,7 @@ def _cheapest_growth(t: Sequence[Lists], n: Sequence[int], m: int, wan: tuple[fl
             continue
         ob = b2 if bott[i] == b1 else b1
         os_ = s2 if sync[i] == s1 else s1
-        est = (pipeline_time(m, max(ob, ti.bott[n[i] + 1], wan[0]), fill - ti.fill[n[i]] + ti.fill[n[i] + 1])
+        est = (pipeline_time(m, max(ob, ti.bott[n[i] + 1], wan.worst_s), fill - ti.fill[n[i]] + ti.fill[n[i] + 1])
                + max(os_, ti.sync[n[i] + 1]))
         if math.isfinite(est) and (best is None or est < best[0]):
             best = (est, i)
@@ -188,7 +195,7 @@ def _cap_start(t: Sequence[Lists], lo: Sequence[int], L: int) -> list[int]:
 
 
 def _cheapest_shrink(
-    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: tuple[float, float]
+    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: Wan
 ) -> int | None:
     best: tuple[float, int] | None = None
     for i in range(len(n)):
