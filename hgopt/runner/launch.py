@@ -89,8 +89,9 @@ def local_device(rp: RunnerPlan, requested: str) -> str:
     return choice.kind
 
 
-def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
-    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded."""
+def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, outcome: dict[str, Any] | None = None) -> int:
+    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded. ``outcome`` (elastic
+    mode, :mod:`hgopt.runner.elastic`): filled with every rank's exit code and the watchdogs' abort reason."""
     device = local_device(rp, opts.device or rp.device)
     mode = resolve_emulation(opts.emulation or rp.emulate_links, rp, device)
     port = rp.master_port if opts.port is None else opts.port
@@ -106,7 +107,7 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
         store = keep[0] if keep and not isinstance(keep[0], (subprocess.Popen, netns.NetnsLayout)) else None
-        return _watch(rp, procs, store)
+        return _watch(rp, procs, store, outcome)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -221,7 +222,8 @@ def _connected(store: Any, ranks: int) -> int:
         return -1
 
 
-def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> int:
+def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any = None,
+           outcome: dict[str, Any] | None = None) -> int:
     """Wait for every rank, logging start-up progress from ``store``. After the first failure the
     others get the heartbeat timeout (plus slack) to notice and exit on their own; whoever is left
     then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
@@ -281,6 +283,8 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any
     from hgopt.runner.watchdog import abort_reason
 
     reason = abort_reason(store) if store is not None else None
+    if outcome is not None:  # elastic mode: who died, for the re-plan
+        outcome.update(codes={r: p.returncode for r, p in procs.items()}, first=first, reason=reason)
     if reason:  # the rank that exited first is often a healthy one that noticed the dead one
         log.error("run failed: %s; %s exited first (status %d)", reason, rp.rank_info(first[0]).describe(), first[1])
     else:
