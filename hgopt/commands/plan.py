@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
                    help="seconds added to the objective per boundary compressed to precision P, e.g. fp8=0.05 "
                         "(default 0 for every precision)")
+    from hgopt.commands import outer_plan  # issue #15 (diloco): --outer-steps, --delta-precision
+
+    outer_plan.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -117,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if not (why_s >= 0 and math.isfinite(why_s)):
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
+    if getattr(args, "outer_steps", None):  # issue #15 (diloco): plans with an outer sync every H steps
+        from hgopt.commands.outer_plan import run_outer
+
+        return run_outer(args, inst, opts)
     tables = build_tables(inst)
     progress = Progress(args.planner)
     try:
