@@ -40,6 +40,7 @@ __all__ = [
     "SegmentSync",
     "StageReport",
     "boundary_cast_times",
+    "boundary_latency",
     "evaluate",
     "quantisation_time",
     "segment_allreduce",
@@ -395,6 +396,25 @@ def stage_boundary_time(
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
         out.append(t + quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
+
+
+def boundary_latency(inst: Instance, pipe: Pipeline, si: int) -> tuple[float, float]:
+    """[C4] The latency part of boundary si's send times (forward, backward): the largest latency of the
+    NICs and inter-cluster links its flows cross (the rest of a send occupies the link; a message
+    behind it on the same pair need not wait for the latency). What [C3x]'s replay and the simulator
+    (``Resource.latency_s`` of a flow's path) take as latency."""
+    topo = inst.topology
+    src = {g.cluster for g in pipe.stages[si].groups}
+    dst = {g.cluster for g in pipe.stages[si + 1].groups}
+    nic = max(topo.cluster(c).inter_node.latency_s for c in src | dst)
+
+    def link(a: str, b: str) -> float:
+        lk = topo.link_spec(a, b)
+        return max(lk.bandwidth.latency_s, lk.aggregate.latency_s if lk.aggregate is not None else 0.0)
+
+    fwd = max([nic] + [link(a, b) for a in src for b in dst if a != b])
+    bwd = max([nic] + [link(b, a) for a in src for b in dst if a != b])
+    return fwd, bwd
 
 
 def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:

@@ -9,7 +9,7 @@ and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeVar
+from typing import Callable, Literal, Sequence, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,7 @@ __all__ = [
     "last_backward_ends",
     "pipeline_bottleneck",
     "pipeline_time",
+    "replay_stage_ends",
     "round_trip_pace",
     "stage_pace",
     "stages_that_matter",
@@ -153,3 +154,63 @@ def last_backward_ends(time_s: float, bwd: Sequence[float], send_b: Sequence[flo
         out.append(time_s - ahead)
         ahead += b + c
     return out
+
+
+StageOps = Callable[[str, int, int, int], Sequence[object]]
+
+
+def replay_stage_ends(
+    stage_ops: StageOps,
+    schedule: str,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    latency_f: Sequence[float] | None = None,
+    latency_b: Sequence[float] | None = None,
+) -> list[float]:
+    """[C3x] The exact timeline of one pipeline of single-replica stages with the given times: when each
+    stage's last operation ends. Stage s runs ``stage_ops(schedule, s, S, m)`` (pass the runner's
+    order, ``hgopt.runner.schedule.stage_ops``: the kernel does not import the runner) one operation
+    at a time; F(s, i) waits for F(s − 1, i) to arrive, B(s, i) for B(s + 1, i). Each direction of each boundary carries one message at a time in
+    order: a message starts when its operation ends and the previous one has left, occupies the boundary
+    for ``send − latency`` and arrives ``send`` after its start (``latency_*`` default 0: the whole
+    send time occupies the boundary). No contention between boundaries, directions or pipelines (a
+    node's NIC carrying both directions, shared caps): ``hgopt.simulate`` replays those.
+
+    The longest path of the schedule's dependency graph: the reference [C3]'s closed form
+    ``(m − 1)·pace + R_0`` approximates (``bench/cost_fidelity.py`` compares them). O(S·m) operations;
+    not used by ``evaluate`` (the planners' MILP rows and bounds are built on the closed form)."""
+    S, m = len(fwd), num_microbatches
+    lf = latency_f if latency_f is not None else [0.0] * S
+    lb = latency_b if latency_b is not None else [0.0] * S
+    orders = [[(str(getattr(op, "kind")), int(getattr(op, "microbatch"))) for op in stage_ops(schedule, s, S, m)]
+              for s in range(S)]
+    arrive: dict[tuple[str, int, int], float] = {}
+    free_f, free_b = [0.0] * S, [0.0] * S  # boundary s (between s and s + 1), each direction
+    ptr, clock = [0] * S, [0.0] * S
+    left = sum(len(o) for o in orders)
+    while left:
+        progressed = False
+        for s in range(S):
+            order = orders[s]
+            while ptr[s] < len(order):
+                kind, i = order[ptr[s]]
+                first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
+                ready = 0.0 if first else arrive.get((kind, s, i))
+                if ready is None:
+                    break
+                end = max(clock[s], ready) + (fwd[s] if kind == "F" else bwd[s])
+                clock[s], ptr[s], left, progressed = end, ptr[s] + 1, left - 1, True
+                if kind == "F" and s + 1 < S:
+                    t0 = max(end, free_f[s])
+                    free_f[s] = t0 + send_f[s] - lf[s]
+                    arrive[("F", s + 1, i)] = t0 + send_f[s]
+                elif kind == "B" and s > 0:
+                    t0 = max(end, free_b[s - 1])
+                    free_b[s - 1] = t0 + send_b[s - 1] - lb[s - 1]
+                    arrive[("B", s - 1, i)] = t0 + send_b[s - 1]
+        if not progressed:
+            raise ValueError("the schedule deadlocks")
+    return clock
