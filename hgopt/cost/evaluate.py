@@ -37,9 +37,14 @@ from hgopt.spec import Cluster, Instance, Link, Topology
 __all__ = [
     "Evaluation",
     "PipelineReport",
+    "SegmentSync",
     "StageReport",
     "boundary_cast_times",
+    "boundary_latency",
     "evaluate",
+    "quantisation_time",
+    "segment_allreduce",
+    "segment_sharded",
     "round_trip_bound",
     "stage_boundary_time",
     "wan_bytes_per_iteration",
@@ -389,8 +394,27 @@ def stage_boundary_time(
             channel = (b, a) if backward else (a, b)
             t = max(t, flows_time(topo.link_spec(*channel), n * nbytes, loads.get(channel, 0.0)))
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
-        out.append(t + _quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+        out.append(t + quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
+
+
+def boundary_latency(inst: Instance, pipe: Pipeline, si: int) -> tuple[float, float]:
+    """[C4] The latency part of boundary si's send times (forward, backward): the largest latency of the
+    NICs and inter-cluster links its flows cross (the rest of a send occupies the link; a message
+    behind it on the same pair need not wait for the latency). What [C3x]'s replay and the simulator
+    (``Resource.latency_s`` of a flow's path) take as latency."""
+    topo = inst.topology
+    src = {g.cluster for g in pipe.stages[si].groups}
+    dst = {g.cluster for g in pipe.stages[si + 1].groups}
+    nic = max(topo.cluster(c).inter_node.latency_s for c in src | dst)
+
+    def link(a: str, b: str) -> float:
+        lk = topo.link_spec(a, b)
+        return max(lk.bandwidth.latency_s, lk.aggregate.latency_s if lk.aggregate is not None else 0.0)
+
+    fwd = max([nic] + [link(a, b) for a in src for b in dst if a != b])
+    bwd = max([nic] + [link(b, a) for a in src for b in dst if a != b])
+    return fwd, bwd
 
 
 def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: int) -> tuple[float, float]:
@@ -401,11 +425,11 @@ def boundary_cast_times(inst: Instance, tables: CostTables, pipe: Pipeline, si: 
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
         factor = link_bytes_factor(inst.model.dtype, prec)
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
-        out.append(_quantisation_time(inst, prec, factor, flows.per_sample, pieces))
+        out.append(quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
 
 
-def _quantisation_time(
+def quantisation_time(
     inst: Instance, prec: str, factor: float, per_sample: float, pieces: list[tuple[str, str, int]]
 ) -> float:
     """[C4q] Casting to a narrower precision is memory bound: the sender reads the native tensor
@@ -439,12 +463,12 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     all-reduces its segments one after another; their cross-cluster rings also share each WAN link
     with every other segment's ring over it, all running after the drain [C5w]."""
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
-    segs: dict[tuple[int, int], _SegmentSync] = {}
+    segs: dict[tuple[int, int], SegmentSync] = {}
     stages = [s for p in plan.pipelines for s in p.stages]
     load: dict[frozenset[str], float] = {}  # [C5w] gradient bytes all-reduced over each cluster pair
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = segs[(lo, hi)] = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        seg = segs[(lo, hi)] = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
         for pair in seg.pairs():
             load[pair] = load.get(pair, 0.0) + seg.wan_bytes
     topo = inst.topology
@@ -467,8 +491,17 @@ def _capped_ring(link: Link, load: float, k: int) -> float:
     return 0.0 if link.aggregate is None else allreduce_time(link.aggregate, load, k)
 
 
+def segment_sharded(holders: list[Stage]) -> bool:
+    """[C7o] Whether the layers a sync segment's ``holders`` share are ZeRO-1 sharded: every holder asks
+    for it and all of them hold one tp degree (the export's rule, ``export/build.py`` ``_zero_level``);
+    a sharded segment is synchronised as one reduce-scatter of its whole gradient, one bucket."""
+    return bool(holders) and all(s.zero for s in holders) and len({g.tp for s in holders for g in s.groups}) == 1
+
+
 @dataclass(frozen=True, slots=True)
-class _SegmentSync:
+class SegmentSync:
+    """[C5] One sync segment's (or bucket's) hierarchical all-reduce (``segment_allreduce``)."""
+
     intra: float
     """Slowest cluster's ring [C5]."""
     inter: float
@@ -481,11 +514,15 @@ class _SegmentSync:
         return [frozenset((a, b)) for i, a in enumerate(self.clusters) for b in self.clusters[i + 1 :]]
 
 
-def _segment_allreduce(
+def segment_allreduce(
     inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str
-) -> _SegmentSync:
-    """Hierarchical all-reduce: a ring inside each cluster (per tp shard), then a ring across the
-    clusters over the WAN carrying the whole gradient, in ``wan_precision``."""
+) -> SegmentSync:
+    """[C5] The all-reduce of layers ``[lo, hi)`` among every replica of ``holders`` (the stages of every
+    pipeline that hold them): a ring inside each cluster (per tp shard; the slowest cluster's is
+    ``intra``), then a ring across the clusters over the WAN carrying the whole gradient in
+    ``wan_precision`` (``inter``: per flow on the slowest link between them, and the NICs at its
+    ends). The scorer prices a sync segment with it and each gradient bucket of one [C7o]; the
+    simulator runs the same two phases (``hgopt.simulate``)."""
     topo = inst.topology
     per_cluster: dict[str, list[tuple[int, int]]] = {}
     for s in holders:
@@ -510,16 +547,30 @@ def _segment_allreduce(
         # each edge of the ring is one flow (node pair): per-flow rate, and the NICs at its ends
         inter = max(max(ring_time(topo.link_spec(a, b), wan_bytes, k) for a in names for b in names if a != b),
                     max(allreduce_time(topo.cluster(c).inter_node, wan_bytes, k) for c in names))
-    return _SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)
+    return SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)
 
 
 # ---- bucketed gradient sync overlapped with the last backward [C7o] ------------------------------
+def segment_buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
+                    bucket_mb: float) -> list[tuple[int, int]]:
+    """[C7o] The gradient buckets of sync segment ``[lo, hi)`` held by ``holders``, in sync order (last
+    layers first): layers packed into buckets of at most ``bucket_mb`` MiB of the largest per-rank
+    gradient among the holders' (GPU, tp) shards (``gradsync.bucket_ranges``); a ZeRO-1 sharded
+    segment (:func:`segment_sharded`) is one bucket."""
+    if segment_sharded(holders):
+        return [(lo, hi)]
+    per_layer = np.zeros(tables.num_layers)
+    for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
+        per_layer = np.maximum(per_layer, gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes))
+    return bucket_ranges(per_layer, lo, hi, bucket_mb * MIB)
+
+
 def _bucketed_sync(
     plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport]
 ) -> tuple[list[StageReport], float]:
     """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
     gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
-    (``_segment_allreduce``); the iteration ends with the last optimizer step. Identical pipelines
+    (``segment_allreduce``); the iteration ends with the last optimizer step. Identical pipelines
     have identical times, so each is scheduled once (its replicas still count in the rings)."""
     first: dict[Pipeline, int] = {}
     for pi, pipe in enumerate(plan.pipelines):
@@ -539,23 +590,13 @@ def _bucketed_sync(
         tab, mbs = max(((tables.table(inst.topology.cluster(g.cluster).gpu, g.tp), g.mbs) for g in st.groups),
                        key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
         slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
-    layer_bytes: dict[tuple[str, int], np.ndarray] = {}
-    cap = plan.grad_bucket_mb * MIB
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     buckets: list[Bucket] = []
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
         holders = [st for st in every if st.start <= lo and hi <= st.end]
-        per_layer = np.zeros(tables.num_layers)
-        for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
-            if gt not in layer_bytes:
-                layer_bytes[gt] = gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes)
-            per_layer = np.maximum(per_layer, layer_bytes[gt])
-        # a ZeRO-1 stage synchronises its shard group's whole flat gradient at once (one reduce-scatter
-        # in the runner): its segment is one bucket
-        seg_cap = math.inf if any(st.zero for st in holders) else cap
-        for x, y in bucket_ranges(per_layer, lo, hi, seg_cap):
-            seg = _segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
+        for x, y in segment_buckets(inst, tables, holders, lo, hi, plan.grad_bucket_mb):
+            seg = segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
             ready = {}
             for k in keys:
                 st = where[k]
@@ -574,7 +615,7 @@ def _bucketed_sync(
 def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | None = None) -> dict[tuple[str, str], float]:
     """Bytes one iteration sends over each directed inter-cluster link: every pipeline's boundary
     activations and their gradients ([C4w] loads per microbatch, ``_wan_loads``, times its m) plus each
-    sync segment's cross-cluster ring ([C5], ``_segment_allreduce``'s WAN bytes; ring c_0 → c_1 → … →
+    sync segment's cross-cluster ring ([C5], ``segment_allreduce``'s WAN bytes; ring c_0 → c_1 → … →
     c_0 in the segment's cluster order, each edge 2(k − 1)/k of them)."""
     tables = tables or build_tables(inst)
     out: dict[tuple[str, str], float] = {}
@@ -585,7 +626,7 @@ def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | Non
     stages = [s for p in plan.pipelines for s in p.stages]
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = _segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        seg = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
         k = len(seg.clusters)
         for i, a in enumerate(seg.clusters):
             b = seg.clusters[(i + 1) % k]

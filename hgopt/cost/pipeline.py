@@ -9,7 +9,7 @@ and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeVar
+from typing import Callable, Literal, Sequence, TypeVar
 
 import numpy as np
 
@@ -19,7 +19,9 @@ __all__ = [
     "in_flight",
     "last_backward_ends",
     "pipeline_bottleneck",
+    "path_time",
     "pipeline_time",
+    "replay_stage_ends",
     "round_trip_pace",
     "stage_pace",
     "stages_that_matter",
@@ -153,3 +155,136 @@ def last_backward_ends(time_s: float, bwd: Sequence[float], send_b: Sequence[flo
         out.append(time_s - ahead)
         ahead += b + c
     return out
+
+
+StageOps = Callable[[str, int, int, int], Sequence[object]]
+
+
+def replay_stage_ends(
+    stage_ops: StageOps,
+    schedule: str,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    latency_f: Sequence[float] | None = None,
+    latency_b: Sequence[float] | None = None,
+) -> list[float]:
+    """[C3x] The exact timeline of one pipeline of single-replica stages with the given times: when each
+    stage's last operation ends. Stage s runs ``stage_ops(schedule, s, S, m)`` (pass the runner's
+    order, ``hgopt.runner.schedule.stage_ops``: the kernel does not import the runner) one operation
+    at a time; F(s, i) waits for F(s − 1, i) to arrive, B(s, i) for B(s + 1, i). Each direction of each boundary carries one message at a time in
+    order: a message starts when its operation ends and the previous one has left, occupies the boundary
+    for ``send − latency`` and arrives ``send`` after its start (``latency_*`` default 0: the whole
+    send time occupies the boundary). No contention between boundaries, directions or pipelines (a
+    node's NIC carrying both directions, shared caps): ``hgopt.simulate`` replays those.
+
+    The longest path of the schedule's dependency graph: the reference [C3]'s closed form
+    ``(m − 1)·pace + R_0`` approximates (``bench/cost_fidelity.py`` compares them). O(S·m) operations;
+    not used by ``evaluate`` (the planners' MILP rows and bounds are built on the closed form)."""
+    S, m = len(fwd), num_microbatches
+    lf = latency_f if latency_f is not None else [0.0] * S
+    lb = latency_b if latency_b is not None else [0.0] * S
+    orders = [[(str(getattr(op, "kind")), int(getattr(op, "microbatch"))) for op in stage_ops(schedule, s, S, m)]
+              for s in range(S)]
+    arrive: dict[tuple[str, int, int], float] = {}
+    free_f, free_b = [0.0] * S, [0.0] * S  # boundary s (between s and s + 1), each direction
+    ptr, clock = [0] * S, [0.0] * S
+    left = sum(len(o) for o in orders)
+    while left:
+        progressed = False
+        for s in range(S):
+            order = orders[s]
+            while ptr[s] < len(order):
+                kind, i = order[ptr[s]]
+                first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
+                ready = 0.0 if first else arrive.get((kind, s, i))
+                if ready is None:
+                    break
+                end = max(clock[s], ready) + (fwd[s] if kind == "F" else bwd[s])
+                clock[s], ptr[s], left, progressed = end, ptr[s] + 1, left - 1, True
+                if kind == "F" and s + 1 < S:
+                    t0 = max(end, free_f[s])
+                    free_f[s] = t0 + send_f[s] - lf[s]
+                    arrive[("F", s + 1, i)] = t0 + send_f[s]
+                elif kind == "B" and s > 0:
+                    t0 = max(end, free_b[s - 1])
+                    free_b[s - 1] = t0 + send_b[s - 1] - lb[s - 1]
+                    arrive[("B", s - 1, i)] = t0 + send_b[s - 1]
+        if not progressed:
+            raise ValueError("the schedule deadlocks")
+    return clock
+
+
+def path_time(
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    latency_f: Sequence[float] | None = None,
+    latency_b: Sequence[float] | None = None,
+) -> float:
+    """[C3p] The longest of a family of dependency paths through one 1F1B pipeline (the runner's order,
+    ``formulations/cost_model.md``): a lower bound of the exact timeline [C3x]
+    (:func:`replay_stage_ends`), equal to it when one of these paths is the critical one.
+
+    With A_s = Σ_{i<s} (f_i + c^f_i) (microbatch 0 reaching stage s), B_s = Σ_{i<s} (c^b_i + b_i) (the
+    way back from s), D_s microbatch 0's trip below s and back (Σ_{i>s} t_i + Σ_{i≥s} (c^f_i + c^b_i)),
+    w_s = min(S − s − 1, m) warm-up forwards and o = c − λ the part of a send that occupies its
+    boundary, for every window s..j (d = j − s + 1 stages, round trip W(s, j) of [C3]):
+
+    - head, stage s's first backward ends at least at A_s + b_s + max(f_s + D_s, min(w_s + 1, m)·f_s)
+      and, for j > s, after the first w_j + 1 forwards have queued through boundary s
+      (max(f_s + w_j·o^f_s, (w_j + 1)·f_s) + c^f_s + the forwards of s+1..j + b_j + the way back to s);
+    - q cycles around the window, each W(s, j) long and d microbatches further (q ≤ ⌊(m − 2 − w_s)/d⌋ + 1:
+      stage s's backward of k is followed by its forward of k + w_s + 1);
+    - tail from stage s's backward of k = d·q: its remaining backwards and forwards back to back, or
+      the remaining backward messages queued through boundary s ((m − 1 − k)·o^b_s), or its next
+      forward's trip below s and back followed by its remaining backwards;
+    - then B_s back to stage 0.
+
+    And each boundary's messages in one direction back to back: R_0 + (m − 1)·o. Every piece follows
+    edges of the dependency graph, so the result never exceeds [C3x]. O(S²)."""
+    S, m = len(fwd), num_microbatches
+    f, b = list(fwd), list(bwd)
+    lf = list(latency_f) if latency_f is not None else [0.0] * S
+    lb = list(latency_b) if latency_b is not None else [0.0] * S
+    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
+    t = [x + y for x, y in zip(f, b)]
+    of = [c - x for c, x in zip(cf, lf)]
+    ob = [c - x for c, x in zip(cb, lb)]
+    ahead, back, below = [0.0] * S, [0.0] * S, [0.0] * S
+    for s in range(1, S):
+        ahead[s] = ahead[s - 1] + f[s - 1] + cf[s - 1]
+        back[s] = back[s - 1] + cb[s - 1] + b[s - 1]
+    for s in range(S - 2, -1, -1):
+        below[s] = below[s + 1] + t[s + 1] + cf[s] + cb[s]
+    fill = sum(t) + sum(cf) + sum(cb)
+    best = max([fill + steady_weight(m) * max(of[i], ob[i]) for i in range(S - 1)], default=0.0)
+    for s in range(S):
+        w = min(S - s - 1, m)
+        head0 = max(f[s] + below[s], min(w + 1, m) * f[s]) + b[s]
+        trip, into, way_back = t[s], 0.0, 0.0
+        for j in range(s, S):
+            head = head0
+            if j > s:
+                trip += t[j] + cf[j - 1] + cb[j - 1]
+                into += f[j] + (cf[j - 1] if j - 1 > s else 0.0)
+                way_back += cb[j - 1] + b[j - 1]
+                wj = min(S - j - 1, m - 1)
+                queued = max(f[s] + wj * of[s], (wj + 1) * f[s])
+                head = max(head, queued + cf[s] + into + b[j] + way_back)
+            d = j - s + 1
+            q_max = (m - 2 - w) // d + 1 if m - 2 - w >= 0 else 0
+            for q in {q_max, max(q_max - 1, 0)}:
+                k = d * q
+                rest = m - 1 - k
+                tail = rest * b[s] + max(0, rest - w) * f[s]
+                if j > s:
+                    tail = max(tail, rest * ob[s])
+                if k + w + 1 <= m - 1:
+                    tail = max(tail, f[s] + below[s] + b[s] + (m - 2 - k - w) * b[s])
+                best = max(best, ahead[s] + back[s] + head + q * trip + tail)
+    return best

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hgopt.cost import build_tables, evaluate
-from hgopt.cost.evaluate import _quantisation_time, _segment_allreduce
+from hgopt.cost.evaluate import quantisation_time, segment_allreduce, segment_buckets
 from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
@@ -39,9 +39,6 @@ from hgopt.simulate.resources import Network, Resource
 from hgopt.spec import Instance
 
 __all__ = ["Event", "LinkUse", "Simulation", "StageUse", "simulate"]
-
-_MIB = float(2**20)
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
@@ -218,8 +215,7 @@ class _Replay:
     # ---- gradient buckets ----
     def _build_sync(self) -> None:
         plan, tables, inst = self.plan, self.tables, self.inst
-        overlap = bool(getattr(plan, "overlap_grad_sync", False))
-        cap = float(getattr(plan, "grad_bucket_mb", math.inf)) * _MIB
+        overlap = plan.overlap_grad_sync
         self.overlap = overlap
         cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
         per_worker: dict[tuple[int, int, int], list[_Collective]] = {k: [] for k in self.workers}
@@ -228,11 +224,10 @@ class _Replay:
                        if s.start <= lo and hi <= s.end]
             members = [w for w in self.workers.values() if any((w.pi, w.si) == (pi, si) for pi, si, _ in holders)]
             stages = [s for _, _, s in holders]
-            # the runner shards (ZeRO-1: one reduce-scatter of the whole group, no buckets) only when
-            # every holder asks for it and all hold one tp degree (export/build.py _zero_level)
-            zero = all(s.zero for s in stages) and len({g.tp for s in stages for g in s.groups}) == 1
-            for blo, bhi in _buckets(inst, tables, stages, lo, hi, math.inf if zero else cap):
-                seg = _segment_allreduce(inst, tables, stages, blo, bhi, plan.grad_sync_precision)
+            # the kernel's buckets: ZeRO-1 sharded segments (every holder asks, one tp degree, as the
+            # export decides) are one reduce-scatter of the whole segment
+            for blo, bhi in segment_buckets(inst, tables, stages, lo, hi, float(plan.grad_bucket_mb)):
+                seg = segment_allreduce(inst, tables, stages, blo, bhi, plan.grad_sync_precision)
                 names = seg.clusters
                 wan = self.net.ring(names)
                 c = _Collective(layers=(blo, bhi), members=members, intra_s=seg.intra, inter_s=seg.inter, wan=wan,
@@ -304,7 +299,7 @@ class _Replay:
             dst = self.workers[(w.pi, dst_si, peer)]
             nbytes = (hi - lo) * per_sample * factor
             res = self.net.path(self.net.node_of[(w.pi, w.si, w.ri)], self.net.node_of[(w.pi, dst_si, peer)])
-            quant = _quantisation_time(self.inst, prec, factor, per_sample, [(w.cluster, dst.cluster, hi - lo)])
+            quant = quantisation_time(self.inst, prec, factor, per_sample, [(w.cluster, dst.cluster, hi - lo)])
             delay = max(r.latency_s for r in res) + quant
 
             def done(start: float, t_bytes: float, dst: _Worker = dst, peer: int = peer,
@@ -488,31 +483,3 @@ def _replica_rows(stage: Stage) -> list[tuple[Any, int, int]]:
 def _overlaps(rows: tuple[int, int], other: list[tuple[Any, int, int]]) -> list[tuple[int, int, int]]:
     lo, hi = rows
     return [(j, max(lo, a), min(hi, b)) for j, (_, a, b) in enumerate(other) if max(lo, a) < min(hi, b)]
-
-
-def _buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-             cap: float) -> list[tuple[int, int]]:
-    """Layers ``[lo, hi)`` in reverse order packed into buckets of at most ``cap`` bytes of the
-    gradient one rank holds (the largest shard among the holders; a layer above the cap is its own
-    bucket), last layers first: the kernel's ``gradsync.bucket_ranges`` when it exists."""
-    if math.isinf(cap):
-        return [(lo, hi)]
-    layer_bytes = [0.0] * tables.num_layers
-    for st in holders:
-        for g in st.groups:
-            tab = tables.table(inst.topology.cluster(g.cluster).gpu, g.tp)
-            for layer in range(lo, hi):
-                layer_bytes[layer] = max(layer_bytes[layer], float(tab.params[layer + 1] - tab.params[layer]) * tables.dtype_bytes)
-    try:
-        from hgopt.cost.gradsync import bucket_ranges
-    except ImportError:
-        out: list[tuple[int, int]] = []
-        top, size = hi, 0.0
-        for layer in range(hi - 1, lo - 1, -1):
-            if size > 0 and size + layer_bytes[layer] > cap:
-                out.append((layer + 1, top))
-                top, size = layer + 1, 0.0
-            size += layer_bytes[layer]
-        out.append((lo, top))
-        return out
-    return bucket_ranges(layer_bytes, lo, hi, cap)
