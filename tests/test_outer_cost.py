@@ -148,6 +148,7 @@ def test_plan_command_with_outer_steps(tmp_path: object, capsys: pytest.CaptureF
 
     from hgopt.cli import main
     from hgopt.plan import load_plan
+    from hgopt.spec import instance_from_dict
     from tests.factories import tiny_model, tiny_topology
 
     d = Path(str(tmp_path))
@@ -162,5 +163,10 @@ def test_plan_command_with_outer_steps(tmp_path: object, capsys: pytest.CaptureF
     for h in (1, 20):
         plan = load_plan(d / f"p.H{h}.json")
         assert plan.outer is not None and plan.outer.steps == h and plan.outer.precision in ("fp32", "int8")
+    capsys.readouterr()
+    assert main(["evaluate", str(d / "two.yaml"), str(d / "p.H20.json")]) == 0  # priced by [C9], not as synchronous
+    shown = capsys.readouterr().out
+    ev = evaluate_outer(load_plan(d / "p.H20.json"), instance_from_dict(json.loads((d / "two.yaml").read_text())))
+    assert "outer sync every 20 steps" in shown and f"{ev.tokens_per_s:,.0f} tokens/s" in shown
     assert main(["plan", str(d / "two.yaml"), "--outer-steps", "0"]) == 2
     assert main(["plan", str(d / "two.yaml"), "--outer-steps", "5", "--delta-precision", "fp4"]) == 2
