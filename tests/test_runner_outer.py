@@ -206,3 +206,13 @@ def test_fragments_are_staggered() -> None:
     assert [n for n in range(1, 13) if sync_due(o, 0, n)] == [6, 12]
     assert [n for n in range(1, 13) if sync_due(o, 1, n)] == [4, 10]
     assert [n for n in range(1, 13) if sync_due(o, 2, n)] == [2, 8]
+
+
+def test_export_refuses_what_the_runner_cannot_run() -> None:
+    mixed = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1), pipeline([((0, 4), [G("b", mbs=4)])], m=1)),
+                 outer=OuterSync(groups=((0,), (1,))))
+    with pytest.raises(ValueError, match="layer 0 is held with tp degrees"):
+        build_runner_plan(mixed, runner_instance(), ExportOptions(dtype="float64"))
+    overlapped = dataclasses.replace(outer_plan(), outer=dataclasses.replace(outer_plan().outer, overlap=True))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="outer.overlap"):
+        build_runner_plan(overlapped, runner_instance(), ExportOptions(dtype="float64"))

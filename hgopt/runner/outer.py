@@ -247,11 +247,11 @@ class OuterStep:
         q, qs = _mean_encoded([got[k * chunk : (k + 1) * chunk] for k in range(K)],
                               None if recv_s is None else list(recv_s.chunk(K)), prec, block, self.dtype)
         all_p = torch.empty(K * chunk, dtype=_wire(q).dtype, device=delta.device)
-        dist.all_gather_into_tensor(all_p, _wire(q).contiguous(), group=group)
+        _all_gather(all_p, _wire(q).contiguous(), group=group)
         all_s = None
         if qs is not None:
             all_s = torch.empty(K * qs.numel(), dtype=qs.dtype, device=delta.device)
-            dist.all_gather_into_tensor(all_s, qs.contiguous(), group=group)
+            _all_gather(all_s, qs.contiguous(), group=group)
         return decode_delta(_unwire(all_p, q.dtype), all_s, prec, block, self.dtype)[:n].contiguous()
 
     # ---- checkpoints ------------------------------------------------------------------------------
@@ -268,6 +268,12 @@ class OuterStep:
                 if n in blob["momentum"]:
                     self.opt.state[t]["momentum_buffer"] = blob["momentum"][n].to(t.device, t.dtype).clone()
         self.syncs = int(blob["syncs"])
+
+
+def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
+    """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, inp, group=group)
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
