@@ -141,3 +141,32 @@ def test_low_comm_search_reports_every_h() -> None:
         assert sum(g.samples for g in e.groups) == 16
     assert res.sync.plan is not None and math.isfinite(res.sync.tokens_per_s)
     assert any("changes the optimisation" in n for n in res.notes)
+
+
+def test_plan_command_with_outer_steps(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from hgopt.cli import main
+    from hgopt.plan import load_plan
+    from hgopt.spec import instance_from_dict
+    from tests.factories import tiny_model, tiny_topology
+
+    d = Path(str(tmp_path))
+    (d / "two.yaml").write_text(json.dumps({"name": "two", "model": tiny_model(), "topology": tiny_topology(),
+                                            "job": {"global_batch": 16, "seq_len": 128, "precision": "fp32"}}))
+    code = main(["plan", str(d / "two.yaml"), "--outer-steps", "1,20", "--planner", "heuristic", "--time-limit", "2",
+                 "--delta-precision", "fp32,int8", "-o", str(d / "p.json")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tokens/s" in out and "syncs/1e9 tok" in out and "WAN/step" in out
+    assert "changes the optimisation" in out and "your choice" in out
+    for h in (1, 20):
+        plan = load_plan(d / f"p.H{h}.json")
+        assert plan.outer is not None and plan.outer.steps == h and plan.outer.precision in ("fp32", "int8")
+    capsys.readouterr()
+    assert main(["evaluate", str(d / "two.yaml"), str(d / "p.H20.json")]) == 0  # priced by [C9], not as synchronous
+    shown = capsys.readouterr().out
+    ev = evaluate_outer(load_plan(d / "p.H20.json"), instance_from_dict(json.loads((d / "two.yaml").read_text())))
+    assert "outer sync every 20 steps" in shown and f"{ev.tokens_per_s:,.0f} tokens/s" in shown
+    assert main(["plan", str(d / "two.yaml"), "--outer-steps", "0"]) == 2
+    assert main(["plan", str(d / "two.yaml"), "--outer-steps", "5", "--delta-precision", "fp4"]) == 2

@@ -30,7 +30,8 @@ from hgopt.runner.data import IGNORE, Dataset  # noqa: E402
 from hgopt.runner.engine import make_optimizer  # noqa: E402
 from hgopt.runner.launch import run_forked  # noqa: E402
 from hgopt.runner.model import build_stage  # noqa: E402
-from hgopt.runner.outer import decode_delta, encode_delta, sync_due  # noqa: E402
+from hgopt.runner.outer import average_deltas, decode_delta, encode_delta, sync_due  # noqa: E402
+from hgopt.runner.outer_reference import train_outer  # noqa: E402
 from hgopt.runner.summary import read_metrics  # noqa: E402
 from tests.runner_plans import G, pipeline, runner_instance  # noqa: E402
 
@@ -158,6 +159,19 @@ def test_compressed_deltas_run_within_their_error(straight: tuple[RunnerPlan, Pa
     got = load_full_state(tmp_path, 0)
     err = max(float((got[n] - exact[n]).abs().max()) for n in exact)
     assert 0 < err <= LR * (1 + MU) * 2 * dmax / 127 * 1.01
+    # and it is exactly the one-process outer training with the same codec (what bench/low_comm.py runs)
+    models, _ = train_outer(rp, H)
+    for pipe, g in ((0, 0), (1, 1), (2, 1)):
+        assert _worst(load_full_state(tmp_path, pipe), {n: p.detach() for n, p in models[g].named_parameters()}) < 1e-12
+
+
+def test_one_process_outer_training_equals_the_runner(straight: tuple[RunnerPlan, Path]) -> None:
+    rp, out = straight
+    models, losses = train_outer(rp, STEPS)
+    for pipe, g in ((0, 0), (1, 1), (2, 1)):
+        assert _worst(load_full_state(out, pipe), {n: p.detach() for n, p in models[g].named_parameters()}) < 1e-12
+    logged = [r["loss"] for r in read_metrics(out)]
+    assert logged == pytest.approx(losses, rel=1e-12)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8", "int8"])
@@ -174,6 +188,17 @@ def test_codec_error_is_within_half_a_step(precision: str) -> None:
         assert bool(((y - x).abs() <= x.abs() * rel[precision] + blocks * 2**-9 * (precision == "fp8")).all())
 
 
+def test_one_process_exchange_is_a_mean_within_two_quantisation_steps() -> None:
+    torch.manual_seed(0)
+    deltas = [torch.randn(1000, dtype=torch.float64) for _ in range(3)]
+    exact = sum(deltas) / 3
+    assert float((average_deltas(deltas, "native", 128) - exact).abs().max()) < 1e-15
+    step = max(float(d.abs().max()) for d in deltas) / 127
+    err = float((average_deltas(deltas, "int8", 128) - exact).abs().max())
+    assert 0 < err <= step * (1 + 1e-9)  # half a step per phase
+    assert float((average_deltas(deltas, "fp32", 128) - exact).abs().max()) < 1e-6
+
+
 def test_fragments_are_staggered() -> None:
     from hgopt.export.runner_plan import OuterConfig
 
@@ -181,3 +206,13 @@ def test_fragments_are_staggered() -> None:
     assert [n for n in range(1, 13) if sync_due(o, 0, n)] == [6, 12]
     assert [n for n in range(1, 13) if sync_due(o, 1, n)] == [4, 10]
     assert [n for n in range(1, 13) if sync_due(o, 2, n)] == [2, 8]
+
+
+def test_export_refuses_what_the_runner_cannot_run() -> None:
+    mixed = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1), pipeline([((0, 4), [G("b", mbs=4)])], m=1)),
+                 outer=OuterSync(groups=((0,), (1,))))
+    with pytest.raises(ValueError, match="layer 0 is held with tp degrees"):
+        build_runner_plan(mixed, runner_instance(), ExportOptions(dtype="float64"))
+    overlapped = dataclasses.replace(outer_plan(), outer=dataclasses.replace(outer_plan().outer, overlap=True))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="outer.overlap"):
+        build_runner_plan(overlapped, runner_instance(), ExportOptions(dtype="float64"))

@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
     check_outputs(args, "--timeline")
     plan = load_plan(args.plan)
+    if plan.outer is not None:  # issue #15 (diloco): groups meeting every H steps, priced by [C9]
+        from hgopt.commands.outer_plan import evaluate_outer_command
+
+        return evaluate_outer_command(args, plan, inst)
     tables = build_tables(inst)
     ev = evaluate(plan, inst, tables)
     expl = explain(plan, inst, ev, tables) if ev.stages else None

@@ -9,12 +9,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hgopt.cost.outer import OuterEvaluation, evaluate_outer
+from hgopt.plan import Plan
 from hgopt.search import PlanOptions
 from hgopt.search.lowcomm import DELTA_PRECISIONS, LowCommResult, plan_low_comm
 from hgopt.spec import Instance
 from hgopt.table import fmt_bytes, format_table
 
-__all__ = ["add_arguments", "parse_steps", "render", "run_outer", "to_json"]
+__all__ = ["add_arguments", "evaluate_outer_command", "parse_steps", "render", "render_outer", "run_outer", "to_json"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,3 +105,44 @@ def to_json(res: LowCommResult) -> dict[str, Any]:
                    "plan": c.plan.to_dict()} for c in res.choices],
         "notes": list(res.notes),
     }
+
+
+def render_outer(ev: OuterEvaluation) -> str:
+    """``hgopt evaluate`` of a plan with an outer synchronisation ([C9])."""
+    rows = [[i, "+".join(g.clusters), g.gpus, g.samples, f"{g.inner_step_s:.4g} s", fmt_bytes(g.wan_bytes_per_step)]
+            for i, g in enumerate(ev.groups)]
+    out = [format_table(["group", "clusters", "GPUs", "samples/step", "inner step", "WAN/step inside"], rows)] if rows else []
+    if ev.groups:
+        out.append(f"outer sync every {ev.steps} steps, {ev.precision} deltas ({fmt_bytes(ev.delta_bytes)}): "
+                   f"{ev.sync_s:.4g} s per sync, {ev.exposed_sync_s:.4g} s exposed, outer update {ev.update_s:.4g} s")
+        out.append(f"round {ev.round_s:.4g} s = {ev.steps} x {ev.inner_step_s:.4g} s (slowest group) + exposed sync + "
+                   f"update; {ev.step_time_s:.4g} s per step, {ev.tokens_per_s:,.0f} tokens/s on {ev.gpus_used} GPUs "
+                   f"(fluid: {ev.fluid_tokens_per_s:,.0f})")
+        out.append(f"WAN {fmt_bytes(ev.wan_bytes_per_step)} per step, {ev.syncs_per_billion_tokens:.4g} outer syncs per "
+                   f"billion tokens; outer state {fmt_bytes(ev.outer_state_bytes_per_gpu)} per GPU (not charged)")
+        out.append("note: H > 1 changes the optimisation (the groups train apart between outer steps)")
+    out.append("feasible" if ev.feasible else "INFEASIBLE:")
+    out.extend(f"  - {v}" for v in ev.violations)
+    return "\n".join(out)
+
+
+def evaluate_outer_command(args: argparse.Namespace, plan: Plan, inst: Instance) -> int:
+    ev = evaluate_outer(plan, inst)
+    if args.json:
+        import dataclasses
+
+        doc = dataclasses.asdict(ev)
+        print(json.dumps(_finite(doc), indent=2))
+    else:
+        print(render_outer(ev))
+    return 0 if ev.feasible else 1
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -40,7 +40,7 @@ from torch import nn
 from hgopt.cost.outer import fragment_ranges
 from hgopt.export.runner_plan import OuterConfig, RunnerPlan
 
-__all__ = ["OuterStep", "decode_delta", "encode_delta", "group_rows", "make_outer", "sync_due"]
+__all__ = ["OuterStep", "average_deltas", "decode_delta", "encode_delta", "group_rows", "make_outer", "sync_due"]
 
 log = logging.getLogger(__name__)
 _FP8 = torch.float8_e4m3fn
@@ -72,6 +72,51 @@ def decode_delta(payload: torch.Tensor, scale: torch.Tensor | None, precision: s
     assert scale is not None
     vals = payload.to(torch.float32).reshape(-1, block) * scale[:, None]
     return vals.reshape(-1).to(dtype)
+
+
+def _chunk(n: int, K: int, precision: str, block: int) -> int:
+    """Elements per member of the reduce-scatter: n / K rounded up to whole scale blocks."""
+    b = block if precision in ("fp8", "int8") else 1
+    return math.ceil(n / (K * b)) * b
+
+
+def _pad_encode(delta: torch.Tensor, K: int, chunk: int, precision: str,
+                block: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    padded = torch.zeros(K * chunk, dtype=delta.dtype, device=delta.device)
+    padded[: delta.numel()] = delta
+    return encode_delta(padded, precision, block)
+
+
+def _mean_encoded(payloads: list[torch.Tensor], scales: list[torch.Tensor] | None, precision: str, block: int,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One member's chunk: the K received encoded pieces decoded, averaged in order, encoded again."""
+    pieces = [decode_delta(p, None if scales is None else scales[j], precision, block, dtype)
+              for j, p in enumerate(payloads)]
+    total = pieces[0]
+    for p in pieces[1:]:
+        total = total + p
+    return encode_delta(total / len(pieces), precision, block)
+
+
+def average_deltas(deltas: list[torch.Tensor], precision: str, block: int) -> torch.Tensor:
+    """The outer exchange in one process: what every member holds after :meth:`OuterStep._average` when
+    the members' deltas are ``deltas`` in group-rank order (ascending global rank)."""
+    K, n, dtype = len(deltas), deltas[0].numel(), deltas[0].dtype
+    if precision == "native":
+        total = deltas[0]
+        for d in deltas[1:]:
+            total = total + d
+        return total / K
+    chunk = _chunk(n, K, precision, block)
+    enc = [_pad_encode(d, K, chunk, precision, block) for d in deltas]
+    per = chunk // block if precision in ("fp8", "int8") else 0
+    parts = []
+    for k in range(K):
+        q, qs = _mean_encoded([p[k * chunk : (k + 1) * chunk] for p, _ in enc],
+                              None if enc[0][1] is None else [s[k * per : (k + 1) * per] for _, s in enc],  # type: ignore[index]
+                              precision, block, dtype)
+        parts.append(decode_delta(q, qs, precision, block, dtype))
+    return torch.cat(parts)[:n]
 
 
 # ---- schedule ---------------------------------------------------------------------------------------
@@ -183,39 +228,31 @@ class OuterStep:
             self.params[n].copy_(self.theta[n].to(self.params[n].dtype))
 
     def _average(self, delta: torch.Tensor, group: Any) -> torch.Tensor:
-        K = len(self.cfg.groups)
-        prec = self.cfg.precision
+        """The mean of the groups' deltas over ``group`` (the representatives), as :func:`average_deltas`
+        computes it in one process (pieces summed in group-rank order)."""
+        K, prec, block = len(self.cfg.groups), self.cfg.precision, self.cfg.block
         if prec == "native":
             dist.all_reduce(delta, group=group)
             return delta / K
         n = delta.numel()
-        block = self.cfg.block if prec in ("fp8", "int8") else 1
-        chunk = math.ceil(n / (K * block)) * block
-        padded = torch.zeros(K * chunk, dtype=self.dtype, device=delta.device)
-        padded[:n] = delta
-        payload, scale = encode_delta(padded, prec, self.cfg.block)
+        chunk = _chunk(n, K, prec, block)
+        payload, scale = _pad_encode(delta, K, chunk, prec, block)
         recv_p = torch.empty_like(_wire(payload))
         dist.all_to_all_single(recv_p, _wire(payload), group=group)
         recv_s = None
         if scale is not None:
             recv_s = torch.empty_like(scale)
             dist.all_to_all_single(recv_s, scale, group=group)
-        pieces = [decode_delta(_unwire(recv_p, payload.dtype)[k * chunk : (k + 1) * chunk],
-                               None if recv_s is None else recv_s[k * chunk // block : (k + 1) * chunk // block],
-                               prec, self.cfg.block, self.dtype) for k in range(K)]
-        mean = pieces[0]
-        for p in pieces[1:]:
-            mean = mean + p
-        mean = mean / K
-        q, qs = encode_delta(mean, prec, self.cfg.block)
+        got = _unwire(recv_p, payload.dtype)
+        q, qs = _mean_encoded([got[k * chunk : (k + 1) * chunk] for k in range(K)],
+                              None if recv_s is None else list(recv_s.chunk(K)), prec, block, self.dtype)
         all_p = torch.empty(K * chunk, dtype=_wire(q).dtype, device=delta.device)
-        dist.all_gather_into_tensor(all_p, _wire(q).contiguous(), group=group)
+        _all_gather(all_p, _wire(q).contiguous(), group=group)
         all_s = None
         if qs is not None:
-            all_s = torch.empty(K * chunk // block, dtype=qs.dtype, device=delta.device)
-            dist.all_gather_into_tensor(all_s, qs.contiguous(), group=group)
-        out = decode_delta(_unwire(all_p, q.dtype), all_s, prec, self.cfg.block, self.dtype)
-        return out[:n].contiguous()
+            all_s = torch.empty(K * qs.numel(), dtype=qs.dtype, device=delta.device)
+            _all_gather(all_s, qs.contiguous(), group=group)
+        return decode_delta(_unwire(all_p, q.dtype), all_s, prec, block, self.dtype)[:n].contiguous()
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -231,6 +268,12 @@ class OuterStep:
                 if n in blob["momentum"]:
                     self.opt.state[t]["momentum_buffer"] = blob["momentum"][n].to(t.device, t.dtype).clone()
         self.syncs = int(blob["syncs"])
+
+
+def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
+    """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, inp, group=group)
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,10 @@ def plan_low_comm(instance: Instance, steps: Sequence[int], options: PlanOptions
     """The best outer-synchronised plan per H in ``steps`` and the synchronous plan beside it."""
     if not steps or any(h < 1 for h in steps):
         raise ValueError(f"--outer-steps: every H must be >= 1, got {list(steps)}")
+    bad = [p for p in precisions if p not in DELTA_PRECISIONS]
+    if bad or not precisions:
+        raise ValueError(f"--delta-precision: expected some of {', '.join(DELTA_PRECISIONS)}, got {list(precisions)}")
+    precisions = sorted(set(precisions), key=DELTA_PRECISIONS.index)  # widest first: ties keep the wider
     tables = build_tables(instance)
     sub = get_planner(planner)
     per_call = max(1.0, min(10.0, options.time_limit_s / 8))
