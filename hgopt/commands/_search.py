@@ -86,7 +86,10 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
         if plan is not None:
             plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"),
                                                    ("status", "interrupted")))
-        res = dataclasses.replace(res, status="interrupted", plan=plan, notes=(
+        solver = res.solver
+        if "certified" in solver:  # the milp's words for "no MILP needed": untrue when it was stopped first
+            solver = "none (stopped before any MILP was solved)"
+        res = dataclasses.replace(res, status="interrupted", plan=plan, solver=solver, notes=(
             f"interrupted by {sig} after {progress.elapsed_s():.1f} s: the best plan found so far"
             + ("; the lower bound still holds" if res.lower_bound_s is not None else ""),
             *(n.replace("time limit reached before", "the search stopped before")
