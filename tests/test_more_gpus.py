@@ -168,7 +168,13 @@ def _check_why_not_lines(name: str, doc: dict) -> int:
 
 
 def test_plan_default_why_not_plans_use_the_idle_clusters() -> None:
+    """`hgopt plan default`: memory per stage, busy share per used cluster, $ (the default instance
+    carries prices), and a why-not line per idle cluster whose plan uses it."""
     doc = _cli_json("default")
+    e = doc["explanation"]
+    assert e["stages"] and all(0 < s["peak_memory_bytes"] <= s["memory_capacity_bytes"] for s in e["stages"])
+    assert all(0 < c["busy_share"] <= 1 for c in e["clusters"] if c["gpus_used"])
+    assert e["money"]["usd_per_iteration"] > 0 and e["money"]["usd_per_million_tokens"] > 0
     idle = {c["name"] for c in doc["explanation"]["clusters"] if c["gpus_used"] == 0}
     assert len(idle) == 2
     assert {w["cluster"] for w in doc["explanation"]["why_not"]} >= idle
