@@ -237,8 +237,8 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
     as the plan's search). For every cluster it uses only part of: the plan's skeleton with that
     cluster's block re-planned by the intra-cluster DP with as many more of its GPUs as fit
     (``hgopt.search.more_gpus.use_more``). Each alternative is scored by ``evaluate``, with how much
-    slower / costlier it is. Partly used clusters go first (one DP call per GPU floor, no search);
-    the idle ones share what is left of ``time_limit_s``."""
+    slower / costlier it is. Partly used clusters go first (DP calls, no search; within half of
+    ``time_limit_s`` when some cluster is idle); the idle ones share what is left."""
     import time
 
     deadline = time.monotonic() + time_limit_s
@@ -248,8 +248,9 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
     partly = [c for c in instance.topology.clusters if 0 < used.get(c.name, 0) < c.num_gpus]
     idle = [c for c in instance.topology.clusters if used.get(c.name, 0) == 0]
     got: dict[str, WhyNot] = {}
+    first = time.monotonic() + time_limit_s / 2 if idle else deadline  # leave the idle ones half at least
     for c in partly:
-        got[c.name] = _more_of(plan, instance, tables, ev, base_usd, c.name, deadline)
+        got[c.name] = _more_of(plan, instance, tables, ev, base_usd, c.name, first)
     for j, c in enumerate(idle):
         left = deadline - time.monotonic()
         if left <= 0:
@@ -288,7 +289,7 @@ def _more_of(plan: Plan, instance: Instance, tables: CostTables, ev: Evaluation,
         return _none(cluster, r.gpus_used, r.gpus, planner, f"no plan uses more of it: {r.note}")
     alt_ev = evaluate(r.plan, instance, tables)
     return _scored(instance, tables, ev, base_usd, cluster, r.gpus_used, r.plan, alt_ev.iteration_time_s, planner,
-                   note=f"the same skeleton, its block re-planned with at least {r.floor} GPUs per copy")
+                   note=r.note)
 
 
 def _using_idle(instance: Instance, tables: CostTables, ev: Evaluation, base_usd: float | None, cluster: str,

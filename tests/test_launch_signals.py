@@ -103,3 +103,53 @@ def test_startup_progress_and_sigterm_forwarded(tmp_path: Path, mode: str) -> No
         port = err.split("store 10.99.0.1:")[1].split(",")[0]
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert f"hg{port}c" not in left
+
+
+def test_helper_view_reads_the_store_helpers_reports() -> None:
+    """netns mode: the launcher learns ranks connected and the abort reason from the helper's JSON
+    lines (the last line wins; other output is ignored)."""
+    import io
+    from types import SimpleNamespace
+
+    from hgopt.runner.launch import _HelperView
+
+    lines = ['{"connected": 1, "abort": null}\n', "noise\n",
+             '{"connected": 4, "abort": "rank 2 (cluster b) stopped responding"}\n']
+    view = _HelperView(SimpleNamespace(stdout=io.StringIO("".join(lines))))  # type: ignore[arg-type]
+    assert view.abort_reason() == "rank 2 (cluster b) stopped responding"  # waits for the reader
+    assert view.connected(4) == 4
+    empty = _HelperView(SimpleNamespace(stdout=io.StringIO("")))  # type: ignore[arg-type]
+    assert empty.abort_reason() is None and empty.connected(4) == -1
+
+
+def test_store_helper_reports_connected_ranks_and_the_abort_reason() -> None:
+    """``python -m hgopt.runner.store HOST PORT RANKS`` (what runs inside rank 0's namespace): a JSON
+    line whenever a rank's first heartbeat key or the abort key appears."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hgopt.runner.watchdog import _PREFIX
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    helper = subprocess.Popen([sys.executable, "-m", "hgopt.runner.store", "127.0.0.1", str(port), "2"],
+                              stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    guard = threading.Timer(120, helper.kill)  # a broken helper must not hang the suite
+    guard.start()
+    try:
+        assert helper.stdout is not None
+        assert helper.stdout.readline().strip() == "ready"
+        assert json.loads(helper.stdout.readline()) == {"connected": 0, "abort": None}
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        client.add(f"{_PREFIX}hb/1", 1)
+        assert json.loads(helper.stdout.readline()) == {"connected": 1, "abort": None}
+        client.set(f"{_PREFIX}abort", "rank 0 stopped responding")
+        assert json.loads(helper.stdout.readline()) == {"connected": 1, "abort": "rank 0 stopped responding"}
+    finally:
+        guard.cancel()
+        helper.kill()
+        helper.wait()

@@ -131,7 +131,7 @@ def test_use_more_keeps_the_other_clusters_and_names_why_it_cannot() -> None:
         Stage(start=0, end=2, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),), zero=1),
         Stage(start=2, end=4, groups=(ReplicaGroup(cluster="b", dp=2, mbs=1),), zero=1)), num_microbatches=8),))
     r = use_more(half, inst, "a")
-    assert r.plan is not None and r.plan.gpus_by_cluster()["a"] > 2 and r.tried[0] == 8
+    assert r.plan is not None and r.plan.gpus_by_cluster()["a"] > 2 and r.tried[0] == (8, 2)
     b_stages = [s for s in r.plan.pipelines[0].stages if "b" in s.clusters()]
     assert [g for s in b_stages for g in s.groups] == [ReplicaGroup(cluster="b", dp=2, mbs=1)]
     assert r.iteration_time_s == evaluate(r.plan, inst).iteration_time_s
@@ -140,6 +140,22 @@ def test_use_more_keeps_the_other_clusters_and_names_why_it_cannot() -> None:
     mixed = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(
         ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1))),), num_microbatches=8),))
     assert "another cluster" in use_more(mixed, inst, "a").note
+
+
+def test_use_more_changes_the_microbatch_when_the_plans_own_cannot_hold_more() -> None:
+    """One layer on cluster a (3 GPUs, tp 1 only): at microbatch 2 a stage has at most dp 2, so the
+    third GPU needs microbatch 3 (dp 3, 2 microbatches of the 6 samples), found at the second try."""
+    topo = tiny_topology(clusters=(("a", "A", 1, 3, 40.0), ("b", "B", 1, 2, 40.0)))
+    inst = tiny_instance(global_batch=6, model=tiny_model(num_layers=1), topology=topo)
+    plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),),
+                                                  zero=1),), num_microbatches=3),))
+    r = use_more(plan, inst, "a")
+    assert r.tried[:2] == ((3, 2), (3, 3)) and r.microbatch == 3 and "microbatch 3 instead of 2" in r.note
+    assert r.plan is not None and r.plan.gpus_by_cluster() == {"a": 3}
+    (pipe,) = r.plan.pipelines
+    assert pipe.microbatch == 3 and pipe.num_microbatches == 2
+    ev = evaluate(r.plan, inst)
+    assert ev.feasible and r.iteration_time_s == ev.iteration_time_s
 
 
 def _cli_json(*args: str) -> dict:
@@ -168,7 +184,13 @@ def _check_why_not_lines(name: str, doc: dict) -> int:
 
 
 def test_plan_default_why_not_plans_use_the_idle_clusters() -> None:
+    """`hgopt plan default`: memory per stage, busy share per used cluster, $ (the default instance
+    carries prices), and a why-not line per idle cluster whose plan uses it."""
     doc = _cli_json("default")
+    e = doc["explanation"]
+    assert e["stages"] and all(0 < s["peak_memory_bytes"] <= s["memory_capacity_bytes"] for s in e["stages"])
+    assert all(0 < c["busy_share"] <= 1 for c in e["clusters"] if c["gpus_used"])
+    assert e["money"]["usd_per_iteration"] > 0 and e["money"]["usd_per_million_tokens"] > 0
     idle = {c["name"] for c in doc["explanation"]["clusters"] if c["gpus_used"] == 0}
     assert len(idle) == 2
     assert {w["cluster"] for w in doc["explanation"]["why_not"]} >= idle

@@ -92,13 +92,15 @@ def test_signal_stops_the_search_cooperatively(sig: int, code: int) -> None:
         assert _wait(options.progress.stop_requested)
         plan = _plan()
         return PlanResult(planner="fake", status="feasible", plan=plan, lower_bound_s=0.01,
-                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s,
+                          solver="none (highs not needed: the relaxation bounds certified the result)")
 
     before = signal.getsignal(sig)
     progress = Progress("fake", heartbeat=False)
     res = run_planner("fake", planner, inst, PlanOptions(), progress)
     assert res.status == "interrupted" and res.plan is not None and dict(res.plan.meta)["status"] == "interrupted"
     assert signal.Signals(sig).name in res.notes[0] and exit_code(progress) == code
+    assert "certified" not in res.solver  # nothing was certified: the search was stopped
     assert signal.getsignal(sig) == before  # the command's handlers are removed again
 
 
@@ -120,6 +122,34 @@ def test_a_search_that_does_not_return_yields_its_last_reported_incumbent() -> N
     assert res.status == "interrupted" and res.plan is not None and res.lower_bound_s == 0.5
     assert res.iteration_time_s == pytest.approx(evaluate(res.plan, inst).iteration_time_s)
     assert "splits" in res.notes[0]
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_a_search_stopped_before_any_incumbent_still_yields_a_valid_plan(stuck: bool) -> None:
+    """Stopped before it had a plan (stuck in a phase that ignores the flag, or returning none): the
+    result carries the uniform baseline's plan, valid by evaluate, marked interrupted and named."""
+    inst = tiny_instance()
+    release = threading.Event()
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        assert options.progress is not None
+        options.progress.report("cheap bounds", bound_s=0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+        if stuck:
+            release.wait(WAIT_S)
+        else:
+            assert _wait(options.progress.stop_requested)
+        return PlanResult(planner="fake", status="error", plan=None, lower_bound_s=0.01)
+
+    try:
+        res = run_planner("fake", planner, inst, PlanOptions(), Progress("fake", heartbeat=False), grace_s=0.2)
+    finally:
+        release.set()
+    assert res.status == "interrupted" and res.plan is not None and res.plan.planner == "uniform"
+    assert dict(res.plan.meta)["status"] == "interrupted"
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible and res.iteration_time_s == ev.iteration_time_s
+    assert res.lower_bound_s == 0.01 and any("uniform baseline" in n for n in res.notes)
 
 
 def test_compare_prefixes_heartbeats_with_the_planner(monkeypatch: pytest.MonkeyPatch,
@@ -168,6 +198,33 @@ def test_sigint_into_hgopt_plan_writes_the_incumbent_and_exits_130(tmp_path: Pat
     assert "status interrupted" in stdout
     plan = load_plan(out)
     assert dict(plan.meta).get("status") == "interrupted" and plan.pipelines
+
+
+def test_sigint_at_the_first_heartbeat_still_writes_a_valid_plan(tmp_path: Path) -> None:
+    """The issue's case: SIGINT early into `hgopt plan scale-8r-1024-llama70b -o p.json --time-limit 60`
+    (at its first heartbeat line, before the exact planner has an incumbent on a loaded machine, or
+    just after on a fast one): exit 130, no traceback, p.json a valid plan of the instance."""
+    from hgopt.instances import load_instance
+
+    out = tmp_path / "p.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "hgopt", "plan", "scale-8r-1024-llama70b", "-o", str(out),
+                             "--time-limit", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("[milp]"), line
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "status interrupted" in stdout
+    plan = load_plan(out)
+    inst = load_instance("scale-8r-1024-llama70b")
+    assert dict(plan.meta).get("status") == "interrupted" and evaluate(plan, inst).feasible
 
 
 def test_compare_after_sigint_keeps_the_running_planners_plan_and_skips_the_rest(

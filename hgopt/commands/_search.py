@@ -5,7 +5,9 @@ The planner runs in a worker thread while the main thread waits, so a signal is 
 even while the worker sits in a solver call. The handler sets the :class:`~hgopt.progress.Progress`
 stop flag; the search loops check it and return their best plan. If the worker has not returned
 ``grace_s`` seconds later (a long MILP solve), the command takes the incumbent the search last
-reported. A second signal ends the command at once (exit 130/143, no plan written)."""
+reported; a search stopped before it had any plan returns the ``uniform`` baseline's (found in a
+fraction of a second) so that ``-o`` still gets a valid plan. A second signal ends the command at
+once (exit 130/143, no plan written)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from hgopt.plan import Plan
 from hgopt.progress import Progress
 from hgopt.search import Planner, PlanOptions, PlanResult
 
-__all__ = ["EXIT_CODES", "SearchInterrupted", "exit_code", "run_planner"]
+__all__ = ["EXIT_CODES", "QUICK_PLANNER", "SearchInterrupted", "exit_code", "quick_plan", "run_planner"]
 
 log = logging.getLogger(__name__)
 
@@ -83,30 +85,64 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     if progress.stop_requested():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
+        quick: tuple[str, ...] = ()
         if plan is not None:
             plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"),
                                                    ("status", "interrupted")))
-        res = dataclasses.replace(res, status="interrupted", plan=plan, notes=(
+        else:
+            plan, quick = quick_plan(instance)
+        solver = res.solver
+        if "certified" in solver:  # the milp's words for "no MILP needed": untrue when it was stopped first
+            solver = "none (stopped before any MILP was solved)"
+        res = dataclasses.replace(res, status="interrupted", plan=plan, solver=solver, notes=(
             f"interrupted by {sig} after {progress.elapsed_s():.1f} s: the best plan found so far"
             + ("; the lower bound still holds" if res.lower_bound_s is not None else ""),
             *(n.replace("time limit reached before", "the search stopped before")
-               .replace("the time limit ran out before", "the search stopped before") for n in res.notes)))
+               .replace("the time limit ran out before", "the search stopped before") for n in res.notes), *quick),
+            iteration_time_s=res.iteration_time_s if res.plan is not None or plan is None
+            else evaluate(plan, instance).iteration_time_s)
     return res
 
 
 def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:
     st = progress.state()
     plan = st.plan if isinstance(st.plan, Plan) else None
+    notes: tuple[str, ...] = ()
     if plan is not None:
         plan = dataclasses.replace(plan, planner=name.partition(":")[0], instance=instance.name,
                                    meta=(*plan.meta, ("status", "interrupted")))
+    else:
+        plan, notes = quick_plan(instance)
     sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
     bound = st.bound_s if st.bound_s is not None and math.isfinite(st.bound_s) else None
     t = evaluate(plan, instance).iteration_time_s if plan is not None else math.inf
     return PlanResult(planner=name.partition(":")[0], status="interrupted", plan=plan,
                       iteration_time_s=t, lower_bound_s=bound, search_time_s=progress.elapsed_s(),
                       notes=(f"interrupted by {sig} during phase '{st.phase}': the incumbent last reported"
-                             + ("" if plan else " (none yet)"),))
+                             + ("" if st.plan is not None else " (none yet)"), *notes))
+
+
+QUICK_PLANNER = "uniform"
+"""The planner whose plan an interrupted search returns when it had no incumbent yet (a fraction of
+a CPU second even on 1024 GPUs: every cluster's GPUs as equal pipeline stages)."""
+
+
+def quick_plan(instance: Any) -> tuple[Plan | None, tuple[str, ...]]:
+    """A valid plan at once, for a search stopped before it had one (the ``-o`` file still gets a
+    plan): the ``uniform`` baseline's, with ``status`` interrupted in its meta; (None, why) if it
+    has none either."""
+    from hgopt.search import get_planner
+
+    try:
+        res = get_planner(QUICK_PLANNER)(instance, PlanOptions(time_limit_s=5.0))
+    except Exception as exc:  # noqa: BLE001 - a fallback: its failure must not hide the interruption
+        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline failed: {exc}",)
+    ev = evaluate(res.plan, instance) if res.plan is not None else None
+    if res.plan is None or ev is None or not ev.feasible:
+        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline has no feasible plan either",)
+    plan = dataclasses.replace(res.plan, meta=(*res.plan.meta, ("status", "interrupted")))
+    return plan, (f"no incumbent yet: the plan is the {QUICK_PLANNER} baseline's (valid, found at once, far from "
+                  f"the best), {ev.iteration_time_s:.4g} s per iteration",)
 
 
 def _install(handler: Any) -> dict[int, Any] | None:
