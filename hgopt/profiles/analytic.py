@@ -335,7 +335,8 @@ def layer_times(
 def _params_per_rank(cfg: TransformerConfig, tp: int) -> dict[str, float]:
     rep = _replicated_params(cfg)
     return {
-        "embedding": embedding_params(cfg) / tp,
+        # vocabulary-parallel token table (Megatron, the runner's hgopt.runner.tp), replicated positions
+        "embedding": cfg.vocab * cfg.hidden / tp + cfg.learned_positions * cfg.hidden,
         "block": (block_params(cfg) - rep) / tp + rep,
         "head": cfg.vocab * cfg.hidden / tp + _norm_params(cfg),
     }
