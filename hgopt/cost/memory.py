@@ -26,6 +26,7 @@ __all__ = [
     "recompute_activations",
     "recompute_inputs_prefix",
     "recompute_largest_table",
+    "recompute_largest_v",
     "stage_memory",
     "stage_memory_recompute",
     "stage_memory_parts",
@@ -99,14 +100,32 @@ def recompute_inputs_prefix(instance: Instance) -> np.ndarray:
 
 
 def recompute_largest_table(tab: GpuTpTable) -> np.ndarray:
-    """[C6r] (L+1, L+1) table: entry [lo, hi] is the largest per-layer activation bytes per sample
-    (of ``tab``'s GPU and tp) over layers [lo, hi) (0 where lo >= hi)."""
+    """[C6r] Range-maximum table of the per-layer activation bytes per sample of ``tab``'s GPU and tp:
+    row j holds the largest over layers [i, i + 2^j) at column i (-inf past the end), for
+    :func:`recompute_largest_v`."""
     per = np.diff(tab.act_mem)
     n = len(per)
-    out = np.zeros((n + 1, n + 1))
-    for lo in range(n):
-        out[lo, lo + 1:] = np.maximum.accumulate(per[lo:])
+    rows = [per]
+    while (1 << len(rows)) <= n:
+        prev, w = rows[-1], 1 << (len(rows) - 1)
+        rows.append(np.maximum(prev[:-w], prev[w:]))
+    out = np.full((len(rows), n), -np.inf)
+    for j, r in enumerate(rows):
+        out[j, : len(r)] = r
     return out
+
+
+def recompute_largest_v(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """[C6r] Largest per-layer activation bytes over each range [lo, hi) (0 for an empty one), from
+    :func:`recompute_largest_table` (a maximum: exactly the scalar form's)."""
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    n = np.maximum(hi - lo, 1)
+    j = np.floor(np.log2(n)).astype(np.int64)
+    w = np.left_shift(1, j)
+    cols = table.shape[1]
+    a = table[j, np.clip(lo, 0, cols - 1)]
+    b = table[j, np.clip(hi - w, 0, cols - 1)]
+    return np.where(hi > lo, np.maximum(a, b), 0.0)
 
 
 def recompute_activations(inputs: Num, largest: Num, in_flight: Num | int, mbs: Num | int) -> Num:
