@@ -309,6 +309,9 @@ class Job:
     optimizer: Optimizer = "adam"
     workspace_bytes: float = 1.0 * GIB
     """Per-GPU memory kept for the framework, kernels' workspace and fragmentation."""
+    recompute: Literal["auto", "off"] = "auto"
+    """Activation recomputation (hfrec): ``auto`` lets the planners run a stage with ``recompute: full``
+    where that makes a better plan (memory binds); ``off`` never (plans without recomputation only)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -915,16 +918,27 @@ def topology_to_dict(t: Topology) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 def job_from_dict(data: Any, source: str = "<inline>", path: str = "") -> Job:
     at = _At(source, path, data)
-    at.only({"global_batch", "seq_len", "precision", "optimizer", "workspace_gb"})
+    at.only({"global_batch", "seq_len", "precision", "optimizer", "workspace_gb", "recompute"})
     ws = at.opt("workspace_gb")
     opt = at.opt("optimizer")
+    rc = at.opt("recompute")
     return Job(
         global_batch=at.get("global_batch").limited("global_batch"),
         seq_len=at.get("seq_len").limited("seq_len"),
         precision=at.get("precision").choice(get_args(TrainDtype)),  # type: ignore[arg-type]
         optimizer=opt.choice(get_args(Optimizer)) if opt else "adam",  # type: ignore[arg-type]
         workspace_bytes=ws.number(minimum=0.0, maximum=LIMITS["workspace_gb"]) * GB if ws else 1.0 * GIB,
+        recompute=_recompute_choice(rc),
     )
+
+
+def _recompute_choice(at: _At | None) -> Literal["auto", "off"]:
+    """``job.recompute``: auto or off (YAML reads a bare ``off`` as false, ``on`` as true: both taken)."""
+    if at is None:
+        return "auto"
+    if isinstance(at.value, bool):
+        return "auto" if at.value else "off"
+    return "off" if at.choice(("auto", "off")) == "off" else "auto"
 
 
 def instance_from_dict(data: Any, source: str = "<inline>", base_dir: Path | None = None) -> Instance:

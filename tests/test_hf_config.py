@@ -136,14 +136,18 @@ def test_llama_tiny_profile_by_hand() -> None:
     assert b0.params == b1.params == h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
     assert head.params == h + v * h
     assert emb.activation_bytes == 4 * 32 * h  # fp32 boundary: s x h values
-    # saved activations in units of s·h (16-bit bytes, doubled for fp32): norms 4, attention
-    # 2 + 4 + 4·kv/h, MLP 2 + 6·f/h (Llama has no dropout: no masks), plus a 4-byte softmax statistic
-    # per head and token
-    per_sh = 4 + (2 + 4 + 4 * kv / h) + 2 + 6 * f / h
-    assert b0.act_mem_bytes == pytest.approx(2 * (per_sh * 32 * h + 4 * 4 * 32))
+    # saved activations per token, fp32 (4 B), as transformers' LlamaDecoderLayer keeps them: per RMSNorm
+    # the fp32 input, rsqrt, normalised tensor and output (4h + 4 + 4h + 4h); rotary cos and sin (2 x 64);
+    # SDPA's query, key, value and output (h + 2kv + h) and its log-sum-exp per head (4); SwiGLU's gate,
+    # SiLU, up and product outputs (4f)
+    per_token = 2 * (12 * h + 4) + 4 * 2 * 64 + 4 * (2 * h + 2 * kv) + 4 * 4 + 4 * 4 * f
+    assert b0.act_mem_bytes == pytest.approx(32 * per_token)
+    assert emb.act_mem_bytes == 8 * 32  # the int64 token ids
+    assert head.act_mem_bytes == pytest.approx(32 * (12 * h + 4 + 4 * v + 8))  # norm, fp32 log-softmax, targets
     assert json.loads(prof.hf_config) == read_hf_config(LLAMA_TINY)
     assert not hf_transformer_config(read_hf_config(LLAMA_TINY)).dropout
-    assert hf_transformer_config(CONFIGS["gpt2"]).dropout and hf_transformer_config(CONFIGS["opt"]).dropout
+    # the runner trains with dropout 0 whatever the config says: no masks in the profile
+    assert not hf_transformer_config(CONFIGS["gpt2"]).dropout and not hf_transformer_config(CONFIGS["opt"]).dropout
 
 
 def test_instance_with_hf_config_and_model_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,7 +127,8 @@ def test_tensor_parallel_profile_has_per_shard_sizes(tmp_path: Path) -> None:
     (mem,) = prof.tp_memory
     assert mem.tp == 2
     emb, block = prof.layers[0], prof.layers[1]
-    assert mem.params[0] == emb.params  # embeddings are replicated over the tp group
+    # hfrec: the token table (256 x 32) is vocabulary-parallel over the tp group, the positions (16 x 32) replicated
+    assert emb.params == 256 * 32 + 16 * 32 and mem.params[0] == 256 * 32 / 2 + 16 * 32
     assert block.params / 2 < mem.params[1] < block.params  # matrices split, norms and some biases not
 
 

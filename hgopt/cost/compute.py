@@ -40,16 +40,18 @@ def interp_rows(xs: np.ndarray, rows: np.ndarray, x: float) -> np.ndarray:
     return slope * (x - xs[j]) + rows[j]
 
 
-def stage_times_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`stage_times` for arrays of ranges [lo, hi)."""
+def stage_times_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray,
+                  recompute: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stage_times` for arrays of ranges [lo, hi) (``recompute``: [C2r])."""
     f = interp_rows(tab.mbs, tab.fwd[:, hi] - tab.fwd[:, lo], mbs)
     b = interp_rows(tab.mbs, tab.bwd[:, hi] - tab.bwd[:, lo], mbs)
-    return f, b
+    return (f, b + f) if recompute else (f, b)
 
 
-def stage_compute_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """fwd + bwd seconds of arrays of ranges [lo, hi) [C2]."""
-    f, b = stage_times_v(tab, mbs, lo, hi)
+def stage_compute_v(tab: GpuTpTable, mbs: int, lo: np.ndarray, hi: np.ndarray, recompute: bool = False) -> np.ndarray:
+    """fwd + bwd seconds of arrays of ranges [lo, hi) [C2] (``recompute``: the backward repeats the
+    forward [C2r])."""
+    f, b = stage_times_v(tab, mbs, lo, hi, recompute)
     return f + b
 
 

@@ -23,7 +23,12 @@ __all__ = [
     "max_in_flight_v",
     "range_params_act",
     "recompute_activation_bytes",
+    "recompute_activations",
+    "recompute_inputs_prefix",
+    "recompute_largest_table",
+    "recompute_largest_v",
     "stage_memory",
+    "stage_memory_recompute",
     "stage_memory_parts",
     "stage_memory_terms",
 ]
@@ -85,17 +90,68 @@ TOKEN_ID_BYTES = 8.0
 """An int64 token id: what the first layer keeps of its input per token."""
 
 
+def recompute_inputs_prefix(instance: Instance) -> np.ndarray:
+    """[C6r] (L+1,) prefix sums over layers of the bytes per sample a recomputing stage keeps of each
+    layer's input: the previous layer's output (``activation_bytes``, whole on every tp rank), the
+    token ids for layer 0."""
+    layers = instance.model.layers
+    per = [TOKEN_ID_BYTES * instance.model.seq_len] + [layer.activation_bytes for layer in layers[:-1]]
+    return np.concatenate(([0.0], np.cumsum(np.array(per, dtype=float))))
+
+
+def recompute_largest_table(tab: GpuTpTable) -> np.ndarray:
+    """[C6r] Range-maximum table of the per-layer activation bytes per sample of ``tab``'s GPU and tp:
+    row j holds the largest over layers [i, i + 2^j) at column i (-inf past the end), for
+    :func:`recompute_largest_v`."""
+    per = np.diff(tab.act_mem)
+    n = len(per)
+    rows = [per]
+    while (1 << len(rows)) <= n:
+        prev, w = rows[-1], 1 << (len(rows) - 1)
+        rows.append(np.maximum(prev[:-w], prev[w:]))
+    out = np.full((len(rows), n), -np.inf)
+    for j, r in enumerate(rows):
+        out[j, : len(r)] = r
+    return out
+
+
+def recompute_largest_v(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """[C6r] Largest per-layer activation bytes over each range [lo, hi) (0 for an empty one), from
+    :func:`recompute_largest_table` (a maximum: exactly the scalar form's)."""
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    n = np.maximum(hi - lo, 1)
+    j = np.floor(np.log2(n)).astype(np.int64)
+    w = np.left_shift(1, j)
+    cols = table.shape[1]
+    a = table[j, np.clip(lo, 0, cols - 1)]
+    b = table[j, np.clip(hi - w, 0, cols - 1)]
+    return np.where(hi > lo, np.maximum(a, b), 0.0)
+
+
+def recompute_activations(inputs: Num, largest: Num, in_flight: Num | int, mbs: Num | int) -> Num:
+    """[C6r] k·mbs·inputs + mbs·largest (elementwise): every microbatch in flight keeps its layers'
+    inputs, one backward at a time rebuilds one layer's activations (the largest)."""
+    return in_flight * mbs * inputs + mbs * largest  # type: ignore[return-value]
+
+
 def recompute_activation_bytes(instance: Instance, tab: GpuTpTable, lo: int, hi: int, mbs: int,
                                in_flight: int) -> float:
     """[C6r] Activation bytes per GPU of layers [lo, hi) run with full recomputation (the runner:
-    ``torch.utils.checkpoint`` per layer): every microbatch in flight keeps each layer's input only —
-    the previous layer's output, ``activation_bytes`` per sample (whole on every tp rank), or the token
-    ids for layer 0 — and one backward at a time rebuilds one layer's activations (the largest)."""
-    layers = instance.model.layers
-    inputs = sum(layers[i - 1].activation_bytes if i > 0 else TOKEN_ID_BYTES * instance.model.seq_len
-                 for i in range(lo, hi))
-    largest = max(float(tab.act_mem[i + 1] - tab.act_mem[i]) for i in range(lo, hi))
-    return in_flight * mbs * inputs + mbs * largest
+    ``torch.utils.checkpoint`` per layer): :func:`recompute_activations` of the layers' kept inputs
+    (:func:`recompute_inputs_prefix`) and their largest activations."""
+    pre = recompute_inputs_prefix(instance)
+    largest = float(np.max(np.diff(tab.act_mem[lo:hi + 1])))
+    return float(recompute_activations(float(pre[hi] - pre[lo]), largest, in_flight, mbs))
+
+
+def stage_memory_recompute(
+    params: Num, inputs: Num, largest: Num, in_flight: Num | int, mbs: Num | int, *, dtype_bytes: float,
+    optimizer_bytes: float, shards: Num | int = 1, workspace: float = 0.0,
+) -> Num:
+    """[C6] with [C6r] activations (elementwise): 2·P·w + P·o/z + (k·mbs·inputs + mbs·largest) +
+    workspace, added in :func:`stage_memory`'s (and ``MemoryTerms.total``'s) order."""
+    return (2.0 * params * dtype_bytes + params * optimizer_bytes / shards  # type: ignore[return-value]
+            + recompute_activations(inputs, largest, in_flight, mbs) + workspace)
 
 
 def stage_memory_parts(

@@ -78,9 +78,11 @@ class ModelConfig:
                 return "the runner has no tensor-parallel path for GPT-2 (fused Conv1D projections)"
             heads = data.get("num_attention_heads")
             sizes = (("num_attention_heads", heads), ("num_key_value_heads", data.get("num_key_value_heads", heads)),
-                     ("the MLP width", data.get("intermediate_size", data.get("ffn_dim"))))
+                     ("the MLP width", data.get("intermediate_size", data.get("ffn_dim"))),
+                     ("vocab_size (vocabulary-parallel embedding and head)", data.get("vocab_size")))
         else:
-            sizes = (("model.heads", self.heads), ("the MLP width", self.ffn_mult * self.hidden))
+            sizes = (("model.heads", self.heads), ("the MLP width", self.ffn_mult * self.hidden),
+                     ("model.vocab (vocabulary-parallel embedding and head)", self.vocab))
         for name, v in sizes:
             if isinstance(v, int) and v % tp:
                 return f"tp {tp} must divide {name} {v}"

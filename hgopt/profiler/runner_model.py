@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from hgopt.export.runner_plan import ModelConfig
 from hgopt.profiler.timing import LayerCase
 from hgopt.runner.model import build_stage
-from hgopt.runner.tp import TpGroup
+from hgopt.runner.tp import TpGroup, vocab_parallel_cross_entropy
 
 __all__ = ["runner_layer_cases"]
 
@@ -37,7 +36,7 @@ def _case(cfg: ModelConfig, i: int, name: str, tp: TpGroup | None, seed: int, dt
         kind=cfg.layers[i],
         module=module,
         make_input=lambda mbs: _input(cfg, i, mbs, compute, seed),
-        loss=_loss(cfg, seed) if last else None,
+        loss=_loss(cfg, seed, tp or TpGroup()) if last else None,
     )
 
 
@@ -48,10 +47,11 @@ def _input(cfg: ModelConfig, i: int, mbs: int, dtype: torch.dtype, seed: int) ->
     return (torch.randn(mbs, cfg.seq, cfg.hidden, generator=g).to(dtype),)
 
 
-def _loss(cfg: ModelConfig, seed: int) -> Any:
+def _loss(cfg: ModelConfig, seed: int, tp: TpGroup) -> Any:
     def loss(logits: torch.Tensor) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed + 1)
         targets = torch.randint(0, cfg.vocab, logits.shape[:-1], generator=g)
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                           reduction="sum") / targets.numel()
+        # hfrec: the head's logits are vocabulary-parallel over tp (the runner's loss)
+        return vocab_parallel_cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                            tp) / targets.numel()
     return loss

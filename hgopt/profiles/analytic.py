@@ -28,6 +28,7 @@ from hgopt.spec import DTYPE_BYTES, LayerProfile, ModelProfile, TimingEntry, TpM
 
 __all__ = [
     "OPTIMIZER_BYTES_TOUCHED",
+    "SavedTensors",
     "TransformerConfig",
     "block_act_mem_bytes",
     "block_forward_flops",
@@ -54,6 +55,35 @@ OPTIMIZER_BYTES_TOUCHED: Mapping[tuple[str, bool], float] = {
 Adam reads weight, gradient, two moments and writes weight and moments, all fp32 (7 × 4 bytes); SGD
 with momentum reads weight, gradient, momentum and writes weight and momentum (5 × 4); 16-bit
 training also writes the 16-bit copy of the weight (+2)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SavedTensors:
+    """Which tensors a block's modules keep for backward, as ``transformers``' implementation of one
+    family does it (:mod:`hgopt.profiles.hf` sets it; counted with autograd's saved-tensor hooks and by
+    walking the autograd graph's ``_saved_*`` attributes of the runner's layers, transformers 5.23 /
+    torch 2.13, SDPA attention: ``tests/test_hf_act_mem.py`` checks every family against that count).
+    ``None`` on :class:`TransformerConfig` keeps Korthikanti et al.'s accounting (the runner's own GPT
+    block saves exactly that)."""
+
+    norm: Literal["layer", "rms_fp32"]
+    """``layer``: ``nn.LayerNorm`` keeps its input and its mean and 1/std; ``rms_fp32``: the Llama-family
+    RMSNorm upcasts to fp32, so it keeps the fp32 input (``pow``, ``mul``), the fp32 ``rsqrt`` and the
+    normalised tensor cast back to the training dtype (for the scale's gradient)."""
+    shared_norm_input: bool = False
+    """Both norms read the same tensor (GPT-NeoX's parallel residual): its input is kept once."""
+    rotary_dims: int = 0
+    """Width of the rotary ``cos``/``sin`` tables each block keeps (the runner computes them per block);
+    0: learned positions."""
+    fused_qkv_kept: bool = False
+    """Attention keeps the whole fused QKV projection output (its value is a view of it, GPT-NeoX) on top
+    of the rotated query and key copies."""
+    out_copy: bool = False
+    """The output projection's input is a contiguous copy of SDPA's output (GPT-NeoX), not a view."""
+    mlp_tensors: int = 2
+    """``f``-wide tensors the MLP keeps: 1 ReLU (its output is the down-projection input), 2 GeLU (input,
+    output), 4 gated (gate output, activation output, up output, their product), 5 ``gelu_new`` (its
+    tanh formula in separate operations: input, cube, tanh output, two products)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +128,9 @@ class TransformerConfig:
     """The vocabulary projection shares the token table. The head still counts ``V·h`` parameters:
     the stage holding it keeps a copy (Megatron-LM's shared embedding, gradients summed with the
     embedding's), so memory and gradient sync are per copy; :func:`unique_params` counts it once."""
+    saved: SavedTensors | None = None
+    """Saved-activation accounting of a ``transformers`` implementation (:class:`SavedTensors`);
+    ``None``: Korthikanti et al.'s (:func:`block_act_mem_bytes`)."""
 
     @property
     def ffn_width(self) -> int:
@@ -200,6 +233,8 @@ def block_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
     the rest split over ``tp``. fp32 training doubles everything (masks included: a slight
     over-estimate). Without dropout (``cfg.dropout`` False: Llama, Mistral, Qwen2, GPT-NeoX configs)
     the two masks go (``8·s·h`` replicated) and a kept score costs 2 bytes (the softmax output)."""
+    if cfg.saved is not None:
+        return _hf_block_act_mem_bytes(cfg, cfg.saved, tp)
     s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
     r, rq = cfg.kv_width / h, cfg.q_width / h
     masks = 2.0 if cfg.dropout else 0.0
@@ -210,15 +245,54 @@ def block_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
     return DTYPE_BYTES[cfg.dtype] / 2.0 * (replicated + (total - replicated) / tp)
 
 
+def _norm_saved_bytes(cfg: TransformerConfig, saved: SavedTensors) -> float:
+    """Bytes per token one norm keeps, its output (the next projection's input) included
+    (:attr:`SavedTensors.norm`)."""
+    d, h = DTYPE_BYTES[cfg.dtype], cfg.hidden
+    if saved.norm == "rms_fp32":
+        return 4.0 * h + 4.0 + 2.0 * d * h
+    return 2.0 * d * h + 2.0 * d
+
+
+def _hf_block_act_mem_bytes(cfg: TransformerConfig, saved: SavedTensors, tp: int) -> float:
+    """:func:`block_act_mem_bytes` of a ``transformers`` block (:class:`SavedTensors`), per sample.
+
+    Per token, ``d`` bytes per value, ``q``/``k`` the query and key/value widths, ``a`` heads: two norms
+    (:func:`_norm_saved_bytes`, less one input ``d·h`` when shared); rotary ``cos``/``sin`` ``2·d·r``;
+    attention as SDPA keeps it: query, key and value ``d(q + 2k)`` (with a fused projection output kept
+    whole, :attr:`SavedTensors.fused_qkv_kept`, that output ``d(q + 2k)`` plus the rotated query and key
+    copies ``d(q + k)``), its output ``d·q`` (the output projection's input; twice with a copy) and a 4-byte
+    log-sum-exp per head; the MLP ``n·d·f``; with dropout one 1-byte mask per ``h`` twice. Replicated
+    on every tensor-parallel rank: the norms, the rotary tables and the masks; the rest (whole heads,
+    MLP columns) is split over ``tp``. Without FlashAttention-style SDPA the kept scores are added as in
+    Korthikanti et al."""
+    d, s, h, a = DTYPE_BYTES[cfg.dtype], cfg.seq_len, cfg.hidden, cfg.heads
+    q, kv = cfg.q_width, cfg.kv_width
+    norms = 2 * _norm_saved_bytes(cfg, saved) - (d * h if saved.shared_norm_input else 0.0)
+    replicated = norms + 2.0 * d * saved.rotary_dims + (2.0 * h if cfg.dropout else 0.0)
+    qkv = d * (q + 2 * kv) + (d * (q + kv) if saved.fused_qkv_kept else 0.0)
+    out = d * q * (2 if saved.out_copy else 1)
+    scores = 4.0 * a if cfg.flash_attention else (5.0 if cfg.dropout else 2.0) * a * s * d / 2.0
+    split = qkv + out + scores + saved.mlp_tensors * d * cfg.ffn_width
+    return s * (replicated + split / tp)
+
+
 def head_act_mem_bytes(cfg: TransformerConfig, tp: int) -> float:
     """Final-norm input and output (training dtype, replicated) + fp32 logits for the loss (split
-    over ``tp``, vocabulary-parallel)."""
+    over ``tp``, vocabulary-parallel). With :attr:`TransformerConfig.saved`: the norm as the block's
+    (:func:`_norm_saved_bytes`) + the fp32 log-softmax (split) + the int64 targets."""
     s = cfg.seq_len
+    if cfg.saved is not None:
+        return s * (_norm_saved_bytes(cfg, cfg.saved) + 4.0 * cfg.vocab / tp + 8.0)
     return DTYPE_BYTES[cfg.dtype] * 2 * s * cfg.hidden + 4.0 * s * cfg.vocab / tp
 
 
 def _embedding_act_mem_bytes(cfg: TransformerConfig) -> float:
-    """The embedding's output, as Sailor's measured profiles count it (the gather keeps only ids)."""
+    """The embedding's output, as Sailor's measured profiles count it (the gather keeps only ids).
+    With :attr:`TransformerConfig.saved`: what it really keeps, the int64 token ids (and position ids
+    with a learned position table)."""
+    if cfg.saved is not None:
+        return 8.0 * cfg.seq_len * (2 if cfg.learned_positions else 1)
     return DTYPE_BYTES[cfg.dtype] * cfg.seq_len * cfg.hidden
 
 
@@ -261,7 +335,8 @@ def layer_times(
 def _params_per_rank(cfg: TransformerConfig, tp: int) -> dict[str, float]:
     rep = _replicated_params(cfg)
     return {
-        "embedding": embedding_params(cfg) / tp,
+        # vocabulary-parallel token table (Megatron, the runner's hgopt.runner.tp), replicated positions
+        "embedding": cfg.vocab * cfg.hidden / tp + cfg.learned_positions * cfg.hidden,
         "block": (block_params(cfg) - rep) / tp + rep,
         "head": cfg.vocab * cfg.hidden / tp + _norm_params(cfg),
     }

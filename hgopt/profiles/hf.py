@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hgopt.errors import SpecError
-from hgopt.profiles.analytic import Optimizer, TransformerConfig, generate_profile
+from hgopt.profiles.analytic import Optimizer, SavedTensors, TransformerConfig, generate_profile
 from hgopt.profiles.gpus import GPUS, GpuSpec
 from hgopt.spec import ModelProfile, TrainDtype
 
@@ -150,23 +150,45 @@ def hf_transformer_config(cfg: Mapping[str, Any], *, source: str = "<config>", s
                     tied_embeddings=f.flag("tie_word_embeddings", False))
     if base.get("head_dim") is None and base["hidden"] % base["heads"]:
         raise f.fail("num_attention_heads", f"{base['heads']} does not divide the hidden size {base['hidden']}")
-    base["dropout"] = _has_dropout(cfg, str(mt))
+    # the runner trains with every dropout 0 (hgopt.runner.hf), so no masks are kept whatever the config says
+    base["dropout"] = False
+    base["saved"] = _saved_tensors(f, str(mt), base)
     tc = TransformerConfig(name=name or str(cfg.get("_name_or_path") or mt), seq_len=seq_len or default_seq,
                            dtype=dtype, flash_attention=flash_attention, **base)  # type: ignore[arg-type]
     return tc
 
 
-_DROPOUT_DEFAULTS: Mapping[str, Mapping[str, float]] = {
-    "llama": {"attention_dropout": 0.0}, "mistral": {"attention_dropout": 0.0}, "qwen2": {"attention_dropout": 0.0},
-    "gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1},
-    "opt": {"dropout": 0.1, "attention_dropout": 0.0},
-    "gpt_neox": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
+_MLP_TENSORS: Mapping[str, int] = {"relu": 1, "gelu": 2, "gelu_pytorch_tanh": 2, "gelu_new": 5, "gelu_fast": 8}
+"""``f``-wide tensors an ungated MLP keeps for backward, per ``transformers`` activation name
+(``ACT2FN``): ``nn.ReLU`` keeps its output, which is also the down projection's input; ``F.gelu`` (exact or
+``approximate="tanh"``) its input, and the down projection its output; ``NewGELUActivation``
+(``gelu_new``) computes ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³)))`` in separate operations that keep the
+input, the cube's input, the tanh output and two products; ``FastGELUActivation`` (its own tanh
+formula) eight."""
+_ACT_FIELD: Mapping[str, tuple[str, str]] = {
+    "gpt2": ("activation_function", "gelu_new"), "opt": ("activation_function", "relu"),
+    "gpt_neox": ("hidden_act", "gelu"),
 }
-"""The dropout probabilities of each family's config class and their ``transformers`` defaults."""
 
 
-def _has_dropout(cfg: Mapping[str, Any], mt: str) -> bool:
-    return any(float(cfg.get(k, d) or 0.0) > 0.0 for k, d in _DROPOUT_DEFAULTS[mt].items())
+def _saved_tensors(f: _Fields, mt: str, base: Mapping[str, Any]) -> SavedTensors:
+    """What the family's ``transformers`` block keeps for backward (:class:`SavedTensors`; counted on
+    the runner's layers, ``tests/test_hf_act_mem.py``)."""
+    if mt in ("llama", "mistral", "qwen2"):  # RMSNorm upcast to fp32, rotary over the whole head, SwiGLU
+        head_dim = base.get("head_dim") or base["hidden"] // base["heads"]
+        return SavedTensors(norm="rms_fp32", rotary_dims=int(head_dim), mlp_tensors=4)
+    key, default = _ACT_FIELD[mt]
+    act = f.cfg.get(key, default) or default
+    if act not in _MLP_TENSORS:
+        raise f.fail(key, f"activation {act!r} is not supported (supported: {', '.join(_MLP_TENSORS)})")
+    if mt == "gpt_neox":  # partial rotary, fused query_key_value kept through the value view, parallel residual
+        rotary_pct = f.cfg.get("rotary_pct", 0.25)
+        if not isinstance(rotary_pct, (int, float)) or isinstance(rotary_pct, bool) or not 0 <= rotary_pct <= 1:
+            raise f.fail("rotary_pct", f"expected a number in [0, 1], got {rotary_pct!r}")
+        rot = int(base["hidden"] // base["heads"] * rotary_pct)
+        return SavedTensors(norm="layer", shared_norm_input=f.flag("use_parallel_residual", True), rotary_dims=rot,
+                            fused_qkv_kept=True, out_copy=True, mlp_tensors=_MLP_TENSORS[act])
+    return SavedTensors(norm="layer", mlp_tensors=_MLP_TENSORS[str(act)])
 
 
 def hf_profile(cfg: Mapping[str, Any], gpus: Sequence[str | GpuSpec] | None = None, *, source: str = "<config>",

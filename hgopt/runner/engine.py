@@ -33,7 +33,7 @@ from hgopt.runner.grad_sync import GradSync, emulated_ring_s
 from hgopt.runner.memory import MemoryMeter
 from hgopt.runner.model import DTYPES, StageModel
 from hgopt.runner.schedule import Op, stage_ops
-from hgopt.runner.tp import TpGroup, split_dims
+from hgopt.runner.tp import TpGroup, split_dims, vocab_parallel_cross_entropy
 from hgopt.runner.zero import ZeroShard
 
 __all__ = ["Groups", "StageWorker", "StepStats", "make_groups", "make_optimizer"]
@@ -248,8 +248,9 @@ class StageWorker:
         if self.last:
             targets = self.data.batch(step, self._rows(m))[1].to(self.device)
             y = y.float() if y.dtype == torch.bfloat16 else y  # the loss in fp32 under mixed precision (hfrunner)
-            loss = nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
-                                               reduction="sum") / self._global_tokens
+            # hfrec: the head's logits are vocabulary-parallel over the tp group (hgopt.runner.tp)
+            loss = vocab_parallel_cross_entropy(y.reshape(-1, y.shape[-1]), targets.reshape(-1), self.groups.tp,
+                                                IGNORE) / self._global_tokens
             return _Saved(x_ref=x_ref, out=loss)
         if self.leader:
             self._send(y, self.out_pieces, self.pipe.stages[self.si + 1].replicas, self.b_out.fwd, "fwd", m,

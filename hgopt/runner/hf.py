@@ -11,7 +11,8 @@ over all layers computes what ``AutoModelForCausalLM.from_config`` computes with
 full sequence), and a tied ``lm_head`` is a separate copy (its own initial values equal the table's;
 the copies then train apart, see ``docs/runner.md``).
 
-Tensor parallelism (Megatron-style, hand-written collectives of :mod:`hgopt.runner.tp`): the family's
+Tensor parallelism (Megatron-style, hand-written collectives of :mod:`hgopt.runner.tp`): the token
+table and ``lm_head`` are vocabulary-parallel (the loss from the logit shards); the family's
 query/key/value and MLP input projections are replaced by :class:`ColumnLinear` (rows = whole heads,
 contiguous; GQA: key/value heads split the same way), attention output and MLP output by
 :class:`RowLinear`, and each norm feeding a parallel region gets :func:`enter_parallel` on its output.
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, enter_parallel
+from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, VocabEmbedding, enter_parallel
 
 __all__ = ["HF_RUNNER_TYPES", "HfLayer", "hf_config_object", "init_hf_layer"]
 
@@ -115,10 +116,13 @@ def _parallelize(block: nn.Module, fam: _Family, tp: TpGroup) -> None:
 
 
 class _Embed(nn.Module):
-    def __init__(self, cfg: Any, mt: str) -> None:
+    """Token table (vocabulary-parallel, :class:`~hgopt.runner.tp.VocabEmbedding`) + GPT-2/OPT's learned
+    position table (replicated)."""
+
+    def __init__(self, cfg: Any, mt: str, tp: TpGroup) -> None:
         super().__init__()
         self.mt = mt
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tok = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.pos: nn.Embedding | None = None
         if mt == "gpt2":
             self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
@@ -134,17 +138,21 @@ class _Embed(nn.Module):
 
 
 class _Head(nn.Module):
-    def __init__(self, cfg: Any, fam: _Family) -> None:
+    """Final norm (replicated) + ``lm_head``, vocabulary-parallel (:class:`ColumnLinear` over the
+    vocabulary; the loss is :func:`~hgopt.runner.tp.vocab_parallel_cross_entropy`)."""
+
+    def __init__(self, cfg: Any, fam: _Family, tp: TpGroup) -> None:
         super().__init__()
+        self.tp = tp
         if fam.norm is not None:
             self.norm: nn.Module = getattr(_modeling(fam), fam.norm)(cfg.hidden_size, eps=cfg.rms_norm_eps)
         else:
             eps = getattr(cfg, "layer_norm_eps", getattr(cfg, "layer_norm_epsilon", 1e-5))
             self.norm = nn.LayerNorm(cfg.hidden_size, eps=eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ColumnLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(x))
+        return self.lm_head(enter_parallel(self.norm(x), self.tp))
 
 
 class _Block(nn.Module):
@@ -178,10 +186,10 @@ class HfLayer(nn.Module):
         mt = json.loads(text)["model_type"]
         fam = _FAMILIES[mt]
         kind, last = kinds[index], len(kinds) - 1
-        self.embed = _Embed(cfg, mt) if kind == "embedding" or index == 0 else None
+        self.embed = _Embed(cfg, mt, tp) if kind == "embedding" or index == 0 else None
         block_idx = sum(1 for k in kinds[:index] if k == "block")
         self.block = _Block(cfg, fam, block_idx, tp) if kind == "block" else None
-        self.head = _Head(cfg, fam) if kind == "head" or index == last else None
+        self.head = _Head(cfg, fam, tp) if kind == "head" or index == last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for part in (self.embed, self.block, self.head):

@@ -16,7 +16,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from hgopt.export.runner_plan import ModelConfig
-from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, enter_parallel, shard, split_dims
+from hgopt.runner.tp import ColumnLinear, RowLinear, TpGroup, enter_parallel, shard, split_dims, vocab_lookup
 
 __all__ = ["Block", "Embedding", "Head", "Layer", "StageModel", "build_stage", "layer_of", "make_layer"]
 
@@ -24,13 +24,20 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Token table (vocabulary-parallel over the tp group: this rank's ``V / tp`` rows,
+    :func:`~hgopt.runner.tp.vocab_lookup`) + learned positions (replicated)."""
+
+    tp_split = {"tok": 0}
+
+    def __init__(self, cfg: ModelConfig, tp: TpGroup) -> None:
         super().__init__()
-        self.tok = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden))
+        assert cfg.vocab % tp.size == 0, "checked when the runner plan is read"
+        self.tp = tp
+        self.tok = nn.Parameter(torch.empty(cfg.vocab // tp.size, cfg.hidden))
         self.pos = nn.Parameter(torch.empty(cfg.seq, cfg.hidden))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok[tokens] + self.pos[: tokens.shape[1]]
+        return vocab_lookup(self.tok, tokens, self.tp) + self.pos[: tokens.shape[1]]
 
 
 class Attention(nn.Module):
@@ -82,15 +89,17 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm and output projection to vocabulary logits (replicated over the tp group)."""
+    """Final norm (replicated) and output projection to vocabulary logits, vocabulary-parallel over the
+    tp group (this rank's ``V / tp`` logits; the loss is :func:`~hgopt.runner.tp.vocab_parallel_cross_entropy`)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TpGroup) -> None:
         super().__init__()
+        self.tp = tp
         self.ln = nn.LayerNorm(cfg.hidden)
-        self.out = nn.Linear(cfg.hidden, cfg.vocab)
+        self.out = ColumnLinear(cfg.hidden, cfg.vocab, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+        return self.out(enter_parallel(self.ln(x), self.tp))
 
 
 class Layer(nn.Module):
@@ -102,9 +111,9 @@ class Layer(nn.Module):
         kind, last = cfg.layers[index], cfg.num_layers - 1
         if kind == "embedding" and index != 0 or kind == "head" and index != last:
             raise ValueError(f"model layer {index} is a {kind} layer; embedding must be the first layer and head the last")
-        self.embed = Embedding(cfg) if kind == "embedding" or index == 0 else None
+        self.embed = Embedding(cfg, tp) if kind == "embedding" or index == 0 else None
         self.block = Block(cfg, tp) if kind == "block" else None
-        self.head = Head(cfg) if kind == "head" or index == last else None
+        self.head = Head(cfg, tp) if kind == "head" or index == last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for part in (self.embed, self.block, self.head):

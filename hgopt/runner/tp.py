@@ -1,7 +1,16 @@
 """Megatron-style tensor parallelism with explicit collectives: column-parallel linear layers split
 their output features over the tp group, row-parallel ones their input features; ``f`` (identity
 forward, all-reduce backward) enters a column-parallel region and ``g`` (all-reduce forward, identity
-backward) leaves a row-parallel one."""
+backward) leaves a row-parallel one.
+
+The vocabulary is split too (Megatron's vocabulary-parallel embedding and output layer, what the cost
+model's analytic profile assumes: ``V·h / tp`` parameters and ``4·s·V / tp`` bytes of fp32 softmax per
+rank): :func:`vocab_lookup` gathers from this rank's rows of the token table and sums the ranks'
+partial lookups (``g``); the output projection is a :class:`ColumnLinear` over the vocabulary, and
+:func:`vocab_parallel_cross_entropy` computes the loss from the ranks' logit shards (global max and
+sum of exponentials by all-reduce, the target's logit from the rank that holds it), keeping only this
+rank's softmax shard for backward. ``tests/test_tp_api.py`` checks both against PyTorch's own
+``RowwiseParallel`` embedding and ``ColwiseParallel`` + ``loss_parallel`` head."""
 
 from __future__ import annotations
 
@@ -12,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["ColumnLinear", "RowLinear", "TpGroup", "shard", "split_dims", "unshard"]
+__all__ = ["ColumnLinear", "RowLinear", "TpGroup", "VocabEmbedding", "shard", "split_dims", "unshard",
+           "vocab_lookup", "vocab_parallel_cross_entropy"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,18 +98,88 @@ class RowLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def vocab_lookup(weight: torch.Tensor, ids: torch.Tensor, tp: TpGroup) -> torch.Tensor:
+    """Rows ``ids`` of a token table whose rows are split contiguously over ``tp`` (``weight``: this
+    rank's ``V / tp`` rows): each rank looks up the ids it holds, zeros elsewhere, and the all-reduce
+    (``g``) sums the partial lookups; backward leaves every rank the gradient of its own rows."""
+    if tp.size == 1:
+        return nn.functional.embedding(ids, weight)
+    rows = weight.shape[0]
+    local = ids - tp.rank * rows
+    outside = (local < 0) | (local >= rows)
+    part = nn.functional.embedding(local.masked_fill(outside, 0), weight).masked_fill(outside[..., None], 0.0)
+    return leave_parallel(part, tp)
+
+
+class VocabEmbedding(nn.Module):
+    """A vocabulary-parallel ``nn.Embedding``: ``weight`` holds this rank's ``V / tp`` rows."""
+
+    tp_split = {"weight": 0}
+
+    def __init__(self, vocab: int, dim: int, tp: TpGroup) -> None:
+        super().__init__()
+        assert vocab % tp.size == 0, "checked when the runner plan is read"
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(vocab // tp.size, dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return vocab_lookup(self.weight, ids, self.tp)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int,  # type: ignore[override]
+                tp: TpGroup) -> torch.Tensor:
+        rows = logits.shape[-1]
+        top = logits.detach().amax(dim=-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+        z = logits - top[:, None]
+        local = target - tp.rank * rows
+        here = (local >= 0) & (local < rows) & (target != ignore_index)
+        local = local.clamp(0, rows - 1)
+        picked = z.gather(1, local[:, None]).squeeze(1) * here
+        exp = z.exp()
+        total = exp.sum(dim=-1)
+        both = torch.stack([picked, total])
+        dist.all_reduce(both, group=tp.group)
+        valid = target != ignore_index
+        loss = ((torch.log(both[1]) - both[0]) * valid).sum()
+        exp /= both[1][:, None]
+        ctx.save_for_backward(exp, local, here, valid)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        softmax, local, here, valid = ctx.saved_tensors
+        g = softmax.clone()
+        g.scatter_add_(1, local[:, None], -here.to(g.dtype)[:, None])
+        return g * (valid.to(g.dtype) * grad)[:, None], None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp: TpGroup,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """Summed cross-entropy of ``logits`` (``[N, V / tp]``, this rank's contiguous vocabulary columns)
+    against ``target`` (``[N]``, global ids; ``ignore_index`` counts 0), equal on every tp rank; with
+    tp 1 ``nn.functional.cross_entropy(..., reduction="sum")``."""
+    if tp.size == 1:
+        return nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
+    return _VocabParallelCrossEntropy.apply(logits, target, ignore_index, tp)
+
+
 def split_dims(module: nn.Module) -> dict[str, int | None]:
-    """Parameter name -> the dimension split over the tp group (None: replicated)."""
+    """Parameter name -> the dimension split over the tp group (None: replicated). A module may name
+    its split parameters in a ``tp_split`` mapping (the vocabulary-parallel token tables)."""
     out: dict[str, int | None] = {}
     for mod_name, mod in module.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
+        marked: dict[str, int] = getattr(mod, "tp_split", {})
         for p_name, _ in mod.named_parameters(recurse=False):
             if isinstance(mod, ColumnLinear):
                 dim: int | None = 0
             elif isinstance(mod, RowLinear):
                 dim = 1 if p_name == "weight" else None
             else:
-                dim = None
+                dim = marked.get(p_name)
             out[prefix + p_name] = dim
     return out
 
