@@ -43,8 +43,9 @@ def plan_heuristic(
         if options.progress:  # progress (cli-explain)
             options.progress.report("realising skeletons", done=i, total=len(lead),
                                     incumbent_s=min((d.time_s for d in done), default=None))
-        if i >= len(lead) and (done or out_of_time(ctx, options)):
-            break  # past the finalists, walk on only while nothing could be realised
+        past = i >= len(lead)
+        if (past and done) or ((past or done) and out_of_time(ctx, options)):
+            break  # past the finalists, walk on only while nothing could be realised; at the limit, stop once one is
         got = realize_repaired(ctx, sk)
         if sk.weights:  # the estimate's local alternatives may not carry over: also try without
             plain = realize_repaired(ctx, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch,

@@ -8,7 +8,7 @@ import itertools
 import math
 
 from hgopt.search.hier_tables import role_of
-from hgopt.search.hierarchical.context import Ctx
+from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.estimates import Cell, alt_tables, cell, choose_weights, combine, round_up
 from hgopt.search.hierarchical.links import wan_times
 from hgopt.search.hierarchical.records import INF, Estimated, HeuristicOptions, Skeleton
@@ -24,9 +24,13 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
     inst = ctx.instance
     coarse: list[Estimated] = []
     for k in _pipeline_counts(inst, options):
+        if coarse and out_of_time(ctx, options):
+            break  # the time limit: the (k, B) estimated so far
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         best_k, worse = math.inf, 0
         for B in _microbatches(inst, k):
+            if coarse and out_of_time(ctx, options):
+                break
             here = [got for sub in [names] + ([(n,) for n in names] if len(names) > 1 else [])
                     if (got := best_for_subset(ctx, k, B, sub, passes=1)) is not None]
             coarse.extend(here)
@@ -40,6 +44,8 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
     out = list(coarse)
     kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.kb_leaders]
     for k, B in kbs:
+        if out_of_time(ctx, options):
+            break
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         if len(names) > 1:
             out.extend(_add_clusters(ctx, k, B, names))
@@ -47,16 +53,20 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
         if got is not None:
             out.append(got)
             out.extend(_drop_clusters(ctx, got.skeleton, got.estimate_s))
-    out.extend(_cross(ctx, out, options))
+    if not out_of_time(ctx, options):
+        out.extend(_cross(ctx, out, options))
     out.sort(key=lambda x: x.estimate_s)
     unique: dict[Skeleton, float] = {}
     for est, sk in out:
         unique.setdefault(sk, est)
     ranked = [Estimated(e, s) for s, e in unique.items()]
-    for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[: options.reorder]]:
+    reorder = 0 if out_of_time(ctx, options) else options.reorder
+    for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[:reorder]]:
         unique.setdefault(sk, e)
     ranked = sorted((Estimated(e, s) for s, e in unique.items()), key=lambda x: x.estimate_s)
     leaders = list(dict.fromkeys((s.pipelines, s.microbatch, s.order) for _, s in ranked))[: 2 * options.finalists]
+    if out_of_time(ctx, options):
+        leaders = []
     for e, sk in [_improve_split(ctx, e, s) for e, s in ranked if (s.pipelines, s.microbatch, s.order) in leaders]:
         unique.setdefault(sk, e)
     return sorted((Estimated(e, s) for s, e in unique.items()), key=lambda x: x.estimate_s)
