@@ -91,11 +91,12 @@ def inter_node_gbit(gpu: str, gpus_per_node: int = 8) -> float:
     return per_gpu * gpus_per_node if per_gpu is not None else 100.0
 
 
-def cluster(region: str, gpu: str, gpus: int, gpus_per_node: int = 8) -> dict[str, Any]:
+def cluster(region: str, gpu: str, gpus: int, gpus_per_node: int = 8, zone: str = "") -> dict[str, Any]:
+    """One cluster; ``zone`` names one of several clusters in a region (their WAN link: distance 0)."""
     spec = gpu_spec(gpu)
     assert gpus % gpus_per_node == 0, (region, gpu, gpus)
     return {
-        "name": f"{region}-{gpu.lower()}",
+        "name": f"{region}{'-' + zone if zone else ''}-{gpu.lower()}",
         "region": region,
         "gpu": gpu,
         "gpu_memory_gb": spec.memory_gb,
@@ -217,13 +218,24 @@ def instances() -> list[dict[str, Any]]:
             "scale-16r-4096-gpt175b",
             "Scale test: GPT-3 175B (98 layers) in bf16 on 16 regions x 256 GPUs = 4,096 GPUs.",
             GPT3_175B, "bf16",
-            [cluster(r, g, 256) for r, g in zip(
-                REGIONS,
-                ("H100-80", "A100-80", "H200-141", "A100-40", "L40S", "H100-80", "A100-80", "A100-40",
-                 "H200-141", "L40S", "A100-80", "H100-80", "A100-40", "H100-80", "A100-80", "L40S"))],
+            [cluster(r, g, 256) for r, g in zip(REGIONS, SCALE_16R_GPUS)],
             1536,
         ),
+        instance(
+            "scale-64r-16384-gpt175b",
+            "Scale test: GPT-3 175B (98 layers) in bf16 on 64 clusters x 256 GPUs = 16,384 GPUs: the 16 "
+            "regions of scale-16r with four zones each (zones of one region 10 ms and 25 Gbit/s apart, by the "
+            "distance rule at 0 km).",
+            GPT3_175B, "bf16",
+            [cluster(r, g, 256, zone=z) for z in "abcd" for r, g in zip(REGIONS, SCALE_16R_GPUS)],
+            6144,
+        ),
     ]
+
+
+SCALE_16R_GPUS = ("H100-80", "A100-80", "H200-141", "A100-40", "L40S", "H100-80", "A100-80", "A100-40",
+                  "H200-141", "L40S", "A100-80", "H100-80", "A100-40", "H100-80", "A100-80", "L40S")
+"""GPU type per region of the scale-16r instance (in REGIONS order), also the zones of scale-64r."""
 
 
 def main() -> None:

@@ -47,6 +47,9 @@ def link_times(ctx: Ctx, a: str, b: str, B: int, cut: int, prec: str = "native")
 
 def best_link(ctx: Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str, float, float]:
     """[H7] The allowed precision with the smallest (m − 1)·max(fwd, bwd) + fwd + bwd on a → b."""
+    key = (a, b, B, cut, m)
+    if key in ctx.best_links:
+        return ctx.best_links[key]
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = link_times(ctx, a, b, B, cut, prec)
@@ -54,7 +57,8 @@ def best_link(ctx: Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str, 
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
-    return best[1], best[2], best[3]
+    ctx.best_links[key] = (best[1], best[2], best[3])
+    return ctx.best_links[key]
 
 
 def link_choice(ctx: Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence[int]) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ alone, greedy cluster adding and dropping for the leading (k, B), subsets crosse
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 
 from hgopt.search.hier_tables import role_of
@@ -15,6 +16,8 @@ from hgopt.search.hierarchical.records import INF, Estimated, HeuristicOptions, 
 from hgopt.search.hierarchical.split import best_for_subset, split_order
 from hgopt.spec import Instance
 
+log = logging.getLogger(__name__)
+
 
 def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
     """[H1]-[H4] estimated skeletons, best first. Coarse pass: every (k, B) on all usable clusters
@@ -23,8 +26,13 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
     and order improvement of the leaders."""
     inst = ctx.instance
     coarse: list[Estimated] = []
-    for k in _pipeline_counts(inst, options):
+    counts = _pipeline_counts(inst, options)
+    for i, k in enumerate(counts):
+        if options.progress:  # progress (cli-explain): pipeline counts estimated so far
+            options.progress.report("estimating skeletons", done=i, total=len(counts),
+                                    incumbent_s=min((e for e, _ in coarse), default=None))
         if coarse and out_of_time(ctx, options):
+            log.debug("heuristic: time limit after %d of %d pipeline counts (%.1f s)", i, len(counts), ctx.elapsed())
             break  # the time limit: the (k, B) estimated so far
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         best_k, worse = math.inf, 0
@@ -40,6 +48,8 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
             best_k = min(best_k, top)
             if worse >= options.patience:
                 break
+        log.debug("heuristic: k=%d: %d coarse skeletons so far, best estimate %.4g s (%.1f s)", k, len(coarse),
+                 min((e for e, _ in coarse), default=math.inf), ctx.elapsed())
     coarse.sort(key=lambda x: x.estimate_s)
     out = list(coarse)
     kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.kb_leaders]
@@ -53,6 +63,8 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
         if got is not None:
             out.append(got)
             out.extend(_drop_clusters(ctx, got.skeleton, got.estimate_s))
+    log.debug("heuristic: cluster subsets grown and pruned for %d (k, B): %d skeletons (%.1f s)", len(kbs), len(out),
+             ctx.elapsed())
     if not out_of_time(ctx, options):
         out.extend(_cross(ctx, out, options))
     out.sort(key=lambda x: x.estimate_s)
