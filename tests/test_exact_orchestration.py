@@ -157,3 +157,12 @@ def test_a_wider_link_policy_is_warm_started_with_the_native_searchs_plan(monkey
     assert narrow is not None and calls[1][1] == narrow  # the native plan is the wider search's warm start
     assert res.iteration_time_s <= evaluate(narrow, inst, build_tables(inst)).iteration_time_s + 1e-12  # type: ignore[arg-type]
     assert any(n.startswith("warm start of this search: the native-link search's plan") for n in res.notes)
+
+
+@pytest.mark.parametrize("policy", ("native", "auto"))
+def test_same_input_limit_and_seed_give_the_same_plan_when_the_search_completes(policy: str) -> None:
+    inst = _instance(4)
+    runs = [plan_exact(inst, PlanOptions(time_limit_s=120, gap=1e-7, seed=3, extra={"link_precision": policy}))
+            for _ in range(2)]
+    assert all(r.status == "optimal" for r in runs), [r.status for r in runs]
+    assert runs[0].plan is not None and runs[0].plan.to_json() == runs[1].plan.to_json()  # type: ignore[union-attr]
