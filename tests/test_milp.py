@@ -213,7 +213,11 @@ def test_shipped_instances_plan_is_never_below_the_reported_bound(name: str) -> 
 
     inst = load_instance(name)
     res = plan_exact(inst, PlanOptions(time_limit_s=3.0))
-    assert res.lower_bound_s is not None and res.lower_bound_s > 0
+    assert res.lower_bound_s is not None and res.lower_bound_s >= 0
+    # positive unless the limit ran out before every split had its cheap bound (load-dependent: the
+    # opening phase checks the deadline since issue #11), which a note then says
+    unbounded = any(n.startswith("time limit reached before the cheap bounds") for n in res.notes)
+    assert res.lower_bound_s > 0 or unbounded
     if res.plan is None:
         assert res.status in ("error", "infeasible")
         return
