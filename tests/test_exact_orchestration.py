@@ -166,3 +166,20 @@ def test_same_input_limit_and_seed_give_the_same_plan_when_the_search_completes(
             for _ in range(2)]
     assert all(r.status == "optimal" for r in runs), [r.status for r in runs]
     assert runs[0].plan is not None and runs[0].plan.to_json() == runs[1].plan.to_json()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("backend", __import__("hgopt.solvers", fromlist=["x"]).available_backends())
+@pytest.mark.parametrize("seed", (1, 5))
+def test_every_backends_planner_bound_is_below_brute_force(backend: str, seed: int) -> None:
+    """The planner's bound with each backend (short limit, no warm start, no relaxations: the MILPs
+    decide) never exceeds the brute-force optimum, and its plan never beats it."""
+    inst = _instance(seed)
+    best = _expected(seed)
+    res = plan_exact(inst, PlanOptions(time_limit_s=5.0, gap=1e-6, solver=backend,
+                                       extra={"warm_start": "none", "relaxation": "off"}))
+    if not math.isfinite(best):
+        assert res.plan is None
+        return
+    assert res.lower_bound_s is not None and res.lower_bound_s <= best * (1 + 1e-6)
+    if res.plan is not None:
+        assert res.iteration_time_s >= best * (1 - 1e-9)
