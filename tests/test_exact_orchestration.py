@@ -127,6 +127,7 @@ def test_a_tiny_limit_returns_a_consistent_status_plan_and_bound(limit: float, s
     assert res.lower_bound_s is not None and res.lower_bound_s <= res.iteration_time_s
     gap = res.gap
     assert gap is not None and (gap <= 0.01 + 1e-12) == (res.status == "optimal")
+    assert ("certified" in res.solver) <= (res.status == "optimal"), res.solver  # no certificate claimed falsely
     if any(n.startswith("time limit reached before the cheap bounds") for n in res.notes):
         assert res.lower_bound_s == 0.0
 
@@ -183,3 +184,12 @@ def test_every_backends_planner_bound_is_below_brute_force(backend: str, seed: i
     assert res.lower_bound_s is not None and res.lower_bound_s <= best * (1 + 1e-6)
     if res.plan is not None:
         assert res.iteration_time_s >= best * (1 - 1e-9)
+
+
+def test_an_infeasible_instance_says_what_binds() -> None:
+    topo = tiny_topology(clusters=(("a", "A", 1, 2, 1.14), ("b", "A", 1, 2, 1.14)))
+    inst = tiny_instance(global_batch=4, model=tiny_model(num_layers=4, params=5e8, gpus={"A": 0.01}), topology=topo)
+    res = plan_exact(inst, PlanOptions(time_limit_s=10))
+    assert res.status == "infeasible" and res.plan is None and res.lower_bound_s is None
+    assert "certified" not in res.solver and "bounds are infinite" in res.solver
+    assert any(n.startswith("no plan of this space fits: the bounds of all 6 batch splits") for n in res.notes)
