@@ -19,7 +19,7 @@ from pathlib import Path
 from hgopt.cost import evaluate
 from hgopt.instances import list_instances, load_instance
 from hgopt.search import PlanOptions
-from hgopt.search.milp import plan_milp
+from hgopt.search.exact import plan_exact
 from hgopt.solvers import available_backends
 
 HEADING = "## Exact planner (exact-planner helper)"
@@ -30,7 +30,7 @@ def run_one(name: str, solver: str, limit: float, gap: float) -> dict[str, objec
     inst = load_instance(name)
     t0 = time.perf_counter()
     try:
-        res = plan_milp(inst, PlanOptions(time_limit_s=limit, gap=gap, solver=solver))
+        res = plan_exact(inst, PlanOptions(time_limit_s=limit, gap=gap, solver=solver))
     except ValueError as exc:
         return {"instance": name, "solver": solver, "status": f"n/a ({exc})"}
     wall = time.perf_counter() - t0

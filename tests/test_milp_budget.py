@@ -11,7 +11,8 @@ from hgopt.cost import build_tables
 from hgopt.instances import load_instance
 from hgopt.search import PlanOptions
 from hgopt.search.blocks import OutOfTime, block_options
-from hgopt.search.milp import batch_splits, link_policy, plan_milp, solve_split
+from hgopt.search.exact import plan_exact
+from hgopt.search.milp import batch_splits, link_policy, solve_split
 from hgopt.search.blocks import cheap_bounds
 from hgopt.solvers import SolveOptions
 from tests.factories import tiny_instance, tiny_model, tiny_topology
@@ -51,7 +52,7 @@ def test_too_short_a_limit_is_reported_not_overrun() -> None:
     CPU time, unlike wall time, barely grows when other jobs load the machine)."""
     inst = load_instance("scale-8r-1024-llama70b")
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    res = plan_milp(inst, PlanOptions(time_limit_s=1.0, extra={"outside_check": "off"}))
+    res = plan_exact(inst, PlanOptions(time_limit_s=1.0, extra={"outside_check": "off"}))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 20.0, f"{cpu:.1f} CPU s for a 1 s limit"
     assert 0.0 < res.search_time_s <= wall + 1e-3  # the reported search time is the call's own
@@ -70,11 +71,11 @@ def _zones() -> object:
 
 def test_exact_planner_names_a_faster_plan_outside_its_space() -> None:
     inst = _zones()
-    res = plan_milp(inst, PlanOptions(time_limit_s=30.0))
+    res = plan_exact(inst, PlanOptions(time_limit_s=30.0))
     note = [n for n in res.notes if n.startswith("outside this plan space")]
     assert len(note) == 1
     faster = float(note[0].split("groups, ")[1].split(" s by evaluate")[0])
     assert res.iteration_time_s is not None and faster < res.iteration_time_s
     assert res.lower_bound_s is not None and math.isfinite(res.lower_bound_s)
-    off = plan_milp(inst, PlanOptions(time_limit_s=30.0, extra={"outside_check": "off"}))
+    off = plan_exact(inst, PlanOptions(time_limit_s=30.0, extra={"outside_check": "off"}))
     assert not any(n.startswith("outside this plan space") for n in off.notes)

@@ -114,3 +114,93 @@ def test_lp_text_is_read_by_highs_to_the_same_optimum(tmp_path: object) -> None:
     h.run()
     assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     assert h.getInfo().objective_function_value == pytest.approx(best, rel=1e-9)
+
+
+# ---- conformance under a cutoff, a time limit and a gap: every bound against brute force (issue #11) ----
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", (0.9, 1.0, 1.1))
+def test_a_cutoff_never_yields_a_bound_above_the_optimum(backend: str, where: float) -> None:
+    """``bound_limit`` (a cutoff) at 0.9, 1.0 and 1.1 times the brute-force optimum: whatever the
+    backend makes of it, its bound stays at or below the optimum and any incumbent at or above."""
+    m, best = bottleneck_model(4)
+    r = solve(m, backend, SolveOptions(time_limit_s=20, relative_gap=1e-9, bound_limit=where * best))
+    assert r.status in ("optimal", "feasible", "infeasible", "no_solution"), r
+    assert r.bound <= best * (1 + 10 * _tol(backend)), (r.status, r.bound, best)
+    if r.values is not None:
+        assert r.objective >= best * (1 - _tol(backend))
+        assert m.violation(np.round(r.values, 6)) < 1e-4
+    if where > 1.0:  # the optimum lies below the cutoff: it must be found
+        assert r.status == "optimal" and r.objective == pytest.approx(best, rel=_tol(backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("limit", (0.01, 0.2))
+def test_a_time_limited_bound_is_below_the_brute_force_optimum(backend: str, limit: float) -> None:
+    m, best = bottleneck_model(5, n=16, pick=6)
+    r = solve(m, backend, SolveOptions(time_limit_s=limit, relative_gap=0.0))
+    assert r.status in ("optimal", "feasible", "no_solution"), r
+    assert r.bound <= best * (1 + 10 * _tol(backend))
+    if r.values is not None:
+        assert r.objective >= best * (1 - _tol(backend))
+        assert r.objective == pytest.approx(m.objective_value(r.values), rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gap", (0.02, 0.2))
+def test_a_gap_limited_solve_bounds_the_optimum_from_both_sides(backend: str, gap: float) -> None:
+    """Stopped at a relative gap: bound <= optimum <= objective, and 'optimal' only within the gap."""
+    for seed in range(3):
+        m, best = bottleneck_model(10 + seed, n=12, pick=5)
+        r = solve(m, backend, SolveOptions(time_limit_s=20, relative_gap=gap))
+        assert r.status == "optimal", r
+        assert r.bound <= best * (1 + 10 * _tol(backend)) and r.objective >= best * (1 - _tol(backend))
+        assert r.gap <= gap + 1e-6 + 1e-3 * (backend == "cp-sat")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_infeasible_model_bounds_nothing_wrongly(backend: str) -> None:
+    """Infeasible: no incumbent; the bound is +inf (every plan — there is none — is above it) or absent."""
+    m = LinearModel(name="infeasible2")
+    t = m.add_var("T", kind="time")
+    ys = [m.add_binary(f"y{i}") for i in range(4)]
+    m.add_row("pick3", {y: 1.0 for y in ys}, lb=3.0)
+    m.add_row("pick1", {y: 1.0 for y in ys}, ub=1.0)
+    m.add_row("T", {t: 1.0, ys[0]: -1.0}, lb=0.0, kind="time")
+    m.set_objective({t: 1.0})
+    r = solve(m, backend, SolveOptions(time_limit_s=10, bound_limit=5.0))
+    assert r.status == "infeasible" and r.values is None
+    assert r.bound >= 5.0  # nothing below the cutoff (and nothing at all)
+
+
+def test_the_hint_reaches_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LinearModel.hint`` is handed to MathOpt as a solution hint and to CP-SAT as AddHint."""
+    m, _ = bottleneck_model(3)
+    m.hint = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    seen: dict[str, object] = {}
+    if "highs" in BACKENDS:
+        from ortools.math_opt.python import mathopt
+
+        real = mathopt.solve
+
+        def spy(model: object, solver: object, **kw: object) -> object:
+            hints = kw["model_params"].solution_hints  # type: ignore[attr-defined]
+            seen["mathopt"] = sorted((v.name, x) for h in hints for v, x in h.variable_values.items())
+            return real(model, solver, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(mathopt, "solve", spy)
+        solve(m, "highs", SolveOptions(time_limit_s=10))
+        assert seen["mathopt"] == [("y0", 1.0), ("y1", 1.0), ("y2", 1.0), ("y3", 1.0)]
+    if "cp-sat" in BACKENDS:
+        from ortools.sat.python import cp_model
+
+        got: list[tuple[int, int]] = []
+        real_solve = cp_model.CpSolver.Solve
+
+        def spy_solve(self: object, model: object, *a: object, **kw: object) -> object:
+            hint = model.Proto().solution_hint  # type: ignore[attr-defined]
+            got.extend(zip(hint.vars, hint.values))
+            return real_solve(self, model, *a, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(cp_model.CpSolver, "Solve", spy_solve)
+        solve(m, "cp-sat", SolveOptions(time_limit_s=10))
+        assert sorted(got) == [(0, 1), (1, 1), (2, 1), (3, 1)]

@@ -18,6 +18,7 @@ from hgopt.cost import build_tables
 from hgopt.cost.pipeline import stages_that_matter
 from hgopt.instances import load_instance
 from hgopt.search.blocks import Window, block_options, cheap_bounds
+from hgopt.search.hierarchical import heuristic_incumbent
 from hgopt.search.milp import BatchSplit, build_milp
 from hgopt.spec import Instance
 
@@ -73,8 +74,6 @@ def _split(inst: Instance, arg: str | None) -> BatchSplit:
         if k < 1 or b < 1 or g % (k * b):
             raise ValueError(f"--split: K·B must divide the global batch {g}, got K={k} B={b}")
         return BatchSplit(k=k, microbatch=b, num_microbatches=g // (k * b))
-    from hgopt.search.hierarchical import heuristic_incumbent
-
     h = heuristic_incumbent(inst, time_limit_s=10.0)
     if h.plan is None:
         raise ValueError(f"--split: the heuristic found no plan for {inst.name}; give --split K,B")

@@ -101,7 +101,7 @@ def link_penalties(extra: Mapping[str, str]) -> dict[str, float]:
 
 
 PLANNERS: Mapping[str, str] = {
-    "milp": "hgopt.search.milp:plan_milp",
+    "milp": "hgopt.search.exact:plan_exact",
     "heuristic": "hgopt.search.hierarchical:run_heuristic",
     "metis": "hgopt.search.baselines:run_metis",
     "uniform": "hgopt.search.baselines:run_uniform",

@@ -226,6 +226,8 @@ def _cluster_role_candidates(
         for s in range(s_first, s_top + 1):
             if s > stop_at.max():
                 break
+            if time.perf_counter() > deadline:  # also per stage count: one configuration can take seconds
+                raise OutOfTime(f"block options of {cluster} ({role}) not complete by the deadline")
             for front in ((False, True) if s >= 3 else (False,)):
                 for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)

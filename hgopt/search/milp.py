@@ -12,7 +12,6 @@ pipeline; inter-cluster boundaries at a (forward, backward) precision pair the l
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -37,12 +36,14 @@ from hgopt.search.blocks import (
     cheap_bounds,
     model_shape,
 )
+from hgopt.search.precisions import allowed_link_precisions
 from hgopt.solvers import SolveOptions, SolveResult, solve
 from hgopt.solvers.model import LinearModel
 from hgopt.spec import Instance
 
-__all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "SplitOutcome", "batch_splits", "build_milp",
-           "decode", "link_policy", "plan_milp", "plan_space", "solve_split"]
+__all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "OutsideCheck", "SplitOutcome", "WarmStart",
+           "batch_splits", "build_milp", "decode", "estimated_nonzeros", "link_policy", "plan_hint", "plan_milp",
+           "plan_space", "solve_split"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,23 @@ PLAN_SPACE = (
     "uniform (tp, dp, mbs) local stages with ZeRO-1; cluster boundaries between identical layers; native "
     "link precision; microbatch B and m = global_batch/(k*B) enumerated"
 )
-ROUND_TRIP = hasattr(importlib.import_module("hgopt.cost.evaluate"), "round_trip_bound")
-"""Whether the scorer applies the 1F1B round trip [C3]; the MILP models exactly what it applies."""
+WarmStart = Callable[[Instance, CostTables, float], "Plan | None"]
+"""(instance, tables, seconds) -> a plan of this planner's space under the run's link policy (or None):
+the first incumbent. Injected by the caller (``hgopt.search.exact``: the heuristic's), so that this
+module does not import another planner."""
+OutsideCheck = Callable[[Instance, CostTables, float, float], "tuple[float, str] | None"]
+"""(instance, tables, iteration time of the best plan, seconds) -> (iteration time, description) of a
+faster plan outside this plan space, or None. Injected like ``WarmStart``."""
+OPENING = 0.2
+"""Share of the time limit the cheap bounds of the splits may take before the warm start (twice it in all)."""
+OUTSIDE_MIN_S = 0.5
+"""Seconds that must be left for the outside-space check to run."""
+MAX_NONZEROS = 5_000_000
+"""The size guard: a MILP estimated above this many nonzeros is not built (some 2 GB with the
+model's Python rows, its MathOpt proto and the solver's copy)."""
+LOAD_S_PER_NONZERO = 2e-5
+"""Seconds per nonzero to build, convert and load a MILP (12 µs measured for build + proto on a loaded
+2-core machine, sailor-het-32+96): a MILP is built only when the time left covers its estimate."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
 
@@ -75,8 +91,6 @@ def link_policy(instance: Instance, extra: object) -> LinkPolicy:
     ``link_penalty``): the precisions of ``allowed_link_precisions`` (as the heuristic reads them),
     each direction of a boundary chosen independently under ``auto``; a fixed precision on every
     inter-cluster boundary, or native where ``max_compressed_links`` leaves a boundary uncompressed."""
-    from hgopt.search.hierarchical import allowed_link_precisions
-
     ex = dict(extra)  # type: ignore[call-overload]
     policy = ex.get("link_precision", "native") or "native"
     raw = ex.get("max_compressed_links")
@@ -109,17 +123,31 @@ class BatchSplit:
 
 
 def batch_splits(instance: Instance) -> list[BatchSplit]:
-    """Every (k, B, m) with k·B·m = global batch and k at most the number of GPUs."""
+    """Every (k, B, m) with k·B·m = global batch and k at most the number of GPUs (k, then B
+    ascending), from the divisors of the global batch (O(√batch) work, not O(batch))."""
     g = instance.job.global_batch
     kmax = instance.topology.num_gpus()
+    divs = _divisors(g)
     out = []
-    for k in range(1, min(g, kmax) + 1):
-        if g % k:
-            continue
-        for b in range(1, g // k + 1):
-            if (g // k) % b == 0:
-                out.append(BatchSplit(k=k, microbatch=b, num_microbatches=g // (k * b)))
+    for k in divs:
+        if k > kmax:
+            break
+        per = g // k
+        out.extend(BatchSplit(k=k, microbatch=b, num_microbatches=per // b) for b in divs if b <= per and per % b == 0)
     return out
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,8 +265,7 @@ def build_milp(
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
     if pol.compresses:
         _precision_rows(form, by_cluster, pol)
-    if ROUND_TRIP:
-        _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
+    _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     obj = {t: steady_weight(split.num_microbatches), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
@@ -454,6 +481,64 @@ def decode(instance: Instance, form: Formulation, values: object) -> Plan:
     return Plan(pipelines=(pipe,) * form.split.k, planner="milp", instance=instance.name)
 
 
+def plan_hint(instance: Instance, form: Formulation, plan: Plan) -> dict[int, float]:
+    """``decode`` backwards, as far as the formulation reaches: for ``plan``'s first pipeline, z = 1
+    on its hand-overs (and on the precision pair each boundary carries), 0 on the other arcs; per
+    cluster y = 1 on the block option with the plan's role, trunk layers, (tp, dp, mbs) and local
+    stage boundaries, 0 on its other options (a cluster whose block is not among the options, e.g.
+    non-uniform local stages, is left out). A hint for the solver's first incumbent (``LinearModel.hint``):
+    it changes no bound. Empty when the plan is not of this split."""
+    if len(plan.pipelines) != form.split.k or any(p != plan.pipelines[0] for p in plan.pipelines):
+        return {}
+    pipe = plan.pipelines[0]
+    if pipe.num_microbatches != form.split.num_microbatches or pipe.microbatch != form.split.microbatch:
+        return {}
+    shape = model_shape(instance)
+    runs: list[tuple[str, list[Stage]]] = []
+    for st in pipe.stages:
+        if len(st.groups) != 1:
+            return {}
+        c = st.groups[0].cluster
+        if runs and runs[-1][0] == c:
+            runs[-1][1].append(st)
+        else:
+            runs.append((c, [st]))
+    if len({c for c, _ in runs}) != len(runs):
+        return {}  # a cluster visited twice is outside the space
+    hint: dict[int, float] = {j: 0.0 for j in form.y}
+    hint.update({v.z: 0.0 for lv in form.links.values() for v in lv})
+    hint.update({j: 0.0 for j in form.z.values()})
+    trunk_lo, trunk_hi = shape.p, shape.p + shape.trunk
+    cut = 0
+    for i, (c, stages) in enumerate(runs):
+        role = "only" if len(runs) == 1 else "first" if i == 0 else "end" if i == len(runs) - 1 else "middle"
+        lo, hi = stages[0].start, stages[-1].end
+        n = max(0, min(hi, trunk_hi) - max(lo, trunk_lo))
+        g = stages[0].groups[0]
+        rel = tuple(b - lo for b in (*(s.start for s in stages), hi))
+        for j, o in form.y.items():
+            if (o.cluster, o.role, o.n) == (c, role, n) and (o.cfg.tp, o.cfg.dp, o.cfg.mbs) == (g.tp, g.dp, g.mbs) \
+                    and tuple(b - o.bounds[0] for b in o.bounds) == rel \
+                    and all(s.groups[0] == g for s in stages):
+                hint[j] = 1.0
+                break
+        else:
+            for j, o in form.y.items():
+                if o.cluster == c:
+                    del hint[j]
+        if i + 1 < len(runs):
+            arc = (c, runs[i + 1][0])
+            if arc not in form.z:
+                return {}
+            hint[form.z[arc]] = 1.0
+            cut += len(stages)
+            bd = pipe.boundary(cut - 1)
+            for v in form.links[arc]:
+                if v.arc.pair == (bd.fwd, bd.bwd):
+                    hint[v.z] = 1.0
+    return hint
+
+
 def _placed(o: BlockOption, pos: int, p: int) -> list[Stage]:
     """The option's stages shifted so the block starts at layer ``pos`` (trunk layers are identical,
     so a middle block costs the same wherever it sits)."""
@@ -488,10 +573,14 @@ class SplitOutcome:
 def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
-    lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None,
+    lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None, hint: Plan | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
-    the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb."""
+    the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb.
+    ``hint`` (a plan of this split, e.g. the warm start) goes to the solver as a hint (``plan_hint``).
+    No cutoff is passed to the solver: with HiGHS's ``objective_bound`` a split of sailor-het-32+96
+    came back 'optimal' at 4.75459 whose optimum is 4.67836 (issue #11); ``incumbent`` only sets
+    the first cap and the stopping test, so every bound taken from a solve is the solver's own."""
     pol = links or LinkPolicy()
     w = bounds.weight
     t_cap = _cap_for(bounds, incumbent)
@@ -519,13 +608,22 @@ def solve_split(
                      split, t_cap)
             return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
+        size = estimated_nonzeros(opts, len(instance.topology.clusters))
+        left = deadline - time.perf_counter()
+        if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO > left:
+            # the size guard: a MILP that the remaining time (or memory) cannot load is not built
+            log.info("split %s: MILP of ~%d nonzeros not built (%.1f s left; limit %d nonzeros)", split, size,
+                     left, MAX_NONZEROS)
+            return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
+                                solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         form = build_milp(instance, tables, split, opts, bounds, pol)
+        if hint is not None:
+            form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
         limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
         res = solve(form.model, solver, SolveOptions(time_limit_s=limit, relative_gap=solve_options.relative_gap,
                                                      threads=solve_options.threads, seed=solve_options.seed,
-                                                     time_quantum_s=solve_options.time_quantum_s,
-                                                     bound_limit=incumbent * (1 - solve_options.relative_gap)))
+                                                     time_quantum_s=solve_options.time_quantum_s))
         solves.append(res)
         log.debug("split %s cap %.4g: %s, %s -> %s obj %.6g bound %.6g in %.2fs", split, t_cap, form.model.size(),
                   res.solver, res.status, res.objective, res.bound, res.wall_s)
@@ -545,6 +643,16 @@ def solve_split(
                         solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen)
 
 
+def estimated_nonzeros(options: dict[tuple[str, str, int], list[BlockOption]], clusters: int) -> int:
+    """An estimate (from above, on the instances measured) of the nonzeros ``build_milp`` writes for
+    these block options: the round-trip rows [M15]/[M15w] hold each option once per local stage,
+    with its y and v, [M12] and the per-cluster rows a few per option, the arcs a few per pair
+    (sailor-het-32+96, k=4 B=4: 814 options, 3,475 local stages, 43,444 nonzeros; estimate 41.6 k + arcs)."""
+    n = sum(len(v) for v in options.values())
+    stages = sum(o.s for v in options.values() for o in v)
+    return 8 * stages + 16 * n + 40 * clusters * clusters
+
+
 def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
     """Smallest grid bottleneck above which no plan can beat ``incumbent`` [M0]."""
     if not math.isfinite(incumbent) or bounds.weight <= 0:
@@ -560,8 +668,10 @@ def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
 # --------------------------------------------------------------------------------------------
 # The planner: all splits, best first, pruned by their bounds
 # --------------------------------------------------------------------------------------------
-def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
-    """Best plan of the space with a proven lower bound (registered as planner ``milp``). The link
+def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart | None = None,
+              outside: OutsideCheck | None = None) -> PlanResult:
+    """Best plan of the space with a proven lower bound (the planner ``milp`` runs it through
+    ``hgopt.search.exact`` with the heuristic's warm start and outside-space check). The link
     policy (``link_precision``, ``max_compressed_links``, ``link_penalty`` in ``options.extra``)
     sets which precisions inter-cluster boundaries may carry [M17]-[M19]."""
     t_start = time.perf_counter()
@@ -573,15 +683,22 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
     prog = options.progress  # progress (cli-explain): heartbeat state + cooperative stop
     if prog:  # progress (cli-explain)
         prog.report("cheap bounds", total=len(splits))
-    cheap = {sp: cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
-                              num_microbatches=sp.num_microbatches, links=links) for sp in splits}
-    log.debug("cheap bounds of %d splits in %.1f s", len(splits), time.perf_counter() - t_start)
-    lbs = {sp: cheap[sp].value for sp in splits}
+    # [M0] the cheap bounds of the splits, for up to OPENING of the budget before the warm start and
+    # up to twice that after it; a split without one is bounded by 0 s and gets no MILP
+    cheap: dict[BatchSplit, CheapBounds] = {}
+    _cheap_until(instance, tables, splits, cheap, links, t_start + OPENING * options.time_limit_s, prog)
+    lbs = {sp: cheap[sp].value if sp in cheap else 0.0 for sp in splits}
     if prog:  # progress (cli-explain)
         prog.report("warm start", bound_s=_global_lb(lbs, None))
-    best = _warm_start(instance, tables, options, t_start, links)
+    best = _warm_start(instance, tables, options, t_start, links, warm_start)
     first = best.split if best else None
-    order = sorted(splits, key=lambda sp: (sp != first, cheap[sp].value))
+    if first is not None:
+        _cheap_until(instance, tables, [first], cheap, links, deadline, prog)
+    _cheap_until(instance, tables, splits, cheap, links, t_start + 2 * OPENING * options.time_limit_s, prog)
+    lbs = {sp: cheap[sp].value if sp in cheap else 0.0 for sp in splits}
+    log.debug("cheap bounds of %d of %d splits after %.1f s", len(cheap), len(splits), time.perf_counter() - t_start)
+    unbounded = [sp for sp in splits if sp not in cheap]
+    order = sorted(cheap, key=lambda sp: (sp != first, cheap[sp].value))
     solver_name = ""
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
@@ -626,7 +743,8 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             log.debug("split %s pruned by the relaxation: %.6g >= %.6g", sp, lbs[sp], target)
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
-                          incumbent=ub, deadline=deadline, lb_above=above, links=links)
+                          incumbent=ub, deadline=deadline, lb_above=above, links=links,
+                          hint=best.plan if best is not None and best.split == sp else None)
         if out.unfinished:
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
@@ -640,6 +758,9 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
         log.info("split %s: plan %.4g s, bound %.4g s; best %.4g s, global bound %.4g s (%.1f s)", sp, out.value,
                  out.lower_bound, best.value if best else math.inf, _global_lb(lbs, best), time.perf_counter() - t_start)
     notes = []
+    if unbounded:
+        notes.append(f"time limit reached before the cheap bounds of {len(unbounded)} of {len(splits)} batch splits "
+                     "were computed: each is bounded by 0 s, so the bound is 0; a longer --time-limit bounds them")
     if unfinished:
         notes.append(f"time limit reached before the MILP of split {unfinished[0]}"
                      + (f" and of {len(unfinished) - 1} more split(s)" if len(unfinished) > 1 else "")
@@ -648,30 +769,41 @@ def plan_milp(instance: Instance, options: PlanOptions) -> PlanResult:
             best = SplitOutcome(split=best.split, plan=best.plan, value=best.value, lower_bound=best.lower_bound,
                                 penalty=best.penalty, unfinished=True)
     if best is not None and best.plan is not None and not (prog and prog.stop_requested()):  # (cli-explain)
-        notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline))
+        notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline, outside))
     return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links, tuple(notes))
 
 
-def _outside_space_note(instance: Instance, tables: CostTables, value: float, options: PlanOptions,
-                        deadline: float) -> list[str]:
-    """The heuristic's data parallelism across cluster groups ([H9], outside this plan space) against
-    the exact planner's plan: a note naming the faster plan when there is one (nothing otherwise)."""
-    if options.extra.get("outside_check", "on") == "off" or len(instance.topology.clusters) < 2:
-        return []
-    from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative
+def _cheap_until(instance: Instance, tables: CostTables, splits: list[BatchSplit], cheap: dict[BatchSplit, CheapBounds],
+                 links: LinkPolicy, until: float, prog: object) -> None:
+    """The cheap bounds [M0] of the splits of ``splits`` not in ``cheap`` yet, until ``until`` (or a stop)."""
+    for sp in splits:
+        if sp in cheap:
+            continue
+        if time.perf_counter() >= until or (prog is not None and prog.stop_requested()):  # type: ignore[attr-defined]
+            return
+        cheap[sp] = cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
+                                 num_microbatches=sp.num_microbatches, links=links)
 
-    left = max(deadline - time.perf_counter(), 1.0)
+
+def _outside_space_note(instance: Instance, tables: CostTables, value: float, options: PlanOptions,
+                        deadline: float, outside: OutsideCheck | None) -> list[str]:
+    """A faster plan outside this plan space (``outside``, e.g. the heuristic's data parallelism across
+    cluster groups [H9]) against the exact planner's plan: a note naming it (nothing otherwise)."""
+    if outside is None or options.extra.get("outside_check", "on") == "off" or len(instance.topology.clusters) < 2:
+        return []
+    left = deadline - time.perf_counter()
+    if left < OUTSIDE_MIN_S:
+        return ["outside-space check skipped: the time limit ran out (data parallelism across cluster groups, "
+                "outside this plan space, was not tried; `--planner heuristic` tries it)"]
     try:
-        alt = grouped_alternative(instance, value, tables=tables, options=HeuristicOptions(
-            time_limit_s=left, link_precision=options.extra.get("link_precision", "native")))
+        alt = outside(instance, tables, value, left)
     except ValueError as exc:  # the heuristic declines some instances
         log.info("outside-space check skipped: %s", exc)
         return []
-    if alt is None or alt.plan is None:
+    if alt is None:
         return []
-    groups = dict(alt.plan.meta).get("groups", "")
     return [f"outside this plan space the heuristic found a faster plan: data parallelism across cluster groups, "
-            f"{alt.iteration_time_s:.4g} s by evaluate ({groups}); `--planner heuristic` returns it"]
+            f"{alt[0]:.4g} s by evaluate ({alt[1]}); `--planner heuristic` returns it"]
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
@@ -708,33 +840,29 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> floa
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,
-                links: LinkPolicy | None = None) -> SplitOutcome | None:
-    """The hierarchical heuristic's plan, under the same link precision settings, as the first
-    incumbent (its objective — evaluate's time plus its link penalty — prunes splits and block
-    options; a plan of the same space)."""
-    if options.extra.get("warm_start", "heuristic") != "heuristic":
+                links: LinkPolicy | None, warm_start: WarmStart | None) -> SplitOutcome | None:
+    """The injected warm start's plan (the heuristic's, under the same link precision settings) as the
+    first incumbent (its objective — evaluate's time plus its link penalty — prunes splits and block
+    options; a plan of the same space). ``extra['warm_start'] = 'none'`` turns it off."""
+    if warm_start is None or options.extra.get("warm_start", "heuristic") != "heuristic":
         return None
-    from hgopt.search.hierarchical import heuristic_incumbent
-
     pol = links or LinkPolicy()
     budget = min(10.0, 0.2 * options.time_limit_s)
-    kw = {}
-    if pol.compresses:
-        kw = {"link_precision": options.extra.get("link_precision", "native"),
-              "max_compressed_links": pol.max_compressed}
     try:
-        h = heuristic_incumbent(instance, tables, time_limit_s=budget, **kw)  # type: ignore[arg-type]
+        plan = warm_start(instance, tables, budget)
     except ValueError as exc:  # the heuristic declines some instances; the MILP still runs
         log.info("warm start skipped: %s", exc)
         return None
-    if h.plan is None or not math.isfinite(h.iteration_time_s):
+    if plan is None:
         return None
-    p0 = h.plan.pipelines[0]
-    split = BatchSplit(k=len(h.plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
-    pen = pol.plan_penalty(h.plan.pipelines)
-    log.info("warm start: heuristic plan %.4g s (%s) after %.1f s", h.iteration_time_s, split,
-             time.perf_counter() - t_start)
-    return SplitOutcome(split=split, plan=h.plan, value=h.iteration_time_s + pen, lower_bound=-math.inf, penalty=pen)
+    ev = evaluate(plan, instance, tables)
+    if not ev.feasible or not math.isfinite(ev.iteration_time_s):
+        return None
+    p0 = plan.pipelines[0]
+    split = BatchSplit(k=len(plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
+    pen = pol.plan_penalty(plan.pipelines)
+    log.info("warm start: plan %.4g s (%s) after %.1f s", ev.iteration_time_s, split, time.perf_counter() - t_start)
+    return SplitOutcome(split=split, plan=plan, value=ev.iteration_time_s + pen, lower_bound=-math.inf, penalty=pen)
 
 
 def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float:
@@ -751,14 +879,28 @@ def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit,
     lb_obj = _global_lb(lbs, best)
     slack = pol.max_penalty(len(instance.topology.clusters) - 1)
     lb = max(lb_obj - slack, 0.0) if math.isfinite(lb_obj) else lb_obj
-    solver = solver or f"none ({options.solver} not needed: the relaxation bounds certified the result)"
     if best is None or best.plan is None:
         status = "infeasible" if not math.isfinite(lb) else "error"
+        if status == "infeasible":
+            extra_notes = (f"no plan of this space fits: the bounds of all {len(lbs)} batch splits (k pipelines x "
+                           "microbatch B) are infinite — for none of them do the block options (memory per GPU, GPUs "
+                           "per pipeline, profiled tp and microbatch sizes) cover the model; the infeasibility lines "
+                           "give the memory numbers", *extra_notes)
+            solver = solver or f"none ({options.solver} not needed: every batch split's bounds are infinite)"
+        else:
+            extra_notes = ("no plan found within the time limit (the bound still holds); a longer --time-limit "
+                           "or the warm start finds one", *extra_notes)
+            solver = solver or f"none ({options.solver} not run: the time limit ran out first)"
         return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=lb if math.isfinite(lb) else None,
                           search_time_s=wall, solver=solver, plan_space=space, notes=extra_notes)
     time_s = best.value - best.penalty
     gap = (time_s - lb) / time_s
     status = "optimal" if gap <= options.gap + 1e-12 else "feasible"
+    if not solver:  # no MILP was solved: say why, and claim a certificate only when there is one
+        solver = (f"none ({options.solver} not needed: the cheap and relaxation bounds certified the result "
+                  f"within the gap {options.gap:g})" if status == "optimal" else
+                  f"none ({options.solver} not run: the time limit ran out first; the gap is that of the cheap "
+                  "and relaxation bounds)")
     meta = (("solver", solver), ("lower_bound_s", repr(lb)), ("gap", f"{gap:.6f}"), ("status", status),
             ("split", str(best.split)), ("plan_space", space))
     notes = [_size_note(best), *extra_notes]

@@ -65,10 +65,8 @@ class RelaxedSplit:
         prefix or the suffix alone): that is subtracted."""
         N = self.trunk
         best = -INF
-        from hgopt.search.milp import ROUND_TRIP
-
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if ROUND_TRIP and math.isfinite(tau) else (0.0,):
+        for lam in LAMBDAS if math.isfinite(tau) else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]

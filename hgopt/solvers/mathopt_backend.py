@@ -66,9 +66,10 @@ class MathOptBackend:
             log.warning("%s failed: %s", self.name, exc)
             return SolveResult(status="error", objective=math.inf, bound=-math.inf, wall_s=time.perf_counter() - t0,
                                solver=self.name, version=self.version(), message=str(exc))
-        return self._result(res, mo, model, time.perf_counter() - t0, options.bound_limit)
+        return self._result(res, mo, model, time.perf_counter() - t0, options.bound_limit, options.relative_gap)
 
-    def _result(self, res: object, mo: object, model: LinearModel, wall: float, options_bound: float) -> SolveResult:
+    def _result(self, res: object, mo: object, model: LinearModel, wall: float, options_bound: float,
+                relative_gap: float) -> SolveResult:
         from ortools.math_opt.python import mathopt
 
         reason = res.termination.reason  # type: ignore[attr-defined]
@@ -93,8 +94,8 @@ class MathOptBackend:
         elif status in ("optimal", "feasible"):
             status = "no_solution"
         bound = float(res.termination.objective_bounds.dual_bound)  # type: ignore[attr-defined]
-        if status == "optimal" and not math.isfinite(bound):
-            bound = objective
+        if status == "optimal" and not math.isfinite(bound):  # optimal within the gap asked for, no more
+            bound = objective - abs(objective) * relative_gap
         if status == "infeasible":  # with a cutoff: nothing below the cutoff, which is what we need
             bound = options_bound if math.isfinite(options_bound) else math.inf
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,

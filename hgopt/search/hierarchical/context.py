@@ -23,6 +23,8 @@ class Ctx:
     start: float
     tabs: dict[tuple[object, ...], ClusterTable] = field(default_factory=dict)
     links: dict[tuple[str, str, int, int, str], tuple[float, float]] = field(default_factory=dict)
+    best_links: dict[tuple[str, str, int, int, int], tuple[str, float, float]] = field(default_factory=dict)
+    """[H7] per (a, b, B, cut, m), the allowed precision a → b costs least at and its (fwd, bwd)."""
     local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
     parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
     subsets: dict[tuple[int, int, tuple[str, ...], int], Estimated | None] = field(default_factory=dict)

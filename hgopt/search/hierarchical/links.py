@@ -1,5 +1,5 @@
 """[H3]/[H7] Inter-cluster boundaries: their transfer times as ``evaluate`` computes them, the
-precisions ``--link-precision`` allows, and the per-boundary precision choice."""
+precisions ``--link-precision`` allows (``hgopt.search.precisions``) and the per-boundary choice."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.pipeline import pipeline_time
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.hierarchical.context import Ctx
-from hgopt.spec import DTYPE_BYTES, Instance
+from hgopt.search.precisions import LINK_PRECISIONS, allowed_link_precisions
+
+__all__ = ["LINK_PRECISIONS", "Wan", "allowed_link_precisions", "best_link", "block_cut", "check_max_links",
+           "link_choice", "link_times", "wan_times"]
 
 
 class Wan(NamedTuple):
@@ -21,22 +24,6 @@ class Wan(NamedTuple):
     """Sum of all sends, both ways."""
     per_boundary_s: tuple[float, ...]
     """Per boundary, forward + backward."""
-
-
-LINK_PRECISIONS = ("native", "fp32", "bf16", "fp16", "fp8", "auto")
-
-
-def allowed_link_precisions(instance: Instance, link_precision: str) -> tuple[str, ...]:
-    """[H7] What an inter-cluster boundary may use under ``--link-precision``; precisions that are
-    not narrower than the training dtype compress nothing and are dropped."""
-    if link_precision not in LINK_PRECISIONS:
-        raise ValueError(f"--link-precision: must be one of {', '.join(LINK_PRECISIONS)}, got {link_precision!r}")
-    native = DTYPE_BYTES[instance.model.dtype]
-    wanted = {"native": (), "fp32": (), "auto": ("bf16", "fp8")}.get(link_precision, (link_precision,))
-    narrower = tuple(p for p in wanted if DTYPE_BYTES[p] < native)
-    if link_precision == "auto":
-        return ("native", *narrower)
-    return narrower or ("native",)
 
 
 def check_max_links(n: int | None) -> int | None:
@@ -60,6 +47,9 @@ def link_times(ctx: Ctx, a: str, b: str, B: int, cut: int, prec: str = "native")
 
 def best_link(ctx: Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str, float, float]:
     """[H7] The allowed precision with the smallest (m − 1)·max(fwd, bwd) + fwd + bwd on a → b."""
+    key = (a, b, B, cut, m)
+    if key in ctx.best_links:
+        return ctx.best_links[key]
     best: tuple[float, str, float, float] | None = None
     for prec in ctx.allowed:
         f, bw = link_times(ctx, a, b, B, cut, prec)
@@ -67,7 +57,8 @@ def best_link(ctx: Ctx, a: str, b: str, B: int, cut: int, m: int) -> tuple[str, 
         if best is None or score < best[0] - 1e-15:
             best = (score, prec, f, bw)
     assert best is not None
-    return best[1], best[2], best[3]
+    ctx.best_links[key] = (best[1], best[2], best[3])
+    return ctx.best_links[key]
 
 
 def link_choice(ctx: Ctx, order: Sequence[str], B: int, m: int, cuts: Sequence[int]) -> tuple[str, ...]:

@@ -46,10 +46,13 @@ def refine(ctx: Ctx, best: Realised, options: HeuristicOptions) -> Realised:
     return best
 
 
-def polish(ctx: Ctx, got: Realised) -> Realised:
+def polish(ctx: Ctx, got: Realised, options: HeuristicOptions) -> Realised:
     """[H6] Per cluster, the local pipelines the DP finds when it weighs its bottleneck differently
     and the estimates' alternatives made exact; coordinate descent over the combination on the
-    exact decomposition (a plan out of memory scores inf), kept if ``evaluate`` confirms it."""
+    exact decomposition (a plan out of memory scores inf), kept if ``evaluate`` confirms it; stops
+    at the time limit with what it has."""
+    if out_of_time(ctx, options):
+        return got
     sk = got.skeleton
     base = local_plans(ctx, sk)
     if base is None:
@@ -74,7 +77,7 @@ def polish(ctx: Ctx, got: Realised) -> Realised:
     pick = list(base)
     cur = decomposed(ctx, sk, pick)
     improved = True
-    while improved:
+    while improved and not out_of_time(ctx, options):
         improved = False
         for i, opts in enumerate(alts):
             for lp in opts:

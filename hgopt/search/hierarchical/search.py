@@ -43,8 +43,9 @@ def plan_heuristic(
         if options.progress:  # progress (cli-explain)
             options.progress.report("realising skeletons", done=i, total=len(lead),
                                     incumbent_s=min((d.time_s for d in done), default=None))
-        if i >= len(lead) and (done or out_of_time(ctx, options)):
-            break  # past the finalists, walk on only while nothing could be realised
+        past = i >= len(lead)
+        if (past and done) or ((past or done) and out_of_time(ctx, options)):
+            break  # past the finalists, walk on only while nothing could be realised; at the limit, stop once one is
         got = realize_repaired(ctx, sk)
         if sk.weights:  # the estimate's local alternatives may not carry over: also try without
             plain = realize_repaired(ctx, Skeleton(pipelines=sk.pipelines, microbatch=sk.microbatch,
@@ -65,17 +66,19 @@ def plan_heuristic(
     for rank, got in enumerate(done):
         best = checked(ctx, refine(ctx, got, options))
         if best is not None:
-            best = polish(ctx, best)
+            best = polish(ctx, best, options)
             for other in done[rank + 1 : rank + 1 + options.polish_extra]:  # polishing may reorder them
+                if out_of_time(ctx, options):
+                    break
                 alt = checked(ctx, other)
                 if alt is not None:
-                    alt = polish(ctx, alt)
+                    alt = polish(ctx, alt, options)
                     if alt.time_s < best.time_s:
                         best = alt
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
-    if options.repartition:
+    if options.repartition and not out_of_time(ctx, options):
         best = repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
     if options.progress:  # progress (cli-explain)
@@ -100,6 +103,8 @@ def _context(instance: Instance, tables: CostTables | None, options: HeuristicOp
 def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan, float] | None:
     """[H9] One cluster group's plan for its share of the batch (single family, same link policy) and
     its pipeline time."""
+    if out_of_time(ctx, options):
+        return None  # the time limit: no further group is planned
     left = None if options.time_limit_s is None else max(options.time_limit_s - ctx.elapsed(), 0.1)
     res = plan_heuristic(sub, tables=ctx.tables, options=dataclasses.replace(
         options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0,

@@ -5,15 +5,18 @@ alone, greedy cluster adding and dropping for the leading (k, B), subsets crosse
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 
 from hgopt.search.hier_tables import role_of
-from hgopt.search.hierarchical.context import Ctx
+from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.estimates import Cell, alt_tables, cell, choose_weights, combine, round_up
 from hgopt.search.hierarchical.links import wan_times
 from hgopt.search.hierarchical.records import INF, Estimated, HeuristicOptions, Skeleton
 from hgopt.search.hierarchical.split import best_for_subset, split_order
 from hgopt.spec import Instance
+
+log = logging.getLogger(__name__)
 
 
 def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
@@ -23,10 +26,19 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
     and order improvement of the leaders."""
     inst = ctx.instance
     coarse: list[Estimated] = []
-    for k in _pipeline_counts(inst, options):
+    counts = _pipeline_counts(inst, options)
+    for i, k in enumerate(counts):
+        if options.progress:  # progress (cli-explain): pipeline counts estimated so far
+            options.progress.report("estimating skeletons", done=i, total=len(counts),
+                                    incumbent_s=min((e for e, _ in coarse), default=None))
+        if coarse and out_of_time(ctx, options):
+            log.debug("heuristic: time limit after %d of %d pipeline counts (%.1f s)", i, len(counts), ctx.elapsed())
+            break  # the time limit: the (k, B) estimated so far
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         best_k, worse = math.inf, 0
         for B in _microbatches(inst, k):
+            if coarse and out_of_time(ctx, options):
+                break
             here = [got for sub in [names] + ([(n,) for n in names] if len(names) > 1 else [])
                     if (got := best_for_subset(ctx, k, B, sub, passes=1)) is not None]
             coarse.extend(here)
@@ -36,10 +48,14 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
             best_k = min(best_k, top)
             if worse >= options.patience:
                 break
+        log.debug("heuristic: k=%d: %d coarse skeletons so far, best estimate %.4g s (%.1f s)", k, len(coarse),
+                 min((e for e, _ in coarse), default=math.inf), ctx.elapsed())
     coarse.sort(key=lambda x: x.estimate_s)
     out = list(coarse)
     kbs = list(dict.fromkeys((sk.pipelines, sk.microbatch) for _, sk in coarse))[: options.kb_leaders]
     for k, B in kbs:
+        if out_of_time(ctx, options):
+            break
         names = tuple(c.name for c in inst.topology.clusters if c.num_gpus // k >= 1)
         if len(names) > 1:
             out.extend(_add_clusters(ctx, k, B, names))
@@ -47,16 +63,22 @@ def skeleton_candidates(ctx: Ctx, options: HeuristicOptions) -> list[Estimated]:
         if got is not None:
             out.append(got)
             out.extend(_drop_clusters(ctx, got.skeleton, got.estimate_s))
-    out.extend(_cross(ctx, out, options))
+    log.debug("heuristic: cluster subsets grown and pruned for %d (k, B): %d skeletons (%.1f s)", len(kbs), len(out),
+             ctx.elapsed())
+    if not out_of_time(ctx, options):
+        out.extend(_cross(ctx, out, options))
     out.sort(key=lambda x: x.estimate_s)
     unique: dict[Skeleton, float] = {}
     for est, sk in out:
         unique.setdefault(sk, est)
     ranked = [Estimated(e, s) for s, e in unique.items()]
-    for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[: options.reorder]]:
+    reorder = 0 if out_of_time(ctx, options) else options.reorder
+    for e, sk in [_improve_order(ctx, e, s) for e, s in ranked[:reorder]]:
         unique.setdefault(sk, e)
     ranked = sorted((Estimated(e, s) for s, e in unique.items()), key=lambda x: x.estimate_s)
     leaders = list(dict.fromkeys((s.pipelines, s.microbatch, s.order) for _, s in ranked))[: 2 * options.finalists]
+    if out_of_time(ctx, options):
+        leaders = []
     for e, sk in [_improve_split(ctx, e, s) for e, s in ranked if (s.pipelines, s.microbatch, s.order) in leaders]:
         unique.setdefault(sk, e)
     return sorted((Estimated(e, s) for s, e in unique.items()), key=lambda x: x.estimate_s)

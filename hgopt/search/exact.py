@@ -1,0 +1,79 @@
+"""The planner ``milp`` as registered: the MILP planner (``hgopt.search.milp``) with the hierarchical
+heuristic's plan as its warm start and the heuristic's data parallelism across cluster groups [H9]
+as the check for a faster plan outside its space. The wiring lives here so that neither planner
+imports the other.
+
+Under a link policy that compresses (``--link-precision`` bf16/fp16/fp8/auto), whose space contains
+the native one, a native search runs first on ``NARROW_SHARE`` of the time limit and its best plan
+joins the heuristic's as the wider search's warm start: the wider search then never returns a plan
+slower than the narrower one found."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from hgopt.cost import evaluate
+from hgopt.cost.tables import CostTables
+from hgopt.plan import Plan
+from hgopt.search import PlanOptions, PlanResult
+from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
+from hgopt.search.milp import WarmStart, link_policy, plan_milp
+from hgopt.spec import Instance
+
+__all__ = ["NARROW_SHARE", "plan_exact"]
+
+NARROW_SHARE = 0.3
+"""Share of the time limit the native-link search takes before a wider link policy's search."""
+
+
+def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
+    """``plan_milp`` warm-started by the heuristic (and, under a compressing link policy, by the
+    native search's plan), with the outside-space note."""
+    t0 = time.perf_counter()
+    policy = options.extra.get("link_precision", "native") or "native"
+    links = link_policy(instance, options.extra)
+    narrow: Plan | None = None
+    narrow_note: tuple[str, ...] = ()
+    if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
+        extra = {k: v for k, v in options.extra.items() if k not in ("link_precision", "max_compressed_links",
+                                                                     "link_penalty")}
+        first = plan_milp(instance, dataclasses.replace(
+            options, time_limit_s=NARROW_SHARE * options.time_limit_s, extra={**extra, "outside_check": "off"},
+            progress=None), warm_start=_heuristic_warm_start("native", None))
+        narrow = first.plan
+        if narrow is not None:
+            narrow_note = (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
+                           f"{first.status}, {first.search_time_s:.1f} s) against the heuristic's under "
+                           f"--link-precision {policy}",)
+    left = max(options.time_limit_s - (time.perf_counter() - t0), 0.05)
+    heuristic = _heuristic_warm_start(policy if links.compresses else "native",
+                                      links.max_compressed if links.compresses else None)
+
+    def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
+        cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
+        scored = [(ev.iteration_time_s + links.plan_penalty(p.pipelines), i, p) for i, p in enumerate(cands)
+                  if (ev := evaluate(p, inst, tables)).feasible]
+        return min(scored)[2] if scored else None
+
+    def outside(inst: Instance, tables: CostTables, incumbent_s: float, seconds: float) -> tuple[float, str] | None:
+        alt = grouped_alternative(inst, incumbent_s, tables=tables,
+                                  options=HeuristicOptions(time_limit_s=seconds, link_precision=policy))
+        if alt is None or alt.plan is None:
+            return None
+        return alt.iteration_time_s, dict(alt.plan.meta).get("groups", "")
+
+    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left), warm_start=warm, outside=outside)
+    return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
+
+
+def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:
+    """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space)."""
+
+    def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
+        kw: dict[str, object] = {}
+        if policy != "native":
+            kw = {"link_precision": policy, "max_compressed_links": max_compressed}
+        return heuristic_incumbent(inst, tables, time_limit_s=seconds, **kw).plan  # type: ignore[arg-type]
+
+    return warm
