@@ -60,7 +60,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Instance, Instance, list[str]]
     if not changes and args.new_instance is None:
         raise ValueError("give at least one --change or --new-instance (what changed?)")
     plan = load_plan(args.plan)
-    old = load_instance(args.instance or plan.instance or "")
+    if not (args.instance or plan.instance):
+        raise ValueError(f"{args.plan}: the plan names no instance; give --instance (the instance it runs on)")
+    old = load_instance(args.instance or plan.instance)
     bad = validate(plan, old)
     if bad:
         raise ValueError(f"{args.plan}: the plan is not valid on {old.name}: {bad[0]}"
