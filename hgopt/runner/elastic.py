@@ -67,6 +67,12 @@ def run_elastic(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, source: El
     launcher's exit status and the runner plan the last launch ran."""
     if max_restarts < 0:
         raise ValueError(f"--max-restarts: must be >= 0, got {max_restarts}")
+    if rp.train.checkpoint_format != "dcp":
+        raise ValueError("--elastic resumes under a re-planned partition, which needs torch.distributed.checkpoint "
+                         "checkpoints: export with --checkpoint-format dcp")
+    if not rp.train.checkpoint_every:
+        log.warning("elastic: the plan checkpoints only after the last step (--checkpoint-every 0): a restart "
+                    "starts again from step 0")
     target = opts.steps if opts.steps is not None else rp.train.steps
     restarts = 0
     while True:
