@@ -160,6 +160,9 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
     else:
         ev = c.evaluation
         out.append(f"chosen: {c.name}")
+        from hgopt.commands.plan import _stage_table  # the same stage table `hgopt plan` prints
+
+        out.append(_stage_table(new, c.plan, c.evaluation))
         rel = (f" ({100 * (ev.throughput_samples_per_s / b.throughput_samples_per_s - 1):+.1f} % throughput)"
                if b.throughput_samples_per_s > 0 else "")
         out.append(f"after: iteration {fmt_seconds(ev.iteration_time_s)}, {ev.throughput_samples_per_s:.4g} samples/s "
