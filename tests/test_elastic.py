@@ -82,3 +82,17 @@ def test_elastic_run_survives_a_killed_rank(tmp_path: Path) -> None:
     got = load_full_state(out)
     assert max(float((p.detach() - got[n]).abs().max()) for n, p in ref.named_parameters()) <= 1e-12
     assert [by_step[s]["loss"] for s in range(1, 11)] == pytest.approx(losses, rel=1e-12)  # the curve goes on
+
+
+def test_elastic_refuses_torch_format_checkpoints(tmp_path: Path) -> None:
+    from hgopt.export.elastic import ElasticSource
+    from hgopt.runner.elastic import run_elastic
+    from hgopt.runner.launch import LaunchOptions
+
+    inst = instance()
+    plan = get_planner("heuristic")(inst, PlanOptions(time_limit_s=5)).plan
+    opts = ExportOptions(local=True, master_port=0)
+    rp = build_runner_plan(plan, inst, opts)
+    with pytest.raises(ValueError, match="--checkpoint-format dcp"):
+        run_elastic(rp, tmp_path / "plan.json", LaunchOptions(out_dir=tmp_path), ElasticSource(
+            plan=plan, instance=inst, export=opts), max_restarts=1)

@@ -232,3 +232,15 @@ def test_export_elastic_writes_what_the_elastic_launcher_reads(tmp_path: Path) -
     assert src.export.checkpoint_format == "dcp" and src.export.local
     with pytest.raises(ValueError, match="hgopt export --elastic"):
         read_elastic_source(tmp_path / "missing.json")
+
+
+def test_lost_clusters_stages_move_to_an_idle_cluster_of_the_same_gpu() -> None:
+    inst = tiny_instance(global_batch=8, topology=tiny_topology(
+        clusters=(("a", "A", 2, 2, 40.0), ("b", "B", 2, 2, 16.0), ("c", "B", 2, 2, 16.0))))
+    old = _two_stage(2)  # layers 0-1 on a, 2-3 on b; c idle
+    gone = apply_changes(inst, [parse_change("drop=b")])
+    (name, fixed), = [r for r in repairs(old, gone) if "idle" in r[0]]
+    assert [(s.start, s.end, s.groups[0].cluster) for s in fixed.pipelines[0].stages] == [(0, 2, "a"), (2, 4, "c")]
+    assert not validate(fixed, gone)
+    m = migration(old, fixed, gone)  # b's layers had no other holder: they come from the checkpoint
+    assert m.flows == () and sorted({layer for _, layer, _ in m.from_checkpoint}) == [2, 3]

@@ -6,6 +6,7 @@ never stopping (float64, <= 1e-12)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -15,15 +16,16 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from hgopt.changes import apply_changes, parse_change  # noqa: E402
+from hgopt.cli import main  # noqa: E402
 from hgopt.export import ExportOptions, build_runner_plan  # noqa: E402
+from hgopt.export.elastic import instance_to_dict  # noqa: E402
+from hgopt.instances import load_instance  # noqa: E402
+from hgopt.plan import load_plan, validate  # noqa: E402
 from hgopt.runner.checkpoint import load_full_state  # noqa: E402
 from hgopt.runner.dcp_checkpoint import load_full_dcp_state  # noqa: E402
 from hgopt.runner.launch import run_forked  # noqa: E402
 from hgopt.runner.reference import train_reference  # noqa: E402
 from hgopt.runner.summary import read_metrics  # noqa: E402
-from hgopt.search import PlanOptions, get_planner  # noqa: E402
-from hgopt.search.replan import replan  # noqa: E402
 from tests.factories import tiny_instance, tiny_model, tiny_topology  # noqa: E402
 
 
@@ -45,13 +47,16 @@ def _worst(model, got) -> float:  # type: ignore[no-untyped-def]
 
 def test_resume_under_the_replanned_partition_continues_exactly(tmp_path: Path) -> None:
     inst = instance()
-    heuristic = get_planner("heuristic")
-    plan_a = heuristic(inst, PlanOptions(time_limit_s=5)).plan
-    assert plan_a is not None
-    lost = apply_changes(inst, [parse_change("cluster=b:-1")])  # half of cluster b is gone
-    res = replan(plan_a, inst, lost, "heuristic", heuristic, PlanOptions(time_limit_s=5), horizon_steps=100)
-    assert res.chosen is not None
-    plan_b = res.chosen.plan
+    inst_file = tmp_path / "tiny.json"
+    inst_file.write_text(json.dumps(instance_to_dict(inst)))
+    assert main(["-q", "plan", str(inst_file), "--planner", "heuristic", "--time-limit", "5", "--why-not-time", "0",
+                 "-o", str(tmp_path / "a.json")]) == 0
+    assert main(["-q", "replan", str(tmp_path / "a.json"), "--instance", str(inst_file), "--change", "cluster=b:-1",
+                 "--horizon-steps", "100", "--time-limit", "5", "-o", str(tmp_path / "b.json"),
+                 "--instance-out", str(tmp_path / "lost.json")]) == 0  # half of cluster b is gone
+    plan_a, plan_b = load_plan(tmp_path / "a.json"), load_plan(tmp_path / "b.json")
+    lost = load_instance(tmp_path / "lost.json")
+    assert lost.topology.cluster("b").num_gpus == 1 and not validate(plan_b, lost)
     assert _layout(plan_a) != _layout(plan_b)  # another partition: the resume must reshard
     assert plan_a.gpus_by_cluster().get("b", 0) > lost.topology.cluster("b").num_gpus  # A cannot run on what is left
 

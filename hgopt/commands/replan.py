@@ -60,7 +60,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Instance, Instance, list[str]]
     if not changes and args.new_instance is None:
         raise ValueError("give at least one --change or --new-instance (what changed?)")
     plan = load_plan(args.plan)
-    old = load_instance(args.instance or plan.instance or "")
+    if not (args.instance or plan.instance):
+        raise ValueError(f"{args.plan}: the plan names no instance; give --instance (the instance it runs on)")
+    old = load_instance(args.instance or plan.instance)
     bad = validate(plan, old)
     if bad:
         raise ValueError(f"{args.plan}: the plan is not valid on {old.name}: {bad[0]}"
@@ -158,6 +160,9 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
     else:
         ev = c.evaluation
         out.append(f"chosen: {c.name}")
+        from hgopt.commands.plan import _stage_table  # the same stage table `hgopt plan` prints
+
+        out.append(_stage_table(new, c.plan, c.evaluation))
         rel = (f" ({100 * (ev.throughput_samples_per_s / b.throughput_samples_per_s - 1):+.1f} % throughput)"
                if b.throughput_samples_per_s > 0 else "")
         out.append(f"after: iteration {fmt_seconds(ev.iteration_time_s)}, {ev.throughput_samples_per_s:.4g} samples/s "

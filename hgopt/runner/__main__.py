@@ -91,8 +91,8 @@ def _launch(rp: RunnerPlan, args: argparse.Namespace, out: Path) -> int:
         from hgopt.runner.elastic import run_elastic
 
         source = read_elastic_source(Path(args.plan).resolve().parent / ELASTIC_FILE)
-        code = run_elastic(rp, Path(args.plan).resolve(), opts, source, args.max_restarts)
-        print_summary(rp, out)
+        code, last = run_elastic(rp, Path(args.plan).resolve(), opts, source, args.max_restarts)
+        print_summary(last, out)
         return code
     code = launch_local(rp, Path(args.plan).resolve(), opts)
     print_summary(rp, out)

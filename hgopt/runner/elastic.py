@@ -62,38 +62,45 @@ def lost_node(rp: RunnerPlan, rank: int, source: ElasticSource) -> Change:
 
 
 def run_elastic(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, source: ElasticSource, max_restarts: int,
-                planner: str = "heuristic", time_limit_s: float = 2.0) -> int:
-    """Launch; after a lost node re-plan, re-export and resume, at most ``max_restarts`` times."""
+                planner: str = "heuristic", time_limit_s: float = 2.0) -> tuple[int, RunnerPlan]:
+    """Launch; after a lost node re-plan, re-export and resume, at most ``max_restarts`` times. Returns the
+    launcher's exit status and the runner plan the last launch ran."""
     if max_restarts < 0:
         raise ValueError(f"--max-restarts: must be >= 0, got {max_restarts}")
+    if rp.train.checkpoint_format != "dcp":
+        raise ValueError("--elastic resumes under a re-planned partition, which needs torch.distributed.checkpoint "
+                         "checkpoints: export with --checkpoint-format dcp")
+    if not rp.train.checkpoint_every:
+        log.warning("elastic: the plan checkpoints only after the last step (--checkpoint-every 0): a restart "
+                    "starts again from step 0")
     target = opts.steps if opts.steps is not None else rp.train.steps
     restarts = 0
     while True:
         outcome: dict[str, Any] = {}
         code = launch_local(rp, plan_path, opts, outcome)
         if code == 0 or not outcome:  # done, or stopped by a signal (no outcome recorded)
-            return code
+            return code, rp
         dead = dead_rank(outcome)
         if dead is None:
             log.error("elastic: no restart: %s (not a lost node)", outcome.get("reason") or "a rank failed")
-            return code
+            return code, rp
         if restarts >= max_restarts:
             log.error("elastic: %s died; --max-restarts %d reached, stopping", rp.rank_info(dead).describe(),
                       max_restarts)
-            return code
+            return code, rp
         restarts += 1
         change = lost_node(rp, dead, source)
         try:
             new_inst = apply_changes(source.instance, [change])
         except ValueError as exc:
             log.error("elastic: cannot re-plan without %s's node: %s", rp.rank_info(dead).describe(), exc)
-            return code
+            return code, rp
         done = latest_step(opts.out_dir) or 0
         res = replan(source.plan, source.instance, new_inst, planner, get_planner(planner),
                      PlanOptions(time_limit_s=time_limit_s), max(1, target - done))
         if res.chosen is None:
             log.error("elastic: no plan fits what is left (%s): stopping", "; ".join(w for _, w in res.rejected))
-            return code
+            return code, rp
         folder = opts.out_dir / f"restart{restarts}"
         export = dataclasses.replace(source.export, local=True, master_port=0)
         what = describe_change(change, source.instance)

@@ -8,7 +8,9 @@ Repairs keep the old plan's layer ranges (so little or nothing moves):
 - ``fewer replicas``: every replica group in a cluster that has fewer GPUs than the plan uses there
   halves its ``dp`` and doubles its ``mbs`` (samples per microbatch unchanged) until the plan fits;
 - ``fewer pipelines``: pipelines that use a cluster beyond what it has are dropped, last first, and
-  their microbatches are dealt to the remaining pipelines (the global batch is kept).
+  their microbatches are dealt to the remaining pipelines (the global batch is kept);
+- ``on an idle cluster``: every group of an over-used cluster moves, whole, to a cluster the plan
+  leaves idle that has enough GPUs (the same GPU type first).
 
 Every candidate must be valid and fit in memory (``evaluate(...).feasible``); the global batch is the
 job's, unchanged."""
@@ -129,13 +131,38 @@ def _fewer_pipelines(plan: Plan, inst: Instance) -> Plan | None:
     return None if dealt is None else dataclasses.replace(plan, pipelines=tuple(dealt))
 
 
+def _substitute(plan: Plan, inst: Instance) -> Plan | None:
+    """Every group of a cluster the plan over-uses moved, whole, to a cluster the plan leaves idle that has
+    enough GPUs (the same GPU type first): a spare region takes the lost one's stages."""
+    used = plan.gpus_by_cluster()
+    over = _overused(plan, inst)
+    gpu_of = {c.name: c.gpu for c in inst.topology.clusters}
+    idle = [c for c in inst.topology.clusters if c.name not in used]
+    moves: dict[str, str] = {}
+    for name in over:
+        lost_gpu = next((c.gpu for c in inst.topology.clusters if c.name == name), None)
+        spare = sorted((c for c in idle if c.name not in moves.values() and c.num_gpus >= used[name]),
+                       key=lambda c: (c.gpu != lost_gpu, c.num_gpus))
+        if not spare:
+            return None
+        moves[name] = spare[0].name
+    if not moves or any(gpu_of.get(moves[n]) is None for n in moves):
+        return None
+    return dataclasses.replace(plan, pipelines=tuple(
+        dataclasses.replace(p, stages=tuple(
+            dataclasses.replace(s, groups=tuple(dataclasses.replace(g, cluster=moves.get(g.cluster, g.cluster))
+                                                for g in s.groups)) for s in p.stages))
+        for p in plan.pipelines))
+
+
 def repairs(old: Plan, inst: Instance) -> list[tuple[str, Plan]]:
     """The old plan repaired for ``inst`` (see the module text): (name, plan), possibly empty."""
     if not _overused(old, inst):
         return [("old plan as is", old)]
     out = []
     for name, fn in (("old plan, fewer replicas (same layer ranges)", _fewer_replicas),
-                     ("old plan, fewer pipelines (same layer ranges)", _fewer_pipelines)):
+                     ("old plan, fewer pipelines (same layer ranges)", _fewer_pipelines),
+                     ("old plan, lost cluster's stages on an idle cluster (same layer ranges)", _substitute)):
         p = fn(old, inst)
         if p is not None:
             out.append((name, dataclasses.replace(p, meta=(*p.meta, ("repaired", name)))))
