@@ -90,8 +90,9 @@ def local_device(rp: RunnerPlan, requested: str) -> str:
     return choice.kind
 
 
-def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
-    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded."""
+def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, outcome: dict[str, Any] | None = None) -> int:
+    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded. ``outcome`` (elastic
+    mode, :mod:`hgopt.runner.elastic`): filled with every rank's exit code and the watchdogs' abort reason."""
     device = local_device(rp, opts.device or rp.device)
     mode = resolve_emulation(opts.emulation or rp.emulate_links, rp, device)
     port = rp.master_port if opts.port is None else opts.port
@@ -106,7 +107,7 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
         for r in range(rp.world_size):
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
-        return _watch(rp, procs, _view(keep))
+        return _watch(rp, procs, _view(keep), outcome)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -274,7 +275,8 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
     return subprocess.Popen(cmd, env=env)
 
 
-def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _StoreView | _HelperView | None = None) -> int:
+def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _StoreView | _HelperView | None = None,
+           outcome: dict[str, Any] | None = None) -> int:
     """Wait for every rank, logging start-up progress from ``store``. After the first failure the
     others get the heartbeat timeout (plus slack) to notice and exit on their own; whoever is left
     then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
@@ -332,6 +334,8 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _St
     if first is None:
         return 0
     reason = store.abort_reason() if store is not None else None
+    if outcome is not None:  # elastic mode: who died, for the re-plan
+        outcome.update(codes={r: p.returncode for r, p in procs.items()}, first=first, reason=reason)
     if reason:  # the rank that exited first is often a healthy one that noticed the dead one
         log.error("run failed: %s; %s exited first (status %d)", reason, rp.rank_info(first[0]).describe(), first[1])
     else:
