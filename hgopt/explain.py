@@ -102,6 +102,8 @@ class Explanation:
     mfu_note: str
     money: Money
     why_not: tuple[WhyNot, ...] = ()
+    why_not_note: str = ""
+    """Why there are no why-not lines although some cluster is idle or partly used (e.g. no time left)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = _finite(asdict(self))  # type: ignore[assignment]
@@ -230,6 +232,10 @@ def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[
 
 
 # ---- why not the other clusters -------------------------------------------------------------------
+MIN_SEARCH_S = 0.2
+"""An idle cluster whose share of the why-not time is below this is not searched (said so)."""
+
+
 def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: float = 10.0,
             extra: dict[str, str] | None = None, tables: CostTables | None = None) -> tuple[WhyNot, ...]:
     """For every cluster ``plan`` leaves idle: the best plan the hierarchical heuristic finds when
@@ -252,13 +258,13 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
     for c in partly:
         got[c.name] = _more_of(plan, instance, tables, ev, base_usd, c.name, first)
     for j, c in enumerate(idle):
-        left = deadline - time.monotonic()
-        if left <= 0:
+        each = (deadline - time.monotonic()) / (len(idle) - j)
+        if each < MIN_SEARCH_S:
             got[c.name] = _none(c.name, 0, c.num_gpus, "heuristic",
-                                f"not searched: the {time_limit_s:g} s for why-not lines ran out (--why-not-time)")
+                                f"not searched: the {time_limit_s:.3g} s for why-not lines ran out (--why-not-time)")
             continue
         log.info("why not %s: the heuristic's best plan that uses it (%d of %d idle clusters)", c.name, j + 1, len(idle))
-        got[c.name] = _using_idle(instance, tables, ev, base_usd, c.name, max(left / (len(idle) - j), 0.5), extra)
+        got[c.name] = _using_idle(instance, tables, ev, base_usd, c.name, each, extra)
     return tuple(got[c.name] for c in instance.topology.clusters if c.name in got)
 
 

@@ -173,3 +173,81 @@ def test_egress_is_priced_per_link_from_the_kernels_wan_bytes(monkeypatch: pytes
     e = explain(plan, priced, ev)
     assert e.money.egress_usd_per_iteration == pytest.approx(5 * 0.02 + 1 * 0.05)
     assert e.money.usd_per_iteration == pytest.approx(4 * 3.6 * ev.iteration_time_s / 3600 + 0.15)
+
+
+# ---- --time-limit bounds the whole `hgopt plan` (lead's decision of 12:14) ---------------------------
+def test_why_not_budget() -> None:
+    from hgopt.commands.plan import WHY_NOT_MIN_S, why_not_budget
+
+    assert why_not_budget(10.0, None, 3.0) == (7.0, "")  # default: what the search left of the limit
+    assert why_not_budget(10.0, 4.0, 50.0) == (4.0, "")  # explicit: extra time on top
+    assert why_not_budget(10.0, 0.0, 1.0) == (0.0, "")  # explicit 0: left out, nothing said
+    budget, note = why_not_budget(10.0, None, 10.0 - WHY_NOT_MIN_S / 2)
+    assert budget == 0.0 and "--time-limit of 10 s" in note and "--why-not-time S" in note
+
+
+def _tiny_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    topo = tiny_topology(clusters=(("a", "A100-40", 2, 2, 40.0), ("b", "V100-16", 2, 2, 40.0)))
+    path.write_text(json.dumps({"name": "tiny", "model": tiny_model(gpus=GPUS), "topology": topo,
+                                "job": {"global_batch": 8, "seq_len": 128, "precision": "fp32"}}))
+    return path
+
+
+def test_why_not_lines_get_what_the_search_left_of_the_time_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    import hgopt.commands.plan as plan_cmd
+
+    calls: list[tuple[float, float]] = []
+    real = plan_cmd.why_not
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append((kw["time_limit_s"], time.monotonic()))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(plan_cmd, "why_not", spy)
+    start = time.monotonic()
+    assert main(["plan", str(_tiny_file(tmp_path)), "--planner", "heuristic", "--time-limit", "30"]) == 0
+    ((budget, at),) = calls
+    assert 30 - (at - start) <= budget <= 30  # the rest of the limit, measured from the command's start
+    assert main(["plan", str(_tiny_file(tmp_path)), "--planner", "heuristic", "--time-limit", "30",
+                 "--why-not-time", "3"]) == 0
+    assert calls[-1][0] == 3.0  # explicit: on top
+    capsys.readouterr()
+
+
+def test_a_search_that_uses_the_whole_limit_leaves_no_why_not_lines_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    import hgopt.commands.plan as plan_cmd
+    from hgopt.search import PlanResult
+
+    def slow(name: str):  # type: ignore[no-untyped-def]
+        def planner(instance: Instance, options) -> PlanResult:  # type: ignore[no-untyped-def]
+            end = time.monotonic() + options.time_limit_s  # uses its whole budget (no sleep: a busy wait)
+            while time.monotonic() < end:
+                pass
+            plan = _plan_on_a()
+            return PlanResult(planner="fake", status="heuristic", plan=plan,
+                              iteration_time_s=evaluate(plan, instance).iteration_time_s)
+        return planner
+
+    ran: list[object] = []
+    monkeypatch.setattr(plan_cmd, "get_planner", slow)
+    monkeypatch.setattr(plan_cmd, "why_not", lambda *a, **kw: ran.append(a) or ())
+    assert main(["plan", str(_tiny_file(tmp_path)), "--planner", "heuristic", "--time-limit", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert not ran and "why-not lines skipped: the search used the whole --time-limit of 0.3 s" in out
+
+
+def test_plan_returns_within_its_time_limit_plus_slack() -> None:
+    """The lead's check (issue #11's bound max(1.1 T, T + 2 s), plus a generous 20 s for a loaded
+    machine): `hgopt plan default --time-limit 2`, in process (no interpreter start-up)."""
+    import time
+
+    start = time.monotonic()
+    assert main(["-q", "plan", "default", "--time-limit", "2", "--json"]) == 0
+    assert time.monotonic() - start < max(1.1 * 2, 2 + 2) + 20

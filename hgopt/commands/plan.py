@@ -11,10 +11,12 @@ Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import signal
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -52,9 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
     p.add_argument("--why-not-time", type=float, default=None, metavar="S",
-                   help="seconds, in all, for the why-not lines: per idle cluster the heuristic's best plan that "
-                        "uses it, per partly used cluster the plan with its block re-planned on more of its GPUs "
-                        "(default: the smaller of 10 and --time-limit; 0 leaves them out)")
+                   help="seconds for the why-not lines (per idle cluster the heuristic's best plan that uses it, per "
+                        "partly used cluster the plan with its block re-planned on more of its GPUs), on top of "
+                        "--time-limit; default: what is left of --time-limit after the search, which bounds the "
+                        "whole command (none left: the lines are skipped, saying so); 0 leaves them out")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
                         "auto: native, bf16 or fp8 per boundary, as the planner finds fastest; a policy other than "
@@ -113,11 +116,27 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
     return f"{planner}:{prec}" if prec and prec != "native" else planner
 
 
+WHY_NOT_MIN_S = 0.2
+"""Below this much of --time-limit left after the search, the default skips the why-not lines."""
+
+
+def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: float) -> tuple[float, str]:
+    """Seconds for the why-not lines and, when the default leaves none, the line saying so: an
+    explicit ``--why-not-time`` is extra time; by default what is left of ``--time-limit``."""
+    if why_not_time is not None:
+        return why_not_time, ""
+    left = time_limit_s - elapsed_s
+    if left >= WHY_NOT_MIN_S:
+        return left, ""
+    return 0.0, (f"why-not lines skipped: the search used the whole --time-limit of {time_limit_s:g} s "
+                 "(--why-not-time S gives them S seconds more)")
+
+
 def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()  # --time-limit bounds the whole command (why-not lines get what the search left)
     inst = load_instance(args.instance)
     check_outputs(args, "-o/--output", "--timeline")
-    why_s = min(10.0, args.time_limit) if args.why_not_time is None else args.why_not_time
-    if not (why_s >= 0 and math.isfinite(why_s)):
+    if args.why_not_time is not None and not (args.why_not_time >= 0 and math.isfinite(args.why_not_time)):
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
     if getattr(args, "outer_steps", None):  # issue #15 (diloco): plans with an outer sync every H steps
@@ -139,9 +158,12 @@ def run(args: argparse.Namespace) -> int:
     expl = None
     reasons: tuple[str, ...] = ()
     if res.plan is not None and ev is not None and ev.feasible:
+        why_s, skipped = why_not_budget(args.time_limit, args.why_not_time, time.monotonic() - t0)
         why = () if interrupted or why_s == 0 else why_not(
             res.plan, inst, ev, time_limit_s=why_s, extra=dict(opts.extra), tables=tables)
         expl = explain(res.plan, inst, ev, tables, why)
+        if skipped and not interrupted and any(0 < c.gpus_used < c.gpus or c.gpus_used == 0 for c in expl.clusters):
+            expl = dataclasses.replace(expl, why_not_note=skipped)
     elif not interrupted:
         reasons = infeasibility(inst, tables)
     if args.json:
@@ -248,6 +270,8 @@ def render_explanation(e: Explanation) -> str:
                        f"time{cost} (GPUs: {gpus})")
         else:
             out.append(head + w.note)
+    if e.why_not_note:
+        out.append(e.why_not_note)
     return "\n".join(out)
 
 
