@@ -190,7 +190,7 @@ def test_cli_replan_writes_a_valid_plan_for_the_changed_instance(tmp_path: Path,
     new_inst = load_instance(tmp_path / "new-inst.json")
     assert new_inst.topology.cluster(big.name).num_gpus == big.num_gpus // 2
     new_plan = load_plan(tmp_path / "new.json")
-    assert not validate(new_plan, new_inst)
+    assert not validate(new_plan, new_inst) and new_plan.instance == str(tmp_path / "new-inst.json")
     assert sum(p.samples for p in new_plan.pipelines) == inst.job.global_batch
     assert doc["chosen"]["total_time_s"] == min(c["total_time_s"] for c in doc["candidates"])
     assert doc["lower_bound_s"] is None  # the heuristic proves none

@@ -12,6 +12,7 @@ Exit status: 0 a plan was found, 1 none, 2 bad input (a malformed or impossible 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -89,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     limit = args.time_limit if args.time_limit is not None else (1.0 if args.planner == "heuristic" else 60.0)
     opts = PlanOptions(time_limit_s=limit, solver=args.solver)
     res = replan(plan, old, new, args.planner, get_planner(args.planner), opts, args.horizon_steps)
-    if args.output and res.chosen is not None:
-        Path(args.output).write_text(res.chosen.plan.to_json() + "\n")
+    if args.output and res.chosen is not None:  # the plan names the instance it was made for (the written one)
+        named = dataclasses.replace(res.chosen.plan, instance=str(args.instance_out) if args.instance_out else new.name)
+        Path(args.output).write_text(named.to_json() + "\n")
     if args.instance_out:
         Path(args.instance_out).write_text(json.dumps(instance_to_dict(new), indent=1) + "\n")
     if args.json:
