@@ -190,7 +190,7 @@ def test_cli_replan_writes_a_valid_plan_for_the_changed_instance(tmp_path: Path,
     new_inst = load_instance(tmp_path / "new-inst.json")
     assert new_inst.topology.cluster(big.name).num_gpus == big.num_gpus // 2
     new_plan = load_plan(tmp_path / "new.json")
-    assert not validate(new_plan, new_inst)
+    assert not validate(new_plan, new_inst) and new_plan.instance == str(tmp_path / "new-inst.json")
     assert sum(p.samples for p in new_plan.pipelines) == inst.job.global_batch
     assert doc["chosen"]["total_time_s"] == min(c["total_time_s"] for c in doc["candidates"])
     assert doc["lower_bound_s"] is None  # the heuristic proves none
@@ -244,3 +244,14 @@ def test_lost_clusters_stages_move_to_an_idle_cluster_of_the_same_gpu() -> None:
     assert not validate(fixed, gone)
     m = migration(old, fixed, gone)  # b's layers had no other holder: they come from the checkpoint
     assert m.flows == () and sorted({layer for _, layer, _ in m.from_checkpoint}) == [2, 3]
+
+
+def test_migration_egress_is_bytes_times_the_links_price() -> None:
+    from dataclasses import replace
+
+    inst = _inst()
+    m = migration(_two_stage(2), _two_stage(3), inst)
+    assert m.egress_usd(inst) is None  # no prices in the tiny topology
+    priced = replace(inst, topology=replace(inst.topology, links=tuple(
+        replace(lk, egress_usd_per_gb=0.02 if (lk.src, lk.dst) == ("b", "a") else None) for lk in inst.topology.links)))
+    assert m.egress_usd(priced) == pytest.approx(12e6 / 1e9 * 0.02)  # 12 MB of layer 2 from b to a at $0.02/GB

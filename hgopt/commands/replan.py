@@ -12,6 +12,7 @@ Exit status: 0 a plan was found, 1 none, 2 bad input (a malformed or impossible 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -89,12 +90,13 @@ def run(args: argparse.Namespace) -> int:
     limit = args.time_limit if args.time_limit is not None else (1.0 if args.planner == "heuristic" else 60.0)
     opts = PlanOptions(time_limit_s=limit, solver=args.solver)
     res = replan(plan, old, new, args.planner, get_planner(args.planner), opts, args.horizon_steps)
-    if args.output and res.chosen is not None:
-        Path(args.output).write_text(res.chosen.plan.to_json() + "\n")
+    if args.output and res.chosen is not None:  # the plan names the instance it was made for (the written one)
+        named = dataclasses.replace(res.chosen.plan, instance=str(args.instance_out) if args.instance_out else new.name)
+        Path(args.output).write_text(named.to_json() + "\n")
     if args.instance_out:
         Path(args.instance_out).write_text(json.dumps(instance_to_dict(new), indent=1) + "\n")
     if args.json:
-        print(json.dumps(result_to_json(res, lines), indent=2))
+        print(json.dumps(result_to_json(res, lines, new), indent=2))
     else:
         print(render(res, old, new, lines))
         if args.output and res.chosen is not None:
@@ -106,9 +108,10 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def result_to_json(res: ReplanResult, changes: list[str]) -> dict[str, Any]:
+def result_to_json(res: ReplanResult, changes: list[str], new: Instance) -> dict[str, Any]:
     def cand(c: Any) -> dict[str, Any]:
         return {"name": c.name, "iteration_time_s": c.evaluation.iteration_time_s,
+                "migration_egress_usd": c.migration.egress_usd(new),
                 "throughput_samples_per_s": c.evaluation.throughput_samples_per_s,
                 "gpus_used": c.evaluation.gpus_used, "migration_bytes": c.migration.bytes,
                 "migration_time_s": c.migration.time_s, "total_time_s": c.total_s,
@@ -169,8 +172,10 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
                    f"on {ev.gpus_used} GPUs{rel}")
         m = c.migration
         if m.flows:
+            usd = m.egress_usd(new)
             out.append(f"migration: {fmt_bytes(m.bytes)} between clusters in {fmt_seconds(m.time_s)} "
-                       "(all links at once; [M1] in hgopt/cost/migration.py):")
+                       "(all links at once; [M1] in hgopt/cost/migration.py), WAN egress "
+                       + ("n/a (no egress_usd_per_gb on its links)" if usd is None else f"${usd:.4g}") + ":")
             out.append(format_table(["from", "to", "parameters", "optimizer state", "layers", "link time"],
                                     [[f.src, f.dst, fmt_bytes(f.param_bytes), fmt_bytes(f.optimizer_bytes),
                                       _ranges(f.layers), fmt_seconds(f.time_s)] for f in m.flows]))

@@ -29,7 +29,8 @@ the same time:
     T     = max over directions and clusters of T_sd, T_nic
 
 Amortised over a horizon of N steps, a plan's total time is ``T + N · iteration_time``
-(:func:`horizon_time`).
+(:func:`horizon_time`). Its WAN egress price: the bytes of each direction × that link's ``egress_usd_per_gb``
+(:meth:`Migration.egress_usd`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ class Migration:
     @property
     def bytes(self) -> float:
         return sum(f.bytes for f in self.flows)
+
+    def egress_usd(self, instance: Instance) -> float | None:
+        """WAN egress of the move: each flow's bytes (GB) × its link's ``egress_usd_per_gb``; None when no
+        link the move uses has a price (a priced move over some unpriced links counts those as 0)."""
+        prices = [instance.topology.link_spec(f.src, f.dst).egress_usd_per_gb for f in self.flows]
+        if not any(p is not None for p in prices):
+            return None
+        return sum(f.bytes / 1e9 * (p or 0.0) for f, p in zip(self.flows, prices))
 
 
 def layer_shares(plan: Plan, num_layers: int) -> list[dict[str, tuple[float, float]]]:

@@ -98,25 +98,35 @@ def run_elastic(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, source: El
         done = latest_step(opts.out_dir) or 0
         res = replan(source.plan, source.instance, new_inst, planner, get_planner(planner),
                      PlanOptions(time_limit_s=time_limit_s), max(1, target - done))
-        if res.chosen is None:
-            log.error("elastic: no plan fits what is left (%s): stopping", "; ".join(w for _, w in res.rejected))
+        export = dataclasses.replace(source.export, local=True, master_port=0)
+        chosen, new_rp = None, None
+        for cand in res.candidates:  # best first; the runner may refuse one (e.g. a tp its heads do not divide)
+            try:
+                new_rp = build_runner_plan(cand.plan, new_inst, export)
+            except ValueError as exc:
+                log.warning("elastic: candidate %r cannot be exported: %s", cand.name, exc)
+                continue
+            chosen = cand
+            break
+        if chosen is None or new_rp is None:
+            log.error("elastic: no plan fits what is left (%s): stopping",
+                      "; ".join(w for _, w in res.rejected) or "no candidate could be exported")
             return code, rp
         folder = opts.out_dir / f"restart{restarts}"
-        export = dataclasses.replace(source.export, local=True, master_port=0)
         what = describe_change(change, source.instance)
         reason = outcome.get("reason") or f"{rp.rank_info(dead).describe()} exited with status {outcome['first'][1]}"
-        rp = build_runner_plan(res.chosen.plan, new_inst, export)
+        rp = new_rp
         plan_path = write_export(rp, folder).plan
-        folder.joinpath("source_plan.json").write_text(res.chosen.plan.to_json() + "\n")
-        source = ElasticSource(plan=res.chosen.plan, instance=new_inst, export=export)
+        folder.joinpath("source_plan.json").write_text(chosen.plan.to_json() + "\n")
+        source = ElasticSource(plan=chosen.plan, instance=new_inst, export=export)
         write_elastic_source(folder, source.plan, source.instance, source.export)
-        mig = res.chosen.migration
+        mig = chosen.migration
         log.warning("elastic: restart %d/%d: %s; change %s (%s); new plan (%s): %d ranks, %.4g s per step "
                     "predicted, %.3g MB of state between clusters; resuming from checkpoint step %d under %s",
-                    restarts, max_restarts, reason, change.text, what, res.chosen.name, rp.world_size,
-                    res.chosen.evaluation.iteration_time_s, mig.bytes / 1e6, done, plan_path)
+                    restarts, max_restarts, reason, change.text, what, chosen.name, rp.world_size,
+                    chosen.evaluation.iteration_time_s, mig.bytes / 1e6, done, plan_path)
         with open(opts.out_dir / "restarts.jsonl", "a") as f:
             f.write(json.dumps({"restart": restarts, "dead_rank": dead, "reason": reason, "change": change.text,
-                                "resume_step": done, "candidate": res.chosen.name, "world_size": rp.world_size,
+                                "resume_step": done, "candidate": chosen.name, "world_size": rp.world_size,
                                 "migration_bytes": mig.bytes, "plan": str(plan_path), "wall": time.time()}) + "\n")
         opts = dataclasses.replace(opts, resume=True, port=0)
