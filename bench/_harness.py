@@ -85,9 +85,12 @@ def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, burst: int | None, 
 
 
 def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: int, warmup_steps: int,
-             mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000) -> RunResult:
+             mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000,
+             device_regions: bool = False) -> RunResult:
     """Export ``plan`` for the runner, run ``steps`` steps with every rank paced at ``pace`` cores (None:
-    unpaced) and niceness ``nice``, read the metrics."""
+    unpaced) and niceness ``nice``, read the metrics. ``device_regions``: only the ranks' model,
+    autograd, loss, codec and optimizer work is paced device work, the engine's bookkeeping is host
+    work (``python -m hgopt.profiler.paced --device-regions``)."""
     from hgopt.runner.launch import LaunchOptions, launch_local
 
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,7 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
     errors: list[str] = []
     watcher = threading.Thread(target=_adjust, args=(rp, out, port, mode, burst_bytes, errors), daemon=True)
     watcher.start()
-    python = _paced_python(out, pace, nice) if pace else sys.executable
+    python = _paced_python(out, pace, nice, device_regions) if pace else sys.executable
     code = launch_local(rp, plan_path, LaunchOptions(out_dir=out, threads=1, port=port, emulation=mode, python=python))
     watcher.join(timeout=5)
     if errors:
@@ -120,12 +123,13 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
                      wall_s=time.perf_counter() - t0, load_before=load0, load_after=load_average(), returncode=code)
 
 
-def _paced_python(out: Path, pace: float, nice: int) -> str:
+def _paced_python(out: Path, pace: float, nice: int, device_regions: bool = False) -> str:
     """An executable that the launcher can use as its python: starts the module paced."""
     path = out / "paced-python"
     (out / "pace").mkdir(exist_ok=True)
     path.write_text(f"#!/bin/sh\nHGOPT_PACE_REPORT={out / 'pace'} HGOPT_PACE_NICE={nice} "
-                    f"exec {sys.executable} -m hgopt.profiler.paced {pace} \"$@\"\n")
+                    f"exec {sys.executable} -m hgopt.profiler.paced {pace}"
+                    + (" --device-regions" if device_regions else "") + " \"$@\"\n")
     path.chmod(0o755)
     return str(path)
 
