@@ -136,6 +136,10 @@ def measure_layers(
     device = torch.device(settings.device)
     if device.type == "cpu":
         torch.set_num_threads(settings.threads)
+    if settings.pace is not None:
+        from hgopt.profiler.paced import realtime_from_env
+
+        realtime_from_env()  # as the paced ranks run ($HGOPT_PACE_RT)
     for c in cases:
         c.module.to(device).train()
     clock = _Clock(device, settings.pace)
