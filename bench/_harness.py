@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +85,14 @@ def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, burst: int | None, 
 
 
 def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: int, warmup_steps: int,
-             mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000) -> RunResult:
+             mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000,
+             device_regions: bool = False, heartbeat_s: float | None = None) -> RunResult:
     """Export ``plan`` for the runner, run ``steps`` steps with every rank paced at ``pace`` cores (None:
-    unpaced) and niceness ``nice``, read the metrics."""
+    unpaced) and niceness ``nice``, read the metrics. ``device_regions``: only the ranks' model,
+    autograd, loss, codec and optimizer work is paced device work, the engine's bookkeeping is host
+    work (``python -m hgopt.profiler.paced --device-regions``). ``heartbeat_s``: the runner's heartbeat
+    timeout (collectives get 4x), for a host whose other load can deschedule a rank for longer than
+    the default 15 s."""
     from hgopt.runner.launch import LaunchOptions, launch_local
 
     out.mkdir(parents=True, exist_ok=True)
@@ -97,13 +102,15 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
     rp = build_runner_plan(plan, inst, ExportOptions(
         hidden=model.hidden, heads=model.heads, vocab=model.vocab, seq=model.seq, steps=steps, lr=model.lr,
         seed=model.seed, data=model.data, local=True, emulate_links=mode, master_port=port))  # type: ignore[arg-type]
+    if heartbeat_s is not None:
+        rp = replace(rp, heartbeat_timeout_s=heartbeat_s, timeout_s=max(rp.timeout_s, 4 * heartbeat_s))
     plan_path = out / "plan.json"
     plan_path.write_text(rp.to_json())
     load0, t0 = load_average(), time.perf_counter()
     errors: list[str] = []
     watcher = threading.Thread(target=_adjust, args=(rp, out, port, mode, burst_bytes, errors), daemon=True)
     watcher.start()
-    python = _paced_python(out, pace, nice) if pace else sys.executable
+    python = _paced_python(out, pace, nice, device_regions) if pace else sys.executable
     code = launch_local(rp, plan_path, LaunchOptions(out_dir=out, threads=1, port=port, emulation=mode, python=python))
     watcher.join(timeout=5)
     if errors:
@@ -120,12 +127,13 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
                      wall_s=time.perf_counter() - t0, load_before=load0, load_after=load_average(), returncode=code)
 
 
-def _paced_python(out: Path, pace: float, nice: int) -> str:
+def _paced_python(out: Path, pace: float, nice: int, device_regions: bool = False) -> str:
     """An executable that the launcher can use as its python: starts the module paced."""
     path = out / "paced-python"
     (out / "pace").mkdir(exist_ok=True)
     path.write_text(f"#!/bin/sh\nHGOPT_PACE_REPORT={out / 'pace'} HGOPT_PACE_NICE={nice} "
-                    f"exec {sys.executable} -m hgopt.profiler.paced {pace} \"$@\"\n")
+                    f"exec {sys.executable} -m hgopt.profiler.paced {pace}"
+                    + (" --device-regions" if device_regions else "") + " \"$@\"\n")
     path.chmod(0o755)
     return str(path)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._harness import ModelOpts, RunResult, load_average, run_plan  # noqa: E402
 from hgopt.cost import evaluate  # noqa: E402
+from hgopt.simulate import simulate  # noqa: E402
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage  # noqa: E402
 from hgopt.spec import Instance, instance_from_dict  # noqa: E402
 
@@ -103,12 +105,18 @@ def plans() -> list[tuple[str, str, Plan]]:
 
 # ---- measuring the inputs ------------------------------------------------------------------------
 def _hgopt(args: list[str]) -> None:
-    subprocess.run([*HGOPT, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    """One ``hgopt`` measurement; once more if it fails (a rendezvous can time out on a loaded host)."""
+    if subprocess.run([*HGOPT, *args], cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
+        print(f"  hgopt {args[0]} failed, running it again", flush=True)
+        subprocess.run([*HGOPT, *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
-def profile_model(path: Path, pace: float, mbs: tuple[int, ...] = MBS, repeat: int = 10) -> dict[str, Any]:
+def profile_model(path: Path, pace: float, mbs: tuple[int, ...] = MBS, repeat: int = 10,
+                  tenants: int = 1) -> dict[str, Any]:
+    """``hgopt profile --pace``, timed with ``tenants - 1`` paced co-tenants: as the ranks of a plan with
+    ``tenants`` ranks share the machine (hgopt/profiler/tenants.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _hgopt(["profile", "--blocks", str(BLOCKS), "--hidden", str(MODEL.hidden), "--heads", str(MODEL.heads),
+    _hgopt(["profile", "--tenants", str(tenants), "--blocks", str(BLOCKS), "--hidden", str(MODEL.hidden), "--heads", str(MODEL.heads),
             "--vocab", str(MODEL.vocab), "--seq", str(MODEL.seq), "--mbs", ",".join(map(str, mbs)),
             "--pace", str(pace), "--warmup", "2", "--repeat", str(repeat), "-o", str(path)])
     return json.loads(path.read_text())
@@ -143,6 +151,11 @@ def instance(net: Net, prof: dict[str, Any], links: dict[str, dict[str, float]])
         wan = dict(links[net.name])  # the fitted intercept: per-message cost of TCP, tbf and wake-ups
     else:
         wan = {"gbit_s": net.mbit_s / 1000.0, "latency_ms": net.latency_ms}
+    # What the emulation implements: one shaped veth (netns) or one delivery queue per sending rank
+    # (delay; one sender per boundary in these plans) per cluster pair and direction, which every flow
+    # between the two clusters shares -- a shared pipe, not per-flow links.
+    wan = {"kind": "shared_pipe", **wan, "source": f"emulated: {net.mode} link of {net.mbit_s:g} Mbit/s"
+           + (f" + {net.latency_ms:g} ms" if net.latency_ms else "") + " per cluster pair and direction"}
     clusters = [{"name": c, "region": f"r{c}", "gpu": "cpu", "gpu_memory_gb": 16, "nodes": 1,
                  "gpus_per_node": net.devices, "intra_node": local, "inter_node": local} for c in ("a", "b")]
     return instance_from_dict({
@@ -183,12 +196,18 @@ class Row:
     """The prediction from the profile measured once at the start (used to rank the candidates)."""
     before_s: float
     """The prediction without the 1F1B round-trip term (evaluate before change 1 of bench/RESULTS.md)."""
+    simulated_s: float
+    """``hgopt simulate``'s iteration time on the same instance (the event replay of the runner's order)."""
     measured_s: float
     run: RunResult
 
     @property
     def error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def error_sim(self) -> float:
+        return (self.simulated_s - self.measured_s) / self.measured_s
 
     @property
     def error_before(self) -> float:
@@ -248,11 +267,13 @@ def scatter(rows: list[Row], path: Path) -> None:
     for net in NETS:
         sel = [r for r in rows if r.net == net]
         if sel:
-            ax.scatter([r.measured_s for r in sel], [r.predicted_s for r in sel], label=net, s=28)
+            dots = ax.scatter([r.measured_s for r in sel], [r.predicted_s for r in sel], label=net, s=28)
+            ax.scatter([r.measured_s for r in sel], [r.simulated_s for r in sel], marker="x", s=24,
+                       color=dots.get_facecolor()[0])
     ax.set_xlim(0, hi)
     ax.set_ylim(0, hi)
     ax.set_xlabel("measured iteration time (s), runner median")
-    ax.set_ylabel("predicted iteration time (s), evaluate")
+    ax.set_ylabel("predicted iteration time (s): evaluate (dots), simulate (x)")
     ax.set_title("hgopt cost model vs runner on emulated links")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
@@ -270,23 +291,39 @@ def main() -> int:
                     help="rerun a plan once when a rank's pace lagged by more than this fraction of the run")
     ap.add_argument("--burst", type=int, default=3000, help="token-bucket burst of the netns links (bytes)")
     ap.add_argument("--only", default="", help="comma-separated plan names (default: all)")
+    ap.add_argument("--no-tenants", action="store_true",
+                    help="profile alone (the method before this round's fix) instead of with as many paced "
+                         "co-tenants as the plan has ranks")
+    ap.add_argument("--no-device-regions", action="store_true",
+                    help="pace every CPU second of a rank's main thread (the method before this round's fix) "
+                         "instead of only its device work (model, autograd, loss, codec, optimizer)")
+    ap.add_argument("--rt", type=int, default=1 if os.geteuid() == 0 else 0, metavar="PRIO",
+                    help="paced ranks and profiles under SCHED_RR at PRIO once pacing starts (root; 0: off; "
+                         "hgopt.profiler.paced.realtime_from_env)")
+    ap.add_argument("--heartbeat", type=float, default=60.0, help="runner heartbeat timeout (s) on a busy host")
     ap.add_argument("--png", default=str(ROOT / "bench" / "validate_cost_model.png"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the scatter plot from --out's rows.json")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.rt:
+        os.environ["HGOPT_PACE_RT"] = str(args.rt)  # inherited by the profiles and the ranks
     if args.plot_only:
         scatter([_row_from_json(d) for d in json.loads((out / "rows.json").read_text())], Path(args.png))
         return 0
     t0 = time.perf_counter()
     load0 = load_average()
-    prof = profile_model(out / "profile.json", args.pace)
+    todo = plans()
+    tenants = (lambda plan: 1) if args.no_tenants else (lambda plan: plan.num_gpus())  # noqa: E731
+    # the start-up profiles (one per rank count: a paced device's speed depends on how many share the host)
+    profs = {n: profile_model(out / f"profile-{n}.json", args.pace, tenants=n)
+             for n in sorted({tenants(p) for _, _, p in todo})}
+    prof = profs[max(profs)]  # the planner's instance: its plans use up to 4 ranks
     links = measure_links(out, args.burst)
     print(f"profile and links measured in {time.perf_counter() - t0:.0f} s; loopback "
           f"{links['loopback']['gbyte_s']:.2f} GB/s; " + ", ".join(
               f"{k} {v['gbyte_s'] * 8e3:.1f} Mbit/s" for k, v in links.items() if k != "loopback"))
     insts = {name: instance(net, prof, links) for name, net in NETS.items()}
-    todo = plans()
     cand = _planner_candidate(insts[RANK_GROUP])
     picked = None
     if cand is not None:
@@ -299,21 +336,22 @@ def main() -> int:
         todo = [t for t in todo if t[0] in keep]
     rows = []
     for name, net, plan in todo:
-        common = evaluate(plan, insts[net])
+        common = evaluate(plan, instance(NETS[net], profs.get(tenants(plan), prof), links))
         if not common.feasible:
             raise SystemExit(f"plan {name!r} is not feasible: {common.violations}")
         folder = out / "runs" / name.replace(" ", "_").replace("|", "-").replace("+", "p")
         # the device as it is now: a fresh profile of the microbatch sizes the plan uses, just before its run
-        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=5)
+        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=5, tenants=tenants(plan))
         inst = instance(NETS[net], fresh, links)
         ev = evaluate(plan, inst)
         run = _run(plan, inst, folder, net, args)
         row = Row(name=name, net=net, ranks=plan.num_gpus(), predicted_s=ev.iteration_time_s,
                   common_s=common.iteration_time_s, before_s=without_round_trip(ev, plan),
-                  measured_s=run.median_s, run=run)
+                  simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run)
         rows.append(row)
-        print(f"{name:<26} predicted {row.predicted_s:7.3f} s  measured {row.measured_s:7.3f} s  "
-              f"error {row.error:+6.1%} (without round trip {row.error_before:+6.1%})  "
+        print(f"{name:<26} evaluate {row.predicted_s:7.3f} s  simulate {row.simulated_s:7.3f} s  measured "
+              f"{row.measured_s:7.3f} s  error {row.error:+6.1%}, simulate {row.error_sim:+6.1%} "
+              f"(without round trip {row.error_before:+6.1%})  "
               f"(lag {run.lag_s:.2f} s, load {run.load_before:.1f}, run {run.wall_s:.0f} s)", flush=True)
     report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0, picked)
     return 0
@@ -323,7 +361,8 @@ def _row_from_json(d: dict[str, Any]) -> Row:
     run = RunResult(step_s=tuple(d["steps_s"]), median_s=d["measured_s"], losses=(), bytes_last_step={}, wall_s=0.0,
                     load_before=0.0, load_after=0.0, returncode=0, lag_s=d["lag_s"])
     return Row(name=d["name"], net=d["net"], ranks=d["ranks"], predicted_s=d["predicted_s"], common_s=d["common_s"],
-               before_s=d["before_s"], measured_s=d["measured_s"], run=run)
+               before_s=d["before_s"], simulated_s=d.get("simulated_s", float("nan")), measured_s=d["measured_s"],
+               run=run)
 
 
 def _lag_fraction(run: RunResult) -> float:
@@ -336,7 +375,8 @@ def _run(plan: Plan, inst: Instance, folder: Path, net: str, args: argparse.Name
     run = None
     for attempt in range(2):
         run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode=NETS[net].mode,
-                       pace=args.pace, nice=args.nice, burst_bytes=args.burst)
+                       pace=args.pace, nice=args.nice, burst_bytes=args.burst,
+                       device_regions=not args.no_device_regions, heartbeat_s=args.heartbeat)
         if _lag_fraction(run) <= args.max_lag:
             break
         print(f"  pace lagged {_lag_fraction(run):.0%} of the run (load {run.load_after:.1f})"
@@ -348,21 +388,24 @@ def _run(plan: Plan, inst: Instance, folder: Path, net: str, args: argparse.Name
 def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load0: float, wall: float,
            picked: str | None) -> None:
     errs = [abs(r.error) for r in rows]
-    lines = ["| plan | instance | ranks | predicted (s) | measured (s) | error | without round trip | "
-             "step spread | pace lag |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| plan | instance | ranks | evaluate (s) | simulate (s) | measured (s) | evaluate error | "
+             "simulate error | without round trip | step spread | pace lag |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         later = r.run.step_s[3:]
         spread = (max(later) - min(later)) / r.measured_s if later else 0.0
-        lines.append(f"| {r.name} | {r.net} | {r.ranks} | {r.predicted_s:.3f} | {r.measured_s:.3f} | "
-                     f"{r.error:+.1%} | {r.before_s:.3f} ({r.error_before:+.1%}) | {spread:.0%} | {_lag_fraction(r.run):.0%} |")
+        lines.append(f"| {r.name.replace('|', chr(92) + '|')} | {r.net} | {r.ranks} | {r.predicted_s:.3f} | "
+                     f"{r.simulated_s:.3f} | {r.measured_s:.3f} | {r.error:+.1%} | {r.error_sim:+.1%} | "
+                     f"{r.before_s:.3f} ({r.error_before:+.1%}) | {spread:.0%} | {_lag_fraction(r.run):.0%} |")
     group = [r for r in rows if r.net == RANK_GROUP]
     tau = kendall_tau([r.common_s for r in group], [r.measured_s for r in group]) if len(group) > 1 else float("nan")
     best_pred = min(group, key=lambda r: r.common_s) if group else None
     best_meas = min(group, key=lambda r: r.measured_s) if group else None
     before = [abs(r.error_before) for r in rows]
+    sims = [abs(r.error_sim) for r in rows]
     summary = [
-        f"plans: {len(rows)}; median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%} "
+        f"plans: {len(rows)}; evaluate: median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%}; "
+        f"simulate: median |error| {statistics.median(sims):.1%}, max |error| {max(sims):.1%} "
         f"(without the round-trip term: median {statistics.median(before):.1%}, max {max(before):.1%})",
         f"rank agreement on {RANK_GROUP} ({len(group)} candidates, predicted from the start-up profile): "
         f"Kendall tau {tau:.2f}; "
@@ -371,14 +414,16 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
            if best_pred and best_meas and best_pred is not best_meas else ""),
         f"the project's planner on {RANK_GROUP} picks: {picked or '- (no planner available)'}",
         f"load average {load0:.1f} at start, {load_average():.1f} at end; {wall:.0f} s in all; "
-        f"pace {args.pace} core per rank, {args.steps} steps per plan (median of the last {args.steps - 3})",
+        f"pace {args.pace} core per rank, {args.steps} steps per plan (median of the last {args.steps - 3}); "
+        f"profiles {'alone' if args.no_tenants else 'with as many paced co-tenants as the plan has ranks'}; "
+        f"{'every main-thread CPU second paced' if args.no_device_regions else 'device regions paced, engine bookkeeping host work'}",
     ]
     text = "\n".join(lines + [""] + summary)
     print("\n" + text)
     (out / "table.md").write_text(text + "\n")
     (out / "rows.json").write_text(json.dumps([{"name": r.name, "net": r.net, "ranks": r.ranks,
                                                 "predicted_s": r.predicted_s, "common_s": r.common_s,
-                                                "before_s": r.before_s,
+                                                "before_s": r.before_s, "simulated_s": r.simulated_s,
                                                 "measured_s": r.measured_s,
                                                 "steps_s": r.run.step_s, "lag_s": r.run.lag_s} for r in rows], indent=1))
     scatter(rows, png)

@@ -162,3 +162,59 @@ def test_pool_layers_takes_the_median_of_the_given_layers() -> None:
     t = TimingMeasurement(gpu="cpu", tp=1, mbs=1, fwd=(9.0, 1.0, 2.0, 6.0, 9.0), bwd=(1.0,) * 5, update=(0.0,) * 5)
     p = pool_layers(t, [1, 2, 3])
     assert p.fwd == (9.0, 2.0, 2.0, 2.0, 9.0)
+
+
+def test_paced_clock_with_device_regions_paces_only_the_work_inside_them() -> None:
+    from hgopt.profiler.paced import PacedClock
+
+    def burn(seconds: float) -> None:
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < seconds:
+            pass
+
+    clock = PacedClock(0.5)
+    clock.regions = True
+    clock.reset()
+    burn(0.03)  # host work: not device time
+    clock.enter()
+    burn(0.02)
+    clock.enter()  # a nested region counts once
+    burn(0.02)
+    clock.exit()
+    clock.exit()
+    burn(0.03)
+    clock.settle()
+    rep = clock.report()
+    assert 0.04 <= rep["cpu_s"] < 0.055  # the 40 ms of CPU inside the region, not the 60 ms outside
+    assert rep["host_s"] >= 0.055
+    # settling inside a region takes the region's time so far and goes on counting from there
+    clock.enter()
+    burn(0.02)
+    clock.settle()
+    burn(0.02)
+    clock.exit()
+    clock.settle()
+    assert 0.08 <= clock.report()["cpu_s"] < 0.1
+
+
+def test_profile_with_paced_co_tenants_and_companions_stop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from hgopt.profiler.tenants import companions
+
+    data = _profile(tmp_path, "--mbs", "1", "--pace", "1", "--tenants", "2")
+    assert "1 paced co-tenant" in data["source"]
+    model_profile_from_dict(data, source="profile.json")
+    payload = {"model": {"layers": ["embedding", "block", "head"], "hidden": 32, "heads": 2, "vocab": 64, "seq": 16},
+               "names": ["embedding", "block1", "head"], "mbss": [1], "seed": 0, "dtype": "float32",
+               "timing": {"gpu": "cpu", "pace": 1.0, "warmup": 0, "repeat": 1}}
+    with companions(payload, 2) as pids:
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # running
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):  # stopped and reaped
+            os.kill(pid, 0)
+    out = str(tmp_path / "x.json")
+    assert main(["profile", *TINY, "--tenants", "2", "-o", out]) == 2  # co-tenants need a paced profile
+    assert "tenants" in capsys.readouterr().err

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--pace", type=float, metavar="SPEED",
                    help="CPU: time in thread CPU seconds / SPEED, the device time of a rank paced at SPEED cores "
                         "(python -m hgopt.profiler.paced); robust to other load on the machine")
+    t.add_argument("--tenants", type=int, default=1, metavar="N",
+                   help="with --pace: time the layers while N-1 companion processes time them too, as N paced ranks "
+                        "of a run share this machine's cores and caches (hgopt/profiler/tenants.py)")
     t.add_argument("--no-pool-blocks", action="store_true",
                    help="keep each block's own timings (default: every block gets the blocks' median; the "
                         "runner's blocks are identical, their differences are noise)")
@@ -131,7 +134,7 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
         name = "runner-gpt"
     gpu = args.gpu or _device_name(args.device)
     timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
-                            pace=args.pace)
+                            pace=args.pace, tenants=args.tenants)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
                        timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name)
     prof = profile_model(req)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["PacedClock", "install", "main"]
+__all__ = ["PacedClock", "install", "main", "realtime_from_env"]
 
 _real_sleep = time.sleep
 
@@ -58,11 +58,45 @@ class PacedClock:
         """Unarmed, the clock paces nothing (start-up: imports, model building, rendezvous)."""
         self.cpu_s = 0.0
         self.overshoot = 0.0
+        self.host_s = 0.0
+        """CPU seconds of the main thread outside device work since the clock was armed (diagnostics)."""
+        self.regions = False
+        """With device regions (:func:`install`), only CPU time inside them is device work; the rest of
+        the main thread is host work that overlaps with it. Without, all of it is device work."""
+        self._depth = 0
+        self._region_t0 = 0.0
+        self._region_cpu = 0.0
         self.reset()
 
     def reset(self) -> None:
         self.wall = time.perf_counter()
-        self.cpu = time.thread_time()
+        self._take()
+
+    def enter(self) -> None:
+        """Device work begins (nested regions count once)."""
+        if self._depth == 0:
+            self._region_t0 = time.thread_time()
+        self._depth += 1
+
+    def exit(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._region_cpu += time.thread_time() - self._region_t0
+
+    def _take(self) -> float:
+        """Device CPU seconds since the last take (all CPU seconds without regions)."""
+        now = time.thread_time()
+        if not self.regions:
+            cpu, self.cpu = now - getattr(self, "cpu", now), now
+            return cpu
+        cpu, self._region_cpu = self._region_cpu, 0.0
+        if self._depth > 0:
+            cpu += now - self._region_t0
+            self._region_t0 = now
+        if self.armed:
+            self.host_s += max(0.0, now - getattr(self, "cpu", now) - cpu)
+        self.cpu = now
+        return cpu
 
     def settle(self) -> None:
         """Wait until the CPU work done since the last reset has taken its device time.
@@ -73,7 +107,7 @@ class PacedClock:
         if not self.armed:
             self.reset()
             return
-        cpu = time.thread_time() - self.cpu
+        cpu = self._take()
         target = self.wall + cpu / self.speed
         self.cpu_s += cpu
         wait = target - time.perf_counter()
@@ -81,7 +115,8 @@ class PacedClock:
             _real_sleep(wait)
             self.paced_s += wait
             self.overshoot = max(0.0, time.perf_counter() - target)
-            self.wall, self.cpu = target, time.thread_time()
+            self.wall = target
+            self._take()
         else:
             self.lag_s -= wait
             self.overshoot = 0.0
@@ -92,17 +127,38 @@ class PacedClock:
         already there, so the device would have gone on at its own time: the last sleep's overshoot is
         credited. A call that really waited resumes the device now."""
         if blocked_s < 5e-4:
-            self.wall, self.cpu = time.perf_counter() - self.overshoot, time.thread_time()
+            self.wall = time.perf_counter() - self.overshoot
+            self._take()
         else:
             self.reset()
         self.overshoot = 0.0
 
     def report(self) -> dict[str, float]:
         return {"speed": self.speed, "cpu_s": self.cpu_s, "device_s": self.cpu_s / self.speed,
-                "paced_s": self.paced_s, "lag_s": self.lag_s}
+                "paced_s": self.paced_s, "lag_s": self.lag_s, "host_s": self.host_s, "regions": self.regions}
 
     def on_main(self) -> bool:
         return threading.get_ident() == self.main
+
+
+def realtime_from_env() -> None:
+    """``$HGOPT_PACE_RT=PRIO`` (root): put every thread of this process under ``SCHED_RR`` at PRIO.
+
+    A paced rank computes in short bursts and idles in between; on a host whose other load keeps
+    both cores busy (load average 20-35 measured while the validation ran), a waking rank at nice −10
+    still waited for its share (pace lag 20-30 % of a run). Under ``SCHED_RR`` it runs as soon as it
+    wakes; its pacing keeps it to ``speed`` of a core, and the kernel's real-time throttling
+    (``sched_rt_runtime_us``) bounds it anyway. Set once pacing starts (start-up runs at normal
+    priority, so that importing torch does not hold a core)."""
+    prio = os.environ.get("HGOPT_PACE_RT")
+    if not prio:
+        return
+    param = os.sched_param(int(prio))
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_RR, param)
+        except (PermissionError, ProcessLookupError):
+            pass
 
 
 def _blocking(clock: PacedClock, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,20 +188,62 @@ def _after(clock: PacedClock, fn: Callable[..., Any]) -> Callable[..., Any]:
         if clock.on_main():
             clock.settle()
             clock.steps += 1
+            if not clock.armed:
+                realtime_from_env()
             clock.armed = True
         return out
 
     return wrapper
 
 
-def install(speed: float, from_first_step: bool = False) -> PacedClock:
+def _region(clock: PacedClock, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` is device work (on the main thread)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not clock.on_main():
+            return fn(*args, **kwargs)
+        clock.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.exit()
+
+    return wrapper
+
+
+DEVICE_WORK = ("torch.nn.Module.__call__", "torch.autograd.backward", "torch.nn.functional.cross_entropy",
+               "torch.optim.Adam.step", "torch.optim.AdamW.step", "torch.optim.SGD.step",
+               "hgopt.runner.codec.encode", "hgopt.runner.codec.decode")
+"""What runs on the device with ``regions``: a module's forward (the outermost call), autograd's
+backward, the runner's loss, optimizer steps, and the boundary codec's casts. Everything else on the
+main thread (the engine's bookkeeping, posting sends and receives, building batches, gradient
+buffers' flattening) is host work."""
+
+
+def install(speed: float, from_first_step: bool = False, regions: bool = False) -> PacedClock:
     """Pace this process's main thread at ``speed`` cores (call once per process). With
     ``from_first_step`` pacing starts once the first optimizer step is done: start-up and the first
-    (warm-up) step run at the machine's speed."""
+    (warm-up) step run at the machine's speed. With ``regions``, only the main thread's CPU time inside
+    :data:`DEVICE_WORK` is device work, paced at ``speed``; the rest is host work, which runs at the
+    machine's speed and overlaps with the device's (as a host enqueues work for an accelerator)."""
+    import importlib
+
     import torch
     import torch.distributed as dist
 
     clock = PacedClock(speed, armed=not from_first_step)
+    clock.regions = regions
+    if regions:
+        for path in DEVICE_WORK:
+            mod_name, _, attr = path.rpartition(".")
+            owner: Any
+            try:
+                owner = importlib.import_module(mod_name)
+            except ModuleNotFoundError:  # a class: module.Class
+                m, _, cls = mod_name.rpartition(".")
+                owner = getattr(importlib.import_module(m), cls)
+            setattr(owner, attr, _region(clock, getattr(owner, attr)))
     for name in ("isend", "send", "recv", "all_reduce", "broadcast", "barrier", "all_gather_object",
                  "all_gather", "reduce_scatter", "gather", "scatter"):
         if hasattr(dist, name):
@@ -160,12 +258,15 @@ def install(speed: float, from_first_step: bool = False) -> PacedClock:
 
 
 def main(argv: list[str]) -> int:
+    regions = len(argv) > 1 and argv[1] == "--device-regions"
+    if regions:
+        argv = [argv[0], *argv[2:]]
     if len(argv) < 3 or argv[1] != "-m":
-        print("usage: python -m hgopt.profiler.paced SPEED -m MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m hgopt.profiler.paced SPEED [--device-regions] -m MODULE [ARGS...]", file=sys.stderr)
         return 2
     if nice := os.environ.get("HGOPT_PACE_NICE"):
         os.setpriority(os.PRIO_PROCESS, 0, int(nice))
-    clock = install(float(argv[0]), from_first_step=True)
+    clock = install(float(argv[0]), from_first_step=True, regions=regions)
     if report := os.environ.get("HGOPT_PACE_REPORT"):
         atexit.register(lambda: Path(report, f"pace-{os.getpid()}.json").write_text(json.dumps(clock.report())))
     sys.argv = [argv[2], *argv[3:]]

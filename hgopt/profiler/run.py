@@ -61,6 +61,8 @@ def profile_model(req: ModelRequest) -> ModelProfile:
     if max(req.tps) > 1 and req.timing.device != "cpu":
         raise ValueError("--tp > 1 is measured with one CPU process per rank (the runner's gloo tensor "
                          "parallelism); use --device cpu")
+    if req.timing.tenants > 1 and max(req.tps) > 1:
+        raise ValueError("--tenants applies to tp 1 only")
     for tp in req.tps:
         if (problem := req.model.tp_problem(tp)) is not None:
             raise ValueError(f"--tp {tp}: {problem}")
@@ -90,6 +92,7 @@ def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[T
               + (f", {req.timing.threads} thread(s)" if req.timing.device == "cpu" else "")
               + (f", paced device of {req.timing.pace:g} core (thread CPU time / {req.timing.pace:g})"
                  if req.timing.pace else "")
+              + (f", timed with {req.timing.tenants - 1} paced co-tenant(s)" if req.timing.tenants > 1 else "")
               + f"; median of {req.timing.repeat} after {req.timing.warmup} warm-up"
               + ("; blocks pooled (median over the identical blocks)" if req.pool_blocks else ""))
     prof = build_model_profile(name=req.profile_name, dtype=_PROFILE_DTYPE[req.dtype],  # type: ignore[arg-type]
@@ -106,7 +109,15 @@ def _measure_tp1(req: ModelRequest) -> tuple[list[LayerMeasurement], list[Timing
     from hgopt.profiler.timing import measure_layers
 
     cases = runner_layer_cases(req.model, names=list(req.names), seed=req.seed, dtype=req.dtype)
-    return measure_layers(cases, list(req.mbss), replace(req.timing, tp=1))
+    timing = replace(req.timing, tp=1)
+    if timing.tenants == 1:
+        return measure_layers(cases, list(req.mbss), timing)
+    from hgopt.profiler.tenants import companions
+
+    payload = {"model": asdict(req.model), "names": list(req.names), "mbss": list(req.mbss),
+               "timing": asdict(replace(timing, tenants=1)), "seed": req.seed, "dtype": req.dtype}
+    with companions(payload, timing.tenants - 1):
+        return measure_layers(cases, list(req.mbss), timing)
 
 
 def _measure_tp_workers(req: ModelRequest, tp: int) -> tuple[list[LayerMeasurement], list[TimingMeasurement]]:

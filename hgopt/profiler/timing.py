@@ -61,6 +61,9 @@ class TimingSettings:
     pace: float | None = None
     """CPU only: report thread CPU seconds / ``pace`` (a paced device of ``pace`` cores) instead of
     wall seconds."""
+    tenants: int = 1
+    """Paced only: time the layers while ``tenants - 1`` companion processes time them too
+    (:mod:`hgopt.profiler.tenants`), as the ranks of a run of ``tenants`` paced ranks share the machine."""
 
     def check(self) -> None:
         if self.pace is not None and not 0 < self.pace <= 1:
@@ -73,6 +76,10 @@ class TimingSettings:
             raise ValueError(f"repeat must be >= 1, got {self.repeat}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.tenants < 1:
+            raise ValueError(f"tenants must be >= 1, got {self.tenants}")
+        if self.tenants > 1 and (self.pace is None or self.tp != 1):
+            raise ValueError("tenants apply to a paced profile (--pace) at tp 1")
 
 
 class _Clock:
@@ -129,6 +136,10 @@ def measure_layers(
     device = torch.device(settings.device)
     if device.type == "cpu":
         torch.set_num_threads(settings.threads)
+    if settings.pace is not None:
+        from hgopt.profiler.paced import realtime_from_env
+
+        realtime_from_env()  # as the paced ranks run ($HGOPT_PACE_RT)
     for c in cases:
         c.module.to(device).train()
     clock = _Clock(device, settings.pace)
