@@ -198,3 +198,29 @@ def test_zero_and_device_round_trip_and_checks(tmp_path: Path) -> None:
     del data["comm"]["device"], data["sync_groups"][0]["zero"]  # a plan exported before these fields
     old = RunnerPlan.from_dict(data)
     assert old.device == "auto" and old.sync_groups[0].zero == 0
+
+
+def test_link_emulation_warns_where_per_flow_links_carry_several_node_pairs(caplog: pytest.LogCaptureFixture) -> None:
+    """The emulation is one shared pipe per cluster pair and direction: exact for shared_pipe links,
+    too slow for per_flow links used by several node pairs (evaluate runs those flows in parallel)."""
+    from dataclasses import replace
+
+    inst = runner_instance(gpus_per_cluster=(2, 1))  # two nodes of one GPU per cluster
+    plan = Plan(pipelines=(pipeline([((0, 2), [G("a", dp=2, mbs=2)]), ((2, 4), [G("b", dp=2, mbs=2)])], m=2),))
+    per_flow = replace(inst, topology=replace(inst.topology, links=tuple(
+        replace(lk, kind="per_flow", aggregate=None) for lk in inst.topology.links)))
+    assert {lk.kind for lk in inst.topology.links} == {"shared_pipe"}
+    for instance, emulate, warned in ((inst, "netns", False), (per_flow, "off", False), (per_flow, "netns", True),
+                                      (per_flow, "delay", True)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hgopt.export.build"):
+            rp = build_runner_plan(plan, instance, ExportOptions(emulate_links=emulate))  # type: ignore[arg-type]
+        assert ("a->b, b->a are per_flow" in caplog.text) == warned, (emulate, caplog.text)
+        assert {lk.bytes_per_s for lk in rp.links} == {instance.topology.link("a", "b").gbyte_s * 1e9}
+    one_node = runner_instance(gpus_per_cluster=(1, 2))
+    one_node = replace(one_node, topology=replace(one_node.topology, links=tuple(
+        replace(lk, kind="per_flow", aggregate=None) for lk in one_node.topology.links)))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hgopt.export.build"):
+        build_runner_plan(plan, one_node, ExportOptions(emulate_links="netns"))
+    assert not caplog.records  # one node pair: the shared pipe is the per-flow link

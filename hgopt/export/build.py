@@ -272,16 +272,32 @@ def _runner_mbs(g: ReplicaGroup, unit: int, opts: ExportOptions) -> int:
 # ---- links and gradient-sync groups -----------------------------------------------------------
 def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[LinkSpec, ...]:
     """Every ordered pair of used clusters. The bandwidth is the topology's achieved rate for one
-    microbatch of the runner's activations (curve links depend on message size), times ``link_scale``."""
+    microbatch of the runner's activations (curve links depend on message size), times ``link_scale``.
+
+    What the emulation implements (``netns``: one tbf-shaped veth per cluster pair and direction;
+    ``delay``: one delivery queue per sending rank and destination cluster) is a shared pipe at that
+    rate. That is the link model's ``shared_pipe`` exactly; a ``per_flow`` link whose two clusters
+    use several nodes lets flows between different node pairs run in parallel in ``evaluate`` and
+    ``simulate``, which the emulation does not: a warning says so (the emulated run is then slower
+    than the prediction wherever such flows overlap)."""
     itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
     message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
-    out = []
+    used_nodes = {c: len({n.cluster_node for n in rp.nodes if n.cluster == c}) for c in rp.clusters}
+    out, parallel = [], []
     for a in rp.clusters:
         for b in rp.clusters:
             if a != b:
-                bw = instance.topology.link(a, b)
+                spec = instance.topology.link_spec(a, b)
+                bw = spec.bandwidth
                 out.append(LinkSpec(src=a, dst=b, bytes_per_s=bandwidth_bytes_per_s(bw, message) * opts.link_scale,
                                     latency_s=bw.latency_s))
+                if spec.kind == "per_flow" and spec.aggregate != spec.bandwidth and used_nodes[a] * used_nodes[b] > 1:
+                    parallel.append(f"{a}->{b}")
+    if parallel and opts.emulate_links != "off":
+        log.warning("link emulation %s shapes one shared pipe per cluster pair and direction at the per-flow rate; "
+                    "the links %s are per_flow and the plan uses several node pairs on them, whose flows evaluate "
+                    "and simulate run in parallel: emulated steps where such flows overlap are slower than predicted",
+                    opts.emulate_links, ", ".join(parallel))
     return tuple(out)
 
 
