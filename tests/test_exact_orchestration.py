@@ -18,7 +18,7 @@ from hgopt.search import PlanOptions
 from hgopt.search import milp as milp_mod
 from hgopt.search.blocks import Window, block_options, cheap_bounds
 from hgopt.search.exact import plan_exact
-from hgopt.search.milp import BatchSplit, batch_splits, build_milp, decode, plan_hint, plan_milp
+from hgopt.search.milp import BatchSplit, batch_splits, build_milp, decode, plan_hint, plan_milp, work_lower_bound
 from hgopt.solvers import SolveOptions, solve
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 from tests.test_milp import _expected, _instance
@@ -129,7 +129,7 @@ def test_a_tiny_limit_returns_a_consistent_status_plan_and_bound(limit: float, s
     assert gap is not None and (gap <= 0.01 + 1e-12) == (res.status == "optimal")
     assert ("certified" in res.solver) <= (res.status == "optimal"), res.solver  # no certificate claimed falsely
     if any(n.startswith("time limit reached before the cheap bounds") for n in res.notes):
-        assert res.lower_bound_s == 0.0
+        assert res.lower_bound_s <= work_lower_bound(inst, build_tables(inst)) * (1 + 1e-12)
 
 
 def test_a_wider_link_policy_is_warm_started_with_the_native_searchs_plan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,3 +193,15 @@ def test_an_infeasible_instance_says_what_binds() -> None:
     assert res.status == "infeasible" and res.plan is None and res.lower_bound_s is None
     assert "certified" not in res.solver and "bounds are infinite" in res.solver
     assert any(n.startswith("no plan of this space fits: the bounds of all 6 batch splits") for n in res.notes)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_work_bound_is_below_brute_force(seed: int) -> None:
+    """``work_lower_bound`` (compute GPU-seconds over all GPUs: the bound of splits the time limit
+    leaves without a cheap bound) never exceeds the best plan of the space, and is positive."""
+    inst = _instance(seed)
+    best = _expected(seed)
+    lb = work_lower_bound(inst, build_tables(inst))
+    assert lb > 0
+    if math.isfinite(best):
+        assert lb <= best * (1 + 1e-12)

@@ -18,7 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.compute import stage_compute_v
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
@@ -43,7 +46,7 @@ from hgopt.spec import Instance
 
 __all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "OutsideCheck", "SplitOutcome", "WarmStart",
            "batch_splits", "build_milp", "decode", "estimated_nonzeros", "link_policy", "plan_hint", "plan_milp",
-           "plan_space", "solve_split"]
+           "plan_space", "solve_split", "work_lower_bound"]
 
 log = logging.getLogger(__name__)
 
@@ -685,10 +688,11 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     if prog:  # progress (cli-explain)
         prog.report("cheap bounds", total=len(splits))
     # [M0] the cheap bounds of the splits, for up to OPENING of the budget before the warm start and
-    # up to twice that after it; a split without one is bounded by 0 s and gets no MILP
+    # up to twice that after it; a split without one is bounded by work_lower_bound and gets no MILP
     cheap: dict[BatchSplit, CheapBounds] = {}
     _cheap_until(instance, tables, splits, cheap, links, t_start + OPENING * options.time_limit_s, prog)
-    lbs = {sp: cheap[sp].value if sp in cheap else 0.0 for sp in splits}
+    floor = work_lower_bound(instance, tables)  # the bound of a split without a cheap bound
+    lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     if prog:  # progress (cli-explain)
         prog.report("warm start", bound_s=_global_lb(lbs, None))
     best = _warm_start(instance, tables, options, t_start, links, warm_start)
@@ -696,7 +700,7 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     if first is not None:
         _cheap_until(instance, tables, [first], cheap, links, deadline, prog)
     _cheap_until(instance, tables, splits, cheap, links, t_start + 2 * OPENING * options.time_limit_s, prog)
-    lbs = {sp: cheap[sp].value if sp in cheap else 0.0 for sp in splits}
+    lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     log.debug("cheap bounds of %d of %d splits after %.1f s", len(cheap), len(splits), time.perf_counter() - t_start)
     unbounded = [sp for sp in splits if sp not in cheap]
     order = sorted(cheap, key=lambda sp: (sp != first, cheap[sp].value))
@@ -761,7 +765,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     notes = []
     if unbounded:
         notes.append(f"time limit reached before the cheap bounds of {len(unbounded)} of {len(splits)} batch splits "
-                     "were computed: each is bounded by 0 s, so the bound is 0; a longer --time-limit bounds them")
+                     f"were computed: each is bounded by the compute work over all GPUs alone ({floor:.4g} s), so "
+                     "the bound is weak; a longer --time-limit bounds them")
     if unfinished:
         notes.append(f"time limit reached before the MILP of split {unfinished[0]}"
                      + (f" and of {len(unfinished) - 1} more split(s)" if len(unfinished) > 1 else "")
@@ -772,6 +777,30 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     if best is not None and best.plan is not None and not (prog and prog.stop_requested()):  # (cli-explain)
         notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline, outside))
     return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links, tuple(notes))
+
+
+def work_lower_bound(instance: Instance, tables: CostTables) -> float:
+    """A bound on every plan's iteration time, whatever its batch split: the GPU-seconds of compute
+    one iteration needs, spread over every GPU of the topology. Each stage's GPUs run its m
+    microbatches one after another ([C3]: (m − 1)·bottleneck + fill >= m · the stage's fwd + bwd), and a
+    stage replica of tp GPUs spends tp · (fwd + bwd)(mbs) [C2] on mbs samples, so every sample costs
+    at least, per layer, the least tp · (fwd + bwd)(mbs) / mbs over the profiled (GPU, tp, mbs) ([C2]
+    is linear in mbs between profiled sizes and proportional outside them: the least per-sample time
+    lies at a profiled size). The fallback for splits the time limit leaves without a cheap bound."""
+    L = tables.num_layers
+    per_sample = np.full(L, np.inf)
+    lo, hi = np.arange(L), np.arange(1, L + 1)
+    gpus = {c.gpu for c in instance.topology.clusters}
+    for (gpu, tp), tab in tables.by_gpu_tp.items():
+        if gpu not in gpus:
+            continue
+        for mbs in tab.mbs:
+            t = stage_compute_v(tab, int(mbs), lo, hi)
+            per_sample = np.minimum(per_sample, tp * t / float(mbs))
+    total = float(per_sample.sum())
+    if not math.isfinite(total):
+        return 0.0
+    return instance.job.global_batch * total / instance.topology.num_gpus()
 
 
 def _cheap_until(instance: Instance, tables: CostTables, splits: list[BatchSplit], cheap: dict[BatchSplit, CheapBounds],
