@@ -401,3 +401,26 @@ def test_shipped_plans_agree_within_two_percent(name: str, planner: str) -> None
     ev = evaluate(plan, inst)
     target = getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s)
     assert simulate(plan, inst).iteration_time_s == pytest.approx(target, rel=0.02)
+
+
+@pytest.mark.parametrize("tps,buckets", [((1, 1), 1), ((1, 2), 2)])
+def test_a_segment_is_one_zero1_bucket_only_when_the_export_shards_it(tps: tuple[int, int], buckets: int) -> None:
+    """Two one-stage pipelines holding all 4 layers (4 MB of gradients each), both asking for ZeRO-1:
+    with one tp degree the export shards the segment (one reduce-scatter, one bucket); with tp 1 and
+    tp 2 it does not (export/build.py _zero_level), so the 16 MB go in 8 MiB buckets of two layers.
+    The kernel's rule (segment_buckets) is what evaluate's [C7o] and simulate both use."""
+    from dataclasses import replace
+
+    from hgopt.cost import build_tables
+    from hgopt.cost.evaluate import segment_buckets
+
+    inst = tiny_instance(global_batch=2)
+    pipes = tuple(Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", tp=tp),), zero=1),),
+                           num_microbatches=1) for tp in tps)
+    plan = replace(Plan(pipelines=pipes), grad_bucket_mb=8.0)  # type: ignore[call-arg]
+    holders = [p.stages[0] for p in plan.pipelines]
+    assert len(segment_buckets(inst, build_tables(inst), holders, 0, 4, plan.grad_bucket_mb)) == buckets
+    sim = simulate(plan, inst)
+    assert len([e for e in sim.events if e.kind == "sync" and e.pipeline == 0]) == buckets
+    ev = evaluate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx(getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s), rel=1e-9)
