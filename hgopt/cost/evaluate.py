@@ -92,20 +92,26 @@ class PipelineReport:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Evaluation:
     iteration_time_s: float
+    """THE iteration time of the plan as configured: [C7o] (``iteration_time_overlap_s``) when
+    ``plan.overlap_grad_sync``, [C7] (every stage's sync after the slowest pipeline drains) when not.
+    Every planner optimises it and every lower bound bounds it."""
     throughput_samples_per_s: float
     tokens_per_s: float
     pipeline_time_s: float
     sync_optimizer_time_s: float
+    """``iteration_time_s − pipeline_time_s``: how long the iteration runs past the slowest pipeline's
+    drain (with overlap: the exposed gradient sync and optimizer step; [C7]: max_s sync + optimizer)."""
     gpus_used: int
     feasible: bool
     violations: tuple[str, ...]
     pipelines: tuple[PipelineReport, ...]
     stages: tuple[StageReport, ...]
     iteration_time_overlap_s: float = math.inf
-    """[C7o] Iteration time under the plan's gradient-sync setting (``overlap_grad_sync``,
+    """[C7o] The bucketed schedule under the plan's gradient-sync setting (``overlap_grad_sync``,
     ``grad_bucket_mb``): bucketed all-reduce per stage from its last backward, optimizer after its
-    sync, the last optimizer step ends the iteration. ``iteration_time_s`` is still [C7] (sync after
-    the slowest drain, unbucketed), the number every planner optimises and every bound bounds."""
+    sync, the last optimizer step ends the iteration. Kept for compatibility: with overlap on (the
+    default) it equals ``iteration_time_s``; with overlap off it is the bucketed schedule with every
+    bucket starting at the stage's last backward, while ``iteration_time_s`` is [C7]."""
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -141,9 +147,10 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
             pipe_reports.append(_pipeline_report(pi, pipe, reports))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
-    t_tail = max(s.sync_s + s.optimizer_s for s in stage_reports)  # [C7]
-    t_iter = t_pipe + t_tail
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
+    # the headline: [C7o] with overlap (the runner's default), [C7] without
+    t_iter = t_overlap if plan.overlap_grad_sync else t_pipe + max(s.sync_s + s.optimizer_s for s in stage_reports)
+    t_tail = t_iter - t_pipe
     for s in stage_reports:
         if s.oom:
             violations.append(
@@ -462,15 +469,7 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     boundary of every pipeline, so each segment has one fixed set of replicas that hold it. A stage
     all-reduces its segments one after another; their cross-cluster rings also share each WAN link
     with every other segment's ring over it, all running after the drain [C5w]."""
-    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
-    segs: dict[tuple[int, int], SegmentSync] = {}
-    stages = [s for p in plan.pipelines for s in p.stages]
-    load: dict[frozenset[str], float] = {}  # [C5w] gradient bytes all-reduced over each cluster pair
-    for lo, hi in zip(cuts, cuts[1:]):
-        holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = segs[(lo, hi)] = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
-        for pair in seg.pairs():
-            load[pair] = load.get(pair, 0.0) + seg.wan_bytes
+    segs, load = _segments_and_loads(plan, inst, tables)
     topo = inst.topology
     by_range = {}
     for p in set(plan.pipelines):
@@ -483,6 +482,40 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
                           for v in mine for pair in v.pairs()), default=0.0)
             by_range[(s.start, s.end)] = max(own, shared)
     return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+
+
+def _segments_and_loads(
+    plan: Plan, inst: Instance, tables: CostTables
+) -> tuple[dict[tuple[int, int], SegmentSync], dict[frozenset[str], float]]:
+    """[C5] Every sync segment's all-reduce and [C5w] the gradient bytes all-reduced over each
+    unordered cluster pair (a ring over k clusters counted on each of its pairs)."""
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    segs: dict[tuple[int, int], SegmentSync] = {}
+    stages = [s for p in plan.pipelines for s in p.stages]
+    load: dict[frozenset[str], float] = {}
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = [s for s in stages if s.start <= lo and hi <= s.end]
+        seg = segs[(lo, hi)] = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        for pair in seg.pairs():
+            load[pair] = load.get(pair, 0.0) + seg.wan_bytes
+    return segs, load
+
+
+def _bucket_time(topo: Topology, bucket: SegmentSync, segment: SegmentSync, load: dict[frozenset[str], float]) -> float:
+    """[C5], [C5w] per bucket: its rings alone (intra + inter), and on each capped link between its
+    clusters its share of the aggregate: the segment's rings get the fraction wan_bytes / load(pair)
+    of the cap (every segment's rings over the pair run together, as in [C5w]), so the bucket takes
+    intra + ring(aggregate, bucket bytes · load / segment bytes, k). With one bucket per segment this
+    is exactly [C7]'s ``shared`` term of a one-segment stage."""
+    t = bucket.intra + bucket.inter
+    if segment.wan_bytes <= 0.0:
+        return t
+    k = len(bucket.clusters)
+    for pair in bucket.pairs():
+        scaled = bucket.wan_bytes * load[pair] / segment.wan_bytes
+        for a, b in (sorted(pair), sorted(pair, reverse=True)):
+            t = max(t, bucket.intra + _capped_ring(topo.link_spec(a, b), scaled, k))
+    return t
 
 
 def _capped_ring(link: Link, load: float, k: int) -> float:
@@ -591,19 +624,21 @@ def _bucketed_sync(
                        key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
         slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    segs, load = _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
         holders = [st for st in every if st.start <= lo and hi <= st.end]
         for x, y in segment_buckets(inst, tables, holders, lo, hi, plan.grad_bucket_mb):
             seg = segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
+            duration = _bucket_time(inst.topology, seg, segs[(lo, hi)], load)  # [C5w] per bucket
             ready = {}
             for k in keys:
                 st = where[k]
                 tab, mbs, total = slowest[k]
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
-            buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
+            buckets.append(Bucket(layers=(x, y), duration_s=duration, ready=ready))
     sync_end = bucket_schedule(buckets, ends)
     rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence, TypeVar
 
-__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "iteration_end"]
+import numpy as np
+
+Num = TypeVar("Num", float, np.ndarray)
+
+__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "exposed_sync_floor", "iteration_end"]
 
 MIB = float(2**20)
 """``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
@@ -71,3 +75,19 @@ def bucket_schedule(buckets: Sequence[Bucket], backward_end: Mapping[Hashable, f
 def iteration_end(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float]) -> float:
     """[C7o] The last optimizer step's end: max over stages of sync end + optimizer seconds."""
     return max(sync_end[h] + optimizer_s[h] for h in sync_end)
+
+
+def exposed_sync_floor(sync_s: Num, backward_s: Num, last_bucket_s: Num, *, one_bucket: bool,
+                       overlap: bool = True) -> Num:
+    """[C7o] A lower bound of how long a stage's gradient sync runs past the end of its last backward
+    (``bucket_schedule``'s end minus ``backward_end``), for the bounds of the search.
+
+    ``sync_s``: at most the sum of the stage's bucket durations (e.g. its [C5] time in one piece, when
+    splitting it into buckets can only add latency terms); ``last_bucket_s``: at most the duration of
+    its last bucket (the one holding its first layer, ready only when the backward ends);
+    ``backward_s``: the stage's backward of one microbatch (the earliest bucket is ready no earlier
+    than its start). One bucket (a ZeRO-1 stage, or overlap off): the whole sync runs after the
+    backward, exactly ``sync_s``. Otherwise max(last bucket, sync − backward). Elementwise."""
+    if one_bucket or not overlap:
+        return sync_s
+    return np.maximum(last_bucket_s, sync_s - backward_s)  # type: ignore[return-value]

@@ -137,9 +137,11 @@ def role_geometry(shape: ModelShape, role: Role) -> tuple[TrunkGeometry, range]:
     if role == "first":
         return TrunkGeometry(p=p, q=0, first=0, t0=p, last_end=L, trunk=T), range(0 if p else 1, T + (q > 0))
     if role == "middle":
-        return TrunkGeometry(p=0, q=0, first=p, t0=p, last_end=L, trunk=T), range(1, T - 1 + (p > 0) + (q > 0))
+        return TrunkGeometry(p=0, q=0, first=p, t0=p, last_end=L, trunk=T, pipeline_first=False), \
+            range(1, T - 1 + (p > 0) + (q > 0))
     if role == "end":
-        return TrunkGeometry(p=0, q=q, first=p, t0=p, last_end=L, trunk=T, anchor="end"), range(0 if q else 1, T + (p > 0))
+        return TrunkGeometry(p=0, q=q, first=p, t0=p, last_end=L, trunk=T, anchor="end", pipeline_first=False), \
+            range(0 if q else 1, T + (p > 0))
     return TrunkGeometry(p=p, q=q, first=0, t0=p, last_end=L, trunk=T), range(T, T + 1)
 
 
@@ -387,7 +389,9 @@ class CheapBounds:
     """Bottleneck: a cluster hosting n trunk layers in s stages of one config has a stage with
     >= ceil(n / s) layers, and all layers must be hosted (fluid over clusters)."""
     s_lb: float
-    """Tail: the cheapest sync+optimizer of any one layer (its stage holds at least that layer)."""
+    """Tail [C7o]: the iteration ends at least the first stage's sync + optimizer after the pipeline
+    (``LocalPlan.sync_opt_s``), and the first stage holds at least layers [0, max(p, 1)): the least
+    ``StageModel.first_tail`` of that range over the configs."""
     weight: float
     grid: tuple[float, ...]
     """Bottleneck values tau_0 = t_lb < tau_1 < ...; bound on plans with bottleneck in
@@ -430,7 +434,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     special = list(range(shape.p)) + list(range(L - shape.q, L))
     rows: dict[str, list[_Cfg]] = {}
     f_min = {l: INF for l in [t0, *special]}
-    s_min = dict(f_min)
+    s_first = INF
+    head = (np.array([0]), np.array([max(shape.p, 1)]))  # [C7o] layers the pipeline's first stage always holds
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows[c.name] = []
@@ -441,7 +446,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
             for l in f_min:
                 one = (np.array([l]), np.array([l + 1]))
                 f_min[l] = min(f_min[l], float(sm.compute(*one)[0]))
-                s_min[l] = min(s_min[l], float(sm.sync_opt(*one)[0]))
+            s_first = min(s_first, float(sm.first_tail(*head)[0]))
             j = np.arange(1, shape.trunk + 1)
             fits = sm.max_in_flight_v(np.full_like(j, t0), t0 + j) >= 1
             jmax = int(np.argmin(fits)) if not fits.all() else shape.trunk
@@ -458,7 +463,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
-    s_lb, w = max(s_min.values()), steady_weight(num_microbatches)
+    s_lb, w = s_first, steady_weight(num_microbatches)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)

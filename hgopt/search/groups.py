@@ -136,13 +136,16 @@ def _grad_bytes(instance: Instance, tables: CostTables, clusters: Sequence[str],
 
 
 def wan_allreduce_floor(instance: Instance, tables: CostTables, clusters: Sequence[str], precision: str) -> float:
-    """links: a lower bound of ``evaluate``'s cross-cluster sync of any plan with data parallelism over
-    ``clusters`` (every layer held in each): the stage holding the largest layer rings at least that
-    layer's gradients per flow, and a capped link carries every layer's gradients."""
+    """links: a lower bound of how long ``evaluate``'s iteration runs past the pipelines' end for any
+    plan with data parallelism over ``clusters`` (every layer held in each). [C7o]/[C7b]: only the
+    pipelines' first stage syncs after its pipeline ends, its last bucket holding layer 0, which rings
+    at least layer 0's gradients per flow and, on a capped link, at least its share of the cap (a
+    bucket of x bytes takes ring(aggregate, x·load/segment) >= ring(aggregate, x)); the syncs of later
+    stages start before the pipeline ends, so the largest layer or the whole model's bytes are no bound."""
     if len(clusters) < 2:
         return 0.0
-    largest = max(_grad_bytes(instance, tables, clusters, precision, i, i + 1) for i in range(tables.num_layers))
-    return wan_ring_time(instance, clusters, largest, _grad_bytes(instance, tables, clusters, precision))
+    first = _grad_bytes(instance, tables, clusters, precision, 0, 1)
+    return wan_ring_time(instance, clusters, first, first)
 
 
 def _largest_stage(tables: CostTables, plan: Plan) -> tuple[int, int]:

@@ -7,7 +7,13 @@ dp·mbs = microbatch and ZeRO-1 over its dp replicas; ``best_local_plan`` return
 
     J = (m − 1)·bottleneck + fill + sync_opt                                            [I1]
 
-where every number is what ``hgopt.cost.evaluate`` computes for the same stages [I2]. Two exact
+where bottleneck and fill are what ``hgopt.cost.evaluate`` computes for the same stages [I2] and
+sync_opt is the gradient sync + optimizer step of the pipeline's FIRST stage when the block holds
+layer 0 (else 0): with the overlapped sync [C7o] stage s's tail starts at its last backward,
+Σ_{i<s}(b_i + c^b_i) before the pipeline's end, so the iteration is T_p + max_s (tail_s − that) ≥
+T_p + tail_0, and a ZeRO-1 stage's gradients are one bucket, so tail_0 is exact for stage 0
+(``gradsync.exposed_sync_floor``). J is a lower bound of evaluate, equal to it when stage 0's
+tail sets the iteration's end. Two exact
 searches are implemented: a closed form for ranges made of identical layers with at most one
 different layer at each end (transformer blocks between embedding and head) [I4], and a Pareto
 dynamic programme over layer positions for any range [I5]; the tests check both against brute force.
@@ -23,6 +29,7 @@ import numpy as np
 
 from hgopt.cost.comm import allreduce_time, allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
 from hgopt.cost.compute import optimizer_time, stage_compute_v
+from hgopt.cost.gradsync import exposed_sync_floor
 from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.memory import max_in_flight, max_in_flight_v, stage_memory
 from hgopt.cost.pipeline import in_flight as in_flight_depth
@@ -73,7 +80,9 @@ class LocalPlan:
     fill_s: float
     """Sum over local stages of fwd+bwd plus the intra-cluster sends forward and backward [C3]."""
     sync_opt_s: float
-    """max over local stages of (intra-cluster gradient all-reduce + optimizer step) [C5, C6]."""
+    """[C7o] The tail the block contributes to the iteration's lower bound: its first local stage's
+    intra-cluster gradient all-reduce + optimizer step [C5, C6] when the block holds layer 0 (that
+    stage is the pipeline's first: its sync cannot hide behind an earlier stage's backward), else 0."""
     max_stages_after: float = INF
     """Largest number of pipeline stages after this block for which every local stage fits in
     memory (``inf``: any number) [C6]."""
@@ -142,6 +151,15 @@ class StageModel:
         sync = allreduce_time_v(self.ring_bw, shard, self.ring)
         return sync + optimizer_time(t, lo, hi, self.cfg.dp if zero else 1)
 
+    def first_tail(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """[C7o] What a ZeRO-1 stage [lo, hi) that is its pipeline's first adds after the pipeline's
+        end: its gradients are one bucket, ready when its last backward ends (the pipeline's end),
+        so the whole all-reduce, then the optimizer step (``gradsync.exposed_sync_floor``)."""
+        t = self.tab
+        shard = gradient_bytes(t.params[hi] - t.params[lo], self.dtype_bytes)
+        sync = allreduce_time_v(self.ring_bw, shard, self.ring)
+        return exposed_sync_floor(sync, 0.0, sync, one_bucket=True) + optimizer_time(t, lo, hi, self.cfg.dp)
+
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
         the dp replicas with ZeRO-1, ``zero``)."""
@@ -197,7 +215,9 @@ def local_plan_costs(
         bottleneck = max(bottleneck, f + b, send)
         shard = gradient_bytes(float(sm.tab.params[st.end] - sm.tab.params[st.start]), tables.dtype_bytes)
         opt = float(optimizer_time(sm.tab, st.start, st.end, g.dp))
-        sync_opt = max(sync_opt, allreduce_time(sm.ring_bw, shard, sm.ring) + opt)
+        if j == 0 and st.start == 0:  # [C7o] only the pipeline's first stage's tail (see sync_opt_s)
+            sync = allreduce_time(sm.ring_bw, shard, sm.ring)
+            sync_opt = float(exposed_sync_floor(sync, 0.0, sync, one_bucket=True)) + opt
         k = sm.max_in_flight(st.start, st.end)
         if num_microbatches is None or k < num_microbatches:
             dmax = min(dmax, _stages_after_allowed(k, len(stages) - j))
@@ -360,6 +380,9 @@ class TrunkGeometry:
     """Trunk layers of the range (for a single range) or the largest count considered."""
     anchor: str = "start"
     """How ``whole(n)`` places the block: at ``first``/``t0`` ('start') or ending at ``last_end`` ('end')."""
+    pipeline_first: bool = True
+    """The block holds layer 0, so its first local stage is the pipeline's first: the only stage whose
+    tail [C7o] the objective counts (``LocalPlan.sync_opt_s``)."""
 
     def whole(self, n: int) -> tuple[int, int]:
         if self.anchor == "start":
@@ -379,7 +402,8 @@ class TrunkGeometry:
         k = next(iter(inner))
         p = int(classes[start] != k)
         q = int(classes[end - 1] != k)
-        return TrunkGeometry(p=p, q=q, first=start, t0=start + p, last_end=end, trunk=n - p - q)
+        return TrunkGeometry(p=p, q=q, first=start, t0=start + p, last_end=end, trunk=n - p - q,
+                             pipeline_first=start == 0)
 
 
 class TrunkCosts:
@@ -391,16 +415,16 @@ class TrunkCosts:
         x = np.arange(xmax + 1)
         lo_t, hi_t = np.full_like(x, geo.t0), geo.t0 + x
         self.t_comp = sm.compute(lo_t, hi_t)
-        self.t_so = sm.sync_opt(lo_t, hi_t)
+        self.t_so = sm.first_tail(lo_t, hi_t)
         self.t_send = float(sm.send(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
         self.t_lo, self.t_hi = lo_t, hi_t
         if geo.p:
             lo0, hi0 = np.full_like(x, geo.first), geo.first + geo.p + x
-            self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.sync_opt(lo0, hi0), sm.send(hi0)
+            self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.first_tail(lo0, hi0), sm.send(hi0)
             self.f_lo, self.f_hi = lo0, hi0
         if geo.q:
             lol, hil = geo.last_end - geo.q - x, np.full_like(x, geo.last_end)
-            self.l_comp, self.l_so = sm.compute(lol, hil), sm.sync_opt(lol, hil)
+            self.l_comp = sm.compute(lol, hil)
             self.l_lo, self.l_hi = lol, hil
 
         self._kmax: dict[str, np.ndarray] = {}
@@ -495,22 +519,21 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
         T = np.maximum(T, tc.t_comp[xm])
         if kt >= 2 or has_l:
             T = np.maximum(T, tc.t_send)
-        S = np.maximum(S, tc.t_so[xm])
         F = F + tc.t_comp[midc]
         sends = sends + tc.t_send * (s - 1 - int(has_f))
     if has_f:
         okf = tc.cap("f", infl[0])
         ok &= okf[X0]
         T = np.maximum(T, np.maximum(tc.f_comp[X0], tc.f_send[X0]))
-        S = np.maximum(S, tc.f_so[X0])
         F = F + tc.f_comp[X0]
         sends = sends + tc.f_send[X0]
     if has_l:
         okl = tc.cap("l", infl[-1])
         ok &= okl[XL]
         T = np.maximum(T, tc.l_comp[XL])
-        S = np.maximum(S, tc.l_so[XL])
         F = F + tc.l_comp[XL]
+    if geo.pipeline_first:  # [C7o] the tail of the pipeline's first stage (LocalPlan.sync_opt_s)
+        S = tc.f_so[X0] if has_f else tc.t_so[_trunk_counts(caps, midc, xm, front=front)[0]]
     F = stage_fill(F, sends, sends)
     J = np.where(ok, weighted_time(w, T, F) + S, INF)
     flat = J.reshape(-1, J.shape[2])
@@ -532,7 +555,7 @@ def _solve_single(tc: TrunkCosts, in_flight: int, w: float, ns: np.ndarray) -> T
     hi = np.array([geo.whole(int(n))[1] for n in ns])
     ok = (sm.memory(lo, hi, in_flight) <= sm.capacity) & (hi > lo)
     T = sm.compute(lo, hi)
-    S = sm.sync_opt(lo, hi)
+    S = sm.first_tail(lo, hi) if geo.pipeline_first else np.zeros(len(ns))  # [C7o] tail of stage 0
     J = np.where(ok, weighted_time(w, T, T) + S, INF)
     z = np.zeros(len(ns), dtype=np.int64)
     return TrunkSolution(feasible=ok, value=J, bottleneck=T, fill=T, sync_opt=S, x0=z, xl=z, counts=(),
@@ -562,12 +585,12 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
 # ---- [I5] Pareto dynamic programme over layer positions, any range --------------------------------
 def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int, s_min: int = 1) -> _Choice | None:
     """Exact [I1] for any layers: suffixes [l, end) split into r stages keep their Pareto set of
-    (bottleneck, sync_opt, sends); fill = compute of the range (additive) + 2·sends."""
+    (bottleneck, first stage's tail, sends); fill = compute of the range (additive) + 2·sends."""
     n = end - start
     los, his = np.triu_indices(n + 1, 1)
     los, his = los + start, his + start
     comp = dict(zip(zip(los.tolist(), his.tolist()), sm.compute(los, his).tolist()))
-    so = dict(zip(zip(los.tolist(), his.tolist()), sm.sync_opt(los, his).tolist()))
+    so = dict(zip(zip(los.tolist(), his.tolist()), sm.first_tail(los, his).tolist()))
     snd = dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist()))
     fit: dict[tuple[int, int], float] = {}
     for lo, hi in zip(los.tolist(), his.tolist()):
@@ -583,7 +606,8 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
         if r < s_min:  # (cli: min_gpus)
             continue
         for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
-            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + sv
+            # [C7o] the tail of the pipeline's first stage (LocalPlan.sync_opt_s)
+            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + (sv if start == 0 else 0.0)
             if best is None or val < best.value:
                 best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
     return best
@@ -603,7 +627,7 @@ def _extend(
                 continue
             e1 = max(comp[(lo, h)], snd[h])
             for i, (t, sv, sd, _, _) in enumerate(entries):
-                cands.append((max(e1, t), max(so[(lo, h)], sv), sd + snd[h], h, i))
+                cands.append((max(e1, t), so[(lo, h)], sd + snd[h], h, i))  # S: the first stage's tail
         if cands:
             out[lo] = _pareto(cands)
     return out

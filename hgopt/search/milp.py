@@ -224,7 +224,8 @@ def build_milp(
         lm.add_row(f"M6_in[{c}]", inc, 0.0, 0.0)  # [M6] a middle/end block is handed to once
         lm.add_row(f"M7_bottleneck[{c}]", {t: 1.0, **{j: -ys[j].bottleneck for j in js}}, lb=0.0, kind="time")
         _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces too
-        lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js}}, lb=0.0, kind="time")
+        # [M9] U >= the tail of the pipeline's first stage [C7o] (options of other roles carry 0)
+        lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js if ys[j].sync_opt}}, lb=0.0, kind="time")
         # [M10] W[c] >= own stages (+ W of the next cluster when c hands over to it)
         lm.add_row(f"M10_own[{c}]", {w[c]: 1.0, **{j: -float(ys[j].s) for j in js}}, lb=0.0)
         for b in names:
@@ -694,8 +695,9 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
 
 
 def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> float:
-    """[R0] The exact best plan of the split on one cluster: the intra-cluster DP over all layers
-    (iteration time = (m − 1)·bottleneck + fill + sync_opt; no WAN)."""
+    """[R0] A lower bound on every plan of the split on one cluster: the intra-cluster DP over all
+    layers ((m − 1)·bottleneck + fill + the first stage's sync + optimizer [C7o]; no WAN), exact
+    when the first stage's tail ends the iteration."""
     from hgopt.search.intra import best_local_plan
 
     best = math.inf

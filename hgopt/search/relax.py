@@ -6,7 +6,7 @@ trunk-only local pipeline whose stages all run within tau (memory checked with t
 microbatches any position allows); every real block costs at least that plus its special layers.
 The clusters of a pipeline must then cover the trunk (a min-plus convolution over subsets) and be
 chained by WAN links no slower than tau (a Held-Karp path over the same subsets). The tail is bounded
-separately by the least achievable largest stage sync. Bottleneck values are taken on a geometric
+separately by the least tail of the pipeline's first stage [C7o] (the cheap bound's s_lb). Bottleneck values are taken on a geometric
 grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_lb(tau_{i+1}) + ...
 """
 
@@ -78,32 +78,14 @@ class RelaxedSplit:
                 return INF
             g += (1.0 + lam) * self.extra_fill - (lam * tau * (int(self.p > 0) + int(self.q > 0)) if lam else 0.0)
             best = max(best, g)
-        return best + max(self.s_lb, self._tail_lb(tau))
+        return best + self._tail_lb(tau)
 
     def _tail_lb(self, tau: float) -> float:
-        """[R5] Least possible largest sync+optimizer: the clusters must host the trunk with every
-        stage within tau; cluster c can host n layers with tail >= smin_c(n)."""
-        N = self.trunk
-        smin = [np.where(t <= tau, s, INF).min(axis=0) if len(t) else np.full(N, INF) for t, s in zip(self.T, self.S)]
-        cands = np.unique(np.concatenate([x[np.isfinite(x)] for x in smin] + [np.array([INF])]))
-        lo, hi = 0, len(cands) - 1
-        if not _hosts(smin, cands[hi], N):
-            return INF
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _hosts(smin, cands[mid], N):
-                hi = mid
-            else:
-                lo = mid + 1
-        return float(cands[lo])
-
-
-def _hosts(smin: list[np.ndarray], sigma: float, N: int) -> bool:
-    total = 0
-    for s in smin:
-        ok = np.flatnonzero(s <= sigma)
-        total += int(ok.max()) + 1 if ok.size else 0
-    return total >= N
+        """[R5] The tail [C7o]: the iteration ends at least the pipeline's first stage's sync +
+        optimizer after the pipeline (stages after it start their sync earlier, by the backward
+        path to them, so the largest stage tail of [C7] is no bound); the first stage holds at
+        least layers [0, max(p, 1)): ``s_lb`` of the cheap bound [B4]. (Not refined by tau.)"""
+        return self.s_lb
 
 
 def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int) -> float:

@@ -1,10 +1,11 @@
 """The gradient-sync fields of a finished plan ([C7o]): bucket size chosen by the kernel's price.
 
 ``choose_sync`` scores a plan with overlapped sync in 25 MiB buckets (PyTorch DDP's default) and with
-one bucket per sync segment (a cap above the model's gradient bytes), both by
-``evaluate(...).iteration_time_overlap_s``, and returns the plan with the faster setting. Across WAN
-links the per-bucket latency of many small buckets can outweigh the overlap; inside a cluster the
-buckets usually hide behind the backward. ``iteration_time_s`` ([C7]) does not depend on these fields.
+one bucket per sync segment (a cap above the model's gradient bytes), both by the headline
+``evaluate(...).iteration_time_s`` ([C7o] with overlap on), and returns the plan with the faster
+setting. Across WAN links the per-bucket latency of many small buckets can outweigh the overlap;
+inside a cluster the buckets usually hide behind the backward. ZeRO-1 stages sync one bucket
+whatever the cap, so for the planners' plans the choice only matters where a stage has ``zero = 0``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,6 @@ def choose_sync(plan: Plan, instance: Instance, tables: CostTables | None = None
     for mb in (DEFAULT_BUCKET_MB, one_bucket_mb(tables)):
         cand = dataclasses.replace(plan, overlap_grad_sync=True, grad_bucket_mb=mb)
         ev = evaluate(cand, instance, tables)
-        if ev.pipelines and (best_t is None or ev.iteration_time_overlap_s < best_t):
-            best, best_t = cand, ev.iteration_time_overlap_s
+        if ev.pipelines and (best_t is None or ev.iteration_time_s < best_t):
+            best, best_t = cand, ev.iteration_time_s
     return best

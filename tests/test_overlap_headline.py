@@ -1,0 +1,162 @@
+"""The headline ``Evaluation.iteration_time_s`` is the plan's time as configured: [C7o] (gradient
+all-reduce in buckets overlapped with the last backward) with ``overlap_grad_sync``, [C7] without;
+the [C5w] cap sharing per bucket; and every search bound stays below it (formulations/cost_model.md,
+formulations/cluster_milp.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.cost.gradsync import exposed_sync_floor
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search import PlanOptions, get_planner
+from hgopt.search.milp import plan_milp
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+
+# ---- a hand-computed [C7o] case ------------------------------------------------------------------------
+def _one_stage_instance():
+    """tiny_model (4 identical layers, 1e6 fp32 params = 4e6 gradient bytes each; on GPU A a layer's
+    forward takes 0.01 s per sample and its backward 0.02 s; the optimizer 0.001 s per layer), one
+    cluster of 2 nodes x 2 GPUs whose NVLink is slowed to 0.1 GB/s (no latency)."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 40.0),))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": 0.1}
+    return tiny_instance(global_batch=8, model=tiny_model(gpus={"A": 0.01}), topology=topo)
+
+
+def test_overlapped_headline_hand_computed() -> None:
+    """One stage of layers [0, 4), 2 replicas (one node: the ring runs on NVLink), mbs 1, m = 4.
+    Pipeline: 4·(0.04 + 0.08) = 0.48 s; its last backward runs over [0.40, 0.48], 0.02 s per layer.
+    A bucket of 4e6 bytes all-reduced by 2 replicas: 2·(1/2)·4e6 / 1e8 = 0.04 s.
+    5 MiB buckets hold one layer each (4e6 <= 5·2^20 < 8e6): layer 3 ready at 0.42 (runs to 0.46),
+    layer 2 ready at 0.44 (0.46-0.50), layer 1 (0.50-0.54), layer 0 ready at 0.48 (0.54-0.58);
+    optimizer 4·0.001 → [C7o] 0.584 s. Without overlap [C7]: 0.48 + 16e6 / 1e8 + 0.004 = 0.644 s."""
+    inst = _one_stage_instance()
+    st = (Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),)),)
+    pipe = Pipeline(stages=st, num_microbatches=4)
+    on = evaluate(Plan(pipelines=(pipe,), grad_bucket_mb=5.0), inst)
+    off = evaluate(Plan(pipelines=(pipe,), grad_bucket_mb=5.0, overlap_grad_sync=False), inst)
+    assert on.pipeline_time_s == pytest.approx(0.48, rel=1e-12)
+    assert on.stages[0].sync_end_s == pytest.approx(0.58, rel=1e-12)
+    assert on.iteration_time_s == pytest.approx(0.584, rel=1e-12)
+    assert on.iteration_time_overlap_s == on.iteration_time_s  # the compatibility field is the headline
+    assert on.sync_optimizer_time_s == pytest.approx(0.104, rel=1e-9)
+    assert on.throughput_samples_per_s == pytest.approx(8 / 0.584, rel=1e-12)
+    assert off.iteration_time_s == pytest.approx(0.644, rel=1e-12)  # [C7]
+    # one bucket for the whole stage, overlap on: ready only when the backward ends, 0.16 s
+    one = evaluate(Plan(pipelines=(pipe,), grad_bucket_mb=100.0), inst)
+    assert one.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.004, rel=1e-12)
+    # ZeRO-1: one bucket whatever the cap, optimizer sharded over the 2 replicas
+    z = evaluate(Plan(pipelines=(Pipeline(stages=(dataclasses.replace(st[0], zero=1),), num_microbatches=4),),
+                      grad_bucket_mb=5.0), inst)
+    assert z.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.002, rel=1e-12)
+
+
+def test_exposed_sync_floor_bounds_the_hand_computed_schedule() -> None:
+    """The search's floor of the exposed sync: max(last bucket, sync − backward) = max(0.04, 0.16 −
+    0.08) = 0.08 <= the 0.10 s the schedule above runs past the backward; one bucket: the whole 0.16."""
+    assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False) == pytest.approx(0.08)
+    assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=True) == 0.16
+    assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False, overlap=False) == 0.16
+
+
+# ---- [C5w] per bucket --------------------------------------------------------------------------------
+def _crossed_instance():
+    """Clusters a (GPU A) and b (GPU B), one GPU used per stage; link a<->b per flow 16 Gbit/s (2 GB/s)
+    with 10 ms latency, capped at 2 Gbit/s (0.25 GB/s) per direction."""
+    topo = tiny_topology()
+    topo["links"]["pairs"] = [
+        {"src": s, "dst": d, "directed": True, "kind": "per_flow",
+         "per_flow": {"gbit_s": 16.0, "latency_ms": 10.0}, "aggregate": {"gbit_s": 2.0}}
+        for s, d in (("a", "b"), ("b", "a"))]
+    return tiny_instance(global_batch=8, topology=topo)
+
+
+def _crossed_plan(bucket_mb: float, overlap: bool) -> Plan:
+    a, b = ReplicaGroup(cluster="a"), ReplicaGroup(cluster="b")
+    p1 = Pipeline(stages=(Stage(start=0, end=2, groups=(a,)), Stage(start=2, end=4, groups=(b,))), num_microbatches=4)
+    p2 = Pipeline(stages=(Stage(start=0, end=2, groups=(b,)), Stage(start=2, end=4, groups=(a,))), num_microbatches=4)
+    return Plan(pipelines=(p1, p2), grad_bucket_mb=bucket_mb, overlap_grad_sync=overlap)
+
+
+@pytest.mark.parametrize("bucket_mb", [100.0, 5.0])
+def test_aggregate_cap_is_shared_per_bucket(bucket_mb: float) -> None:
+    """Two pipelines a|b and b|a: sync segments [0, 2) and [2, 4) (8e6 bytes each) are each
+    all-reduced by a ring over {a, b}, both over the capped link: load(a, b) = 16e6 bytes. A bucket of
+    x bytes of a segment gets the segment's share (8e6 / 16e6) of the cap: 2·(1/2)·(2x) / 0.25e9 s,
+    more than its ring alone (x / 2e9 + 2·0.01 s; the NICs: x / 12.5e9). One bucket per segment
+    (x = 8e6): 0.064 s (= [C7]'s shared term: 16e6 / 0.25e9); 5 MiB buckets (one layer, x = 4e6):
+    0.032 s each, two per segment. Without overlap every bucket waits for both holders' last
+    backward: sync ends max(E of the two holders) + 0.064 s either way (without the sharing: 0.024 s
+    and 2·0.022 s)."""
+    inst = _crossed_instance()
+    ev = evaluate(_crossed_plan(bucket_mb, overlap=False), inst)
+    assert ev.feasible
+    by = {(r.pipeline, r.stage): r for r in ev.stages}
+    for si in (0, 1):
+        both = [by[(0, si)], by[(1, si)]]
+        start = max(r.last_backward_end_s for r in both)
+        for r in both:
+            assert r.sync_end_s == pytest.approx(start + 0.064, rel=1e-9)
+            assert r.sync_s == pytest.approx(0.064, rel=1e-9)  # [C7] shares the cap the same way
+
+
+# ---- bounds below the new headline --------------------------------------------------------------------
+SHIPPED = ["default", "geo-3r-gpt1.3b", "sailor-het-16+16"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_milp_bound_is_below_every_planners_plan_with_and_without_overlap(name: str) -> None:
+    """On shipped instances: the exact planner's lower bound (3 s) <= evaluate of every planner's
+    plan (as returned: overlap on, bucket cap by choose_sync; and the same plan with overlap off, [C7])."""
+    from hgopt.instances import load_instance
+
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    res = plan_milp(inst, PlanOptions(time_limit_s=3.0))
+    assert res.lower_bound_s is not None and res.lower_bound_s > 0
+    for planner in ("milp", "heuristic", "metis", "uniform", "dp-only"):
+        got = res if planner == "milp" else get_planner(planner)(inst, PlanOptions(time_limit_s=5.0))
+        if got.plan is None:
+            continue
+        for overlap in (True, False):
+            ev = evaluate(dataclasses.replace(got.plan, overlap_grad_sync=overlap), inst, tables)
+            if ev.feasible:
+                assert ev.iteration_time_s >= res.lower_bound_s * (1 - 1e-9), (planner, overlap)
+
+
+def _runner_space_best(inst) -> float:
+    """Best evaluate() over test_milp's plan space (k identical chains, uniform local stages, any
+    partition) with every gradient-sync setting the runner accepts: ZeRO-1 on or off, overlap on or
+    off, 25 MiB buckets or one bucket per layer."""
+    from tests.test_milp import _space
+
+    tables = build_tables(inst)
+    best = math.inf
+    for sp, pipe in _space(inst):
+        for zero, overlap, mb in itertools.product((0, 1), (True, False), (25.0, 1e-6)):
+            p = Pipeline(stages=tuple(dataclasses.replace(s, zero=zero) for s in pipe.stages),
+                         num_microbatches=pipe.num_microbatches)
+            ev = evaluate(Plan(pipelines=(p,) * sp.k, overlap_grad_sync=overlap, grad_bucket_mb=mb), inst, tables)
+            if ev.feasible:
+                best = min(best, ev.iteration_time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 3, 5])
+def test_milp_bound_is_below_the_brute_force_optimum_of_every_sync_setting(seed: int) -> None:
+    """Brute force on tiny instances: the MILP's lower bound <= the best enumerated plan of its
+    space under any sync setting (the bound's tail is the first stage's, which no setting hides)."""
+    from tests.test_milp import _instance
+
+    inst = _instance(seed)
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={"warm_start": "none"}))
+    best = _runner_space_best(inst)
+    if not math.isfinite(best):
+        return
+    assert res.lower_bound_s is not None and res.lower_bound_s <= best * (1 + 1e-9)
