@@ -3,7 +3,14 @@ computation where they are not.
 
 tiny_model: every layer forward 0.01·mbs/tp s on A (0.02 on B), backward twice that, 1e6 activation
 bytes per sample at each boundary, 1e6 fp32 parameters (4 MB) and 1 ms of optimizer step per layer;
-inter-node links 100 Gbit/s without latency; WAN 8 Gbit/s (1 GB/s), 10 ms unless set."""
+inter-node links 100 Gbit/s without latency; WAN 8 Gbit/s (1 GB/s), 10 ms unless set.
+
+Where evaluate's closed form is exact, the two agree to 1e-9: one stage per pipeline (data parallel,
+within or across clusters); equal stages in one cluster with negligible transfers and m >= S; a
+pipeline whose last stage is its slowest (no warm-up to overlap, links never in the pace); one boundary
+shared by concurrent flows as [C4w] prices it. Beyond those, the kernel's exact per-pipeline timeline
+[C3x] equals the simulator to 1e-9 whenever nothing contends (one replica per stage, per-flow links),
+for any m, and [C3p] is never above [C3x]; six cached shipped plans are held within 2 %."""
 
 from __future__ import annotations
 
@@ -401,3 +408,26 @@ def test_shipped_plans_agree_within_two_percent(name: str, planner: str) -> None
     ev = evaluate(plan, inst)
     target = getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s)
     assert simulate(plan, inst).iteration_time_s == pytest.approx(target, rel=0.02)
+
+
+@pytest.mark.parametrize("tps,buckets", [((1, 1), 1), ((1, 2), 2)])
+def test_a_segment_is_one_zero1_bucket_only_when_the_export_shards_it(tps: tuple[int, int], buckets: int) -> None:
+    """Two one-stage pipelines holding all 4 layers (4 MB of gradients each), both asking for ZeRO-1:
+    with one tp degree the export shards the segment (one reduce-scatter, one bucket); with tp 1 and
+    tp 2 it does not (export/build.py _zero_level), so the 16 MB go in 8 MiB buckets of two layers.
+    The kernel's rule (segment_buckets) is what evaluate's [C7o] and simulate both use."""
+    from dataclasses import replace
+
+    from hgopt.cost import build_tables
+    from hgopt.cost.evaluate import segment_buckets
+
+    inst = tiny_instance(global_batch=2)
+    pipes = tuple(Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", tp=tp),), zero=1),),
+                           num_microbatches=1) for tp in tps)
+    plan = replace(Plan(pipelines=pipes), grad_bucket_mb=8.0)  # type: ignore[call-arg]
+    holders = [p.stages[0] for p in plan.pipelines]
+    assert len(segment_buckets(inst, build_tables(inst), holders, 0, 4, plan.grad_bucket_mb)) == buckets
+    sim = simulate(plan, inst)
+    assert len([e for e in sim.events if e.kind == "sync" and e.pipeline == 0]) == buckets
+    ev = evaluate(plan, inst)
+    assert sim.iteration_time_s == pytest.approx(getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s), rel=1e-9)
