@@ -246,7 +246,7 @@ class OuterStep:
         got = _unwire(recv_p, payload.dtype)
         q, qs = _mean_encoded([got[k * chunk : (k + 1) * chunk] for k in range(K)],
                               None if recv_s is None else list(recv_s.chunk(K)), prec, block, self.dtype)
-        all_p = torch.empty(K * chunk, dtype=_wire(q).dtype, device=delta.device)
+        all_p = torch.empty(K * _wire(q).numel(), dtype=_wire(q).dtype, device=delta.device)
         _all_gather(all_p, _wire(q).contiguous(), group=group)
         all_s = None
         if qs is not None:
