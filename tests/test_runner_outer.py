@@ -208,14 +208,24 @@ def test_fragments_are_staggered() -> None:
     assert [n for n in range(1, 13) if sync_due(o, 2, n)] == [2, 8]
 
 
-def test_export_refuses_what_the_runner_cannot_run() -> None:
-    mixed = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1), pipeline([((0, 4), [G("b", mbs=4)])], m=1)),
-                 outer=OuterSync(groups=((0,), (1,))))
-    with pytest.raises(ValueError, match="layer 0 is held with tp degrees"):
-        build_runner_plan(mixed, runner_instance(), ExportOptions(dtype="float64"))
+def test_export_refuses_an_overlapped_outer_sync() -> None:
     overlapped = dataclasses.replace(outer_plan(), outer=dataclasses.replace(outer_plan().outer, overlap=True))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="outer.overlap"):
         build_runner_plan(overlapped, runner_instance(), ExportOptions(dtype="float64"))
+
+
+def test_groups_of_different_tp_degrees_exchange_whole_tensors(tmp_path: Path) -> None:
+    """Group 0 holds the model as one tp-2 replica, group 1 as two tp-1 stages: each replica joins its
+    shards over its tp group and the leaders average whole tensors (int8); equals the one-process
+    training to 1e-12 after the outer steps of steps 2 and 4."""
+    plan = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1),
+                           pipeline([((0, 2), [G("b", mbs=4)]), ((2, 4), [G("b", mbs=4)])], m=1)),
+                outer=OuterSync(groups=((0,), (1,)), steps=H, lr=LR, momentum=MU, precision="int8"))
+    rp = build_runner_plan(plan, runner_instance(), ExportOptions(dtype="float64", steps=4))
+    _run(rp, tmp_path)
+    models, _ = train_outer(rp, 4)
+    for pipe in (0, 1):
+        assert _worst(load_full_state(tmp_path, pipe), {n: p.detach() for n, p in models[0].named_parameters()}) < 1e-12
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
