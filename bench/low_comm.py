@@ -8,8 +8,11 @@ two emulated regions (clusters a and b of a two-region instance, one one-stage r
 per step each: global batch 16), inner optimizer Adam (lr 1e-3), ``--steps`` steps, same seed and data
 order, under (a) synchronous data parallelism (gradients all-reduced across the regions every step)
 and (b) an outer synchronisation every H = 10, 50, 200 steps (outer SGD, lr 0.7, Nesterov momentum
-0.9 — DiLoCo's outer settings) with fp32 and int8 deltas. The link itself is not emulated (the loss
-does not depend on it). Reported: the training loss (the global mean over both regions' samples,
+0.9 — DiLoCo's outer settings) with fp32 and int8 deltas. Trained in one process with the runner's
+model, data, optimizer and outer exchange (``hgopt.runner.reference.train_reference`` and
+``hgopt.runner.outer_reference.train_outer``, which the distributed runner equals to 1e-12:
+tests/test_runner.py, tests/test_runner_outer.py): a rank per region costs a second per step of
+collectives on the shared CPU. The link itself is not emulated (the loss does not depend on it). Reported: the training loss (the global mean over both regions' samples,
 mean of the last 50 steps), the loss of the final model on 8 batches of samples drawn at steps past
 the end (unseen samples of the same corpus, not a held-out split) and both relative to (a), and the
 loss curves (bench/low_comm_loss.png).
@@ -22,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,14 @@ def two_region_plan(steps: int, precision: str) -> Plan:
     return Plan(pipelines=pipes, outer=outer)
 
 
-def train(steps: int, out: Path) -> dict[str, Any]:
+def train(steps: int) -> dict[str, Any]:
     import torch
     from torch import nn
 
     from hgopt.export import ExportOptions, build_runner_plan
-    from hgopt.runner.checkpoint import load_full_state
     from hgopt.runner.data import IGNORE, Dataset
-    from hgopt.runner.launch import run_forked
-    from hgopt.runner.model import build_stage
-    from hgopt.runner.summary import read_metrics
+    from hgopt.runner.outer_reference import train_outer
+    from hgopt.runner.reference import train_reference
     from tests.runner_plans import runner_instance
 
     torch.set_num_threads(1)
@@ -68,23 +67,18 @@ def train(steps: int, out: Path) -> dict[str, Any]:
         rp = build_runner_plan(two_region_plan(h, prec), inst,
                                ExportOptions(hidden=64, heads=4, seq=64, steps=steps, lr=1e-3, optimizer="adam",
                                              dtype="float32", data="corpus"))
-        d = out / name.replace(" ", "_")
         t0 = time.perf_counter()
-        codes = run_forked(rp, d, timeout_s=1200)
+        if h:
+            models, losses = train_outer(rp, steps)
+            model = models[0]  # every run ends with an outer step: both groups hold the outer parameters
+        else:
+            model, losses = train_reference(rp, steps)
         wall = time.perf_counter() - t0
-        if any(codes.values()):
-            raise SystemExit(f"{name}: rank exit codes {codes}")
-        losses = [r["loss"] for r in read_metrics(d)]
-        model = build_stage(rp.model, 0, rp.model.num_layers, seed=rp.train.seed, dtype=rp.train.dtype)
-        state = load_full_state(d, 0)
         with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(state[n])
             data = Dataset(rp.model, rp.train, rp.global_batch)
             total = tokens = 0.0
             for k in range(8):
-                step = 10**6 + k
-                x, y = data.batch(step, range(rp.global_batch))
+                x, y = data.batch(10**6 + k, range(rp.global_batch))
                 logits = model(x)
                 total += float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                            ignore_index=IGNORE, reduction="sum"))
@@ -191,8 +185,7 @@ def main() -> None:
     if args.part in ("train", "both"):
         if args.steps % 200:
             raise SystemExit("--steps must be a multiple of 200 (every run ends with an outer step)")
-        with tempfile.TemporaryDirectory() as tmp:
-            doc["train"] = train(args.steps, Path(tmp))
+        doc["train"] = train(args.steps)
         plot(doc["train"], ROOT / "bench" / "low_comm_loss.png")
         print(train_table(doc["train"]))
     if args.part in ("plans", "both"):

@@ -170,3 +170,17 @@ def test_plan_command_with_outer_steps(tmp_path: object, capsys: pytest.CaptureF
     assert "outer sync every 20 steps" in shown and f"{ev.tokens_per_s:,.0f} tokens/s" in shown
     assert main(["plan", str(d / "two.yaml"), "--outer-steps", "0"]) == 2
     assert main(["plan", str(d / "two.yaml"), "--outer-steps", "5", "--delta-precision", "fp4"]) == 2
+
+
+def test_overlap_and_fragments_in_the_search() -> None:
+    """Overlapping the exchange with the next H/F inner steps never slows a round down; streaming in 2
+    fragments pays the ring latency twice when not overlapped."""
+    inst = tiny_instance(global_batch=16)
+    opts = PlanOptions(time_limit_s=5)
+    base = plan_low_comm(inst, [10], opts, planner="heuristic", precisions=["fp32"])
+    hid = plan_low_comm(inst, [10], opts, planner="heuristic", precisions=["fp32"], overlap=True)
+    two = plan_low_comm(inst, [10], opts, planner="heuristic", precisions=["fp32"], fragments=2)
+    b, h, f = (r.choices[0].evaluation for r in (base, hid, two))
+    assert h.tokens_per_s >= b.tokens_per_s and h.exposed_sync_s <= b.exposed_sync_s
+    assert two.choices[0].plan.outer.fragments == 2  # type: ignore[union-attr]
+    assert f.sync_s >= b.sync_s

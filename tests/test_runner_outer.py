@@ -208,11 +208,36 @@ def test_fragments_are_staggered() -> None:
     assert [n for n in range(1, 13) if sync_due(o, 2, n)] == [2, 8]
 
 
-def test_export_refuses_what_the_runner_cannot_run() -> None:
-    mixed = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1), pipeline([((0, 4), [G("b", mbs=4)])], m=1)),
-                 outer=OuterSync(groups=((0,), (1,))))
-    with pytest.raises(ValueError, match="layer 0 is held with tp degrees"):
-        build_runner_plan(mixed, runner_instance(), ExportOptions(dtype="float64"))
+def test_export_refuses_an_overlapped_outer_sync() -> None:
     overlapped = dataclasses.replace(outer_plan(), outer=dataclasses.replace(outer_plan().outer, overlap=True))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="outer.overlap"):
         build_runner_plan(overlapped, runner_instance(), ExportOptions(dtype="float64"))
+
+
+def test_groups_of_different_tp_degrees_exchange_whole_tensors(tmp_path: Path) -> None:
+    """Group 0 holds the model as one tp-2 replica, group 1 as two tp-1 stages: each replica joins its
+    shards over its tp group and the leaders average whole tensors (int8); equals the one-process
+    training to 1e-12 after the outer steps of steps 2 and 4."""
+    plan = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, mbs=4)])], m=1),
+                           pipeline([((0, 2), [G("b", mbs=4)]), ((2, 4), [G("b", mbs=4)])], m=1)),
+                outer=OuterSync(groups=((0,), (1,)), steps=H, lr=LR, momentum=MU, precision="int8"))
+    rp = build_runner_plan(plan, runner_instance(), ExportOptions(dtype="float64", steps=4))
+    _run(rp, tmp_path)
+    models, _ = train_outer(rp, 4)
+    for pipe in (0, 1):
+        assert _worst(load_full_state(tmp_path, pipe), {n: p.detach() for n, p in models[0].named_parameters()}) < 1e-12
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_streamed_fragments_equal_the_one_process_training(tmp_path: Path, precision: str) -> None:
+    """Streaming: H = 4 in 2 fragments (layers 0-1 after steps 4, 8; layers 2-3 after steps 2, 6), bf16 or
+    fp8 deltas; the distributed run equals the one-process training (same exchange function) to 1e-12."""
+    plan = outer_plan(precision)
+    plan = dataclasses.replace(plan, outer=dataclasses.replace(plan.outer, steps=4, fragments=2))  # type: ignore[arg-type]
+    rp = build_runner_plan(plan, runner_instance(), ExportOptions(dtype="float64", steps=6))
+    _run(rp, tmp_path)
+    models, _ = train_outer(rp, 6)
+    for pipe, g in ((0, 0), (1, 1), (2, 1)):
+        assert _worst(load_full_state(tmp_path, pipe), {n: p.detach() for n, p in models[g].named_parameters()}) < 1e-12
+    plain = reference(_rp(), 6, every=10**9)  # no outer step at all: differs
+    assert _worst(load_full_state(tmp_path, 0), plain[0]) > 1e-6

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delta-precision", default=",".join(DELTA_PRECISIONS), metavar="P[,P..]",
                    help="with --outer-steps: delta precisions the planner may choose among (fp32, bf16, fp8, int8; "
                         "default all: the widest within 1 %% of the fastest)")
+    p.add_argument("--outer-fragments", type=int, default=1, metavar="F",
+                   help="with --outer-steps: stream the delta in F layer fragments, one every H/F steps (default 1)")
+    p.add_argument("--outer-overlap", action="store_true",
+                   help="with --outer-steps: price each fragment's exchange as overlapped with the next H/F inner "
+                        "steps (the runner runs it blocking: such a plan does not export)")
 
 
 def parse_steps(text: str) -> list[int]:
@@ -54,7 +59,10 @@ def run_outer(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> in
     steps = parse_steps(args.outer_steps)
     precs = _precisions(args.delta_precision)
     planner = args.planner if args.planner in ("heuristic", "milp") else "heuristic"
-    res = plan_low_comm(inst, steps, opts, planner=planner, precisions=precs)  # type: ignore[arg-type]
+    if args.outer_fragments < 1:
+        raise ValueError(f"--outer-fragments: must be >= 1, got {args.outer_fragments}")
+    res = plan_low_comm(inst, steps, opts, planner=planner, precisions=precs,  # type: ignore[arg-type]
+                        fragments=args.outer_fragments, overlap=args.outer_overlap)
     if args.output:
         for c in res.choices:
             path = Path(args.output) if len(res.choices) == 1 else Path(args.output).with_suffix(

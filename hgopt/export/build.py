@@ -345,11 +345,6 @@ def _with_outer(rp: RunnerPlan, plan: Plan) -> RunnerPlan:
     if rp.train.dtype == "bfloat16":
         raise ValueError("outer: the runner's outer step does not update bf16 master weights yet; export with "
                          "--dtype float32 or float64")
-    for layer in range(rp.model.num_layers):
-        tps = sorted({rep.tp for p in rp.pipelines for s in p.stages if s.start <= layer < s.end for rep in s.replicas})
-        if len(tps) > 1:
-            raise ValueError(f"outer: layer {layer} is held with tp degrees {tps}; the runner averages the groups' "
-                             "deltas shard by shard and needs one tp degree per layer")
     sync = tuple(sg for g in o.groups for sg in _sync_groups(replace(rp, pipelines=tuple(rp.pipelines[i] for i in g))))
     outer = OuterConfig(groups=o.groups, steps=o.steps, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
                         precision=o.precision, block=o.block, fragments=o.fragments)

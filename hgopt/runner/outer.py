@@ -6,7 +6,8 @@ of the delta k·H/F steps later when streamed in F fragments), on every rank:
 
 1. delta = θ_outer − θ for the rank's parameters (θ_outer: the parameters after the last outer step);
 2. per layer segment (layers cut at every stage start of every pipeline and at the fragment edges) and
-   tp rank, the first holder of the segment in each group (its *representative*) averages the delta
+   tp rank (when every holder has one tp degree; otherwise whole tensors, each replica joining its
+   shards over its tp group and its leader exchanging them), the first holder of the segment in each group (its *representative*) averages the delta
    with the other groups' representatives over a gloo/nccl group spanning them: ``native``: one
    all-reduce in the training dtype; fp32/bf16/fp8/int8: reduce-scatter as an all-to-all of the
    encoded chunks, each member decoding and averaging its chunk, then an all-gather of the re-encoded
@@ -39,6 +40,7 @@ from torch import nn
 
 from hgopt.cost.outer import fragment_ranges
 from hgopt.export.runner_plan import OuterConfig, RunnerPlan
+from hgopt.runner.tp import TpGroup, shard, split_dims, unshard
 
 __all__ = ["OuterStep", "average_deltas", "decode_delta", "encode_delta", "group_rows", "make_outer", "sync_due"]
 
@@ -139,6 +141,7 @@ class _Segment:
     lo: int
     hi: int
     tp_rank: int
+    """The shard averaged (``full``: -1, every rank joins its replica's shards into whole tensors)."""
     reps: tuple[int, ...]
     """One rank per group (group order): the representatives that average."""
     holders: tuple[tuple[int, ...], ...]
@@ -158,9 +161,11 @@ def _segments(rp: RunnerPlan, outer: OuterConfig) -> list[_Segment]:
                     for rep in s.replicas]
             per_group.append(reps)
         tps = {rep.tp for reps in per_group for rep in reps}
-        if len(tps) != 1:
-            raise ValueError(f"outer: layers [{lo}, {hi}) are held with different tp degrees ({sorted(tps)}); the "
-                             "runner averages deltas shard by shard and needs one tp degree per layer")
+        if len(tps) > 1:  # ``full``: whole tensors (every replica's shards joined), among the replicas' leaders
+            holders = tuple(tuple(r for rep in reps for r in rep.ranks) for reps in per_group)
+            out.append(_Segment(fragment=frag, lo=lo, hi=hi, tp_rank=-1, reps=tuple(h[0] for h in holders),
+                                holders=holders))
+            continue
         for t in range(tps.pop()):
             holders = tuple(tuple(rep.ranks[t] for rep in reps) for reps in per_group)
             out.append(_Segment(fragment=frag, lo=lo, hi=hi, tp_rank=t, reps=tuple(h[0] for h in holders),
@@ -175,7 +180,8 @@ def _layer_of(name: str) -> int:
 class OuterStep:
     """One rank's outer state and exchange (build with :func:`make_outer` on every rank, in order)."""
 
-    def __init__(self, rp: RunnerPlan, rank: int, model: nn.Module, groups: dict[tuple[int, ...], Any]) -> None:
+    def __init__(self, rp: RunnerPlan, rank: int, model: nn.Module, groups: dict[tuple[int, ...], Any],
+                 tp: TpGroup | None = None) -> None:
         assert rp.train.outer is not None
         self.rp, self.rank, self.cfg = rp, rank, rp.train.outer
         self.model = model
@@ -188,6 +194,8 @@ class OuterStep:
         self.opt = torch.optim.SGD(list(self.theta.values()), lr=self.cfg.lr, momentum=self.cfg.momentum,
                                    nesterov=self.cfg.nesterov and self.cfg.momentum > 0)
         self.groups = groups
+        self.tp = tp or TpGroup()
+        self.dims = split_dims(model)
         self.mine = [s for s in _segments(rp, self.cfg) if any(rank in h for h in s.holders)]
         self.syncs = 0
 
@@ -209,7 +217,9 @@ class OuterStep:
     @torch.no_grad()
     def _sync(self, seg: _Segment) -> None:
         names = self.names(seg)
-        delta = torch.cat([(self.theta[n] - self.params[n].to(self.dtype)).reshape(-1) for n in names])
+        parts = [self._whole(self.theta[n] - self.params[n].to(self.dtype), n, seg) for n in names]
+        shapes = [p.shape for p in parts]
+        delta = torch.cat([p.reshape(-1) for p in parts])
         g = next(i for i, h in enumerate(seg.holders) if self.rank in h)
         if self.rank == seg.reps[g]:
             delta = self._average(delta, self.groups[seg.reps])
@@ -217,15 +227,25 @@ class OuterStep:
         if len(members) > 1:
             dist.broadcast(delta, src=members[0], group=self.groups[members])
         offset = 0
-        for n in names:
+        for n, shape in zip(names, shapes):
             t = self.theta[n]
-            t.grad.copy_(delta[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+            part = delta[offset : offset + shape.numel()].view(shape)
+            t.grad.copy_(shard(part, self.dims[n], self.tp.size, self.tp.rank) if seg.tp_rank < 0 else part)
+            offset += shape.numel()
         self.opt.param_groups[0]["params"] = [self.theta[n] for n in names]  # step only this segment
         self.opt.step()
         self.opt.param_groups[0]["params"] = list(self.theta.values())
         for n in names:
             self.params[n].copy_(self.theta[n].to(self.params[n].dtype))
+
+    def _whole(self, d: torch.Tensor, name: str, seg: _Segment) -> torch.Tensor:
+        """``d`` (this rank's shard of parameter ``name``) as the whole tensor in a ``full`` segment (joined
+        over the replica's tp group), else as it is."""
+        if seg.tp_rank >= 0 or self.tp.size == 1 or self.dims[name] is None:
+            return d
+        pieces = [torch.empty_like(d) for _ in range(self.tp.size)]
+        dist.all_gather(pieces, d.contiguous(), group=self.tp.group)
+        return unshard(pieces, self.dims[name])
 
     def _average(self, delta: torch.Tensor, group: Any) -> torch.Tensor:
         """The mean of the groups' deltas over ``group`` (the representatives), as :func:`average_deltas`
@@ -246,7 +266,7 @@ class OuterStep:
         got = _unwire(recv_p, payload.dtype)
         q, qs = _mean_encoded([got[k * chunk : (k + 1) * chunk] for k in range(K)],
                               None if recv_s is None else list(recv_s.chunk(K)), prec, block, self.dtype)
-        all_p = torch.empty(K * chunk, dtype=_wire(q).dtype, device=delta.device)
+        all_p = torch.empty(K * _wire(q).numel(), dtype=_wire(q).dtype, device=delta.device)
         _all_gather(all_p, _wire(q).contiguous(), group=group)
         all_s = None
         if qs is not None:
@@ -285,7 +305,7 @@ def _unwire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.view(dtype) if dtype in (_FP8, torch.bfloat16) else t
 
 
-def make_outer(rp: RunnerPlan, rank: int, model: nn.Module, timeout: Any) -> OuterStep | None:
+def make_outer(rp: RunnerPlan, rank: int, model: nn.Module, timeout: Any, tp: TpGroup | None = None) -> OuterStep | None:
     """Every process group the outer exchange needs (created on every rank in the same order), and this
     rank's :class:`OuterStep`; None without ``train.outer``."""
     if rp.train.outer is None:
@@ -295,7 +315,7 @@ def make_outer(rp: RunnerPlan, rank: int, model: nn.Module, timeout: Any) -> Out
         for ranks in (seg.reps, *seg.holders):
             if len(ranks) > 1 and ranks not in groups:
                 groups[ranks] = dist.new_group(list(ranks), timeout=timeout)
-    return OuterStep(rp, rank, model, groups)
+    return OuterStep(rp, rank, model, groups, tp)
 
 
 def _file(path: Path, rp: RunnerPlan, rank: int) -> Path:

@@ -3,7 +3,7 @@ model on the group's samples (its loss the mean over them), the runner's optimiz
 every H steps the runner's exchange (:func:`hgopt.runner.outer.average_deltas`, segment by segment in
 the runner's order) and outer SGD. A correct distributed run ends with the same parameters up to
 floating-point summation order (``tests/test_runner_outer.py``); ``bench/low_comm.py`` trains with it
-because one process is far cheaper than a rank per replica on a shared CPU. tp 1 only."""
+because one process is far cheaper than a rank per replica on a shared CPU. Whole tensors (no tp)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ def train_outer(rp: RunnerPlan, steps: int | None = None) -> tuple[list[StageMod
     o = rp.train.outer
     if o is None:
         raise ValueError("train_outer: the runner plan has no train.outer")
-    segs = [s for s in _segments(rp, o) if s.tp_rank == 0]
-    if any(rep.tp > 1 for p in rp.pipelines for s in p.stages for rep in s.replicas):
-        raise ValueError("train_outer: tp 1 only")
+    segs = [s for s in _segments(rp, o) if s.tp_rank <= 0]  # one per layer segment (whole tensors here)
     data = Dataset(rp.model, rp.train, rp.global_batch)
     models = [build_stage(rp.model, 0, rp.model.num_layers, seed=rp.train.seed, dtype=rp.train.dtype) for _ in o.groups]
     opts = [make_optimizer(rp, m) for m in models]

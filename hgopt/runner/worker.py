@@ -85,7 +85,7 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
     stage = rp.pipelines[info.pipeline].stages[info.stage]
     model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype,
                         device=device, recompute=stage.recompute == "full")
-    outer = make_outer(rp, rank, model, timeout)  # issue #15 (diloco): None without an outer sync
+    outer = make_outer(rp, rank, model, timeout, groups.tp)  # issue #15 (diloco): None without an outer sync
     zero = make_zero_shards(rp, rank, model, groups.sync)
     opt = make_optimizer(rp, model, optimizer_params(model, zero))
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
