@@ -138,3 +138,35 @@ def test_compare_shows_dollars_per_million_tokens(tmp_path: Path, capsys: pytest
         assert ev.feasible
     assert main(["-q", "compare", str(path), "--planners", "heuristic", "--time-limit", "10"]) == 0
     assert "$/Mtoken" in capsys.readouterr().out
+
+
+def test_sigint_during_the_cost_search_keeps_what_was_priced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import signal
+    import time
+
+    import hgopt.commands.plan_cost as plan_cost
+    from hgopt.search import PlanResult
+
+    ran: list[str] = []
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        ran.append(instance.name)
+        assert options.progress is not None
+        os.kill(os.getpid(), signal.SIGINT)  # handled by the command: sets the stop flag
+        end = time.monotonic() + 60
+        while not options.progress.stop_requested() and time.monotonic() < end:
+            time.sleep(0.01)
+        plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=(
+            ReplicaGroup(cluster="b", dp=4, mbs=1),)),), num_microbatches=2),))
+        return PlanResult(planner="fake", status="heuristic", plan=plan,
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+
+    monkeypatch.setattr(plan_cost, "get_planner", lambda name: planner)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(_tiny()))
+    assert main(["-q", "plan", str(path), "--objective", "cost", "--json"]) == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert len(ran) == 1 and len(doc["candidates"]) == 1 and "SIGINT" in doc["interrupted"]
+    assert doc["candidates"][0]["chosen"] and doc["gap"] is not None

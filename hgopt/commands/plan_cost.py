@@ -34,32 +34,61 @@ def wanted(args: argparse.Namespace) -> bool:
         or bool(getattr(args, "pareto", False))
 
 
-def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, progress: Any = None) -> int:
+def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int:
+    """The cost search under the usual heartbeat and SIGINT/SIGTERM handling (``_search.run_planner``):
+    a signal stops it after the running planner returns, keeping the candidates found so far."""
+    import signal
+    import sys
+
+    from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
     from hgopt.commands.plan import render_result, result_to_json
     from hgopt.explain import explain
-
-    import dataclasses
+    from hgopt.progress import Progress
+    from hgopt.search import PlanResult
 
     tables = build_tables(inst)
-    search = plan_by_cost(inst, get_planner(args.planner), dataclasses.replace(opts, progress=progress),
-                          objective=args.objective, budget_usd_per_hour=args.budget, tables=tables)
+    box: dict[str, CostSearch] = {}
+
+    def search_all(instance: Instance, options: PlanOptions) -> PlanResult:
+        box["search"] = s = plan_by_cost(instance, get_planner(args.planner), options, objective=args.objective,
+                                         budget_usd_per_hour=args.budget, tables=tables)
+        return s.best.result if s.best is not None else PlanResult(planner=args.planner, status="infeasible", plan=None)
+
+    progress = Progress(args.planner)
+    try:
+        run_planner(args.planner, search_all, inst, opts, progress)
+    except SearchInterrupted as exc:  # a second signal
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
+    stopped = exit_code(progress)
+    if "search" not in box:  # stopped inside a planner that did not return within the grace time
+        print("hgopt: interrupted before the cost search had priced any plan; no plan written", file=sys.stderr)
+        return stopped or 1
+    search = box["search"]
     best = search.best
     if args.output and best is not None and best.result.plan is not None:
         with open(args.output, "w") as fh:
             fh.write(best.result.plan.to_json() + "\n")
     ev = evaluate(best.result.plan, inst, tables) if best is not None and best.result.plan is not None else None
     expl = explain(best.result.plan, inst, ev, tables) if ev is not None and best is not None and best.result.plan else None
+    why_stopped = (f"interrupted by {signal.Signals(progress.signal).name}: {len(search.candidates)} cluster subset(s) "
+                   "searched, the rest not" if stopped and progress.signal is not None else "")
     if args.json:
         doc = to_json(search)
+        doc["interrupted"] = why_stopped or None
         doc["chosen"] = result_to_json(best.result, ev, expl) if best is not None else None
         print(json.dumps(doc, indent=2))
     else:
         print(render(inst, search, pareto_only=bool(args.pareto)))
+        if why_stopped:
+            print(why_stopped)
         if best is not None:
             print()
             print(render_result(inst, best.result, ev, expl))
             if args.output:
                 print(f"plan written to {args.output}")
+    if stopped:
+        return stopped
     return 0 if best is not None else 1
 
 
