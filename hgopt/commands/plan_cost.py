@@ -103,7 +103,9 @@ def render(inst: Instance, s: CostSearch, *, pareto_only: bool = False) -> str:
         if pareto_only and id(c) not in front:
             continue
         t = c.iteration_time_s
-        rows.append(["+".join(c.clusters), c.result.status, fmt_seconds(t) if math.isfinite(t) else "-",
+        where = "+".join(c.clusters) + ("" if c.nodes is None else
+                                         f" ({c.nodes} of {inst.topology.cluster(c.clusters[0]).nodes} nodes)")
+        rows.append([where, c.result.status, fmt_seconds(t) if math.isfinite(t) else "-",
                      _usd(c.usd_per_iteration), _usd(c.usd_per_hour), _usd(c.usd_per_million_tokens),
                      "*" if id(c) in front else "", "<" if c is s.best else ""])
     what = "Pareto front (time vs $) of" if pareto_only else "candidates:"
@@ -131,7 +133,7 @@ def to_json(s: CostSearch) -> dict[str, Any]:
     return {
         "objective": s.objective, "budget_usd_per_hour": s.budget_usd_per_hour,
         "lower_bound": num(s.lower_bound), "gap": s.gap, "bound_note": s.bound_note,
-        "candidates": [{"clusters": list(c.clusters), "status": c.result.status,
+        "candidates": [{"clusters": list(c.clusters), "nodes": c.nodes, "status": c.result.status,
                         "iteration_time_s": num(c.iteration_time_s), "usd_per_iteration": c.usd_per_iteration,
                         "usd_per_hour": c.usd_per_hour, "usd_per_million_tokens": c.usd_per_million_tokens,
                         "pareto": id(c) in front, "chosen": c is s.best,

@@ -1,11 +1,12 @@
 """Cost as an objective (``hgopt plan --objective cost``, ``--budget USD_PER_HOUR``, ``--pareto``).
 
 Candidates: the registered time planner (heuristic or exact) run on cluster subsets of the instance
-(``groups.sub_instance``): every cluster alone, the whole instance, and, for up to four clusters,
-every subset; each plan scored by ``evaluate`` on the whole instance and priced like
+(``groups.sub_instance``): every cluster alone, the whole instance, for up to four clusters every
+subset, and every cluster alone on half its nodes; each plan scored by ``evaluate`` on the whole
+instance and priced like
 ``hgopt.explain`` (GPU-hours of the GPUs it uses from ``cost_per_gpu_hour`` over the iteration time,
-plus WAN egress from ``egress_usd_per_gb``). A plan that uses fewer GPUs of a cluster than the time
-planner does is not a candidate: the search covers cluster subsets, not GPU counts.
+plus WAN egress from ``egress_usd_per_gb``). GPU counts other than what the time planner picks on
+those (sub)instances are not searched.
 
 Bounds, each valid for every plan of any planner:
 
@@ -47,6 +48,8 @@ ALL_SUBSETS_UP_TO = 4
 class Candidate:
     clusters: tuple[str, ...]
     """The clusters the time planner was given."""
+    nodes: int | None = None
+    """For a one-cluster candidate given only part of its cluster: the nodes it was given."""
     result: PlanResult
     iteration_time_s: float
     """``evaluate`` on the whole instance (inf: no feasible plan)."""
@@ -100,12 +103,34 @@ def cost_lower_bound(instance: Instance, tables: CostTables | None = None) -> fl
     return G * sum(best)
 
 
-def _subsets(names: tuple[str, ...]) -> list[tuple[str, ...]]:
+def _subsets(instance: Instance) -> list[tuple[tuple[str, ...], int | None]]:
+    """(clusters, nodes of a lone cluster or None): the whole instance first, then every subset (up
+    to ``ALL_SUBSETS_UP_TO`` clusters; beyond, each cluster alone), then each cluster alone on half
+    its nodes (fewer GPUs can be cheaper per iteration: less synchronisation, smaller bubbles)."""
+    names = tuple(c.name for c in instance.topology.clusters)
     if len(names) <= ALL_SUBSETS_UP_TO:
         out = [s for k in range(1, len(names) + 1) for s in itertools.combinations(names, k)]
     else:
         out = [(n,) for n in names] + [names]
-    return sorted(out, key=lambda s: (len(s) != len(names), len(s)))  # the whole instance first
+    ordered: list[tuple[tuple[str, ...], int | None]] = [
+        (s, None) for s in sorted(out, key=lambda s: (len(s) != len(names), len(s)))]
+    ordered += [((c.name,), c.nodes // 2) for c in instance.topology.clusters if c.nodes >= 2]
+    return ordered
+
+
+def _restricted(instance: Instance, subset: tuple[str, ...], nodes: int | None) -> Instance:
+    import dataclasses
+
+    from hgopt.search.groups import sub_instance
+
+    if nodes is None and len(subset) == len(instance.topology.clusters):
+        return instance
+    sub = sub_instance(instance, subset, instance.job.global_batch)
+    if nodes is None:
+        return sub
+    (c,) = sub.topology.clusters
+    return dataclasses.replace(sub, name=f"{sub.name}:{nodes}nodes", topology=dataclasses.replace(
+        sub.topology, clusters=(dataclasses.replace(c, nodes=nodes),)))
 
 
 def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], PlanResult], options: PlanOptions,
@@ -114,8 +139,6 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     """Run ``planner`` on the cluster subsets (the whole instance first; ``options.time_limit_s``
     shared among them) and pick the cheapest (``cost``) or fastest (``time``) plan whose $/hour is
     within ``budget_usd_per_hour``; with the bound of the chosen objective."""
-    from hgopt.search.groups import sub_instance
-
     if objective not in ("cost", "time"):
         raise ValueError(f"--objective: must be time or cost, got {objective!r}")
     if budget_usd_per_hour is not None and not (budget_usd_per_hour > 0 and math.isfinite(budget_usd_per_hour)):
@@ -126,33 +149,34 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                          f"{', '.join(unpriced)} (set topology.clusters[*].cost_per_gpu_hour)")
     tables = tables or build_tables(instance)
     names = tuple(c.name for c in instance.topology.clusters)
-    subsets = _subsets(names)
+    subsets = _subsets(instance)
     deadline = time.monotonic() + options.time_limit_s
     tokens = instance.job.global_batch * instance.job.seq_len
     out: list[Candidate] = []
     whole_bound: float | None = None
-    for i, subset in enumerate(subsets):
+    for i, (subset, nodes) in enumerate(subsets):
         left = deadline - time.monotonic()
         if i and left <= 0:
             log.info("cost search: time limit reached after %d of %d cluster subsets", i, len(subsets))
             break
         share = max(left / (len(subsets) - i), 0.1) if i else max(left / 2 if len(subsets) > 1 else left, 0.1)
-        sub = instance if len(subset) == len(names) else sub_instance(instance, subset, instance.job.global_batch)
-        log.info("cost search: %s (%d of %d cluster subsets, %.1f s)", "+".join(subset), i + 1, len(subsets), share)
+        sub = _restricted(instance, subset, nodes)
+        log.info("cost search: %s%s (%d of %d cluster subsets, %.1f s)", "+".join(subset),
+                 "" if nodes is None else f" on {nodes} nodes", i + 1, len(subsets), share)
         try:
             res = planner(sub, PlanOptions(time_limit_s=share, gap=options.gap, solver=options.solver,
                                            threads=options.threads, seed=options.seed, extra=options.extra,
                                            progress=options.progress))
         except ValueError as exc:  # e.g. a subset the planner declines; the others still count
             res = PlanResult(planner="", status="error", plan=None, notes=(str(exc),))
-        if len(subset) == len(names):
+        if len(subset) == len(names) and nodes is None:
             whole_bound = res.lower_bound_s
         if res.plan is None:
-            out.append(Candidate(clusters=subset, result=res, iteration_time_s=math.inf, usd_per_iteration=None,
+            out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=math.inf, usd_per_iteration=None,
                                  usd_per_hour=None, usd_per_million_tokens=None))
             continue
         t, usd = plan_usd(res.plan, instance, tables)
-        out.append(Candidate(clusters=subset, result=res, iteration_time_s=t, usd_per_iteration=usd,
+        out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
                              usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
                              usd_per_million_tokens=None if usd is None else usd / tokens * 1e6))
         if options.progress is not None and options.progress.stop_requested():
