@@ -1,7 +1,9 @@
 """``hgopt compare INSTANCE``: run several planners on one instance and compare their plans, all
 scored by the one cost model (``evaluate``).
 
-Columns: planner, status, iteration time and throughput by ``evaluate``, throughput relative to the
+Columns: planner, status, iteration time and throughput by ``evaluate``, $ per million tokens
+(GPU-hours from ``cost_per_gpu_hour`` + WAN egress, as ``hgopt.explain`` prices; "-" without prices),
+throughput relative to the
 best plan, the row's own gap ((T − its own lower bound) / T, for planners with a bound), the gap to
 the least bound of the milp rows (``milp``, ``milp:auto``; the column header names the row whose bound
 it is; it holds for their plan spaces, so a plan outside them — a Metis stage mixing GPU types — can
@@ -56,6 +58,8 @@ class CompareRow:
     """The row whose lower bound ``gap_to_bound`` is measured against."""
     signal: int | None = None
     """The signal (SIGINT/SIGTERM) that interrupted this planner, if one did."""
+    usd_per_million_tokens: float | None = None
+    """$ per million tokens (``hgopt.explain``: GPU-hours + WAN egress); None without prices."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -144,10 +148,15 @@ def compare(
         plan = res.plan if res else None
         ev = evaluate(plan, instance, tables) if plan is not None else None
         t = ev.iteration_time_s if ev is not None and ev.feasible else math.inf
-        scored.append((name, res, note, wall, plan, t, ev.gpus_used if ev else 0))
-    best = min((t for *_, t, _ in scored), default=math.inf)
+        usd = None
+        if plan is not None and ev is not None and ev.feasible:  # issue #14 (cli): $/Mtoken beside throughput
+            from hgopt.explain import explain
+
+            usd = explain(plan, instance, ev, tables).money.usd_per_million_tokens
+        scored.append((name, res, note, wall, plan, t, ev.gpus_used if ev else 0, usd))
+    best = min((x[5] for x in scored), default=math.inf)
     rows = []
-    for name, res, note, wall, plan, t, gpus in scored:
+    for name, res, note, wall, plan, t, gpus, usd in scored:
         own = None
         if res is not None and res.lower_bound_s is not None and math.isfinite(t):
             own = (t - res.lower_bound_s) / t
@@ -166,6 +175,7 @@ def compare(
             gpus=gpus,
             plan=plan,
             note=note or (("; ".join(res.notes[:1])) if res and res.notes else ""),
+            usd_per_million_tokens=usd,
         ))
     return rows
 
@@ -214,9 +224,10 @@ def run(args: argparse.Namespace) -> int:
 def render(inst: Instance, rows: list[CompareRow]) -> str:
     src = next((r.bound_from for r in rows if r.bound_from), None)
     table = format_table(
-        ["planner", "status", "iteration", "samples/s", "vs best", "own gap",
+        ["planner", "status", "iteration", "samples/s", "$/Mtoken", "vs best", "own gap",
          f"gap to {src} bound" if src else "gap to milp bound", "search", "GPUs"],
-        [[r.planner, r.status, _secs(r.iteration_time_s), _num(r.throughput_samples_per_s), _ratio(r.vs_best),
+        [[r.planner, r.status, _secs(r.iteration_time_s), _num(r.throughput_samples_per_s),
+          "-" if r.usd_per_million_tokens is None else f"${r.usd_per_million_tokens:.4g}", _ratio(r.vs_best),
           _gap(r.own_gap), _gap(r.gap_to_bound), f"{r.search_time_s:.2f} s", r.gpus]
          for r in rows])
     lines = [f"{inst.name}: {inst.topology.num_gpus()} GPUs in {len(inst.topology.clusters)} clusters, "
@@ -251,7 +262,8 @@ def _row_dict(r: CompareRow) -> dict[str, object]:
     fin = lambda v: v if isinstance(v, (int, float)) and math.isfinite(v) else None  # noqa: E731
     return {
         "planner": r.planner, "status": r.status, "iteration_time_s": fin(r.iteration_time_s),
-        "throughput_samples_per_s": r.throughput_samples_per_s, "vs_best": r.vs_best,
+        "throughput_samples_per_s": r.throughput_samples_per_s, "usd_per_million_tokens": r.usd_per_million_tokens,
+        "vs_best": r.vs_best,
         "gap_to_bound": r.gap_to_bound, "gap_to_bound_of": r.bound_from, "own_gap": r.own_gap,
         "lower_bound_s": r.lower_bound_s, "search_time_s": r.search_time_s,
         "gpus": r.gpus, "note": r.note, "plan": r.plan.to_dict() if r.plan else None,

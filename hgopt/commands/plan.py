@@ -68,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
                    help="seconds added to the objective per boundary compressed to precision P, e.g. fp8=0.05 "
                         "(default 0 for every precision)")
+    from hgopt.commands import plan_cost  # issue #14 (cli): --objective, --budget, --pareto
+
+    plan_cost.add_arguments(p)
     from hgopt.commands import outer_plan  # issue #15 (diloco): --outer-steps, --delta-precision
 
     outer_plan.add_arguments(p)
@@ -143,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         from hgopt.commands.outer_plan import run_outer
 
         return run_outer(args, inst, opts)
+    from hgopt.commands import plan_cost  # issue #14 (cli): cost as an objective
+
+    if plan_cost.wanted(args):
+        return plan_cost.run_cost(args, inst, opts)
     tables = build_tables(inst)
     progress = Progress(args.planner)
     try:

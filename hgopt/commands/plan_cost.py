@@ -1,0 +1,141 @@
+"""``hgopt plan INSTANCE --objective cost | --budget USD_PER_HOUR | --pareto``: the time planner on
+cluster subsets, priced, with the bound and gap of the chosen objective (``hgopt.search.by_cost``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.search import PlanOptions, get_planner
+from hgopt.search.by_cost import CostSearch, pareto, plan_by_cost
+from hgopt.spec import Instance
+from hgopt.table import fmt_seconds, format_table
+
+__all__ = ["add_arguments", "render", "run_cost", "to_json", "wanted"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="time: the fastest plan (default); cost: the cheapest $ per iteration (GPU-hours from "
+                        "cost_per_gpu_hour plus WAN egress), among the planner's plans on cluster subsets, with a "
+                        "lower bound on $ valid for every plan")
+    p.add_argument("--budget", type=float, default=None, metavar="USD_PER_HOUR",
+                   help="only plans costing at most this many dollars per hour of training")
+    p.add_argument("--pareto", action="store_true",
+                   help="list the candidates' time vs cost, marking those no other is both faster and cheaper than")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether the command asked for the cost search (else ``hgopt plan`` runs as before)."""
+    return getattr(args, "objective", "time") != "time" or getattr(args, "budget", None) is not None \
+        or bool(getattr(args, "pareto", False))
+
+
+def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int:
+    """The cost search under the usual heartbeat and SIGINT/SIGTERM handling (``_search.run_planner``):
+    a signal stops it after the running planner returns, keeping the candidates found so far."""
+    import signal
+    import sys
+
+    from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
+    from hgopt.commands.plan import render_result, result_to_json
+    from hgopt.explain import explain
+    from hgopt.progress import Progress
+    from hgopt.search import PlanResult
+
+    tables = build_tables(inst)
+    box: dict[str, CostSearch] = {}
+
+    def search_all(instance: Instance, options: PlanOptions) -> PlanResult:
+        box["search"] = s = plan_by_cost(instance, get_planner(args.planner), options, objective=args.objective,
+                                         budget_usd_per_hour=args.budget, tables=tables)
+        return s.best.result if s.best is not None else PlanResult(planner=args.planner, status="infeasible", plan=None)
+
+    progress = Progress(args.planner)
+    try:
+        run_planner(args.planner, search_all, inst, opts, progress)
+    except SearchInterrupted as exc:  # a second signal
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
+    stopped = exit_code(progress)
+    if "search" not in box:  # stopped inside a planner that did not return within the grace time
+        print("hgopt: interrupted before the cost search had priced any plan; no plan written", file=sys.stderr)
+        return stopped or 1
+    search = box["search"]
+    best = search.best
+    if args.output and best is not None and best.result.plan is not None:
+        with open(args.output, "w") as fh:
+            fh.write(best.result.plan.to_json() + "\n")
+    ev = evaluate(best.result.plan, inst, tables) if best is not None and best.result.plan is not None else None
+    expl = explain(best.result.plan, inst, ev, tables) if ev is not None and best is not None and best.result.plan else None
+    why_stopped = (f"interrupted by {signal.Signals(progress.signal).name}: {len(search.candidates)} cluster subset(s) "
+                   "searched, the rest not" if stopped and progress.signal is not None else "")
+    if args.json:
+        doc = to_json(search)
+        doc["interrupted"] = why_stopped or None
+        doc["chosen"] = result_to_json(best.result, ev, expl) if best is not None else None
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render(inst, search, pareto_only=bool(args.pareto)))
+        if why_stopped:
+            print(why_stopped)
+        if best is not None:
+            print()
+            print(render_result(inst, best.result, ev, expl))
+            if args.output:
+                print(f"plan written to {args.output}")
+    if stopped:
+        return stopped
+    return 0 if best is not None else 1
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:.4g}"
+
+
+def render(inst: Instance, s: CostSearch, *, pareto_only: bool = False) -> str:
+    front = set(id(c) for c in pareto(s.candidates))
+    rows = []
+    for c in s.candidates:
+        if pareto_only and id(c) not in front:
+            continue
+        t = c.iteration_time_s
+        where = "+".join(c.clusters) + ("" if c.nodes is None else
+                                         f" ({c.nodes} of {inst.topology.cluster(c.clusters[0]).nodes} nodes)")
+        rows.append([where, c.result.status, fmt_seconds(t) if math.isfinite(t) else "-",
+                     _usd(c.usd_per_iteration), _usd(c.usd_per_hour), _usd(c.usd_per_million_tokens),
+                     "*" if id(c) in front else "", "<" if c is s.best else ""])
+    what = "Pareto front (time vs $) of" if pareto_only else "candidates:"
+    out = [f"{inst.name}: objective {s.objective}"
+           + (f", budget ${s.budget_usd_per_hour:g}/hour" if s.budget_usd_per_hour is not None else "")
+           + f"; {what} the planner's best plan on each cluster subset, priced (* Pareto, < chosen)",
+           format_table(["clusters", "status", "iteration", "$/iteration", "$/hour", "$/Mtoken", "pareto", "chosen"],
+                        rows)]
+    if s.best is None:
+        out.append("no plan" + (" within the budget" if s.budget_usd_per_hour is not None else ""))
+    unit = (lambda v: f"${v:.4g} per iteration") if s.objective == "cost" else fmt_seconds
+    if s.lower_bound is not None:
+        out.append(f"lower bound on the {s.objective}: {unit(s.lower_bound)} ({s.bound_note})"
+                   + ("" if s.gap is None else f"; gap {100 * s.gap:.2f} %"))
+    else:
+        out.append(f"no lower bound on the {s.objective} ({s.bound_note})")
+    return "\n".join(out)
+
+
+def to_json(s: CostSearch) -> dict[str, Any]:
+    def num(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else x
+
+    front = set(id(c) for c in pareto(s.candidates))
+    return {
+        "objective": s.objective, "budget_usd_per_hour": s.budget_usd_per_hour,
+        "lower_bound": num(s.lower_bound), "gap": s.gap, "bound_note": s.bound_note,
+        "candidates": [{"clusters": list(c.clusters), "nodes": c.nodes, "status": c.result.status,
+                        "iteration_time_s": num(c.iteration_time_s), "usd_per_iteration": c.usd_per_iteration,
+                        "usd_per_hour": c.usd_per_hour, "usd_per_million_tokens": c.usd_per_million_tokens,
+                        "pareto": id(c) in front, "chosen": c is s.best,
+                        "plan": c.result.plan.to_dict() if c.result.plan else None} for c in s.candidates],
+    }
