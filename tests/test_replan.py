@@ -219,3 +219,16 @@ def test_cli_bad_change_exits_2_naming_it(tmp_path: Path, capsys, args: list[str
     capsys.readouterr()
     assert main(["replan", str(plan), "--instance", "sailor-het-16+16", *args]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_export_elastic_writes_what_the_elastic_launcher_reads(tmp_path: Path) -> None:
+    from hgopt.export.elastic import read_elastic_source
+
+    plan = _planned(tmp_path)
+    assert main(["-q", "export", str(plan), "--instance", "sailor-het-16+16", "-o", str(tmp_path / "run"), "--local",
+                 "--checkpoint-format", "dcp", "--elastic", "--json"]) == 0
+    src = read_elastic_source(tmp_path / "run" / "elastic.json")
+    assert src.plan == load_plan(plan) and src.instance.topology == load_instance("sailor-het-16+16").topology
+    assert src.export.checkpoint_format == "dcp" and src.export.local
+    with pytest.raises(ValueError, match="hgopt export --elastic"):
+        read_elastic_source(tmp_path / "missing.json")

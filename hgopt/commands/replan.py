@@ -19,15 +19,16 @@ from typing import Any
 
 from hgopt.changes import apply_changes, describe_change, parse_change
 from hgopt.commands._paths import check_output_file
+from hgopt.export.elastic import instance_to_dict
 from hgopt.instances import load_instance
 from hgopt.plan import load_plan, validate
 from hgopt.search import PlanOptions, get_planner, planner_names
 from hgopt.search.replan import ReplanResult, replan
 from hgopt.solvers import backend_names
-from hgopt.spec import Instance, model_profile_to_dict, topology_to_dict
+from hgopt.spec import Instance
 from hgopt.table import fmt_bytes, fmt_seconds, format_table
 
-__all__ = ["instance_to_dict", "register", "result_to_json"]
+__all__ = ["register", "render", "result_to_json"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,15 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write the changed instance as JSON to FILE (for `hgopt export --instance FILE`)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
-
-
-def instance_to_dict(inst: Instance) -> dict[str, Any]:
-    """The instance in the file format (``instance_from_dict`` reads it back)."""
-    job = inst.job
-    return {"name": inst.name, "description": inst.description, "model": model_profile_to_dict(inst.model),
-            "topology": topology_to_dict(inst.topology),
-            "job": {"global_batch": job.global_batch, "seq_len": job.seq_len, "precision": job.precision,
-                    "optimizer": job.optimizer, "workspace_gb": job.workspace_bytes / 1e9}}
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Instance, Instance, list[str]]:

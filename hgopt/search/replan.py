@@ -170,7 +170,7 @@ def replan(old_plan: Plan, old_inst: Instance, new_inst: Instance, planner_name:
         mig = migration(old_plan, plan, new_inst)
         cands.append(Candidate(name=name, plan=plan, evaluation=ev, migration=mig,
                                total_s=horizon_time(ev.iteration_time_s, mig.time_s, horizon_steps)))
-    cands.sort(key=lambda c: (c.total_s, c.migration.bytes))
+    cands.sort(key=lambda c: (c.total_s, c.migration.bytes, not c.name.startswith("old plan")))  # ties: keep the old
     elapsed = time.perf_counter() - t0
     log.debug("replan: %d candidates in %.2f s", len(cands), elapsed)
     return ReplanResult(before=before, candidates=tuple(cands), rejected=tuple(rejected), planner=res,
