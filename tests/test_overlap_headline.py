@@ -87,13 +87,13 @@ def _crossed_plan(bucket_mb: float, overlap: bool) -> Plan:
 @pytest.mark.parametrize("bucket_mb", [100.0, 5.0])
 def test_aggregate_cap_is_shared_per_bucket(bucket_mb: float) -> None:
     """Two pipelines a|b and b|a: sync segments [0, 2) and [2, 4) (8e6 bytes each) are each
-    all-reduced by a ring over {a, b}, both over the capped link: load(a, b) = 16e6 bytes. A bucket of
-    x bytes of a segment gets the segment's share (8e6 / 16e6) of the cap: 2·(1/2)·(2x) / 0.25e9 s,
-    more than its ring alone (x / 2e9 + 2·0.01 s; the NICs: x / 12.5e9). One bucket per segment
-    (x = 8e6): 0.064 s (= [C7]'s shared term: 16e6 / 0.25e9); 5 MiB buckets (one layer, x = 4e6):
-    0.032 s each, two per segment. Without overlap every bucket waits for both holders' last
-    backward: sync ends max(E of the two holders) + 0.064 s either way (without the sharing: 0.024 s
-    and 2·0.022 s)."""
+    all-reduced by a ring over {a, b}, both over the capped link: load(a, b) = 16e6 bytes, which the
+    cap carries in 2·(1/2)·16e6 / 0.25e9 = 0.064 s. As in [C7] ([C5w]), a stage's sync cannot end
+    before that, counted from its first bucket's start; a bucket's own ring alone takes x / 2e9 +
+    2·0.01 s (the NICs: x / 12.5e9): one bucket per segment 0.024 s, 5 MiB buckets (one layer each,
+    x = 4e6) 2·0.022 s, both below the cap's 0.064 s. Without overlap every bucket starts when both
+    holders' last backward has ended: sync ends max(E of the two holders) + 0.064 s either way, and
+    [C7]'s stage sync is 0.064 s."""
     inst = _crossed_instance()
     ev = evaluate(_crossed_plan(bucket_mb, overlap=False), inst)
     assert ev.feasible

@@ -13,7 +13,7 @@ import numpy as np
 
 from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
 from hgopt.cost.compute import optimizer_time, stage_times
-from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule, iteration_end
+from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule_starts, iteration_end
 from hgopt.cost.memory import stage_memory_terms
 from hgopt.cost.pipeline import (
     fill_time,
@@ -470,18 +470,23 @@ def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tu
     all-reduces its segments one after another; their cross-cluster rings also share each WAN link
     with every other segment's ring over it, all running after the drain [C5w]."""
     segs, load = _segments_and_loads(plan, inst, tables)
-    topo = inst.topology
     by_range = {}
     for p in set(plan.pipelines):
         for s in p.stages:
             mine = [v for (lo, hi), v in segs.items() if s.start <= lo and hi <= s.end]
             own = sum(v.intra + v.inter for v in mine)
-            intra = sum(v.intra for v in mine)
-            shared = max((intra + max(_capped_ring(topo.link_spec(a, b), load[pair], len(v.clusters))
-                                      for a, b in (sorted(pair), sorted(pair, reverse=True)))
-                          for v in mine for pair in v.pairs()), default=0.0)
-            by_range[(s.start, s.end)] = max(own, shared)
+            by_range[(s.start, s.end)] = max(own, _shared_sync(inst.topology, mine, load))
     return {(pi, si): by_range[(s.start, s.end)] for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+
+
+def _shared_sync(topo: Topology, mine: list[SegmentSync], load: dict[frozenset[str], float]) -> float:
+    """[C5w] The least time a stage holding the segments ``mine`` needs for its sync when every segment's
+    rings over a capped link run together: Σ intra + ring(aggregate, load(pair), k), for each pair of
+    each of its segments' clusters (0 without a capped link)."""
+    intra = sum(v.intra for v in mine)
+    return max((intra + max(_capped_ring(topo.link_spec(a, b), load[pair], len(v.clusters))
+                            for a, b in (sorted(pair), sorted(pair, reverse=True)))
+                for v in mine for pair in v.pairs()), default=0.0)
 
 
 def _segments_and_loads(
@@ -499,23 +504,6 @@ def _segments_and_loads(
         for pair in seg.pairs():
             load[pair] = load.get(pair, 0.0) + seg.wan_bytes
     return segs, load
-
-
-def _bucket_time(topo: Topology, bucket: SegmentSync, segment: SegmentSync, load: dict[frozenset[str], float]) -> float:
-    """[C5], [C5w] per bucket: its rings alone (intra + inter), and on each capped link between its
-    clusters its share of the aggregate: the segment's rings get the fraction wan_bytes / load(pair)
-    of the cap (every segment's rings over the pair run together, as in [C5w]), so the bucket takes
-    intra + ring(aggregate, bucket bytes · load / segment bytes, k). With one bucket per segment this
-    is exactly [C7]'s ``shared`` term of a one-segment stage."""
-    t = bucket.intra + bucket.inter
-    if segment.wan_bytes <= 0.0:
-        return t
-    k = len(bucket.clusters)
-    for pair in bucket.pairs():
-        scaled = bucket.wan_bytes * load[pair] / segment.wan_bytes
-        for a, b in (sorted(pair), sorted(pair, reverse=True)):
-            t = max(t, bucket.intra + _capped_ring(topo.link_spec(a, b), scaled, k))
-    return t
 
 
 def _capped_ring(link: Link, load: float, k: int) -> float:
@@ -631,15 +619,20 @@ def _bucketed_sync(
         holders = [st for st in every if st.start <= lo and hi <= st.end]
         for x, y in segment_buckets(inst, tables, holders, lo, hi, plan.grad_bucket_mb):
             seg = segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
-            duration = _bucket_time(inst.topology, seg, segs[(lo, hi)], load)  # [C5w] per bucket
             ready = {}
             for k in keys:
                 st = where[k]
                 tab, mbs, total = slowest[k]
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
-            buckets.append(Bucket(layers=(x, y), duration_s=duration, ready=ready))
-    sync_end = bucket_schedule(buckets, ends)
+            buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
+    sync_end, first_start = bucket_schedule_starts(buckets, ends)
+    # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
+    # it uses have crossed it (all taken to run together), counted from its first bucket's start
+    for k, st in where.items():
+        mine = [v for (lo, hi), v in segs.items() if st.start <= lo and hi <= st.end]
+        if k in first_start:
+            sync_end[k] = max(sync_end[k], first_start[k] + _shared_sync(inst.topology, mine, load))
     rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]

@@ -19,7 +19,8 @@ import numpy as np
 
 Num = TypeVar("Num", float, np.ndarray)
 
-__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "exposed_sync_floor", "iteration_end"]
+__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "bucket_schedule_starts",
+           "exposed_sync_floor", "iteration_end"]
 
 MIB = float(2**20)
 """``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
@@ -64,12 +65,21 @@ def bucket_schedule(buckets: Sequence[Bucket], backward_end: Mapping[Hashable, f
     meets its buckets in that order), each starting once every holder has it ready and is done with
     its previous bucket; never before the holder's last backward ends (``backward_end``, also the
     answer for a holder without buckets)."""
+    return bucket_schedule_starts(buckets, backward_end)[0]
+
+
+def bucket_schedule_starts(
+    buckets: Sequence[Bucket], backward_end: Mapping[Hashable, float]
+) -> tuple[dict[Hashable, float], dict[Hashable, float]]:
+    """:func:`bucket_schedule`, and when each holder's first bucket starts (holders with buckets only)."""
     free = {h: -math.inf for h in backward_end}
+    first: dict[Hashable, float] = {}
     for bk in buckets:
         t0 = max(max(bk.ready[h], free[h]) for h in bk.ready)
         for h in bk.ready:
             free[h] = t0 + bk.duration_s
-    return {h: max(free[h], backward_end[h]) for h in backward_end}
+            first.setdefault(h, t0)
+    return {h: max(free[h], backward_end[h]) for h in backward_end}, first
 
 
 def iteration_end(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float]) -> float:
