@@ -202,6 +202,15 @@ class StageModel:
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
         -1 when even the weights do not fit) [C6]."""
+        if self.cfg.recompute:  # the same [C6r] sum on Python floats (the scalar path is hot in [I5])
+            t = self.tab
+            params = float(t.params[hi] - t.params[lo])
+            inputs, big = float(self._inputs[hi] - self._inputs[lo]), float(np.max(np.diff(t.act_mem[lo:hi + 1])))
+            mem = lambda k: stage_memory_recompute(  # noqa: E731
+                params, inputs, big, k, self.cfg.mbs, dtype_bytes=self.dtype_bytes, optimizer_bytes=self.opt_bytes,
+                shards=self.cfg.dp, workspace=self.workspace)
+            base_r = float(mem(0))
+            return max_in_flight(base_r, float(mem(1)) - base_r, self.capacity, mem)
         lo_a, hi_a = np.array(lo), np.array(hi)
         base = float(self.memory(lo_a, hi_a, 0))
         act = float(self.memory(lo_a, hi_a, 1)) - base
