@@ -108,3 +108,83 @@ def test_job_recompute_is_read_from_the_instance() -> None:
         assert instance_from_dict({**base, "job": {**base["job"], "recompute": value}}).job.recompute == want
     with pytest.raises(Exception, match="job.recompute"):
         instance_from_dict({**base, "job": {**base["job"], "recompute": "sometimes"}})
+
+
+def _milp_instance(seed: int) -> Instance:
+    """2 clusters of 1-2 nodes x 2 GPUs, embedding + 3-4 identical blocks, memory tight enough that
+    some layouts only fit with recomputation."""
+    import random
+
+    rng = random.Random(seed)
+    m: dict[str, Any] = tiny_model(num_layers=rng.randint(4, 5), gpus={"A": 0.01, "B": 0.02}, tps=(1, 2),
+                                   act_mem_bytes=rng.choice([3e8, 5e8]), activation_bytes=1e6)
+    m["layers"][0].update(kind="embedding", params=2e6, act_mem_bytes=1e6)
+    topo = tiny_topology(clusters=(("a", "A", rng.choice([1, 2]), 2, rng.choice([1.5, 2.0])),
+                                   ("b", "B", 1, 2, rng.choice([1.5, 2.0, 2.5]))),
+                         wan_gbit_s=rng.choice([2.0, 50.0]), wan_latency_ms=rng.choice([1.0, 20.0]))
+    return tiny_instance(global_batch=rng.choice([2, 4]), model=m, topology=topo)
+
+
+def _brute_force(inst: Instance) -> float:
+    """Best evaluate() over the exact planner's plan space (k identical pipelines, a chain of distinct
+    clusters with one block each, one layout per block — with recomputation where local_configs offers
+    it — any partition), as tests/test_milp.py enumerates it without recomputation."""
+    import itertools
+    import math
+
+    from hgopt.search.milp import batch_splits
+
+    tables = build_tables(inst)
+    L = inst.model.num_layers
+    names = [c.name for c in inst.topology.clusters]
+    best = math.inf
+
+    def local(c: str, lo: int, hi: int, microbatch: int, budget: int) -> list[tuple[Stage, ...]]:
+        out = []
+        for cfg in local_configs(inst, c, microbatch, tables):
+            g = ReplicaGroup(cluster=c, tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)
+            rc = "full" if cfg.recompute else "none"
+            for s in range(1, min(budget // cfg.gpus, hi - lo) + 1):
+                for cuts in itertools.combinations(range(lo + 1, hi), s - 1):
+                    b = (lo, *cuts, hi)
+                    out.append(tuple(Stage(start=x, end=y, groups=(g,), zero=1, recompute=rc) for x, y in zip(b, b[1:])))
+        return out
+
+    for sp in batch_splits(inst):
+        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
+        for r in range(1, len(names) + 1):
+            for chain in itertools.permutations(names, r):
+                for cuts in itertools.combinations(range(1, L), r - 1):
+                    b = (0, *cuts, L)
+                    blocks = [local(c, lo, hi, sp.microbatch, budgets[c]) for c, lo, hi in zip(chain, b, b[1:])]
+                    for combo in itertools.product(*blocks):
+                        pipe = Pipeline(stages=tuple(st for blk in combo for st in blk), num_microbatches=sp.num_microbatches)
+                        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
+                        if ev.feasible:
+                            best = min(best, ev.iteration_time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 5, 6, 7])
+def test_milp_with_recomputation_equals_brute_force_and_its_bound_holds(seed: int) -> None:
+    """Seeds 5-7 are memory-bound (their brute-force optimum recomputes), 0 is not."""
+    import math
+
+    from hgopt.search.milp import plan_milp
+
+    inst = _milp_instance(seed)
+    expect = _brute_force(inst)
+    without = _brute_force(dataclasses.replace(inst, job=dataclasses.replace(inst.job, recompute="off")))
+    res = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={"warm_start": "none", "relaxation": "off"}))
+    if not math.isfinite(expect):
+        assert res.plan is None
+        return
+    assert res.plan is not None
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible and ev.iteration_time_s == pytest.approx(expect, rel=1e-7)
+    assert res.lower_bound_s is not None and res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)
+    # recomputation exactly when it makes a better plan than any plan without it
+    assert any(_recomputing(res.plan)) == (expect < without * (1 - 1e-9))
+    pruned = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-7))  # warm start + relaxation bound
+    assert pruned.iteration_time_s == pytest.approx(expect, rel=1e-7)
+    assert pruned.lower_bound_s is not None and pruned.lower_bound_s <= expect * (1 + 1e-9)
