@@ -189,3 +189,17 @@ def test_milp_with_recomputation_equals_brute_force_and_its_bound_holds(seed: in
     pruned = plan_milp(inst, PlanOptions(time_limit_s=60, gap=1e-7))  # warm start + relaxation bound
     assert pruned.iteration_time_s == pytest.approx(expect, rel=1e-7)
     assert pruned.lower_bound_s is not None and pruned.lower_bound_s <= expect * (1 + 1e-9)
+
+
+def test_plan_table_shows_the_recomputing_stages() -> None:
+    from hgopt.commands.plan import render_result
+
+    inst = _instance(2.0)
+    res = get_planner("heuristic")(inst, PlanOptions(time_limit_s=30))
+    assert res.plan is not None
+    text = render_result(inst, res, evaluate(res.plan, inst))
+    head = next(line for line in text.splitlines() if line.lstrip().startswith("stage"))
+    assert head.rstrip().endswith("recompute") and " full" in text
+    roomy = _instance(40.0)
+    plain = get_planner("heuristic")(roomy, PlanOptions(time_limit_s=30))
+    assert plain.plan is not None and "recompute" not in render_result(roomy, plain, evaluate(plain.plan, roomy))
