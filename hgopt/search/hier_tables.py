@@ -147,7 +147,7 @@ def cluster_tables(
     cache = {} if cache is None else cache
     # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
     key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
-           gpu_budget, replicas)
+           gpu_budget, replicas, cluster.gpu_memory_bytes)  # memory: which layouts get recomputing estimates
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
@@ -219,6 +219,8 @@ def _block(
             for rc in (False, True) if recompute_ok else (False,):  # [I3r] with recomputation too (hfrec)
                 if rc and not any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs):
                     continue
+                if rc and _fits_deepest(est, m, cluster.gpu_memory_bytes):
+                    continue  # every estimate of this layout fits with m in flight: recomputation cannot help
                 est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
                                        replicas, nb, has_pre, has_post, cache, rc)
                 parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp), np.full(est[0].shape, int(rc))))
@@ -227,6 +229,13 @@ def _block(
     arrays = [np.concatenate([p[i] for p in parts]) for i in range(12)]
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
+
+
+def _fits_deepest(est: tuple[np.ndarray, ...], m: int, capacity: float) -> bool:
+    """Every (s, n) estimate of a layout fits with the most microbatches in flight (m) [C6]."""
+    first = est[5] + m * est[6] <= capacity
+    trunk = (est[3] == 1) | (est[7] + m * est[8] <= capacity)
+    return bool(np.all((first & trunk) | ~est[4]))
 
 
 def _stage_grid(top: int) -> np.ndarray:
