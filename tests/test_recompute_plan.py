@@ -203,3 +203,21 @@ def test_plan_table_shows_the_recomputing_stages() -> None:
     roomy = _instance(40.0)
     plain = get_planner("heuristic")(roomy, PlanOptions(time_limit_s=30))
     assert plain.plan is not None and "recompute" not in render_result(roomy, plain, evaluate(plain.plan, roomy))
+
+
+def test_the_chosen_recomputing_plan_trains_like_one_process(tmp_path: Any) -> None:
+    """The heuristic's plan with recomputation, exported, runs under the runner (``torch.utils.checkpoint``
+    per layer on the recomputing stage, 4 ranks, gloo, float64) to the parameters of single-process
+    training after 3 steps."""
+    pytest.importorskip("torch")
+    from hgopt.export import ExportOptions, build_runner_plan
+    from tests.test_runner_hf import _run, _worst_abs
+
+    inst = _instance(2.0)
+    res = get_planner("heuristic")(inst, PlanOptions(time_limit_s=30))
+    assert res.plan is not None and any(_recomputing(res.plan))
+    rp = build_runner_plan(res.plan, inst, ExportOptions(dtype="float64", data="random"))
+    assert [s.recompute for p in rp.pipelines for s in p.stages] == ["full" if r else "none" for r in _recomputing(res.plan)]
+    _run(rp, tmp_path)
+    worst, name = _worst_abs(rp, tmp_path)
+    assert worst <= 1e-10, f"{name} differs by {worst:.2e}"
