@@ -77,7 +77,8 @@ def _brute_force(inst: Instance, start: int, end: int, microbatch: int, m: int, 
         for s in range(1, min(budget // cfg.gpus, end - start) + 1):
             for cuts in _compositions(end - start, s):
                 b = (start, *(start + c for c in cuts), end)
-                local = tuple(Stage(start=lo, end=hi, groups=(group,), zero=1) for lo, hi in zip(b, b[1:]))
+                rc = "full" if cfg.recompute else "none"  # layouts with recomputation [I3r] too
+                local = tuple(Stage(start=lo, end=hi, groups=(group,), zero=1, recompute=rc) for lo, hi in zip(b, b[1:]))
                 plan = Plan(pipelines=(Pipeline(stages=local + tail, num_microbatches=m),))
                 ev = evaluate(plan, inst, tables)
                 assert ev.stages, ev.violations

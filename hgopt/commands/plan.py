@@ -288,6 +288,7 @@ def _stage_table(inst: Instance, plan: Plan, ev: Evaluation | None = None) -> st
     rows = []
     shown = pipes[:1] if same else pipes
     links = any(b.fwd != "native" or b.bwd != "native" for p in shown for b in p.boundaries)
+    recompute = any(s.recompute != "none" for p in shown for s in p.stages)  # hfrec: a column only when used
     mem = {(s.pipeline, s.stage): (s.peak_memory_bytes, s.memory_capacity_bytes, s.oom) for s in ev.stages} if ev else {}
     for pi, p in enumerate(shown):
         for si, s in enumerate(p.stages):
@@ -300,9 +301,11 @@ def _stage_table(inst: Instance, plan: Plan, ev: Evaluation | None = None) -> st
                 if links:  # precision of the boundary to the next stage (fwd/bwd when they differ)
                     b = p.boundary(si) if si + 1 < len(p.stages) else None
                     rows[-1].append("" if b is None else b.fwd if b.fwd == b.bwd else f"{b.fwd}/{b.bwd}")
+                if recompute:
+                    rows[-1].append(s.recompute)
     head = (f"{len(pipes)} identical pipeline(s), each:" if same else f"{len(pipes)} pipelines:")
     cols = (["stage", "layers", "cluster", "GPU", "tp", "dp", "mbs", "GPUs"] + (["peak mem/GPU"] if mem else [])
-            + (["link to next"] if links else []))
+            + (["link to next"] if links else []) + (["recompute"] if recompute else []))
     return head + "\n" + format_table(cols, rows)
 
 

@@ -208,11 +208,13 @@ def _cluster_role_candidates(
     c = instance.topology.cluster(cluster)
     d_lo = 1 if role in ("first", "middle") else 0
     cands: dict[int, list[BlockOption]] = {}
-    for cfg in local_configs(instance, cluster, microbatch):
+    for cfg in local_configs(instance, cluster, microbatch, tables):  # with recomputation where memory binds [I3r]
         if cfg.gpus > budget:
             continue
         if time.perf_counter() > deadline:
             raise OutOfTime(f"block options of {cluster} ({role}) not complete by the deadline")
+        if cfg.recompute and geo.t0 == 0:
+            continue  # [I3r] a recomputing layer 0 keeps token ids: trunk stages would not cost alike (no options)
         sm = StageModel(instance, tables, c, cfg, replicas)
         t1 = float(sm.compute(np.array([geo.t0]), np.array([geo.t0 + 1]))[0])
         per_stage = int(win.t_cap // t1) if t1 > 0 and math.isfinite(win.t_cap) else 10**9
@@ -441,7 +443,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows[c.name] = []
-        for cfg in local_configs(instance, c.name, microbatch):
+        for cfg in local_configs(instance, c.name, microbatch, tables):  # every layout a plan may use [I3r]
             if cfg.gpus > budget:
                 continue
             sm = StageModel(instance, tables, c, cfg, replicas)

@@ -26,6 +26,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import in_flight, pipeline_time, stage_fill
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
+from hgopt.search.intra import local_configs
 from hgopt.spec import Cluster, Instance
 
 __all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
@@ -51,6 +52,8 @@ class ClusterTable:
     tp: np.ndarray | None = None
     dp: np.ndarray | None = None
     """The estimate's config per n (0 where nothing fits)."""
+    recompute: np.ndarray | None = None
+    """1 where the estimate's config recomputes activations ([C2r]/[C6r], hfrec), else 0."""
 
     def objective(self, m: int) -> np.ndarray:
         ok = np.isfinite(self.fill)
@@ -68,6 +71,8 @@ class _Parts:
     """Per-GPU quantities of one (GPU type, tp, mbs): block average, leading and trailing layers."""
 
     time: tuple[float, float, float]
+    fwd: tuple[float, float, float]
+    """Forward seconds alone (what recomputation adds to the backward, [C2r])."""
     params: tuple[float, float, float]
     act: tuple[float, float, float]
     update: tuple[float, float, float]
@@ -82,12 +87,14 @@ def _parts(tables: CostTables, layout: BlockLayout, gpu: str, tp: int, mbs: int)
         vals = [float(arr[hi] - arr[lo]) for lo, hi in spans]
         return vals[0] / max(nb, 1), vals[1], vals[2]
 
-    times = []
+    times, fwds = [], []
     for lo, hi in spans:
         f, b = tab.times(mbs, lo, hi) if hi > lo else (0.0, 0.0)
         times.append(f + b)
+        fwds.append(f)
     return _Parts(
         time=(times[0] / max(nb, 1), times[1], times[2]),
+        fwd=(fwds[0] / max(nb, 1), fwds[1], fwds[2]),
         params=per(tab.params),
         act=per(tab.act_mem),
         update=per(tab.update),
@@ -140,14 +147,14 @@ def cluster_tables(
     cache = {} if cache is None else cache
     # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
     key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
-           gpu_budget, replicas)
+           gpu_budget, replicas, cluster.gpu_memory_bytes)  # memory: which layouts get recomputing estimates
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
     out = {}
     ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
     for w in ws:
-        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(3)))
+        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(4)))
         if blk is not None and ok is not None:
             j = np.where(ok, pipeline_time(max(w, 1), blk.bott, blk.fill) + blk.sync, math.inf)
             if w == MOST_STAGES:  # the most local stages that fit, then the lowest objective at m
@@ -160,6 +167,7 @@ def cluster_tables(
             full.stages[n] = np.where(feasible, blk.s[pick, cols], 0)
             full.tp[n] = np.where(feasible, blk.tp[pick, cols], 0)  # type: ignore[index]
             full.dp[n] = np.where(feasible, blk.dp[pick, cols], 0)  # type: ignore[index]
+            full.recompute[n] = np.where(feasible, blk.rc[pick, cols], 0)  # type: ignore[index]
         out[w] = full
     return out
 
@@ -180,6 +188,7 @@ class _Block:
     trunk_act: np.ndarray
     tp: np.ndarray
     dp: np.ndarray
+    rc: np.ndarray
 
     def fits(self, d: int, m: int, capacity: float) -> np.ndarray:
         """[C6] the first local stage keeps min(s + d, m) microbatches, a trunk stage min(s − 1 + d, m)."""
@@ -197,6 +206,8 @@ def _block(
     nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
     valid = (nb >= 0) & (n >= 1)
     parts = []
+    configs = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
+    recompute_ok = any(cfg.recompute for cfg in configs)
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
             continue
@@ -205,14 +216,26 @@ def _block(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > budget or microbatch // dp > top_mbs:
                 continue
-            est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
-                                   replicas, nb, has_pre, has_post, cache)
-            parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp)))
+            for rc in (False, True) if recompute_ok else (False,):  # [I3r] with recomputation too (hfrec)
+                if rc and not any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs):
+                    continue
+                if rc and _fits_deepest(est, m, cluster.gpu_memory_bytes):
+                    continue  # every estimate of this layout fits with m in flight: recomputation cannot help
+                est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
+                                       replicas, nb, has_pre, has_post, cache, rc)
+                parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp), np.full(est[0].shape, int(rc))))
     if not parts:
         return None
-    arrays = [np.concatenate([p[i] for p in parts]) for i in range(11)]
+    arrays = [np.concatenate([p[i] for p in parts]) for i in range(12)]
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
+
+
+def _fits_deepest(est: tuple[np.ndarray, ...], m: int, capacity: float) -> bool:
+    """Every (s, n) estimate of a layout fits with the most microbatches in flight (m) [C6]."""
+    first = est[5] + m * est[6] <= capacity
+    trunk = (est[3] == 1) | (est[7] + m * est[8] <= capacity)
+    return bool(np.all((first & trunk) | ~est[4]))
 
 
 def _stage_grid(top: int) -> np.ndarray:
@@ -229,11 +252,13 @@ def _stage_grid(top: int) -> np.ndarray:
 def _config_estimate(
     instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
     budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
-    cache: dict[tuple[object, ...], object],
+    cache: dict[tuple[object, ...], object], recompute: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """One (tp, dp) config's estimate for every (local stage count s, layer count n): rows s,
     columns n; (bottleneck, fill, sync_opt, s, shape ok, first-stage memory base and activations
-    per microbatch in flight, trunk-stage memory base and activations per microbatch)."""
+    per microbatch in flight, trunk-stage memory base and activations per microbatch). With
+    ``recompute`` ([C2r]/[C6r]): each layer's backward repeats its forward, a microbatch in flight keeps
+    only each layer's input (the mean boundary bytes) and one layer's activations are rebuilt at a time."""
     key = ("parts", c.gpu, tp, mbs)
     if key not in cache:
         cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
@@ -242,6 +267,8 @@ def _config_estimate(
     s = _stage_grid(min(budget // (tp * dp), L))[:, None]
     nbc = np.maximum(nb, 0)[None, :]
     t_b, t_pre, t_post = P.time
+    if recompute:
+        t_b, t_pre, t_post = (t + f for t, f in zip(P.time, P.fwd))
     extra_t = (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0)
     work = nbc * t_b + extra_t
     per_stage_blocks = np.ceil(nbc / s)
@@ -272,11 +299,21 @@ def _config_estimate(
                             optimizer_bytes=tables.optimizer_bytes_per_param, shards=dp, workspace=ws)
 
     first_params = np.where(s == 1, stage_params, low_blocks * p_b + pre_p)
-    first_act = mbs * np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (a_post if has_post else 0.0),
-                               low_blocks * a_b + (a_pre if has_pre else 0.0))
-    trunk_base = base_mem(per_stage_blocks * p_b)
-    trunk_act = mbs * per_stage_blocks * a_b
+    if recompute:  # [C6r] kept inputs per microbatch in flight; the largest layer rebuilt once (in the base)
+        layers_first = np.where(s == 1, nbc + int(has_pre) * layout.pre + int(has_post) * layout.post,
+                                low_blocks + int(has_pre) * layout.pre)
+        big_first = max(a_b, a_pre if has_pre else 0.0, a_post if has_post else 0.0)
+        first_act = mbs * layers_first * act_bytes
+        trunk_act = mbs * per_stage_blocks * act_bytes
+        first_base = base_mem(first_params) + mbs * big_first
+        trunk_base = base_mem(per_stage_blocks * p_b) + mbs * a_b
+    else:
+        first_act = mbs * np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (a_post if has_post else 0.0),
+                                   low_blocks * a_b + (a_pre if has_pre else 0.0))
+        trunk_base = base_mem(per_stage_blocks * p_b)
+        trunk_act = mbs * per_stage_blocks * a_b
+        first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
-    out = (bott, fill, sync, s, shape_ok, base_mem(first_params), first_act, trunk_base, trunk_act)
+    out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
     shape = np.broadcast_shapes(*(np.shape(a) for a in out))
     return tuple(np.broadcast_to(a, shape) for a in out)

@@ -22,19 +22,28 @@ dynamic programme over layer positions for any range [I5]; the tests check both 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import numpy as np
 
 from hgopt.cost.comm import allreduce_time, allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
-from hgopt.cost.compute import optimizer_time, stage_compute_v
+from hgopt.cost.compute import optimizer_time, stage_compute_v, stage_times
 from hgopt.cost.gradsync import exposed_sync_floor
 from hgopt.cost.links import node_samples, ring_bandwidth
-from hgopt.cost.memory import max_in_flight, max_in_flight_v, stage_memory
+from hgopt.cost.memory import (
+    max_in_flight,
+    max_in_flight_v,
+    range_params_act,
+    recompute_inputs_prefix,
+    recompute_largest_table,
+    recompute_largest_v,
+    stage_memory,
+    stage_memory_recompute,
+)
 from hgopt.cost.pipeline import in_flight as in_flight_depth
 from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weighted_time
-from hgopt.cost.tables import CostTables, GpuTpTable
+from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
 from hgopt.spec import Cluster, Instance
@@ -53,11 +62,13 @@ INF = math.inf
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LocalConfig:
-    """One local stage's layout: ``dp`` replicas of ``tp`` GPUs, each with ``mbs`` samples."""
+    """One local stage's layout: ``dp`` replicas of ``tp`` GPUs, each with ``mbs`` samples; with
+    ``recompute`` every stage of the local pipeline runs ``recompute: full`` ([C2r] time, [C6r] memory)."""
 
     tp: int
     dp: int
     mbs: int
+    recompute: bool = False
 
     @property
     def gpus(self) -> int:
@@ -95,13 +106,38 @@ class LocalPlan:
 # --------------------------------------------------------------------------------------------
 # The local plan space [I3]
 # --------------------------------------------------------------------------------------------
-def local_configs(instance: Instance, cluster: str, microbatch: int) -> tuple[LocalConfig, ...]:
+def local_configs(instance: Instance, cluster: str, microbatch: int,
+                  tables: CostTables | None = None) -> tuple[LocalConfig, ...]:
     """Every (tp, dp, mbs) a local stage of ``cluster`` may use: tp profiled for its GPU type and
-    dividing the node size, dp a divisor of the microbatch, mbs = microbatch / dp [I3]."""
+    dividing the node size, dp a divisor of the microbatch, mbs = microbatch / dp [I3]; then, unless
+    ``job.recompute`` is off, the same layouts with activation recomputation [I3r] — only those in
+    which memory can bind: a layout whose stage holding the whole model with the most microbatches
+    any plan keeps in flight (global batch / microbatch) fits without ZeRO is never better with
+    recomputation (same partition, same memory feasibility, more compute), so it gets no variant.
+    Ties go to the configuration listed first: without recomputation. Only for models whose layers
+    all hand over the same bytes per sample (every transformer profile): then a recomputing layer's
+    kept input is the same wherever it sits, except layer 0's (token ids), so identical layers still
+    cost the same at every position but the first (the searches treat layer 0 as special)."""
     c = instance.topology.cluster(cluster)
     tps = [tp for tp in instance.model.tps(c.gpu) if c.gpus_per_node % tp == 0]
     dps = [dp for dp in range(1, microbatch + 1) if microbatch % dp == 0]
-    return tuple(LocalConfig(tp=tp, dp=dp, mbs=microbatch // dp) for tp in tps for dp in dps)
+    plain = tuple(LocalConfig(tp=tp, dp=dp, mbs=microbatch // dp) for tp in tps for dp in dps)
+    if instance.job.recompute == "off" or len({layer.activation_bytes for layer in instance.model.layers[:-1]}) > 1:
+        return plain
+    tables = tables if tables is not None else build_tables(instance)
+    deepest = max(1, instance.job.global_batch // microbatch)
+    return plain + tuple(replace(cfg, recompute=True) for cfg in plain
+                         if _memory_binds(instance, tables, c, cfg, deepest))
+
+
+def _memory_binds(instance: Instance, tables: CostTables, c: Cluster, cfg: LocalConfig, in_flight: int) -> bool:
+    """[I3r] The whole model on one stage of ``cfg`` with ``in_flight`` microbatches, no ZeRO, does
+    not fit ([C6], the largest memory any stage of ``cfg`` can need)."""
+    tab = tables.table(c.gpu, cfg.tp)
+    params, act = range_params_act(tab, 0, tables.num_layers)
+    mem = stage_memory(float(params), float(act), in_flight, cfg.mbs, dtype_bytes=tables.dtype_bytes,
+                       optimizer_bytes=tables.optimizer_bytes_per_param, workspace=instance.job.workspace_bytes)
+    return bool(mem > c.gpu_memory_bytes)
 
 
 def layer_classes(instance: Instance) -> tuple[int, ...]:
@@ -128,13 +164,16 @@ class StageModel:
         self.workspace = instance.job.workspace_bytes
         self.capacity = cluster.gpu_memory_bytes
         self.act_bytes = tables.activation_bytes
+        if cfg.recompute:  # [C6r] kept layer inputs (prefix sums) and the largest layer per range
+            self._inputs = recompute_inputs_prefix(instance)
+            self._largest = recompute_largest_table(self.tab)
         n = replicas * cfg.dp
         self.ring = n
         self.ring_bw = ring_bandwidth(cluster.intra_node, cluster.inter_node, cluster.gpus_per_node, n, cfg.tp, cfg.tp)  # links
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """fwd + bwd seconds [C2]."""
-        return stage_compute_v(self.tab, self.cfg.mbs, lo, hi)
+        """fwd + bwd seconds [C2] (with recomputation the backward repeats the forward [C2r])."""
+        return stage_compute_v(self.tab, self.cfg.mbs, lo, hi, self.cfg.recompute)
 
     def send(self, hi: np.ndarray) -> np.ndarray:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
@@ -162,8 +201,13 @@ class StageModel:
 
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
-        the dp replicas with ZeRO-1, ``zero``)."""
+        the dp replicas with ZeRO-1, ``zero``; with recomputation the activations of [C6r])."""
         t = self.tab
+        if self.cfg.recompute:
+            return stage_memory_recompute(
+                t.params[hi] - t.params[lo], self._inputs[hi] - self._inputs[lo], recompute_largest_v(self._largest, lo, hi),
+                in_flight, self.cfg.mbs, dtype_bytes=self.dtype_bytes, optimizer_bytes=self.opt_bytes,
+                shards=self.cfg.dp if zero else 1, workspace=self.workspace)
         return stage_memory(t.params[hi] - t.params[lo], t.act_mem[hi] - t.act_mem[lo], in_flight, self.cfg.mbs,
                             dtype_bytes=self.dtype_bytes, optimizer_bytes=self.opt_bytes,
                             shards=self.cfg.dp if zero else 1, workspace=self.workspace)
@@ -176,6 +220,15 @@ class StageModel:
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
         -1 when even the weights do not fit) [C6]."""
+        if self.cfg.recompute:  # the same [C6r] sum on Python floats (the scalar path is hot in [I5])
+            t = self.tab
+            params = float(t.params[hi] - t.params[lo])
+            inputs, big = float(self._inputs[hi] - self._inputs[lo]), float(np.max(np.diff(t.act_mem[lo:hi + 1])))
+            mem = lambda k: stage_memory_recompute(  # noqa: E731
+                params, inputs, big, k, self.cfg.mbs, dtype_bytes=self.dtype_bytes, optimizer_bytes=self.opt_bytes,
+                shards=self.cfg.dp, workspace=self.workspace)
+            base_r = float(mem(0))
+            return max_in_flight(base_r, float(mem(1)) - base_r, self.capacity, mem)
         lo_a, hi_a = np.array(lo), np.array(hi)
         base = float(self.memory(lo_a, hi_a, 0))
         act = float(self.memory(lo_a, hi_a, 1)) - base
@@ -203,8 +256,9 @@ def local_plan_costs(
     for j, st in enumerate(stages):
         g = st.groups[0]
         assert len(st.groups) == 1 and g.cluster == cluster and st.zero == 1, st
-        sm = StageModel(instance, tables, c, LocalConfig(tp=g.tp, dp=g.dp, mbs=g.mbs), replicas)
-        f, b = sm.tab.times(g.mbs, st.start, st.end)
+        recompute = st.recompute == "full"
+        sm = StageModel(instance, tables, c, LocalConfig(tp=g.tp, dp=g.dp, mbs=g.mbs, recompute=recompute), replicas)
+        f, b = stage_times(sm.tab, g.mbs, st.start, st.end, recompute)
         send = 0.0
         if j + 1 < len(stages):
             nxt = stages[j + 1].groups[0]
@@ -291,7 +345,7 @@ def best_local_plan(
     # that the incumbent prunes the others and, inside a config, the small stage counts
     # (ties go to the config listed first by local_configs, as without the pruning)
     todo = []
-    for idx, cfg in enumerate(local_configs(instance, cluster, microbatch)):
+    for idx, cfg in enumerate(local_configs(instance, cluster, microbatch, tables)):
         if cfg.gpus > gpu_budget:
             continue
         sm = StageModel(instance, tables, c, cfg, replicas)
@@ -334,7 +388,8 @@ def _check_args(
 
 def _stages(cluster: str, cfg: LocalConfig, bounds: tuple[int, ...]) -> tuple[Stage, ...]:
     group = ReplicaGroup(cluster=cluster, tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)
-    return tuple(Stage(start=lo, end=hi, groups=(group,), zero=1) for lo, hi in zip(bounds, bounds[1:]))
+    rc = "full" if cfg.recompute else "none"
+    return tuple(Stage(start=lo, end=hi, groups=(group,), zero=1, recompute=rc) for lo, hi in zip(bounds, bounds[1:]))
 
 
 def _search_range(
@@ -346,6 +401,8 @@ def _search_range(
     bottleneck is at least the mean stage compute, the fill at least the whole compute ``work``) [I6],
     so stage counts are tried from the most down and stop once that bound exceeds the best; none
     below ``s_min``."""
+    if sm.cfg.recompute and start == 0:  # [C6r] layer 0 keeps token ids, not an activation: its own class
+        classes = (-1, *classes[1:])
     geo = TrunkGeometry.for_range(classes, start, end)
     if geo is None:
         return _generic_best(sm, start, end, s_max, d, m, s_min)

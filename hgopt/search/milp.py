@@ -551,7 +551,9 @@ def _placed(o: BlockOption, pos: int, p: int) -> list[Stage]:
     shift = pos - o.bounds[0]
     assert o.role == "middle" or shift == 0, (o, pos)
     g = ReplicaGroup(cluster=o.cluster, tp=o.cfg.tp, dp=o.cfg.dp, mbs=o.cfg.mbs)
-    return [Stage(start=lo + shift, end=hi + shift, groups=(g,), zero=1) for lo, hi in zip(o.bounds, o.bounds[1:])]
+    rc = "full" if o.cfg.recompute else "none"  # hfrec: [I3r] layouts with recomputation
+    return [Stage(start=lo + shift, end=hi + shift, groups=(g,), zero=1, recompute=rc)
+            for lo, hi in zip(o.bounds, o.bounds[1:])]
 
 
 # --------------------------------------------------------------------------------------------

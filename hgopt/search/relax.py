@@ -151,7 +151,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows_t, rows_f, rows_s, rows_n = [], [], [], []
-        for cfg in local_configs(instance, c.name, microbatch):
+        for cfg in local_configs(instance, c.name, microbatch, tables):  # with recomputation [I3r]
             if cfg.gpus > budget:
                 continue
             sm = StageModel(instance, tables, c, cfg, replicas)

@@ -102,7 +102,8 @@ def _bounds(pipe: Pipeline) -> tuple[int, ...]:
 
 def _with_bounds(plan: Plan, pipe: Pipeline, ends: tuple[int, ...]) -> Plan:
     starts = (0, *ends[:-1])
-    stages = tuple(Stage(start=a, end=b, groups=s.groups, zero=s.zero) for s, a, b in zip(pipe.stages, starts, ends))
+    stages = tuple(Stage(start=a, end=b, groups=s.groups, zero=s.zero, recompute=s.recompute)
+                   for s, a, b in zip(pipe.stages, starts, ends))
     new = Pipeline(stages=stages, num_microbatches=pipe.num_microbatches, boundaries=pipe.boundaries,
                    schedule=pipe.schedule)
     return Plan(pipelines=(new,) * len(plan.pipelines), planner=plan.planner, instance=plan.instance,
@@ -114,7 +115,7 @@ def _stage_costs(inst: Instance, tables: CostTables, pipe: Pipeline, s: int, k: 
     st = pipe.stages[s]
     g = st.groups[0]
     c = inst.topology.cluster(g.cluster)
-    sm = StageModel(inst, tables, c, LocalConfig(tp=g.tp, dp=g.dp, mbs=g.mbs), k)
+    sm = StageModel(inst, tables, c, LocalConfig(tp=g.tp, dp=g.dp, mbs=g.mbs, recompute=st.recompute == "full"), k)
     L = tables.num_layers
     lo, hi = np.triu_indices(L + 1, k=1)  # every [a, b) with a < b
     comp = sm.compute(lo, hi)
@@ -151,8 +152,8 @@ def _sends(inst: Instance, tables: CostTables, pipe: Pipeline, s: int, k: int, h
         if cut >= L:  # the last layer cannot end a non-final stage; its entries are never used
             out_f[j] = out_b[j] = INF
             continue
-        two = Pipeline(stages=(Stage(start=0, end=cut, groups=a.groups, zero=a.zero),
-                               Stage(start=cut, end=L, groups=b.groups, zero=b.zero)),
+        two = Pipeline(stages=(Stage(start=0, end=cut, groups=a.groups, zero=a.zero, recompute=a.recompute),
+                               Stage(start=cut, end=L, groups=b.groups, zero=b.zero, recompute=b.recompute)),
                        num_microbatches=pipe.num_microbatches, boundaries=(pipe.boundary(s),), schedule=pipe.schedule)
         out_f[j], out_b[j] = stage_boundary_time(inst, tables, two, 0, copies=k)
     return out_f[inv], out_b[inv]

@@ -203,7 +203,8 @@ def table_local(ctx: Ctx, sk: Skeleton, i: int, lo: int, hi: int, after: int, w:
         s, tp, dp = int(tab.stages[n]), int(tab.tp[n]), int(tab.dp[n])
         cuts = [lo + (n * j) // s for j in range(s + 1)]
         group = ReplicaGroup(cluster=name, tp=tp, dp=dp, mbs=sk.microbatch // dp)
-        stages = tuple(Stage(start=a, end=b, groups=(group,), zero=1) for a, b in zip(cuts, cuts[1:]))
+        rc = "full" if tab.recompute is not None and int(tab.recompute[n]) else "none"  # hfrec: [I3r]
+        stages = tuple(Stage(start=a, end=b, groups=(group,), zero=1, recompute=rc) for a, b in zip(cuts, cuts[1:]))
         lp = local_plan_costs(ctx.instance, ctx.tables, name, stages, replicas=sk.pipelines, num_microbatches=m)
     ctx.local[key] = lp
     return lp
