@@ -22,6 +22,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: tuple[str, ...] = (
     "instances", "show", "init", "evaluate", "profile", "compare", "export", "plan", "export_model", "model",
     "simulate",  # simulate: added by the sim helper
+    "replan",  # replan: re-planning for changed resources (issue 14)
 )
 
 

@@ -5,8 +5,9 @@ peak memory per GPU against its capacity; per cluster the GPUs used, the busy sh
 compute seconds over the iteration time) and the MFU (model FLOPs over the iteration time at the
 GPUs' datasheet peak); the dollars per iteration and per million tokens from ``cost_per_gpu_hour``
 (and WAN egress where a link has ``egress_usd_per_gb``); and, with :func:`why_not`, for every idle
-cluster the best plan the heuristic finds when it must use that cluster, and how much slower and
-costlier it is. :func:`infeasibility` names the binding constraint of a planner that found no plan,
+cluster the best plan the heuristic finds when it must use that cluster, and for every partly used
+one the plan's skeleton with that cluster's block re-planned by the intra-cluster DP on more of its
+GPUs (``hgopt.search.more_gpus``), and how much slower and costlier each is. :func:`infeasibility` names the binding constraint of a planner that found no plan,
 with numbers from ``evaluate`` on the smallest replica layout of each cluster.
 
 No cost formula lives here: times and memory are ``evaluate``'s and the cost tables'
@@ -86,6 +87,8 @@ class WhyNot:
     planner: str
     alternative_gpus: tuple[tuple[str, int], ...] = ()
     note: str = ""
+    alternative_plan: Plan | None = None
+    """The alternative itself (``--json`` writes it in the plan file format)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,7 +104,10 @@ class Explanation:
     why_not: tuple[WhyNot, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))  # type: ignore[return-value]
+        out: dict[str, Any] = _finite(asdict(self))  # type: ignore[assignment]
+        for w, d in zip(self.why_not, out["why_not"]):
+            d["alternative_plan"] = None if w.alternative_plan is None else w.alternative_plan.to_dict()
+        return out
 
 
 def _finite(obj: object) -> object:
@@ -228,61 +234,81 @@ def why_not(plan: Plan, instance: Instance, ev: Evaluation, *, time_limit_s: flo
             extra: dict[str, str] | None = None, tables: CostTables | None = None) -> tuple[WhyNot, ...]:
     """For every cluster ``plan`` leaves idle: the best plan the hierarchical heuristic finds when
     its pipelines must use that cluster (``require_clusters``; ``extra``: the same link settings
-    as the plan's search), scored by ``evaluate``, and how much slower / costlier it is. A partly
-    used cluster gets a line saying so (no planner can force more GPUs of one cluster)."""
+    as the plan's search). For every cluster it uses only part of: the plan's skeleton with that
+    cluster's block re-planned by the intra-cluster DP with as many more of its GPUs as fit
+    (``hgopt.search.more_gpus.use_more``). Each alternative is scored by ``evaluate``, with how much
+    slower / costlier it is. Partly used clusters go first (one DP call per GPU floor, no search);
+    the idle ones share what is left of ``time_limit_s``."""
     import time
-
-    from hgopt.search import PlanOptions, get_planner
 
     deadline = time.monotonic() + time_limit_s
     tables = tables or build_tables(instance)
     used = plan.gpus_by_cluster()
     base_usd = _money(plan, instance, tables, ev.iteration_time_s, 1).usd_per_iteration
+    partly = [c for c in instance.topology.clusters if 0 < used.get(c.name, 0) < c.num_gpus]
     idle = [c for c in instance.topology.clusters if used.get(c.name, 0) == 0]
-    out: list[WhyNot] = []
-    each = time_limit_s / max(len(idle), 1)
-    for c in instance.topology.clusters:
-        n = used.get(c.name, 0)
-        if n == c.num_gpus:
-            continue
-        if n > 0:
-            out.append(WhyNot(cluster=c.name, gpus_used=n, gpus=c.num_gpus, alternative_s=None, slower=None,
-                              alternative_usd_per_iteration=None, costlier=None, planner="",
-                              note=f"uses {n} of {c.num_gpus} GPUs: the planner's best plan leaves the rest idle "
-                                   "(no planner here can force more GPUs of one cluster)"))
-            continue
+    got: dict[str, WhyNot] = {}
+    for c in partly:
+        got[c.name] = _more_of(plan, instance, tables, ev, base_usd, c.name, deadline)
+    for j, c in enumerate(idle):
         left = deadline - time.monotonic()
         if left <= 0:
-            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
-                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
-                              note=f"not searched: the {time_limit_s:g} s for why-not lines ran out (--why-not-time)"))
+            got[c.name] = _none(c.name, 0, c.num_gpus, "heuristic",
+                                f"not searched: the {time_limit_s:g} s for why-not lines ran out (--why-not-time)")
             continue
-        log.info("why not %s: the heuristic's best plan that uses it (%d of %d idle clusters)", c.name,
-                 idle.index(c) + 1, len(idle))
-        ex = {k: v for k, v in (extra or {}).items() if k in ("link_precision", "max_compressed_links", "link_penalty")}
-        ex["require_clusters"] = c.name
-        try:
-            res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=max(min(each, left), 0.5), extra=ex))
-        except ValueError as exc:
-            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
-                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
-                              note=f"the heuristic declines: {exc}"))
-            continue
-        alt = res.plan
-        alt_ev = evaluate(alt, instance, tables) if alt is not None else None
-        if alt is None or alt_ev is None or not alt_ev.feasible or c.name not in alt.gpus_by_cluster():
-            out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=None, slower=None,
-                              alternative_usd_per_iteration=None, costlier=None, planner="heuristic",
-                              note="the heuristic found no plan that uses it (memory or batch divisibility: "
-                                   + _single_cluster_reason(instance, tables, c.name) + ")"))
-            continue
-        t = alt_ev.iteration_time_s
-        usd = _money(alt, instance, tables, t, 1).usd_per_iteration
-        out.append(WhyNot(cluster=c.name, gpus_used=0, gpus=c.num_gpus, alternative_s=t,
-                          slower=t / ev.iteration_time_s - 1.0, alternative_usd_per_iteration=usd,
-                          costlier=(usd / base_usd - 1.0) if usd is not None and base_usd else None,
-                          planner="heuristic", alternative_gpus=tuple(alt.gpus_by_cluster().items())))
-    return tuple(out)
+        log.info("why not %s: the heuristic's best plan that uses it (%d of %d idle clusters)", c.name, j + 1, len(idle))
+        got[c.name] = _using_idle(instance, tables, ev, base_usd, c.name, max(left / (len(idle) - j), 0.5), extra)
+    return tuple(got[c.name] for c in instance.topology.clusters if c.name in got)
+
+
+def _none(cluster: str, n: int, total: int, planner: str, note: str) -> WhyNot:
+    return WhyNot(cluster=cluster, gpus_used=n, gpus=total, alternative_s=None, slower=None,
+                  alternative_usd_per_iteration=None, costlier=None, planner=planner, note=note)
+
+
+def _scored(instance: Instance, tables: CostTables, ev: Evaluation, base_usd: float | None, cluster: str, n: int,
+            alt: Plan, t: float, planner: str, note: str = "") -> WhyNot:
+    usd = _money(alt, instance, tables, t, 1).usd_per_iteration
+    return WhyNot(cluster=cluster, gpus_used=n, gpus=instance.topology.cluster(cluster).num_gpus, alternative_s=t,
+                  slower=t / ev.iteration_time_s - 1.0, alternative_usd_per_iteration=usd,
+                  costlier=(usd / base_usd - 1.0) if usd is not None and base_usd else None, planner=planner,
+                  alternative_gpus=tuple(alt.gpus_by_cluster().items()), note=note, alternative_plan=alt)
+
+
+def _more_of(plan: Plan, instance: Instance, tables: CostTables, ev: Evaluation, base_usd: float | None,
+             cluster: str, deadline: float) -> WhyNot:
+    """A partly used cluster: ``use_more``'s plan (the same skeleton, the cluster's block re-planned
+    by the intra-cluster DP under a GPU floor), scored by ``evaluate``."""
+    from hgopt.search.more_gpus import use_more
+
+    planner = "intra-cluster DP"
+    log.info("why not more of %s: its block re-planned with more GPUs", cluster)
+    r = use_more(plan, instance, cluster, tables=tables, deadline=deadline)
+    if r.plan is None:
+        return _none(cluster, r.gpus_used, r.gpus, planner, f"no plan uses more of it: {r.note}")
+    alt_ev = evaluate(r.plan, instance, tables)
+    return _scored(instance, tables, ev, base_usd, cluster, r.gpus_used, r.plan, alt_ev.iteration_time_s, planner,
+                   note=f"the same skeleton, its block re-planned with at least {r.floor} GPUs per copy")
+
+
+def _using_idle(instance: Instance, tables: CostTables, ev: Evaluation, base_usd: float | None, cluster: str,
+                limit_s: float, extra: dict[str, str] | None) -> WhyNot:
+    """An idle cluster: the heuristic's best plan whose pipelines use it, scored by ``evaluate``."""
+    from hgopt.search import PlanOptions, get_planner
+
+    total = instance.topology.cluster(cluster).num_gpus
+    ex = {k: v for k, v in (extra or {}).items() if k in ("link_precision", "max_compressed_links", "link_penalty")}
+    ex["require_clusters"] = cluster
+    try:
+        res = get_planner("heuristic")(instance, PlanOptions(time_limit_s=limit_s, extra=ex))
+    except ValueError as exc:
+        return _none(cluster, 0, total, "heuristic", f"the heuristic declines: {exc}")
+    alt = res.plan
+    alt_ev = evaluate(alt, instance, tables) if alt is not None else None
+    if alt is None or alt_ev is None or not alt_ev.feasible or cluster not in alt.gpus_by_cluster():
+        return _none(cluster, 0, total, "heuristic", "the heuristic found no plan that uses it (memory or batch "
+                     "divisibility: " + _single_cluster_reason(instance, tables, cluster) + ")")
+    return _scored(instance, tables, ev, base_usd, cluster, 0, alt, alt_ev.iteration_time_s, "heuristic")
 
 
 # ---- why there is no plan ---------------------------------------------------------------------------

@@ -12,9 +12,12 @@ from hgopt.errors import PlanError
 from hgopt.spec import DTYPE_BYTES, Instance
 
 __all__ = [
+    "OUTER_PLAN_VERSION",
     "PLAN_VERSION",
     "Boundary",
+    "DeltaPrecision",
     "LinkPrecision",
+    "OuterSync",
     "Pipeline",
     "Plan",
     "ReplicaGroup",
@@ -25,6 +28,9 @@ __all__ = [
 ]
 
 PLAN_VERSION = 1
+OUTER_PLAN_VERSION = 2
+"""Written instead of PLAN_VERSION when a plan has an outer synchronisation (:class:`OuterSync`), so that
+an hgopt that does not know it refuses the file rather than training it synchronously."""
 LinkPrecision = Literal["native", "fp32", "bf16", "fp16", "fp8"]
 """``native``: the training dtype, i.e. no compression."""
 Schedule = Literal["1f1b", "gpipe"]
@@ -112,6 +118,43 @@ class Pipeline:
         return self.boundaries[i] if self.boundaries else Boundary()
 
 
+# ---- outer synchronisation across groups (DiLoCo; issue #15) ---------------------------------
+DeltaPrecision = Literal["native", "fp32", "bf16", "fp8", "int8"]
+"""Precision of the parameter deltas exchanged by the outer synchronisation; fp8 and int8 carry one
+fp32 scale per block of :attr:`OuterSync.block` elements. ``native``: the training dtype."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OuterSync:
+    """DiLoCo-style training (Douillard et al., 2023): the pipelines are split into ``groups``; inside a
+    group gradients are all-reduced every step as usual, across groups only every ``steps`` (H) inner
+    steps the parameter deltas since the last outer step are averaged and applied by an outer SGD with
+    (Nesterov) momentum. ``fragments`` > 1 streams the delta layer range by layer range, fragment k
+    synchronised k·H/fragments steps after fragment 0 (Streaming DiLoCo, 2025); ``overlap`` lets a
+    fragment's exchange run during the following inner steps (priced by the kernel; the runner runs it
+    blocking)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    """Pipeline indices of each group (a partition of the plan's pipelines, at least two groups)."""
+    steps: int = 50
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    precision: DeltaPrecision = "fp32"
+    block: int = 128
+    """Elements per scale for fp8/int8 deltas."""
+    fragments: int = 1
+    overlap: bool = False
+
+    def group_of(self, pipeline: int) -> int:
+        return next(g for g, members in enumerate(self.groups) if pipeline in members)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"groups": [list(g) for g in self.groups], "steps": self.steps, "lr": self.lr,
+                "momentum": self.momentum, "nesterov": self.nesterov, "precision": self.precision,
+                "block": self.block, "fragments": self.fragments, "overlap": self.overlap}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     pipelines: tuple[Pipeline, ...]
@@ -126,6 +169,8 @@ class Plan:
     """Gradient bucket size cap in MiB (PyTorch DDP's ``bucket_cap_mb`` default)."""
     meta: tuple[tuple[str, str], ...] = field(default=())
     """Free-form provenance (solver, status, bound) as key/value strings."""
+    outer: OuterSync | None = None
+    """Outer synchronisation every H steps across groups of pipelines (None: all pipelines synchronous)."""
 
     def gpus_by_cluster(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -141,7 +186,7 @@ class Plan:
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "version": PLAN_VERSION,
+            "version": PLAN_VERSION if self.outer is None else OUTER_PLAN_VERSION,
             "planner": self.planner,
             "instance": self.instance,
             "meta": dict(self.meta),
@@ -167,6 +212,7 @@ class Plan:
                 }
                 for p in self.pipelines
             ],
+            **({"outer": self.outer.to_dict()} if self.outer is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -228,8 +274,9 @@ class _PlanReader:
     def plan(self, data: Any) -> Plan:
         obj = self._obj(data, "<top>")
         version = obj.get("version")
-        if version != PLAN_VERSION:
-            raise self._fail("version", f"unsupported plan version {version!r} (this hgopt reads {PLAN_VERSION})")
+        if version not in (PLAN_VERSION, OUTER_PLAN_VERSION):
+            raise self._fail("version", f"unsupported plan version {version!r} (this hgopt reads {PLAN_VERSION} "
+                                        f"and {OUTER_PLAN_VERSION})")
         pipes = self._list(obj.get("pipelines"), "pipelines")
         meta = self._obj(obj.get("meta", {}), "meta")
         gsp = obj.get("grad_sync_precision", "native")
@@ -249,7 +296,36 @@ class _PlanReader:
             planner=str(obj.get("planner", "manual")),
             instance=str(obj.get("instance", "")),
             meta=tuple((str(k), str(v)) for k, v in meta.items()),
+            outer=self.outer(obj["outer"]) if obj.get("outer") is not None else None,
         )
+
+    def outer(self, data: Any) -> OuterSync:
+        """The ``outer`` object (issue #15); ranges are checked by :func:`validate`."""
+        obj = self._obj(data, "outer")
+        groups = []
+        for i, g in enumerate(self._list(obj.get("groups"), "outer.groups")):
+            members = self._list(g, f"outer.groups[{i}]")
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in members):
+                raise self._fail(f"outer.groups[{i}]", f"expected pipeline indices (integers), got {members!r}")
+            groups.append(tuple(members))
+        prec = obj.get("precision", "fp32")
+        if prec not in get_args(DeltaPrecision):
+            raise self._fail("outer.precision", f"must be one of {', '.join(get_args(DeltaPrecision))}, got {prec!r}")
+        nums = {}
+        for key, default in (("lr", 0.7), ("momentum", 0.9)):
+            v = obj.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise self._fail(f"outer.{key}", f"expected a number, got {v!r}")
+            nums[key] = float(v)
+        flags = {}
+        for key, default in (("nesterov", True), ("overlap", False)):
+            v = obj.get(key, default)
+            if not isinstance(v, bool):
+                raise self._fail(f"outer.{key}", f"must be true or false, got {v!r}")
+            flags[key] = v
+        return OuterSync(groups=tuple(groups), steps=self._int(obj, "steps", "outer", 50),
+                         block=self._int(obj, "block", "outer", 128),
+                         fragments=self._int(obj, "fragments", "outer", 1), precision=prec, **nums, **flags)
 
     def pipeline(self, data: Any, where: str) -> Pipeline:
         obj = self._obj(data, where)
@@ -340,6 +416,26 @@ def validate(plan: Plan, instance: Instance) -> list[Violation]:
             continue  # reported per group
         if used > have:
             out.append(Violation(where=f"cluster {name}", problem=f"uses {used} GPUs, the cluster has {have}"))
+    if plan.outer is not None:
+        out.extend(_validate_outer(plan.outer, len(plan.pipelines), inst=instance))
+    return out
+
+
+def _validate_outer(o: OuterSync, pipelines: int, inst: Instance) -> list[Violation]:
+    """[issue #15] The outer synchronisation's groups partition the pipelines; its numbers are in range."""
+    out: list[Violation] = []
+    seen = sorted(i for g in o.groups for i in g)
+    if len(o.groups) < 2 or any(not g for g in o.groups):
+        out.append(Violation(where="outer.groups", problem=f"needs at least two non-empty groups, got {[list(g) for g in o.groups]}"))
+    if seen != list(range(pipelines)):
+        out.append(Violation(where="outer.groups", problem=f"must hold every pipeline index 0..{pipelines - 1} exactly once, got {seen}"))
+    checks = (("steps", o.steps >= 1, "must be >= 1"), ("lr", 0 < o.lr < float("inf"), "must be > 0"),
+              ("momentum", 0 <= o.momentum < 1, "must be in [0, 1)"), ("block", o.block >= 1, "must be >= 1"),
+              ("fragments", 1 <= o.fragments <= min(o.steps, inst.model.num_layers),
+               f"must be between 1 and min(steps, layers) = {min(o.steps, inst.model.num_layers)}"))
+    for key, ok, problem in checks:
+        if not ok:
+            out.append(Violation(where=f"outer.{key}", problem=f"{problem}, got {getattr(o, key)!r}"))
     return out
 
 

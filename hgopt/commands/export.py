@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link-scale", type=float, default=1.0, help="multiply emulated link bandwidths by this")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary (files written, ranks, per-node commands) instead of the listing")
+    p.add_argument("--elastic", action="store_true",
+                   help="also write elastic.json (the plan, the instance, these options) for "
+                        "`python -m hgopt.runner --elastic`, which re-plans when a rank dies")
     m = p.add_argument_group("runner model (small CPU-friendly defaults)")
     m.add_argument("--hidden", type=int, default=64)
     m.add_argument("--heads", type=int, default=4)
@@ -79,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     rp = build_runner_plan(plan, instance, opts)
     files = write_export(rp, args.out)
+    if args.elastic:  # re-planning inputs for the elastic launcher (issue 14)
+        from hgopt.export.elastic import write_elastic_source
+
+        write_elastic_source(args.out, plan, instance, opts)
     if args.json:
         print(json.dumps(_summary(rp, files), indent=2))
         return 0

@@ -2,7 +2,7 @@
 and print it with its predicted throughput (by ``evaluate``), the proven lower bound on the
 iteration time and the gap, and explain it (``hgopt.explain``): memory per stage, GPUs used, busy
 share and MFU per cluster, dollars per iteration and per million tokens, and for every idle cluster
-the best plan found that uses it. Without a plan it names the binding constraint. A heartbeat line
+the best plan found that uses it (for every partly used one, the best found that uses more of it). Without a plan it names the binding constraint. A heartbeat line
 goes to stderr at least every 2 s while the search runs (``-q`` silences it).
 
 Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time limit), 2 bad input,
@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
     p.add_argument("--why-not-time", type=float, default=None, metavar="S",
                    help="seconds, in all, for the why-not lines: per idle cluster the heuristic's best plan that "
-                        "uses it (default: the smaller of 10 and --time-limit; 0 leaves them out)")
+                        "uses it, per partly used cluster the plan with its block re-planned on more of its GPUs "
+                        "(default: the smaller of 10 and --time-limit; 0 leaves them out)")
     p.add_argument("--link-precision", choices=("native", "fp32", "bf16", "fp16", "fp8", "auto"), default=None,
                    help="precision of inter-cluster boundaries (milp and heuristic planners; default native; "
                         "auto: native, bf16 or fp8 per boundary, as the planner finds fastest; a policy other than "
@@ -64,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
                    help="seconds added to the objective per boundary compressed to precision P, e.g. fp8=0.05 "
                         "(default 0 for every precision)")
+    from hgopt.commands import outer_plan  # issue #15 (diloco): --outer-steps, --delta-precision
+
+    outer_plan.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -116,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if not (why_s >= 0 and math.isfinite(why_s)):
         raise ValueError(f"--why-not-time: must be >= 0 seconds, got {args.why_not_time}")
     opts = _options(args)
+    if getattr(args, "outer_steps", None):  # issue #15 (diloco): plans with an outer sync every H steps
+        from hgopt.commands.outer_plan import run_outer
+
+        return run_outer(args, inst, opts)
     tables = build_tables(inst)
     progress = Progress(args.planner)
     try:
@@ -229,14 +237,17 @@ def render_explanation(e: Explanation) -> str:
             f"(GPU-hours {_usd(m.gpu_usd_per_iteration)}, WAN egress {_usd(m.egress_usd_per_iteration)})")
     out.append(line + (f"; {'; '.join(m.notes)}" if m.notes else ""))
     for w in e.why_not:
-        if w.alternative_s is not None:
+        head = f"why not {'more of ' if w.gpus_used else ''}{w.cluster} ({w.gpus_used}/{w.gpus} GPUs used): "
+        if w.alternative_s is not None and w.slower is not None:
             cost = "" if w.costlier is None else f", {100 * w.costlier:+.1f} % $ per iteration"
+            mine = dict(w.alternative_gpus).get(w.cluster, 0)
             gpus = ", ".join(f"{c} {n}" for c, n in w.alternative_gpus)
-            out.append(f"why not {w.cluster} ({w.gpus_used}/{w.gpus} GPUs used): the best plan the {w.planner} finds "
-                       f"using it takes {fmt_seconds(w.alternative_s)} per iteration, {100 * w.slower:+.1f} % "
+            how = (f"the best plan the {w.planner} finds using {mine}/{w.gpus} of its GPUs"
+                   + (f" ({w.note})" if w.note else ""))
+            out.append(head + f"{how} takes {fmt_seconds(w.alternative_s)} per iteration, {100 * w.slower:+.1f} % "
                        f"time{cost} (GPUs: {gpus})")
         else:
-            out.append(f"why not {w.cluster} ({w.gpus_used}/{w.gpus} GPUs used): {w.note}")
+            out.append(head + w.note)
     return "\n".join(out)
 
 

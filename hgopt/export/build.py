@@ -19,6 +19,7 @@ from hgopt.export.runner_plan import (
     LinkSpec,
     ModelConfig,
     NodeSpec,
+    OuterConfig,
     ReplicaSpec,
     RunnerPipeline,
     RunnerPlan,
@@ -102,6 +103,8 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
         instance=instance.name, planner=plan.planner, meta=plan.meta,
     )
     rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
+    if plan.outer is not None:  # issue #15 (diloco): gradients synchronised inside each group only
+        rp = _with_outer(rp, plan)
     check_runner_plan(rp, "<export>")
     return rp
 
@@ -329,6 +332,23 @@ def _sync_groups(rp: RunnerPlan) -> tuple[SyncGroup, ...]:
             out.append(SyncGroup(start=lo, end=hi, ranks=tuple(sorted(r for h in holders for r in h.ranks)),
                                  mode="full", clusters=clusters))
     return tuple(out)
+
+
+def _with_outer(rp: RunnerPlan, plan: Plan) -> RunnerPlan:
+    """issue #15: the plan's outer synchronisation in the train config; gradient-sync groups built per group
+    of pipelines (the groups exchange parameter deltas every H steps instead, :mod:`hgopt.runner.outer`)."""
+    o = plan.outer
+    assert o is not None
+    if o.overlap:
+        raise ValueError("outer.overlap: the runner runs the outer exchange blocking; export the plan with "
+                         "overlap false (the kernel prices both)")
+    if rp.train.dtype == "bfloat16":
+        raise ValueError("outer: the runner's outer step does not update bf16 master weights yet; export with "
+                         "--dtype float32 or float64")
+    sync = tuple(sg for g in o.groups for sg in _sync_groups(replace(rp, pipelines=tuple(rp.pipelines[i] for i in g))))
+    outer = OuterConfig(groups=o.groups, steps=o.steps, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
+                        precision=o.precision, block=o.block, fragments=o.fragments)
+    return replace(rp, sync_groups=sync, train=replace(rp.train, outer=outer))
 
 
 def _zero_level(lo: int, hi: int, held: tuple[tuple[ReplicaSpec, int], ...], tps: set[int]) -> int:

@@ -22,6 +22,7 @@ __all__ = [
     "LinkSpec",
     "ModelConfig",
     "NodeSpec",
+    "OuterConfig",
     "Piece",
     "RankInfo",
     "ReplicaSpec",
@@ -87,6 +88,21 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OuterConfig:
+    """The plan's outer synchronisation (``Plan.outer``, issue #15; :mod:`hgopt.runner.outer`): pipelines
+    in ``groups`` train apart and average their parameter deltas every ``steps`` steps."""
+
+    groups: tuple[tuple[int, ...], ...]
+    steps: int
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    precision: str = "fp32"
+    block: int = 128
+    fragments: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     steps: int = 3
     lr: float = 1e-3
@@ -117,6 +133,8 @@ class TrainConfig:
     parameters are final (False: after that backward)."""
     grad_bucket_mb: float = 25.0
     """Bucket cap in MiB; a sync group's layers are packed in reverse order into buckets of at most this."""
+    outer: OuterConfig | None = None
+    """Outer synchronisation across groups of pipelines (None: every pipeline synchronous)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -367,7 +385,11 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                   **({"tokenizer": t.tokenizer} if t.tokenizer else {}),
                   **({"checkpoint_format": t.checkpoint_format} if t.checkpoint_format != "torch" else {}),
                   "grad_sync_precision": t.grad_sync_precision, "overlap_grad_sync": t.overlap_grad_sync,
-                  "grad_bucket_mb": t.grad_bucket_mb},
+                  "grad_bucket_mb": t.grad_bucket_mb,
+                  **({"outer": {"groups": [list(g) for g in t.outer.groups], "steps": t.outer.steps, "lr": t.outer.lr,
+                                "momentum": t.outer.momentum, "nesterov": t.outer.nesterov,
+                                "precision": t.outer.precision, "block": t.outer.block,
+                                "fragments": t.outer.fragments}} if t.outer is not None else {})},
         "comm": {"emulate_links": rp.emulate_links, "local": rp.local, "master_addr": rp.master_addr,
                  "master_port": rp.master_port, "timeout_s": rp.timeout_s,
                  "heartbeat_timeout_s": rp.heartbeat_timeout_s, "device": rp.device},
@@ -505,7 +527,20 @@ def _read_train(rd: _Reader, t: dict[str, Any]) -> TrainConfig:
         overlap_grad_sync=rd.get({"overlap_grad_sync": True, **t}, "overlap_grad_sync", "train", bool),
         grad_bucket_mb=_positive(rd, float(rd.get({"grad_bucket_mb": 25.0, **t}, "grad_bucket_mb", "train", (int, float))),
                                  "train.grad_bucket_mb"),
+        outer=_read_outer(rd, t["outer"]) if t.get("outer") is not None else None,
     )
+
+
+def _read_outer(rd: _Reader, o: Any) -> OuterConfig:
+    o = rd.obj(o, "train.outer")
+    return OuterConfig(groups=tuple(tuple(int(i) for i in g) for g in rd.get(o, "groups", "train.outer", list)),
+                       steps=_positive(rd, rd.get(o, "steps", "train.outer", int), "train.outer.steps"),  # type: ignore[arg-type]
+                       lr=float(rd.get(o, "lr", "train.outer", (int, float))),
+                       momentum=float(rd.get(o, "momentum", "train.outer", (int, float))),
+                       nesterov=rd.get(o, "nesterov", "train.outer", bool),
+                       precision=rd.choice(o, "precision", "train.outer", ("native", "fp32", "bf16", "fp8", "int8"), "fp32"),
+                       block=_positive(rd, rd.get(o, "block", "train.outer", int), "train.outer.block"),  # type: ignore[arg-type]
+                       fragments=_positive(rd, rd.get(o, "fragments", "train.outer", int), "train.outer.fragments"))  # type: ignore[arg-type]
 
 
 def _positive(rd: _Reader, v: float, where: str) -> float:

@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
                         "default: the plan's (auto)")
     p.add_argument("--port", type=int, help="local launcher: rendezvous port (0: any free port)")
     p.add_argument("--store", help="HOST:PORT of the rendezvous store (single rank)")
+    p.add_argument("--elastic", action="store_true",
+                   help="local launcher: when a rank dies, re-plan without its node, re-export and resume from the "
+                        "last checkpoint (needs elastic.json from `hgopt export --elastic`; see hgopt.runner.elastic)")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N", help="--elastic: at most N restarts (default 3)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=prefix + "%(message)s",
                             stream=sys.stderr)
         out = Path(args.out) if args.out else Path(args.plan).resolve().parent / "run"
+        if args.elastic and rank is not None:
+            raise ValueError("--elastic is for the local launcher (no --rank/--node-index)")
         if rank is None:
             return _launch(rp, args, out)
         return _one_rank(rp, args, out, rank)
@@ -78,9 +84,17 @@ def _launch(rp: RunnerPlan, args: argparse.Namespace, out: Path) -> int:
 
     if not rp.local:
         logging.getLogger(__name__).warning("this plan was exported for several machines; running every rank here")
-    code = launch_local(rp, Path(args.plan).resolve(), LaunchOptions(
-        out_dir=out, steps=args.steps, resume=args.resume, threads=args.threads, emulation=args.emulation,
-        port=args.port, device=args.device))
+    opts = LaunchOptions(out_dir=out, steps=args.steps, resume=args.resume, threads=args.threads,
+                         emulation=args.emulation, port=args.port, device=args.device)
+    if args.elastic:  # re-plan and resume when a rank dies (issue 14)
+        from hgopt.export.elastic import ELASTIC_FILE, read_elastic_source
+        from hgopt.runner.elastic import run_elastic
+
+        source = read_elastic_source(Path(args.plan).resolve().parent / ELASTIC_FILE)
+        code = run_elastic(rp, Path(args.plan).resolve(), opts, source, args.max_restarts)
+        print_summary(rp, out)
+        return code
+    code = launch_local(rp, Path(args.plan).resolve(), opts)
     print_summary(rp, out)
     return code
 

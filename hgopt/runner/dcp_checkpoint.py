@@ -29,7 +29,7 @@ from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner.tp import TpGroup, split_dims
 from hgopt.runner.zero import ZeroShard
 
-__all__ = ["load_full_dcp", "restore_dcp", "save_dcp", "state_keys"]
+__all__ = ["load_full_dcp", "load_full_dcp_state", "restore_dcp", "save_dcp", "state_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,12 @@ def restore_dcp(rp: RunnerPlan, rank: int, model: nn.Module, opt: Any, tp: TpGro
 
 def load_full_dcp(path: Path) -> dict[str, torch.Tensor]:
     """Every parameter of the model (full tensors) from a DCP folder, in one process."""
+    return load_full_dcp_state(path)[0]
+
+
+def load_full_dcp_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """(every parameter, every parameter's optimizer state by state key) of the whole model, full
+    tensors, from a DCP folder, in one process (the keys are per layer, whatever plan wrote them)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     import warnings
@@ -192,4 +198,10 @@ def load_full_dcp(path: Path) -> dict[str, torch.Tensor]:
     except BaseException as exc:
         _reraise(exc)
         raise _fail(path, exc) from None
-    return {k[len("model."):]: v for k, v in data.items() if k.startswith("model.")}
+    params = {k[len("model."):]: v for k, v in data.items() if k.startswith("model.")}
+    optim: dict[str, dict[str, torch.Tensor]] = {n: {} for n in params}
+    for k, v in data.items():
+        if k.startswith("optim."):
+            name, _, key = k[len("optim."):].rpartition(".")
+            optim.setdefault(name, {})[key] = v
+    return params, optim

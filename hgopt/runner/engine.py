@@ -144,7 +144,7 @@ class StageWorker:
         t0, c0 = time.perf_counter(), time.process_time()
         self.model.zero_grad(set_to_none=True)  # with ZeRO-1 the optimizer does not own every model parameter
         self.opt.zero_grad(set_to_none=True)
-        self._global_tokens = self.data.global_tokens(step, self.rp.global_batch) if self.last else 1
+        self._global_tokens = self._loss_tokens(step) if self.last else 1
         saved: dict[int, _Saved] = {}
         loss = torch.zeros((), dtype=torch.float64, device=self.device)  # read once, after the step
         self.memory.start_step()
@@ -172,8 +172,24 @@ class StageWorker:
         elapsed = time.perf_counter() - t0
         sent = dict(self.wire.sent)
         self.wire.sent.clear()
-        return StepStats(loss=float(loss), time_s=elapsed, cpu_s=time.process_time() - c0, sent=sent,
+        return StepStats(loss=self._reported_loss(step, float(loss)), time_s=elapsed, cpu_s=time.process_time() - c0, sent=sent,
                          grad_sync=self.grad_sync.summary(), memory=self.memory.summary())
+
+    # ---- loss denominator under an outer synchronisation (issue #15, diloco) -----------------------
+    def _loss_tokens(self, step: int) -> int:
+        """Counted targets of the whole step, or of this pipeline's group when the groups train apart
+        (each group's loss is the mean over its own samples, as in DiLoCo)."""
+        if self.rp.train.outer is None:
+            return self.data.global_tokens(step, self.rp.global_batch)
+        from hgopt.runner.outer import group_rows
+
+        return sum(self.data.valid_tokens(step, i) for rows in group_rows(self.rp, self.pi) for i in rows)
+
+    def _reported_loss(self, step: int, loss: float) -> float:
+        """This rank's part of the global mean loss (a group's mean weighted by its share of the targets)."""
+        if self.rp.train.outer is None or not self.last:
+            return loss
+        return loss * self._global_tokens / self.data.global_tokens(step, self.rp.global_batch)
 
     # ---- receives ---------------------------------------------------------------------------------
     def _specs(self, pc: Piece, precision: str, direction: str) -> list[Any]:

@@ -4,7 +4,8 @@ with network namespaces, in a helper process inside the first cluster's namespac
 any rank and the ranks' watchdogs can name the one that died.
 
 While the ranks start (interpreter and torch import, rendezvous: tens of seconds on a small machine)
-the launcher logs ``rendezvous k/N ranks`` as ranks reach the store. SIGTERM (and SIGINT) are
+the launcher logs ``rendezvous k/N ranks`` as ranks reach the store, in every link-emulation mode
+(with namespaces the launcher has no route to the store: its helper reports the count). SIGTERM (and SIGINT) are
 forwarded to every rank as SIGTERM; ranks still running ``STOP_GRACE_S`` later are killed; the
 launcher then returns 143 (130 for SIGINT), without a traceback."""
 
@@ -89,8 +90,9 @@ def local_device(rp: RunnerPlan, requested: str) -> str:
     return choice.kind
 
 
-def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
-    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded."""
+def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, outcome: dict[str, Any] | None = None) -> int:
+    """Start every rank, wait for all of them, clean up; 0 when every rank succeeded. ``outcome`` (elastic
+    mode, :mod:`hgopt.runner.elastic`): filled with every rank's exit code and the watchdogs' abort reason."""
     device = local_device(rp, opts.device or rp.device)
     mode = resolve_emulation(opts.emulation or rp.emulate_links, rp, device)
     port = rp.master_port if opts.port is None else opts.port
@@ -105,8 +107,7 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions) -> int:
         for r in range(rp.world_size):
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
-        store = keep[0] if keep and not isinstance(keep[0], (subprocess.Popen, netns.NetnsLayout)) else None
-        return _watch(rp, procs, store)
+        return _watch(rp, procs, _view(keep), outcome)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -139,7 +140,7 @@ def _rendezvous(rp: RunnerPlan, mode: str, port: int, python: str, keep: list[An
     keep.append(lay)
     netns.setup(rp, lay)
     host = lay.addr_of(rp, rp.rank_info(0).cluster)
-    keep.append(_store_helper(python, lay.namespace_of(rp, rp.rank_info(0).cluster), host, port))
+    keep.append(_store_helper(python, lay.namespace_of(rp, rp.rank_info(0).cluster), host, port, rp.world_size))
     return host, port, lay
 
 
@@ -183,8 +184,10 @@ def _forked_rank(rp: RunnerPlan, rank: int, out_dir: Path, port: int, steps: int
     os._exit(code)
 
 
-def _store_helper(python: str, ns: str, host: str, port: int) -> subprocess.Popen[str]:
-    p = subprocess.Popen(["ip", "netns", "exec", ns, python, "-m", "hgopt.runner.store", host, str(port)],
+def _store_helper(python: str, ns: str, host: str, port: int, ranks: int) -> subprocess.Popen[str]:
+    """The store inside namespace ``ns``; after ``ready`` it reports ranks connected and the abort
+    reason on its stdout (``hgopt.runner.store``), read by :class:`_HelperView`."""
+    p = subprocess.Popen(["ip", "netns", "exec", ns, python, "-m", "hgopt.runner.store", host, str(port), str(ranks)],
                          stdout=subprocess.PIPE, text=True, env={"TORCH_CPP_LOG_LEVEL": "ERROR", **os.environ})
     assert p.stdout is not None
     line = p.stdout.readline()
@@ -192,6 +195,67 @@ def _store_helper(python: str, ns: str, host: str, port: int) -> subprocess.Pope
         p.kill()
         raise RuntimeError(f"the rendezvous store in namespace {ns} did not start ({line.strip()!r})")
     return p
+
+
+class _StoreView:
+    """What the launcher reads from a store it hosts itself: ranks connected, the abort reason."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def connected(self, ranks: int) -> int:
+        from hgopt.runner.watchdog import connected_ranks
+
+        return connected_ranks(self.store, ranks)
+
+    def abort_reason(self) -> str | None:
+        from hgopt.runner.watchdog import abort_reason
+
+        return abort_reason(self.store)
+
+
+class _HelperView:
+    """The same, from the JSON lines of the store helper inside a namespace (the launcher has no route
+    into the namespaces), read by a daemon thread; -1 connected until the first line."""
+
+    def __init__(self, helper: subprocess.Popen[str]) -> None:
+        import threading
+
+        self._state: dict[str, Any] = {"connected": -1, "abort": None}
+        self._thread = threading.Thread(target=self._read, args=(helper,), daemon=True)
+        self._thread.start()
+
+    def _read(self, helper: subprocess.Popen[str]) -> None:
+        assert helper.stdout is not None
+        for line in helper.stdout:
+            try:
+                got = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(got, dict):
+                self._state = {"connected": int(got.get("connected", -1)), "abort": got.get("abort")}
+
+    def connected(self, ranks: int) -> int:
+        return int(self._state["connected"])
+
+    def abort_reason(self) -> str | None:
+        self._thread.join(timeout=2 * _HELPER_POLL_S)  # the helper's last line, if it is still being read
+        reason = self._state["abort"]
+        return str(reason) if reason else None
+
+
+_HELPER_POLL_S = 0.5
+"""hgopt.runner.store's POLL_S (not imported: that module imports torch)."""
+
+
+def _view(keep: list[Any]) -> _StoreView | _HelperView | None:
+    """The launcher's view of the store in ``keep``: in-process, or the netns helper's reports."""
+    for k in keep:
+        if isinstance(k, subprocess.Popen):
+            return _HelperView(k)
+        if not isinstance(k, netns.NetnsLayout):
+            return _StoreView(k)
+    return None
 
 
 def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions, mode: str, host: str, port: int,
@@ -211,17 +275,8 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
     return subprocess.Popen(cmd, env=env)
 
 
-def _connected(store: Any, ranks: int) -> int:
-    """Ranks whose watchdog has reached the rendezvous store (its first heartbeat key is set)."""
-    from hgopt.runner.watchdog import _PREFIX
-
-    try:
-        return sum(1 for r in range(ranks) if store.check([f"{_PREFIX}hb/{r}"]))
-    except Exception:  # a store that went away: no progress line, the exit codes tell the rest
-        return -1
-
-
-def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> int:
+def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _StoreView | _HelperView | None = None,
+           outcome: dict[str, Any] | None = None) -> int:
     """Wait for every rank, logging start-up progress from ``store``. After the first failure the
     others get the heartbeat timeout (plus slack) to notice and exit on their own; whoever is left
     then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
@@ -249,7 +304,7 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any
                         p.terminate()
                 deadline = time.monotonic() + STOP_GRACE_S
             if store is not None and shown < n and not stop:
-                k = _connected(store, n)
+                k = store.connected(n)
                 now = time.monotonic()
                 if k >= 0 and (k != shown or now - last_line >= _PROGRESS_S):
                     log.info("rendezvous %d/%d ranks (%.0f s)", k, n, now - t0)
@@ -278,9 +333,9 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: Any
         return _SIGNAL_EXIT[signal.Signals(-stop[0])]
     if first is None:
         return 0
-    from hgopt.runner.watchdog import abort_reason
-
-    reason = abort_reason(store) if store is not None else None
+    reason = store.abort_reason() if store is not None else None
+    if outcome is not None:  # elastic mode: who died, for the re-plan
+        outcome.update(codes={r: p.returncode for r, p in procs.items()}, first=first, reason=reason)
     if reason:  # the rank that exited first is often a healthy one that noticed the dead one
         log.error("run failed: %s; %s exited first (status %d)", reason, rp.rank_info(first[0]).describe(), first[1])
     else:

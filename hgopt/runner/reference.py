@@ -17,13 +17,24 @@ from hgopt.runner.model import StageModel, build_stage
 __all__ = ["train_reference"]
 
 
-def train_reference(rp: RunnerPlan, steps: int | None = None) -> tuple[StageModel, list[float]]:
-    """Train for ``steps`` (default: the plan's) and return the model and the loss of every step."""
+def train_reference(rp: RunnerPlan, steps: int | None = None,
+                    start: tuple[int, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]] | None = None,
+                    ) -> tuple[StageModel, list[float]]:
+    """Train until ``steps`` are done (default: the plan's) and return the model and the loss of every
+    step trained. ``start``: (steps done, parameters, optimizer state per parameter) to continue from,
+    e.g. :func:`hgopt.runner.dcp_checkpoint.load_full_dcp_state` of a checkpoint (re-planning, issue 14)."""
     model = build_stage(rp.model, 0, rp.model.num_layers, seed=rp.train.seed, dtype=rp.train.dtype)
     opt = make_optimizer(rp, model)
     data = Dataset(rp.model, rp.train, rp.global_batch)
     losses = []
-    for step in range(rp.train.steps if steps is None else steps):
+    done = 0
+    if start is not None:
+        done, params, optim = start
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+                opt.state[p] = {k: v.clone() if v.dim() == 0 else v.to(p.dtype).clone() for k, v in optim[n].items()}
+    for step in range(done, rp.train.steps if steps is None else steps):
         opt.zero_grad(set_to_none=True)
         tokens = data.global_tokens(step, rp.global_batch)
         total = 0.0

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-__all__ = ["Watchdog", "abort_reason"]
+__all__ = ["Watchdog", "abort_reason", "connected_ranks"]
 
 log = logging.getLogger(__name__)
 _PREFIX = "hgopt/watchdog/"
@@ -122,3 +122,12 @@ def abort_reason(store: object) -> str | None:
     except Exception:  # the store may be gone
         return None
     return None
+
+
+def connected_ranks(store: object, ranks: int) -> int:
+    """Ranks among ``0 .. ranks-1`` whose watchdog has reached the store (its first heartbeat key is
+    set); -1 when the store is gone. (The launcher's start-up progress lines.)"""
+    try:
+        return sum(1 for r in range(ranks) if store.check([f"{_PREFIX}hb/{r}"]))  # type: ignore[attr-defined]
+    except Exception:  # a store that went away: no progress line, the exit codes tell the rest
+        return -1

@@ -20,6 +20,7 @@ from hgopt.runner.comm import Wire
 from hgopt.runner.device import DeviceChoice, local_index, rank_device, resolve_device
 from hgopt.runner.engine import StageWorker, StepStats, make_groups, make_optimizer
 from hgopt.runner.model import build_stage
+from hgopt.runner.outer import make_outer, restore as outer_restore, save as outer_save
 from hgopt.runner.watchdog import Watchdog
 from hgopt.runner.zero import make_zero_shards, optimizer_params
 
@@ -84,6 +85,7 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
     stage = rp.pipelines[info.pipeline].stages[info.stage]
     model = build_stage(rp.model, stage.start, stage.end, groups.tp, seed=rp.train.seed, dtype=rp.train.dtype,
                         device=device, recompute=stage.recompute == "full")
+    outer = make_outer(rp, rank, model, timeout)  # issue #15 (diloco): None without an outer sync
     zero = make_zero_shards(rp, rank, model, groups.sync)
     opt = make_optimizer(rp, model, optimizer_params(model, zero))
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
@@ -91,6 +93,8 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
             (opts.out_dir / stale).unlink(missing_ok=True)
     dist.barrier()
     done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir, zero) if opts.resume else 0
+    if outer is not None and done:
+        outer_restore(outer, checkpoint._dir(opts.out_dir, done))
     wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation, device=device,
                 backward_group=groups.backward)
     worker = StageWorker(rp, rank, model, groups, wire, opt, device=device, zero=zero)
@@ -104,8 +108,14 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
                  z.sg.start, z.sg.end, z.lo, z.hi, z.numel, z.member, z.members)
     every = rp.train.checkpoint_every
     for step in range(done, steps):
-        _report(rp, rank, step, worker.step(step), opts.out_dir, device)
+        st = worker.step(step)
+        if outer is not None and outer.maybe_sync(step + 1):
+            for z in zero:  # ZeRO-1 steps a flat copy of its slice: take the outer step's parameters
+                z.refresh()
+        _report(rp, rank, step, st, opts.out_dir, device)
         if (every and (step + 1) % every == 0) or step + 1 == steps:
+            if outer is not None:
+                outer_save(outer, checkpoint._dir(opts.out_dir, step + 1))
             checkpoint.save(rp, rank, model, opt, groups.tp, opts.out_dir, step + 1, zero)
 
 

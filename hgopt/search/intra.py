@@ -248,6 +248,7 @@ def best_local_plan(
     stages_before: int = 0,
     stages_after: int = 0,
     replicas: int = 1,
+    min_gpus: int = 0,
 ) -> LocalPlan | None:
     """The local pipeline of ``cluster`` for layers [start, end) minimising [I1]
     (m − 1)·bottleneck + fill + sync_opt, or ``None`` when nothing fits in ``gpu_budget`` GPUs
@@ -256,10 +257,13 @@ def best_local_plan(
     ``stages_before``/``stages_after``: pipeline stages outside this cluster before/after the block
     (1F1B keeps min(stages to the end, m) microbatches in flight, so only ``stages_after`` changes
     memory). ``replicas``: identical pipelines whose copies of these stages sit in this cluster and
-    all-reduce their gradients together (the ring has replicas·dp members).
+    all-reduce their gradients together (the ring has replicas·dp members). ``min_gpus``: only local
+    pipelines using at least that many GPUs (the CLI's why-not lines for a partly used cluster).
     """
     _check_args(instance, cluster, start, end, microbatch, num_microbatches, gpu_budget, stages_before,
                 stages_after, replicas)
+    if not 0 <= min_gpus <= gpu_budget:  # (cli: min_gpus)
+        raise ValueError(f"min_gpus: must be in [0, gpu_budget = {gpu_budget}], got {min_gpus}")
     best: _Choice | None = None
     c = instance.topology.cluster(cluster)
     classes = tables.layer_classes or layer_classes(instance)
@@ -272,15 +276,18 @@ def best_local_plan(
             continue
         sm = StageModel(instance, tables, c, cfg, replicas)
         s_max = min(gpu_budget // cfg.gpus, end - start)
+        s_min = max(1, -(-min_gpus // cfg.gpus))  # (cli: min_gpus)
+        if s_min > s_max:
+            continue
         work = float(sm.compute(np.array([start]), np.array([end]))[0])
-        todo.append((pipeline_time(num_microbatches, work / s_max, work), idx, work, sm, s_max))
+        todo.append((pipeline_time(num_microbatches, work / s_max, work), idx, work, sm, s_max, s_min))
     todo.sort(key=lambda x: (x[0], x[1]))
     best_idx = -1
-    for lb, idx, work, sm, s_max in todo:
+    for lb, idx, work, sm, s_max, s_min in todo:
         if best is not None and lb > best.value:
             break
         found = _search_range(classes, sm, start, end, s_max, stages_after, num_microbatches,
-                              incumbent=best.value if best is not None else INF, work=work)
+                              incumbent=best.value if best is not None else INF, work=work, s_min=s_min)
         if found is not None and (best is None or found.value < best.value
                                   or (found.value == best.value and idx < best_idx)):
             best, best_idx = found, idx
@@ -312,18 +319,19 @@ def _stages(cluster: str, cfg: LocalConfig, bounds: tuple[int, ...]) -> tuple[St
 
 def _search_range(
     classes: tuple[int, ...], sm: StageModel, start: int, end: int, s_max: int, d: int, m: int,
-    incumbent: float = INF, work: float = 0.0,
+    incumbent: float = INF, work: float = 0.0, s_min: int = 1,
 ) -> _Choice | None:
     """Best partition of [start, end) for one config over every stage count <= s_max that can beat
     ``incumbent``: with s stages the objective is at least (m − 1)·work/s + work (the
     bottleneck is at least the mean stage compute, the fill at least the whole compute ``work``) [I6],
-    so stage counts are tried from the most down and stop once that bound exceeds the best."""
+    so stage counts are tried from the most down and stop once that bound exceeds the best; none
+    below ``s_min``."""
     geo = TrunkGeometry.for_range(classes, start, end)
     if geo is None:
-        return _generic_best(sm, start, end, s_max, d, m)
+        return _generic_best(sm, start, end, s_max, d, m, s_min)
     tc = TrunkCosts(sm, geo, geo.trunk)
     best: _Choice | None = None
-    for s in range(s_max, 0, -1):  # ties go to the fewest stages, as in ascending order
+    for s in range(s_max, s_min - 1, -1):  # ties go to the fewest stages, as in ascending order
         if pipeline_time(m, work / s, work) > min(incumbent, best.value if best is not None else INF):
             break
         sol = solve_trunk(tc, s, d, m, np.array([geo.trunk]))
@@ -552,7 +560,7 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
 
 
 # ---- [I5] Pareto dynamic programme over layer positions, any range --------------------------------
-def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int) -> _Choice | None:
+def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int, s_min: int = 1) -> _Choice | None:
     """Exact [I1] for any layers: suffixes [l, end) split into r stages keep their Pareto set of
     (bottleneck, sync_opt, sends); fill = compute of the range (additive) + 2·sends."""
     n = end - start
@@ -572,6 +580,8 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
     for r in range(1, s_max + 1):
         if r > 1:
             front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
+        if r < s_min:  # (cli: min_gpus)
+            continue
         for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
             val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + sv
             if best is None or val < best.value:

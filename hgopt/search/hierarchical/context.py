@@ -1,0 +1,48 @@
+"""One search's caches and clock (``Ctx``): created per call, never shared between calls."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hgopt.cost.tables import CostTables
+from hgopt.search.baselines._common import BlockLayout
+from hgopt.search.hier_tables import ClusterTable
+from hgopt.search.hierarchical.records import Estimated, HeuristicOptions
+from hgopt.search.intra import LocalPlan
+from hgopt.spec import Instance
+
+
+@dataclass(kw_only=True, slots=True)
+class Ctx:
+    """Per-search caches (one search; never shared between calls)."""
+
+    instance: Instance
+    tables: CostTables
+    layout: BlockLayout
+    start: float
+    tabs: dict[tuple[object, ...], ClusterTable] = field(default_factory=dict)
+    links: dict[tuple[str, str, int, int, str], tuple[float, float]] = field(default_factory=dict)
+    local: dict[tuple[object, ...], LocalPlan | None] = field(default_factory=dict)
+    parts: dict[tuple[str, int, int], object] = field(default_factory=dict)
+    subsets: dict[tuple[int, int, tuple[str, ...], int], Estimated | None] = field(default_factory=dict)
+    """[H4] estimated skeleton per (k, B, clusters, passes)."""
+    holds: dict[tuple[int, tuple[str, ...]], bool] = field(default_factory=dict)
+    """[C6] memory screen per (k, clusters)."""
+    alike: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """[H2] per cluster, what its estimates read of it (the key of the shared tables)."""
+    allowed: tuple[str, ...] = ("native",)
+    """Precisions an inter-cluster boundary may use (mixed-precision links)."""
+    max_links: int | None = None
+    """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
+    penalty: dict[str, float] = field(default_factory=dict)
+    """Seconds per boundary compressed to a precision [H7]."""
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def out_of_time(ctx: Ctx, options: HeuristicOptions) -> bool:
+    if options.progress is not None and options.progress.stop_requested():  # (cli-explain)
+        return True
+    return options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s
