@@ -53,9 +53,12 @@ def main(argv: list[str]) -> int:
                 self.model._traced = True
             acc["model_fwd"] = acc["backward"] = 0.0
             acc["flt"] = 0
-            t = time.thread_time()
+            acc["recv"] = 0.0
+            t, w0 = time.thread_time(), time.perf_counter()
             out = real(self, *a, **k)
-            cur.setdefault("ops", []).append({"kind": kind, "cpu": time.thread_time() - t, "model_fwd": acc["model_fwd"],
+            cur.setdefault("ops", []).append({"kind": kind, "w0": w0, "w1": time.perf_counter(), "recv_wait": acc["recv"],
+                                              "mb": a[-1] if kind == "B" else a[1],
+                                              "cpu": time.thread_time() - t, "model_fwd": acc["model_fwd"],
                                               "backward": acc["backward"], "faults": acc["flt"]})
             return out
         return wrapper
@@ -90,6 +93,19 @@ def main(argv: list[str]) -> int:
                 cur[key] = cur.get(key, 0.0) + time.thread_time() - t
         setattr(obj, name, wrapper)
 
+    from hgopt.runner import comm
+
+    real_wait = comm.Pending.wait
+
+    def pending_wait(self: Any) -> Any:
+        w = time.perf_counter()
+        try:
+            return real_wait(self)
+        finally:
+            acc["recv"] = acc.get("recv", 0.0) + time.perf_counter() - w
+            acc["recv_done"] = time.perf_counter()
+
+    comm.Pending.wait = pending_wait  # type: ignore[method-assign]
     engine.StageWorker._forward = op("F", real_fwd)  # type: ignore[method-assign]
     engine.StageWorker._backward = op("B", real_bwd)  # type: ignore[method-assign]
     engine.StageWorker.step = step  # type: ignore[method-assign]

@@ -10,13 +10,17 @@ the measured median step time.
 Plans: 1F1B pipelines with a slow (50 or 200 ms) link between two middle stages, where [C3]'s round trip
 from stage s to the end misses the window around the slow hop; one plan without latency as a
 control. Each plan gets a fresh profile of its microbatch sizes just before its run (as in the
-validation bench) and both predictions use it.
+validation bench, measured with as many paced co-tenants as the plan has ranks) and both predictions
+use it; the ranks are paced in device regions, as in the validation bench (docs/validation.md). The
+validation bench itself now reports both predictions for its 14 plans; this one keeps the plans with a
+slow middle hop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -74,6 +78,8 @@ def main() -> int:
     ap.add_argument("--heartbeat", type=float, default=120.0, help="runner heartbeat timeout (s)")
     args = ap.parse_args()
     harness.build_runner_plan = _patient_export(args.heartbeat)
+    if os.geteuid() == 0:
+        os.environ.setdefault("HGOPT_PACE_RT", "1")  # paced ranks and profiles under SCHED_RR (hgopt.profiler.paced)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # ranks of one cluster talk over loopback: measured once
@@ -90,11 +96,11 @@ def main() -> int:
         if keep and name not in keep:
             continue
         folder = out / "runs" / "".join(c if c.isalnum() else "_" for c in name)
-        prof = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=5)
+        prof = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=15, tenants=plan.num_gpus())
         inst = instance(NETS[net], prof, links)
         ev, sim = evaluate(plan, inst), simulate(plan, inst)
         run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode="delay",
-                       pace=args.pace, nice=args.nice)
+                       pace=args.pace, nice=args.nice, device_regions=True)
         rows.append((name, net, ev.iteration_time_s, sim.iteration_time_s, run.median_s, run))
         print(f"{name:<28} evaluate {ev.iteration_time_s:.3f} s  simulate {sim.iteration_time_s:.3f} s  "
               f"measured {run.median_s:.3f} s (steps {', '.join(f'{s:.3f}' for s in run.step_s)}; "

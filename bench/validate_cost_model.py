@@ -10,8 +10,10 @@ tbf, small burst); (3) each plan: a fresh ``hgopt profile`` of the microbatch si
 time of the same layer drifts by up to ~15 % over minutes on a shared host), a prediction with
 ``evaluate`` on an instance built from the measured figures, a run with the runner (every rank paced at
 the same speed) and its median step time; (4) table, errors, rank agreement (Kendall tau) among the
-candidates of one instance (all predicted from the start-up profile), scatter plot. Links with latency are emulated by the runner's ``delay`` mode (its ``netns`` mode adds
-latency as max(latency, transfer) instead of latency + transfer), links without latency by ``netns``.
+candidates of one instance (all predicted from the start-up profile), scatter plot. Links are emulated by the runner's ``delay`` mode (exactly the
+configured bandwidth and latency); ``--netns`` emulates those without latency with network namespaces
+and tc tbf instead, measured with ``hgopt profile --links`` (on a shared CPU host the kernel's packet
+work is then charged to the paced ranks: docs/validation.md).
 Needs root (namespaces, tc). Deterministic plan set; ~10 minutes on 2 busy cores, less on an idle machine.
 """
 
@@ -54,10 +56,12 @@ class Net:
     mbit_s: float
     latency_ms: float
     devices: int = 2
+    netns: bool = False
+    """Emulate a link without latency with ``netns`` (tc tbf) instead of the runner's ``delay`` mode."""
 
     @property
     def mode(self) -> str:
-        return "delay" if self.latency_ms > 0 else "netns"
+        return "netns" if self.netns and self.latency_ms == 0 else "delay"
 
 
 NETS = {
@@ -126,14 +130,14 @@ def plan_mbs(plan: Plan) -> tuple[int, ...]:
     return tuple(sorted({g.mbs for p in plan.pipelines for s in p.stages for g in s.groups}))
 
 
-def measure_links(out: Path, burst: int) -> dict[str, dict[str, float]]:
+def measure_links(out: Path, burst: int, nets: dict[str, Net]) -> dict[str, dict[str, float]]:
     """Loopback (ranks of one cluster) and every netns WAN link, as {gbyte_s, latency_ms}."""
     figures = {}
     path = out / "links-loopback.json"
     _hgopt(["profile", "--links", "--ranks", "2", "--repeat", "5", "--sizes", "65536,262144,1048576,4194304",
             "-o", str(path)])
     figures["loopback"] = json.loads(path.read_text())["point_to_point"]
-    for net in NETS.values():
+    for net in nets.values():
         if net.mode != "netns" or net.name == "lan":
             continue
         path = out / f"links-{net.name}.json"
@@ -289,7 +293,14 @@ def main() -> int:
     ap.add_argument("--nice", type=int, default=-10, help="CPU priority of the paced ranks (root for < 0)")
     ap.add_argument("--max-lag", type=float, default=0.1,
                     help="rerun a plan once when a rank's pace lagged by more than this fraction of the run")
-    ap.add_argument("--burst", type=int, default=3000, help="token-bucket burst of the netns links (bytes)")
+    ap.add_argument("--netns", action="store_true",
+                    help="emulate the links without latency with netns (tc tbf, measured with hgopt profile --links) "
+                         "instead of the delay mode: distorted on a shared CPU host, see docs/validation.md")
+    ap.add_argument("--burst", type=int, default=30000,
+                    help="token-bucket burst of the netns links (bytes). Not smaller: with a burst of a few packets "
+                         "tbf releases packets one by one from its timer, and that softirq work is charged to "
+                         "whichever paced rank runs (measured: +56 %% CPU time for the same work at 200 Mbit/s, "
+                         "burst 3000 B; none at 30000 B)")
     ap.add_argument("--only", default="", help="comma-separated plan names (default: all)")
     ap.add_argument("--no-tenants", action="store_true",
                     help="profile alone (the method before this round's fix) instead of with as many paced "
@@ -319,11 +330,12 @@ def main() -> int:
     profs = {n: profile_model(out / f"profile-{n}.json", args.pace, tenants=n)
              for n in sorted({tenants(p) for _, _, p in todo})}
     prof = profs[max(profs)]  # the planner's instance: its plans use up to 4 ranks
-    links = measure_links(out, args.burst)
+    nets = {k: replace(v, netns=args.netns) for k, v in NETS.items()}
+    links = measure_links(out, args.burst, nets)
     print(f"profile and links measured in {time.perf_counter() - t0:.0f} s; loopback "
           f"{links['loopback']['gbyte_s']:.2f} GB/s; " + ", ".join(
               f"{k} {v['gbyte_s'] * 8e3:.1f} Mbit/s" for k, v in links.items() if k != "loopback"))
-    insts = {name: instance(net, prof, links) for name, net in NETS.items()}
+    insts = {name: instance(net, prof, links) for name, net in nets.items()}
     cand = _planner_candidate(insts[RANK_GROUP])
     picked = None
     if cand is not None:
@@ -336,15 +348,15 @@ def main() -> int:
         todo = [t for t in todo if t[0] in keep]
     rows = []
     for name, net, plan in todo:
-        common = evaluate(plan, instance(NETS[net], profs.get(tenants(plan), prof), links))
+        common = evaluate(plan, instance(nets[net], profs.get(tenants(plan), prof), links))
         if not common.feasible:
             raise SystemExit(f"plan {name!r} is not feasible: {common.violations}")
         folder = out / "runs" / name.replace(" ", "_").replace("|", "-").replace("+", "p")
         # the device as it is now: a fresh profile of the microbatch sizes the plan uses, just before its run
-        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=5, tenants=tenants(plan))
-        inst = instance(NETS[net], fresh, links)
+        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=15, tenants=tenants(plan))
+        inst = instance(nets[net], fresh, links)
         ev = evaluate(plan, inst)
-        run = _run(plan, inst, folder, net, args)
+        run = _run(plan, inst, folder, nets[net], args)
         row = Row(name=name, net=net, ranks=plan.num_gpus(), predicted_s=ev.iteration_time_s,
                   common_s=common.iteration_time_s, before_s=without_round_trip(ev, plan),
                   simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run)
@@ -369,12 +381,12 @@ def _lag_fraction(run: RunResult) -> float:
     return run.lag_s / max(sum(run.step_s[1:]), 1e-9)
 
 
-def _run(plan: Plan, inst: Instance, folder: Path, net: str, args: argparse.Namespace) -> RunResult:
+def _run(plan: Plan, inst: Instance, folder: Path, net: Net, args: argparse.Namespace) -> RunResult:
     """One run; a second one when the machine was too busy to hold the devices' pace (the lag is
     reported in the table either way)."""
     run = None
     for attempt in range(2):
-        run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode=NETS[net].mode,
+        run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode=net.mode,
                        pace=args.pace, nice=args.nice, burst_bytes=args.burst,
                        device_regions=not args.no_device_regions, heartbeat_s=args.heartbeat)
         if _lag_fraction(run) <= args.max_lag:
