@@ -59,12 +59,12 @@ def main() -> None:
                 bound = f"{lb:.3f} s ({m.planner.status}; heuristic gap {100 * gap:.1f} %)"
         mig = c.migration
         rows.append([name, f"`{change}`", f"{res.before.iteration_time_s:.3f} s", c.name.replace(" for the new resources", ""),
-                     f"{c.evaluation.iteration_time_s:.3f} s", f"{mig.bytes / 1e9:.2f} GB", f"{mig.time_s:.2f} s",
+                     f"{c.evaluation.iteration_time_s:.3f} s", f"{mig.bytes / 1e9:.2f} GB", f"{mig.inside_bytes / 1e9:.2f} GB", f"{mig.time_s:.2f} s",
                      f"{sum(b for _, _, b in mig.from_checkpoint) / 1e9:.2f} GB", bound, f"{wall:.2f} s / {cpu:.2f} s"])
         cmds.append(f"hgopt plan {name} --planner heuristic --time-limit {args.old_time_limit:g} -o old.json && "
                     f"hgopt replan old.json --instance {name} --change '{change}' --horizon-steps {args.horizon_steps}"
                     + (f"  # bound: add --planner milp --time-limit {args.milp_time_limit:g}" if with_milp else ""))
-    head = ["instance", "change", "iteration before", "chosen", "iteration after", "migration", "move time",
+    head = ["instance", "change", "iteration before", "chosen", "iteration after", "between clusters", "inside clusters", "move time",
             "from checkpoint", "MILP lower bound (new resources)", "heuristic replan wall / CPU"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

@@ -255,3 +255,25 @@ def test_migration_egress_is_bytes_times_the_links_price() -> None:
     priced = replace(inst, topology=replace(inst.topology, links=tuple(
         replace(lk, egress_usd_per_gb=0.02 if (lk.src, lk.dst) == ("b", "a") else None) for lk in inst.topology.links)))
     assert m.egress_usd(priced) == pytest.approx(12e6 / 1e9 * 0.02)  # 12 MB of layer 2 from b to a at $0.02/GB
+
+
+def test_moves_inside_a_cluster_by_hand() -> None:
+    """[M1i]: a cluster's added GPUs get their share from the cluster's earlier holders, over NVLink in
+    one node and over the node NICs across nodes; a new ZeRO shard count reshuffles every holder."""
+    from dataclasses import replace
+
+    inst = _inst()  # 2 nodes x 2 GPUs per cluster; NVLink 100 GB/s, NIC 100 Gbit/s = 12.5 GB/s, no latency
+    one = Plan(pipelines=(pipeline([((0, 4), [G("a", dp=1, mbs=2)])], m=4),))
+    two = Plan(pipelines=(pipeline([((0, 4), [G("a", dp=2, mbs=1)])], m=4),))
+    four = Plan(pipelines=(pipeline([((0, 4), [G("a", dp=4, mbs=1)])], m=2),))
+    m = migration(one, two, inst)
+    assert m.flows == () and m.inside == (("a", 4 * 1e6 * 12, pytest.approx(48e6 / 100e9)),)
+    m = migration(one, four, inst)  # 3 added GPUs on 2 nodes: through the NICs
+    assert m.inside == (("a", 3 * 48e6, pytest.approx(3 * 48e6 / 2 / 12.5e9)),)
+    zero = replace(two, pipelines=(replace(two.pipelines[0], stages=(replace(two.pipelines[0].stages[0], zero=1),)),))
+    m = migration(two, zero, inst)  # shards 1 -> 2: both GPUs keep their weights, take half the moments anew
+    assert m.inside == (("a", 2 * 4 * 1e6 * 8 / 2, pytest.approx(32e6 / 100e9)),)
+    tp2 = Plan(pipelines=(pipeline([((0, 4), [G("a", tp=2, dp=1, mbs=2)])], m=4),))
+    m = migration(two, tp2, inst)  # tp 1 -> 2: both GPUs take their half of weights and moments
+    assert m.inside == (("a", 2 * 4 * 1e6 / 2 * 12, pytest.approx(48e6 / 100e9)),)
+    assert migration(two, two, inst).inside == ()

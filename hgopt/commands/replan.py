@@ -119,7 +119,8 @@ def result_to_json(res: ReplanResult, changes: list[str], new: Instance) -> dict
                            "optimizer_bytes": f.optimizer_bytes, "layers": list(f.layers), "time_s": f.time_s}
                           for f in c.migration.flows],
                 "from_checkpoint": [{"cluster": c_, "layer": layer, "bytes": b}
-                                    for c_, layer, b in c.migration.from_checkpoint]}
+                                    for c_, layer, b in c.migration.from_checkpoint],
+                "inside": [{"cluster": c_, "bytes": b, "time_s": t} for c_, b, t in c.migration.inside]}
 
     lb = res.planner.lower_bound_s
     return {
@@ -149,12 +150,12 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
                f"on {b.gpus_used} GPUs (the old plan on the old resources)")
     n = res.horizon_steps
     rows = [[c.name, fmt_seconds(c.evaluation.iteration_time_s), f"{c.evaluation.throughput_samples_per_s:.4g}",
-             c.evaluation.gpus_used, fmt_bytes(c.migration.bytes), fmt_seconds(c.migration.time_s),
-             fmt_seconds(c.total_s)] for c in res.candidates]
+             c.evaluation.gpus_used, fmt_bytes(c.migration.bytes), fmt_bytes(c.migration.inside_bytes),
+             fmt_seconds(c.migration.time_s), fmt_seconds(c.total_s)] for c in res.candidates]
     if rows:
         out.append(f"candidates (total = move + {n} x iteration), best first:")
-        out.append(format_table(["candidate", "iteration", "samples/s", "GPUs", "moves", "move time",
-                                 f"total over {n} steps"], rows))
+        out.append(format_table(["candidate", "iteration", "samples/s", "GPUs", "between clusters", "inside",
+                                 "move time", f"total over {n} steps"], rows))
     for name, why in res.rejected:
         out.append(f"not usable: {name}: {why}")
     c = res.chosen
@@ -181,6 +182,9 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
                                       _ranges(f.layers), fmt_seconds(f.time_s)] for f in m.flows]))
         else:
             out.append("migration: nothing crosses clusters (every cluster keeps the layers it holds)")
+        if m.inside:
+            out.append("inside clusters ([M1i]: earlier holders feed added GPUs, a new tp split or ZeRO shard count): "
+                       + ", ".join(f"{c_} {fmt_bytes(b)} in {fmt_seconds(t)}" for c_, b, t in m.inside))
         if m.from_checkpoint:
             lost = sum(x for _, _, x in m.from_checkpoint)
             out.append(f"from the last checkpoint (no surviving cluster holds it; not priced): {fmt_bytes(lost)} "

@@ -17,8 +17,15 @@ Cluster c must receive, of layer l, ``max(0, p^B_c − p^A_c) · params_l · w``
 still in the new topology (a cluster that shrank keeps its share: its surviving GPUs or its region's
 checkpoint copy), fastest per-flow link first; a deficit no source can cover (the only holders were
 dropped) comes from the last checkpoint and is listed, unpriced, in :attr:`Migration.from_checkpoint`.
-Moves inside a cluster (new GPUs of a cluster that held the layer already) are not priced: they run on
-the intra-cluster fabric, concurrently, and are small against the WAN.
+
+Inside a cluster [M1i]. A cluster that held layer l already feeds its own new holders. Under the new plan
+n_{t,z} GPUs there hold l with tp t and ZeRO shard count z; the old plan had N_t GPUs with tp t and
+N_{t,z} with that layout. They receive ``max(0, n_{t,z} − N_t) · params_l/t · w`` bytes of weights (the GPUs
+beyond the earlier holders of that tp split) and ``max(0, n_{t,z} − N_{t,z}) · params_l/t · o/z`` of optimizer
+state (a new shard count re-slices every holder's state; the weights stay). These bytes, with the WAN bytes into the cluster, go through the
+receiving nodes' NICs (``nic_time`` over the nodes the new plan uses; ``intra_node`` bandwidth when the
+old and the new plan use one node there). A cluster that receives a layer over the WAN is not charged
+again for spreading it inside (the WAN flows land on its nodes).
 
 How long [M1]. Every direction s -> d carries its bytes ``X_sd`` as ``n = min(nodes_s, nodes_d)``
 node-pair flows (nodes: those the old plan used in s, those the new plan uses in d), all directions at
@@ -26,6 +33,7 @@ the same time:
 
     T_sd  = flows_time(link s->d, X_sd / n, X_sd)           (per-flow and aggregate caps, [C4w])
     T_nic = nic_time(NIC_c, bytes into (out of) c / nodes_c)  (each cluster's node NICs, [C4])
+    T_in  = nic_time(NIC_c, (inside bytes + WAN bytes into c) / nodes_c)   ([M1i])
     T     = max over directions and clusters of T_sd, T_nic
 
 Amortised over a horizon of N steps, a plan's total time is ``T + N · iteration_time``
@@ -39,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from hgopt.cost.links import flows_time, nic_time
-from hgopt.cost.tables import optimizer_bytes_per_param
+from hgopt.cost.tables import optimizer_bytes_per_param, transfer_time
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Instance
 
@@ -70,10 +78,17 @@ class Migration:
     """[M1]: the whole move, every direction at once."""
     from_checkpoint: tuple[tuple[str, int, float], ...] = ()
     """(cluster, layer, bytes) that no surviving cluster holds: read from the last checkpoint (unpriced)."""
+    inside: tuple[tuple[str, float, float], ...] = ()
+    """(cluster, bytes, seconds) moved inside a cluster that held the layers already ([M1i])."""
 
     @property
     def bytes(self) -> float:
+        """Bytes between clusters (the flows)."""
         return sum(f.bytes for f in self.flows)
+
+    @property
+    def inside_bytes(self) -> float:
+        return sum(b for _, b, _ in self.inside)
 
     def egress_usd(self, instance: Instance) -> float | None:
         """WAN egress of the move: each flow's bytes (GB) × its link's ``egress_usd_per_gb``; None when no
@@ -97,6 +112,35 @@ def layer_shares(plan: Plan, num_layers: int) -> list[dict[str, tuple[float, flo
                 for layer in range(s.start, min(s.end, num_layers)):
                     old = out[layer].get(c, (0.0, 0.0))
                     out[layer][c] = (1.0, max(old[1], q))
+    return out
+
+
+def _gpu_layouts(plan: Plan, num_layers: int) -> list[dict[str, dict[tuple[int, int], int]]]:
+    """Per layer: cluster -> {(tp, ZeRO shard count): GPUs holding the layer that way}."""
+    out: list[dict[str, dict[tuple[int, int], int]]] = [{} for _ in range(num_layers)]
+    for p in plan.pipelines:
+        for s in p.stages:
+            shards = s.replicas if s.zero else 1
+            for g in s.groups:
+                for layer in range(s.start, min(s.end, num_layers)):
+                    d = out[layer].setdefault(g.cluster, {})
+                    d[(g.tp, shards)] = d.get((g.tp, shards), 0) + g.gpus
+    return out
+
+
+def _inside_bytes(old: dict[tuple[int, int], int], new: dict[tuple[int, int], int], per_param: tuple[float, float],
+                  params: float) -> float:
+    """[M1i] bytes the GPUs of one cluster receive from the cluster's earlier holders of one layer (see the
+    module text): weights for the GPUs beyond the earlier holders of the same tp split, optimizer state for
+    the GPUs beyond the earlier holders of the same (tp, shard count) layout."""
+    w, o = per_param
+    by_tp: dict[int, int] = {}
+    for (t, _), n in old.items():
+        by_tp[t] = by_tp.get(t, 0) + n
+    out = 0.0
+    for (t, z), n in new.items():
+        out += max(0, n - by_tp.get(t, 0)) * params / t * w
+        out += max(0, n - old.get((t, z), 0)) * params / t * o / z
     return out
 
 
@@ -152,6 +196,14 @@ def migration(old: Plan, new: Plan, instance: Instance) -> Migration:
                 q_def -= take
             if q_def > 1e-12:
                 lost.append((dst, layer, q_def * P * o))
+    lay_old, lay_new = _gpu_layouts(old, L), _gpu_layouts(new, L)
+    inside_b: dict[str, float] = {}
+    for layer in range(L):
+        for c, layout in lay_new[layer].items():
+            if c in alive and c in lay_old[layer]:
+                b = _inside_bytes(lay_old[layer][c], layout, (w, o), model.layers[layer].params)
+                if b > 0:
+                    inside_b[c] = inside_b.get(c, 0.0) + b
     nodes_old, nodes_new = _nodes_used(old, instance), _nodes_used(new, instance)
     flows = []
     into: dict[str, float] = {}
@@ -165,11 +217,19 @@ def migration(old: Plan, new: Plan, instance: Instance) -> Migration:
         into[dst] = into.get(dst, 0.0) + x
         out_of[src] = out_of.get(src, 0.0) + x
     times = [f.time_s for f in flows]
+    inside = []
+    for c, b in sorted(inside_b.items()):
+        cl = instance.topology.cluster(c)
+        one_node = nodes_new.get(c, 1) == 1 and nodes_old.get(c, 1) == 1
+        t = transfer_time(cl.intra_node, b) if one_node else nic_time(cl.inter_node, (b + into.get(c, 0.0)) / nodes_new.get(c, 1))
+        inside.append((c, b, t))
+        times.append(t)
     for c, x in into.items():
         times.append(nic_time(instance.topology.cluster(c).inter_node, x / nodes_new.get(c, 1)))
     for c, x in out_of.items():
         times.append(nic_time(instance.topology.cluster(c).inter_node, x / nodes_old.get(c, 1)))
-    return Migration(flows=tuple(flows), time_s=max(times, default=0.0), from_checkpoint=tuple(lost))
+    return Migration(flows=tuple(flows), time_s=max(times, default=0.0), from_checkpoint=tuple(lost),
+                     inside=tuple(inside))
 
 
 def horizon_time(iteration_s: float, migration_s: float, horizon_steps: int) -> float:
