@@ -216,13 +216,16 @@ def _block(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > budget or microbatch // dp > top_mbs:
                 continue
+            plain: tuple[np.ndarray, ...] | None = None  # this layout's estimate without recomputation
             for rc in (False, True) if recompute_ok else (False,):  # [I3r] with recomputation too (hfrec)
                 if rc and not any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs):
                     continue
-                if rc and _fits_deepest(est, m, cluster.gpu_memory_bytes):
+                if rc and plain is not None and _fits_deepest(plain, m, cluster.gpu_memory_bytes):
                     continue  # every estimate of this layout fits with m in flight: recomputation cannot help
                 est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
                                        replicas, nb, has_pre, has_post, cache, rc)
+                if not rc:
+                    plain = est
                 parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp), np.full(est[0].shape, int(rc))))
     if not parts:
         return None
