@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -19,6 +20,7 @@ from hgopt.cost.pipeline import (
     fill_time,
     in_flight,
     last_backward_ends,
+    path_time,
     pipeline_bottleneck,
     pipeline_time,
     round_trip_pace,
@@ -144,7 +146,8 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
             first[pipe] = pi
             reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe])
                        for si in range(len(pipe.stages))]
-            pipe_reports.append(_pipeline_report(pi, pipe, reports))
+            lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
+            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
@@ -189,19 +192,31 @@ def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
 
 
 # ---- pipeline time [C3] ----------------------------------------------------------------------
-def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport]) -> PipelineReport:
+def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
+                     latency: Sequence[tuple[float, float]] | None = None) -> PipelineReport:
+    """[C3] composition of one pipeline; for 1F1B the larger of it and the dependency-path form [C3p]
+    (``pipeline.path_time``, a lower bound of the exact timeline [C3x]): [C3] alone is optimistic where a
+    slow link queues the warm-up forwards and cool-down backwards (``bench/cost_fidelity.py``). The max
+    only raises [C3], so every bound built on [C3] stays one. ``latency``: per boundary (fwd, bwd)
+    latency parts of the sends (``boundary_latency``)."""
     m = pipe.num_microbatches
     t = [s.fwd_s + s.bwd_s for s in st]
+    fwd, bwd = [s.fwd_s for s in st], [s.bwd_s for s in st]
     send_f, send_b = [s.send_fwd_s for s in st], [s.send_bwd_s for s in st]
-    bottleneck = pipeline_bottleneck(pipe.schedule, [s.fwd_s for s in st], [s.bwd_s for s in st], send_f, send_b, m)
+    bottleneck = pipeline_bottleneck(pipe.schedule, fwd, bwd, send_f, send_b, m)
     fill = fill_time(t, send_f, send_b)
+    time_s = pipeline_time(m, bottleneck, fill)
+    if pipe.schedule == "1f1b" and len(st) > 1:
+        lat_f = [a for a, _ in latency] if latency is not None else None
+        lat_b = [b for _, b in latency] if latency is not None else None
+        time_s = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
     return PipelineReport(
         index=index,
         num_microbatches=m,
         microbatch=pipe.microbatch,
         bottleneck_s=bottleneck,
         fill_drain_s=fill,
-        time_s=pipeline_time(m, bottleneck, fill),
+        time_s=time_s,
     )
 
 
