@@ -123,6 +123,24 @@ def test_groups_sharing_a_cluster_are_refused() -> None:
     assert not ev.feasible and any("share cluster" in v for v in ev.violations)
 
 
+def test_outer_state_is_charged_to_gpu_memory() -> None:
+    """The runner keeps the outer parameters and momentum on the device (8 bytes per fp32 parameter:
+    4 layers x 1e6 -> 32 MB per GPU of a one-stage pipeline). GPU memory set between the stage's own
+    peak and peak + 32 MB: the synchronous plan fits, the outer plan does not, naming the stage."""
+    from tests.factories import tiny_topology
+
+    base = tiny_instance(global_batch=8)
+    peak = max(r.peak_memory_bytes for r in evaluate(group_plan(_plan(), (0,)), group_instance(base, ("a",), 4)).stages)
+    gb = (peak + 16e6) / 1e9  # half the outer state above the peak
+    inst = tiny_instance(global_batch=8, topology=tiny_topology(clusters=(("a", "A", 2, 2, gb), ("b", "B", 2, 2, 40.0))))
+    assert evaluate(group_plan(_plan(), (0,)), group_instance(inst, ("a",), 4)).feasible
+    ev = evaluate_outer(_plan(steps=10), inst)
+    assert ev.outer_state_bytes_per_gpu == pytest.approx(32e6)
+    assert not ev.feasible and any("outer state" in v and "stage 0" in v for v in ev.violations), ev.violations
+    roomy = tiny_instance(global_batch=8, topology=tiny_topology(clusters=(("a", "A", 2, 2, gb + 0.02), ("b", "B", 2, 2, 40.0))))
+    assert evaluate_outer(_plan(steps=10), roomy).feasible
+
+
 # ---- search ----------------------------------------------------------------------------------------
 def test_low_comm_search_reports_every_h() -> None:
     inst = tiny_instance(global_batch=16)

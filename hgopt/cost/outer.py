@@ -37,9 +37,11 @@ traffic (``wan_bytes_per_iteration`` of each group's plan) plus the outer round'
 outer synchronisations per 10⁹ tokens: ``1e9 / (H · G · seq)``. Fluid bound of the grouping: every
 group at its own pace with no outer sync, ``Σ_g G_g · seq / t_g``.
 
-Not charged: GPU memory of the outer state (a copy of the parameters at the last outer step and the
-momentum, 8 bytes per parameter in fp32; DiLoCo implementations may keep it in host memory); it is
-reported as ``outer_state_bytes_per_gpu``.
+GPU memory of the outer state (a copy of the parameters at the last outer step and the momentum,
+8 bytes per parameter in fp32, kept on the device by ``hgopt/runner/outer.py``) is charged: a stage
+whose peak [C6] plus the outer state of its layers exceeds its GPUs' memory makes the plan infeasible
+(the stage's peak is its group closest to the limit, the state its groups' largest: exact when a stage's
+groups are alike, conservative otherwise); it is reported as ``outer_state_bytes_per_gpu``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hgopt.cost.comm import ring_edge_bytes
-from hgopt.cost.evaluate import evaluate, wan_bytes_per_iteration
+from hgopt.cost.evaluate import Evaluation, evaluate, wan_bytes_per_iteration
 from hgopt.cost.links import ring_bandwidth, ring_time
 from hgopt.cost.tables import CostTables, allreduce_time, build_tables
 from hgopt.plan import DeltaPrecision, Plan, validate
@@ -150,7 +152,7 @@ class OuterEvaluation:
     syncs_per_billion_tokens: float
     gpus_used: int
     outer_state_bytes_per_gpu: float
-    """Largest per-GPU outer state (not charged to GPU memory, see the module docstring)."""
+    """Largest per-GPU outer state (charged to GPU memory, see the module docstring)."""
     feasible: bool
     violations: tuple[str, ...]
 
@@ -173,6 +175,7 @@ def evaluate_outer(plan: Plan, instance: Instance, tables: CostTables | None = N
         inst_g = group_instance(instance, clusters, samples)
         ev = evaluate(sub, inst_g, tables)
         violations.extend(f"group {len(groups)}: {v}" for v in ev.violations)
+        violations.extend(f"group {len(groups)}: {v}" for v in _outer_state_violations(sub, instance, tables, ev))
         wan = sum(wan_bytes_per_iteration(sub, inst_g, tables).values())
         groups.append(GroupCost(pipelines=tuple(members), clusters=clusters, samples=samples, gpus=sub.num_gpus(),
                                 inner_step_s=ev.iteration_time_s, wan_bytes_per_step=wan, feasible=ev.feasible))
@@ -220,6 +223,20 @@ def evaluate_outer(plan: Plan, instance: Instance, tables: CostTables | None = N
         gpus_used=plan.num_gpus(), outer_state_bytes_per_gpu=state,
         feasible=not violations and all(g.feasible for g in groups), violations=tuple(violations),
     )
+
+
+def _outer_state_violations(sub: Plan, instance: Instance, tables: CostTables, ev: Evaluation) -> list[str]:
+    """[C9] Stages whose peak memory [C6] plus the outer state of their layers does not fit their GPUs."""
+    topo, out = instance.topology, []
+    for r in ev.stages:
+        st = sub.pipelines[r.pipeline].stages[r.stage]
+        state = max(OUTER_STATE_BYTES_PER_PARAM * float(tables.table(topo.cluster(g.cluster).gpu, g.tp).params[st.end]
+                                                        - tables.table(topo.cluster(g.cluster).gpu, g.tp).params[st.start])
+                    for g in st.groups)
+        if r.peak_memory_bytes + state > r.memory_capacity_bytes:
+            out.append(f"pipeline {r.pipeline} stage {r.stage}: peak {r.peak_memory_bytes / 1e9:.1f} GB + outer state "
+                       f"{state / 1e9:.1f} GB exceeds {r.memory_capacity_bytes / 1e9:.1f} GB per GPU")
+    return out
 
 
 def _full_params(instance: Instance) -> list[float]:
