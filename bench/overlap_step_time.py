@@ -88,7 +88,7 @@ def main() -> int:
     compute = ev.pipeline_time_s + max(s.optimizer_s for s in ev.stages)
     print(f"links not emulated (compute, loopback sync, optimizer): runner median {ref.median_s:.3f} s "
           f"(steps {', '.join(f'{t:.3f}' for t in ref.step_s)}), evaluate's pipeline + optimizer {compute:.3f} s")
-    print(f"pace lag (s of the run a paced rank fell behind): " + ", ".join(
+    print("pace lag (s of the run a paced rank fell behind): " + ", ".join(
         f"overlap {'on' if r['overlap'] else 'off'} {r['lag_s']:.2f}" for r in rows) + f", links off {ref.lag_s:.2f}")
     (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0

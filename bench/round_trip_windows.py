@@ -1,7 +1,6 @@
 """Deep multi-region pipelines (one stage group per cluster, m = global batch): [C3] with suffix windows
 only (the previous model) vs every window (this round's) vs an exact replay of the runner's 1F1B order
 (report.simulate_1f1b). Command: PYTHONPATH=$PWD .venv/bin/python bench/round_trip_windows.py"""
-import sys
 from hgopt.instances import load_instance
 from hgopt.cost import evaluate
 from hgopt.cost.pipeline import pipeline_bottleneck, pipeline_time

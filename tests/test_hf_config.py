@@ -100,7 +100,6 @@ def test_block_forward_flops_equal_torch_flop_counter(name: str) -> None:
         full = FlopCounterMode(display=False)
         with full:
             model(ids)
-        embed_only = cfg["model_type"]
     counts = full.get_flop_counts()
     layer_name = {"gpt2": "transformer.h.0", "opt": "model.decoder.layers.0", "gpt_neox": "gpt_neox.layers.0"}.get(
         cfg["model_type"], "model.layers.0")

@@ -146,7 +146,6 @@ def test_exported_node_scripts_train_under_torchrun(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from hgopt.export import write_export
     from hgopt.profiler.run import free_port
 
     rp = build_runner_plan(_plan_dp_tp(), load_instance(INSTANCE),
