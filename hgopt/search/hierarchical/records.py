@@ -19,6 +19,14 @@ INF = math.inf
 class HeuristicOptions:
     time_limit_s: float | None = 10.0
     """Wall-clock cap; the fixed search usually ends far earlier (the refinement stops at it)."""
+    work_limit: int | None = None
+    """Cap on the work done, counted in cluster subsets split [H4] and skeletons realised or
+    re-scored [H5]/[H6] (None: no cap). Checked wherever the time limit is: when it, not the clock,
+    ends a phase, the same input and limits give the same plan on any machine and load."""
+    neighbours: int = 8
+    """Candidate-list length of the steps that would cost O(clusters³) above ``neighbours`` + 1
+    clusters (cluster order 2-opt, layer-split moves, cluster adding/dropping, reordering); at or
+    below it they are the full searches."""
     finalists: int = 6
     """Skeletons realised with the exact intra-cluster DP [H5]."""
     refine_rounds: int = 3

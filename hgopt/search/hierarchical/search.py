@@ -97,7 +97,8 @@ def _context(instance: Instance, tables: CostTables | None, options: HeuristicOp
     """A fresh search context for ``instance`` under ``options``' link policy."""
     return Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty),
+               neighbours=max(int(options.neighbours), 1))
 
 
 def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan, float] | None:
