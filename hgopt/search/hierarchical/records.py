@@ -91,6 +91,11 @@ class HeuristicResult:
     search_time_s: float = 0.0
     realized: int = 0
     """Skeletons realised with exact local plans."""
+    work: int = 0
+    """Work done (the unit of ``HeuristicOptions.work_limit``)."""
+    stopped: str = ""
+    """What ended the search early: 'work limit', 'time limit' or 'stop request'; '' when it completed
+    (with 'work limit' alone, the plan depends only on the input and the options)."""
     groups: tuple[tuple[str, ...], ...] = ()
     """[H9] When the plan trains on cluster groups in data parallel: the groups (``skeleton`` is
     then None); empty for a single family of identical pipelines."""
