@@ -11,6 +11,8 @@ slower than the narrower one found."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import time
 
 from hgopt.cost import evaluate
@@ -21,10 +23,24 @@ from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heu
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.spec import Instance
 
-__all__ = ["NARROW_SHARE", "plan_exact"]
+__all__ = ["NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
+
+log = logging.getLogger(__name__)
 
 NARROW_SHARE = 0.3
 """Share of the time limit the native-link search takes before a wider link policy's search."""
+
+WARM_START_WORK_PER_S = 150
+"""Work units (``HeuristicOptions.work_limit``: subsets split, skeletons realised) the warm start's
+heuristic may do per second of its time share. A full search on one core does 300-1200 a second
+(scale-16r 773 units in 1.8 CPU s), so whenever the planner gets at least about half a core the
+work limit, not the clock, ends the warm start, and the same input and ``--time-limit`` give the
+same warm start (and the same plan, when the MILP phase's own limits are also not the clock's)."""
+
+
+def warm_start_work(seconds: float) -> int:
+    """The warm start's work limit for a time share of ``seconds``."""
+    return max(50, math.ceil(WARM_START_WORK_PER_S * seconds))
 
 
 def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
@@ -74,6 +90,10 @@ def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
-        return heuristic_incumbent(inst, tables, time_limit_s=seconds, **kw).plan  # type: ignore[arg-type]
+        res = heuristic_incumbent(inst, tables, time_limit_s=seconds, work_limit=warm_start_work(seconds),
+                                  **kw)  # type: ignore[arg-type]
+        log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
+                 res.work, res.stopped or "complete")
+        return res.plan
 
     return warm

@@ -39,12 +39,28 @@ class Ctx:
     """At most this many compressed inter-cluster boundaries per pipeline (None: no limit)."""
     penalty: dict[str, float] = field(default_factory=dict)
     """Seconds per boundary compressed to a precision [H7]."""
+    neighbours: int = 8
+    """Candidate-list length of the large-instance steps (``HeuristicOptions.neighbours``)."""
+    ranks: dict[str, list[str]] = field(default_factory=dict)
+    """[H3] per cluster, the others by a one-sample send (neighbour lists above ``neighbours`` + 1 clusters)."""
+    work: int = 0
+    """Work done so far (``HeuristicOptions.work_limit``): subsets split, skeletons realised."""
+    stopped: str = ""
+    """What first ended a phase early: 'work limit', 'time limit' or 'stop request' ('' = none)."""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
 
 def out_of_time(ctx: Ctx, options: HeuristicOptions) -> bool:
+    """The time limit, the work limit or a stop request (SIGINT) has ended the search."""
+    why = ""
     if options.progress is not None and options.progress.stop_requested():  # (cli-explain)
-        return True
-    return options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s
+        why = "stop request"
+    elif options.work_limit is not None and ctx.work >= options.work_limit:
+        why = "work limit"
+    elif options.time_limit_s is not None and ctx.elapsed() >= options.time_limit_s:
+        why = "time limit"
+    if why and not ctx.stopped:
+        ctx.stopped = why
+    return bool(why)

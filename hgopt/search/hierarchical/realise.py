@@ -37,6 +37,7 @@ def realize_and_score(ctx: Ctx, sk: Skeleton) -> Realised | None:
     """Exact local pipelines for ``sk`` and the plan's iteration time by the [C3]/[C7] decomposition
     (local bottlenecks, fills and sync from the intra-cluster DP, WAN boundaries as ``evaluate``
     costs them); the final plan is checked with ``evaluate`` itself."""
+    ctx.work += 1  # (work_limit) one skeleton realised
     locals_ = local_plans(ctx, sk)
     if locals_ is None:
         return None

@@ -19,6 +19,14 @@ INF = math.inf
 class HeuristicOptions:
     time_limit_s: float | None = 10.0
     """Wall-clock cap; the fixed search usually ends far earlier (the refinement stops at it)."""
+    work_limit: int | None = None
+    """Cap on the work done, counted in cluster subsets split [H4] and skeletons realised or
+    re-scored [H5]/[H6] (None: no cap). Checked wherever the time limit is: when it, not the clock,
+    ends a phase, the same input and limits give the same plan on any machine and load."""
+    neighbours: int = 8
+    """Candidate-list length of the steps that would cost O(clusters³) above ``neighbours`` + 1
+    clusters (cluster order 2-opt, layer-split moves, cluster adding/dropping, reordering); at or
+    below it they are the full searches."""
     finalists: int = 6
     """Skeletons realised with the exact intra-cluster DP [H5]."""
     refine_rounds: int = 3
@@ -83,6 +91,11 @@ class HeuristicResult:
     search_time_s: float = 0.0
     realized: int = 0
     """Skeletons realised with exact local plans."""
+    work: int = 0
+    """Work done (the unit of ``HeuristicOptions.work_limit``)."""
+    stopped: str = ""
+    """What ended the search early: 'work limit', 'time limit' or 'stop request'; '' when it completed
+    (with 'work limit' alone, the plan depends only on the input and the options)."""
     groups: tuple[tuple[str, ...], ...] = ()
     """[H9] When the plan trains on cluster groups in data parallel: the groups (``skeleton`` is
     then None); empty for a single family of identical pipelines."""

@@ -77,7 +77,8 @@ def plan_heuristic(
                         best = alt
             break
     if best is None:
-        return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized)
+        return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized,
+                               work=ctx.work, stopped=ctx.stopped)
     if options.repartition and not out_of_time(ctx, options):
         best = repartitioned(ctx, best, done[: options.repartition_extra])
     t, sk, plan = best
@@ -90,14 +91,16 @@ def plan_heuristic(
             return _grouped_result(ctx, grouped, realized)
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", describe(sk)),))
-    return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized)
+    return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized,
+                           work=ctx.work, stopped=ctx.stopped)
 
 
 def _context(instance: Instance, tables: CostTables | None, options: HeuristicOptions) -> Ctx:
     """A fresh search context for ``instance`` under ``options``' link policy."""
     return Ctx(instance=instance, tables=tables or build_tables(instance), layout=block_layout(instance),
                start=time.perf_counter(), allowed=allowed_link_precisions(instance, options.link_precision),
-               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty))
+               max_links=check_max_links(options.max_compressed_links), penalty=dict(options.link_penalty),
+               neighbours=max(int(options.neighbours), 1))
 
 
 def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan, float] | None:
@@ -118,7 +121,7 @@ def _grouped_result(ctx: Ctx, grouped: GroupedPlan, realized: int = 0) -> Heuris
     desc = "; ".join(f"{'+'.join(g)}: {n} samples" for g, n in zip(grouped.groups, grouped.shares))
     return HeuristicResult(plan=dataclasses.replace(grouped.plan, meta=(("groups", desc),)), skeleton=None,
                            iteration_time_s=grouped.iteration_time_s, search_time_s=ctx.elapsed(), realized=realized,
-                           groups=grouped.groups)
+                           groups=grouped.groups, work=ctx.work, stopped=ctx.stopped)
 
 
 def grouped_alternative(

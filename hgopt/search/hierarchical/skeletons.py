@@ -12,6 +12,7 @@ from hgopt.search.hier_tables import role_of
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.estimates import Cell, alt_tables, cell, choose_weights, combine, round_up
 from hgopt.search.hierarchical.links import wan_times
+from hgopt.search.hierarchical.order import cheapest_reversals
 from hgopt.search.hierarchical.records import INF, Estimated, HeuristicOptions, Skeleton
 from hgopt.search.hierarchical.split import best_for_subset, split_order
 from hgopt.spec import Instance
@@ -112,8 +113,16 @@ def _add_clusters(ctx: Ctx, k: int, B: int, names: tuple[str, ...]) -> list[Esti
         return []
     out = list(singles)
     est, sk = min(singles, key=lambda x: x.estimate_s)
+    # above ctx.neighbours + 1 clusters, each round tries the ctx.neighbours best single clusters
+    # not yet in (O(neighbours) splits a round instead of O(clusters))
+    by_single = [n for _, s in sorted(singles, key=lambda x: (x.estimate_s, x.skeleton.order)) for n in s.order]
+    large = len(names) > ctx.neighbours + 1
     while len(sk.order) < len(names):
-        trials = [got for n in names if n not in sk.order
+        pool = [n for n in names if n not in sk.order]
+        if large:
+            keep = set([n for n in by_single if n not in sk.order][: ctx.neighbours])
+            pool = [n for n in pool if n in keep]
+        trials = [got for n in pool
                   if (got := best_for_subset(ctx, k, B, (*sk.order, n), passes=1)) is not None]
         if not trials:
             break
@@ -129,10 +138,18 @@ def _drop_clusters(ctx: Ctx, sk: Skeleton, est: float) -> list[Estimated]:
     """[H4] Remove clusters one at a time while the estimate improves."""
     out: list[Estimated] = []
     names = sk.order
+    layers = dict(zip(sk.order, sk.layers))
     while len(names) > 1:
         trials = []
-        for drop in names:
-            got = best_for_subset(ctx, sk.pipelines, sk.microbatch, tuple(n for n in names if n != drop), passes=1)
+        drops: list[tuple[str, ...]] = [(n,) for n in names]
+        if len(names) > ctx.neighbours + 1:
+            # large instances: drop one of the ctx.neighbours clusters holding the fewest layers, or the
+            # fewest-layer half at once (O(neighbours) splits a round, O(log clusters) rounds to shrink)
+            few = sorted(names, key=lambda n: (layers.get(n, 0), n))
+            drops = [(n,) for n in sorted(few[: ctx.neighbours])] + [tuple(few[: len(names) // 2])]
+        for drop in drops:
+            got = best_for_subset(ctx, sk.pipelines, sk.microbatch, tuple(n for n in names if n not in drop),
+                                  passes=1)
             if got is not None:
                 trials.append(got)
         if not trials:
@@ -144,6 +161,7 @@ def _drop_clusters(ctx: Ctx, sk: Skeleton, est: float) -> list[Estimated]:
         if best.estimate_s >= est:
             break
         est, names = best.estimate_s, best.skeleton.order
+        layers = dict(zip(best.skeleton.order, best.skeleton.layers))
     return out
 
 
@@ -184,7 +202,7 @@ def _improve_split(ctx: Ctx, est: float, sk: Skeleton, max_moves: int = 48) -> E
         layers = best.skeleton.layers
         vals = [{w: cell(t, c) for w, t in tb.items()} for tb, c in zip(tabs, layers)]
         top: tuple[float, int, int, int, int] | None = None
-        for i, j in itertools.permutations(range(C), 2):
+        for i, j in _move_pairs(vals, ws, layers, m, max(2, ctx.neighbours // 2) if C > ctx.neighbours + 1 else None):
             if layers[i] <= 1:
                 continue
             vi = {w: cell(t, layers[i] - 1) for w, t in tabs[i].items()}
@@ -216,6 +234,21 @@ def _improve_split(ctx: Ctx, est: float, sk: Skeleton, max_moves: int = 48) -> E
     return best
 
 
+def _move_pairs(
+    vals: list[dict[int, Cell]], ws: list[int], layers: tuple[int, ...], m: int, near: int | None
+) -> list[tuple[int, int]]:
+    """[H4] The (from, to) cluster pairs of one split-improvement move: every pair, or (``near``,
+    large instances) the ``near`` most loaded clusters ((m − 1)·bottleneck + fill + sync of the chosen
+    alternative) to the ``near`` least loaded, in index order."""
+    C = len(layers)
+    if near is None:
+        return list(itertools.permutations(range(C), 2))
+    load = [(m - 1) * c.bottleneck + c.fill + c.sync_opt for c in (v[w] for v, w in zip(vals, ws))]
+    donors = set(sorted(range(C), key=lambda i: (-load[i], i))[:near])
+    takers = set(sorted(range(C), key=lambda j: (load[j], j))[:near])
+    return [(i, j) for i in sorted(donors) for j in sorted(takers) if i != j]
+
+
 def _improve_order(ctx: Ctx, est: float, sk: Skeleton, rounds: int = 2) -> Estimated:
     """[H3] Reorder by 2-opt moves (reverse a run of clusters) judged by the full
     split estimate, not the WAN path cost alone (a cluster's position also decides what it holds
@@ -225,7 +258,10 @@ def _improve_order(ctx: Ctx, est: float, sk: Skeleton, rounds: int = 2) -> Estim
     C = len(sk.order)
     for _ in range(rounds):
         order = best.skeleton.order
-        moves = {order[:i] + order[i:j][::-1] + order[j:] for i in range(C - 1) for j in range(i + 2, C + 1)}
+        if C > ctx.neighbours + 1:  # large: the reversals cheapest by WAN path cost only
+            moves = set(cheapest_reversals(ctx, order, sk.pipelines * sk.microbatch, m, ctx.neighbours))
+        else:
+            moves = {order[:i] + order[i:j][::-1] + order[j:] for i in range(C - 1) for j in range(i + 2, C + 1)}
         moves.discard(order)
         moves.discard(order[::-1])  # the split already tries both directions
         improved = False

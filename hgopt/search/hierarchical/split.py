@@ -35,6 +35,7 @@ def best_for_subset(
     if key in ctx.subsets:
         return ctx.subsets[key]
     got = None
+    ctx.work += 1  # (work_limit) one subset split
     if can_hold(ctx, k, names):
         m = ctx.instance.job.global_batch // (k * B)
         order = cluster_order(ctx, names, k * B, m)  # WAN load of the k pipelines [C4w]
@@ -111,16 +112,22 @@ def split_layers(
     starts = [_cap_start(t, lo, L)]
     if start is not None and len(start) == len(t) and sum(start) == L and all(a >= b for a, b in zip(start, lo)):
         starts.append(list(start))
-    got = [r for n0 in starts if (r := _descend(t, n0, lo, L, m, wan, steps)) is not None]
+    near = None if len(t) <= ctx.neighbours + 1 else ctx.neighbours
+    got = [r for n0 in starts if (r := _descend(t, n0, lo, L, m, wan, steps, near)) is not None]
     return min(got) if got else None
 
 
 def _descend(
     t: Sequence[Lists], n: list[int], lo: Sequence[int], L: int, m: int, wan: Wan, steps: tuple[int, ...] = (1,),
+    near: int | None = None,
 ) -> LayerSplit | None:
+    """Shrink/grow ``n`` to L layers, then pairwise layer moves while one lowers the estimate. With
+    ``near`` (large instances), the moves of a sweep go from the ``near`` most loaded clusters to
+    the ``near`` least loaded (each cluster's own (m − 1)·bottleneck + fill + sync): O(near² ·
+    clusters) per sweep instead of O(clusters³); None: every pair."""
     n = list(n)
     while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
-        i = _cheapest_shrink(t, n, lo, m, wan)
+        i = _cheapest_shrink(t, n, lo, m, wan, near)
         if i is None:
             return None
         n[i] -= 1
@@ -134,7 +141,7 @@ def _descend(
     while improved and math.isfinite(cur):
         improved = False
         for step in steps:
-            for i, j in itertools.permutations(range(len(n)), 2):
+            for i, j in _pairs(t, n, m, step, L, near):
                 if n[i] - step < lo[i] or n[j] + step > L:
                     continue
                 n[i] -= step
@@ -146,6 +153,26 @@ def _descend(
                     n[i] += step
                     n[j] -= step
     return LayerSplit(cur, tuple(n)) if math.isfinite(cur) else None
+
+
+def _load(ti: Lists, n: int, m: int) -> float:
+    """One cluster's own (m − 1)·bottleneck + fill + sync at ``n`` layers (inf past its table)."""
+    if n >= len(ti.fill):
+        return math.inf
+    return (m - 1) * ti.bott[n] + ti.fill[n] + ti.sync[n]
+
+
+def _pairs(
+    t: Sequence[Lists], n: Sequence[int], m: int, step: int, L: int, near: int | None
+) -> list[tuple[int, int]]:
+    """The (from, to) cluster pairs of one sweep's layer moves: all of them, or (``near``) the most
+    loaded ``near`` clusters to the ``near`` least loaded after the move, in index order."""
+    C = len(n)
+    if near is None:
+        return list(itertools.permutations(range(C), 2))
+    donors = set(sorted(range(C), key=lambda i: (-_load(t[i], n[i], m), i))[:near])
+    takers = set(sorted(range(C), key=lambda j: (_load(t[j], min(n[j] + step, L), m), j))[:near])
+    return [(i, j) for i in sorted(donors) for j in sorted(takers) if i != j]
 
 
 def _cheapest_growth(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, L: int) -> int | None:
@@ -195,10 +222,14 @@ def _cap_start(t: Sequence[Lists], lo: Sequence[int], L: int) -> list[int]:
 
 
 def _cheapest_shrink(
-    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: Wan
+    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: Wan, near: int | None = None
 ) -> int | None:
+    """The cluster whose one layer less lowers the estimate most (``near``: among the ``near`` most
+    loaded ones)."""
     best: tuple[float, int] | None = None
-    for i in range(len(n)):
+    idx = range(len(n)) if near is None else sorted(
+        sorted(range(len(n)), key=lambda i: (-_load(t[i], n[i], m), i))[:near])
+    for i in idx:
         if n[i] - 1 < lo[i]:
             continue
         trial = list(n)
