@@ -425,8 +425,11 @@ def test_link_backends_agree(backend: str) -> None:
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=gap, solver=backend,
                                        extra={"link_precision": "auto", "warm_start": "none", "relaxation": "off"}))
     assert res.plan is not None and res.solver
-    assert res.iteration_time_s == pytest.approx(_links_expected(1)[0], rel=tol)
-    assert res.lower_bound_s is not None and res.lower_bound_s <= res.iteration_time_s * (1 + 1e-9)
+    expect = _links_expected(1)[0]  # the brute-force optimum
+    assert res.iteration_time_s >= expect * (1 - 1e-9)  # no plan beats it
+    assert res.lower_bound_s is not None and res.lower_bound_s <= expect * (1 + 1e-9)  # the bound is one
+    if res.status == "optimal":  # proven within the requested gap (what the limit cannot change)
+        assert res.iteration_time_s == pytest.approx(expect, rel=max(tol, gap))
 
 
 @pytest.mark.parametrize("seed", range(6))
