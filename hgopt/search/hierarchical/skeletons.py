@@ -8,6 +8,7 @@ import itertools
 import logging
 import math
 
+from hgopt.cost.pipeline import pipeline_time
 from hgopt.search.hier_tables import role_of
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.estimates import Cell, alt_tables, cell, choose_weights, combine, round_up
@@ -243,7 +244,7 @@ def _move_pairs(
     C = len(layers)
     if near is None:
         return list(itertools.permutations(range(C), 2))
-    load = [(m - 1) * c.bottleneck + c.fill + c.sync_opt for c in (v[w] for v, w in zip(vals, ws))]
+    load = [pipeline_time(m, c.bottleneck, c.fill) + c.sync_opt for c in (v[w] for v, w in zip(vals, ws))]
     donors = set(sorted(range(C), key=lambda i: (-load[i], i))[:near])
     takers = set(sorted(range(C), key=lambda j: (load[j], j))[:near])
     return [(i, j) for i in sorted(donors) for j in sorted(takers) if i != j]

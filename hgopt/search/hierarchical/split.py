@@ -159,7 +159,7 @@ def _load(ti: Lists, n: int, m: int) -> float:
     """One cluster's own (m − 1)·bottleneck + fill + sync at ``n`` layers (inf past its table)."""
     if n >= len(ti.fill):
         return math.inf
-    return (m - 1) * ti.bott[n] + ti.fill[n] + ti.sync[n]
+    return pipeline_time(m, ti.bott[n], ti.fill[n]) + ti.sync[n]
 
 
 def _pairs(
