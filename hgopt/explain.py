@@ -24,6 +24,7 @@ from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evalua
 from hgopt.cost.evaluate import wan_bytes_per_iteration
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
+from hgopt.jsonable import json_safe
 
 __all__ = ["ClusterUse", "Explanation", "Money", "StageUse", "WhyNot", "explain", "infeasibility", "why_not"]
 
@@ -106,20 +107,10 @@ class Explanation:
     """Why there are no why-not lines although some cluster is idle or partly used (e.g. no time left)."""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = _finite(asdict(self))  # type: ignore[assignment]
+        out: dict[str, Any] = json_safe(asdict(self))  # type: ignore[assignment]
         for w, d in zip(self.why_not, out["why_not"]):
             d["alternative_plan"] = None if w.alternative_plan is None else w.alternative_plan.to_dict()
         return out
-
-
-def _finite(obj: object) -> object:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 # ---- the plan itself ----------------------------------------------------------------------------

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from hgopt.cost import Evaluation, build_tables, evaluate
 from hgopt.explain import explain
 from hgopt.instances import load_instance
 from hgopt.plan import load_plan
 from hgopt.table import fmt_seconds, format_table
+from hgopt.jsonable import json_safe
 
 __all__ = ["register", "render_evaluation"]
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = ev.to_dict()
         doc["explanation"] = expl.to_dict() if expl else None
-        print(json.dumps(_json_safe(doc), indent=2))
+        print(json.dumps(json_safe(doc), indent=2))
     else:
         print(render_evaluation(ev) + ("\n" + render_explanation(expl) if expl else ""))
     if args.timeline and ev.stages:
@@ -51,16 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
         plot_timeline(plan, inst, args.timeline, tables=tables, **_timeline_kwargs(plan.planner))
     return 0 if ev.feasible else 1
-
-
-def _json_safe(obj: object) -> object:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def render_evaluation(ev: Evaluation) -> str:

@@ -15,6 +15,7 @@ from hgopt.search import PlanOptions
 from hgopt.search.lowcomm import DELTA_PRECISIONS, LowCommResult, plan_low_comm
 from hgopt.spec import Instance
 from hgopt.table import fmt_bytes, format_table
+from hgopt.jsonable import json_safe
 
 __all__ = ["add_arguments", "evaluate_outer_command", "parse_steps", "render", "render_outer", "run_outer", "to_json"]
 
@@ -140,17 +141,7 @@ def evaluate_outer_command(args: argparse.Namespace, plan: Plan, inst: Instance)
         import dataclasses
 
         doc = dataclasses.asdict(ev)
-        print(json.dumps(_finite(doc), indent=2))
+        print(json.dumps(json_safe(doc), indent=2))
     else:
         print(render_outer(ev))
     return 0 if ev.feasible else 1
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
