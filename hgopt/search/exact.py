@@ -25,12 +25,16 @@ from hgopt.search.master import certify, grouped_bound
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.spec import Instance
 
-__all__ = ["GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
+__all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
 
 log = logging.getLogger(__name__)
 
 NARROW_SHARE = 0.3
 """Share of the time limit the native-link search takes before a wider link policy's search."""
+
+GROUPED_BOUND_DEFAULT = "on"
+"""colgen: whether the certificate covers data parallelism across cluster groups unless
+``PlanOptions.extra["grouped_bound"]`` says otherwise ("off": k identical pipelines alone)."""
 
 GROUPED_SHARE = 0.1
 """colgen: share of the time left after the narrow search that the grouped space's bound
@@ -90,7 +94,8 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
         return alt.iteration_time_s, dict(alt.plan.meta).get("groups", "")
 
     # colgen: the k-identical search leaves GROUPED_SHARE of the time to the grouped space's bound
-    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - GROUPED_SHARE)),
+    share = 0.0 if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off" else GROUPED_SHARE
+    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
@@ -102,7 +107,7 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     (``hgopt.search.master``), within what is left of the time limit."""
     if res.plan is None or res.lower_bound_s is None:
         return res
-    if options.extra.get("grouped_bound", "on") == "off":
+    if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off":
         return res
     deadline = t0 + options.time_limit_s
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,

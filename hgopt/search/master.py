@@ -1,4 +1,4 @@
-"""The certificate over data parallelism across cluster groups [G1]..[G5] (formulations/cluster_milp.md, §7).
+"""The certificate over data parallelism across cluster groups [G1]..[G5] (formulations/cluster_milp.md, §9).
 
 A *grouped plan* splits the clusters into n >= 2 groups on disjoint cluster sets; group g trains a
 batch share b_g (Σ b_g = global batch) with k_g identical pipelines of the MILP's space on its own
