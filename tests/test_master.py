@@ -184,3 +184,22 @@ def test_the_exact_planners_bound_is_below_every_planners_plan_and_every_grouped
         if other.plan is not None and math.isfinite(other.iteration_time_s):
             assert res.lower_bound_s <= other.iteration_time_s * (1 + 1e-9), name
     assert res.iteration_time_s == pytest.approx(evaluate(res.plan, inst).iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", ("native", "bf16"))
+def test_on_a_shipped_instance_the_bound_is_below_every_planners_plan(policy: str) -> None:
+    """sailor-het-16+16 (two clusters): the exact planner's bound (a short limit: whatever phase it
+    stops in, its bound holds) and the grouped bound at once-passed deadline (its rate floor) are <=
+    the plan of every planner under the same link policy."""
+    from hgopt.instances import load_instance
+
+    inst = load_instance("sailor-het-16+16")
+    extra = {"link_precision": policy}
+    res = plan_exact(inst, PlanOptions(time_limit_s=5.0, extra=extra))
+    assert res.lower_bound_s is not None and res.lower_bound_s > 0
+    floor = grouped_bound(inst, build_tables(inst), link_policy(inst, extra), link_precision=policy, deadline=0.0)
+    for name in ("heuristic", "metis", "uniform", "dp-only"):
+        other = get_planner(name)(inst, PlanOptions(time_limit_s=10.0, extra=extra))
+        assert other.plan is not None and math.isfinite(other.iteration_time_s), name
+        assert res.lower_bound_s <= other.iteration_time_s * (1 + 1e-9), name
+        assert floor.value <= other.iteration_time_s * (1 + 1e-9), name

@@ -211,6 +211,7 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         return GroupedBound(value=value, complete=False, precisions=precs,
                             partition=() if value >= target else (tuple(names),), cross_s=pair)
     groups: dict[tuple[str, ...], GroupBounds] = {}
+    alike: dict[object, GroupBounds] = {}  # one-cluster groups that differ only by name share their bounds
     best, best_part, best_x = target, (), 0.0
     count = by_rate = 0
     complete = True
@@ -230,7 +231,10 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
             break
         for g in part:
             if g not in groups:
-                groups[g] = GroupBounds(instance, tables, g, links, deadline)
+                key = _alike(instance, g)
+                if key not in alike:
+                    alike[key] = GroupBounds(instance, tables, g, links, deadline)
+                groups[g] = alike[key]
         gb = [groups[g] for g in part]
         try:
             lo = _partition_bound(gb, G, floor_t, best - x)
@@ -250,6 +254,16 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         log.debug("partition %s: bound %.6g s (X %.4g s)", part, lo + x, x)
     return GroupedBound(value=best, partition=best_part if best < target else (), cross_s=best_x,
                         partitions=count, settled_by_rate=by_rate, complete=complete, precisions=precs)
+
+
+def _alike(instance: Instance, group: tuple[str, ...]) -> object:
+    """What a group's bounds depend on: a one-cluster group's cluster without its name, region and
+    price (its sub-instance has no links; the bounds read the GPU, memory, shape and bandwidths);
+    a larger group itself."""
+    if len(group) > 1:
+        return group
+    c = instance.topology.cluster(group[0])
+    return dataclasses.replace(c, name="", region="", cost_per_gpu_hour=None, defaults=())
 
 
 def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> float:
