@@ -203,3 +203,39 @@ def test_on_a_shipped_instance_the_bound_is_below_every_planners_plan(policy: st
         assert other.plan is not None and math.isfinite(other.iteration_time_s), name
         assert res.lower_bound_s <= other.iteration_time_s * (1 + 1e-9), name
         assert floor.value <= other.iteration_time_s * (1 + 1e-9), name
+
+
+def test_a_group_that_cannot_hold_the_model_trains_nothing() -> None:
+    """holds_a_replica by hand: 4 layers of 5e8 fp32 parameters need 4·5e8·(2·4 + o) bytes over the
+    group's GPUs (o: the optimizer's bytes per parameter), each GPU less the workspace; a cluster of
+    2 GPUs with room for 0.6 of that does not hold it, the two clusters together do."""
+    model = tiny_model(num_layers=4, params=5e8, gpus={"A": 0.01}, tps=(1,))
+    probe = tiny_instance(model=model, topology=tiny_topology(clusters=(("a", "A", 1, 2, 40.0),)))
+    tables = build_tables(probe)
+    need = 4 * 5e8 * (2 * tables.dtype_bytes + tables.optimizer_bytes_per_param)
+    ws = probe.job.workspace_bytes
+    mem_gb = (0.6 * need / 2 + ws) / 1e9  # per GPU: 0.6 of the need over 2 GPUs, plus the workspace
+    topo = tiny_topology(clusters=(("a", "A", 1, 2, mem_gb), ("b", "A", 1, 2, mem_gb)))
+    inst = tiny_instance(model=model, topology=topo)
+    tables = build_tables(inst)
+    from hgopt.search.master import holds_a_replica
+
+    assert not holds_a_replica(inst, tables, ("a",)) and not holds_a_replica(inst, tables, ("b",))
+    assert holds_a_replica(inst, tables, ("a", "b"))
+    # the only partition into two groups has groups that cannot train: no grouped plan, bound = target
+    gb = grouped_bound(inst, tables, link_policy(inst, {}), target=123.0)
+    assert gb.value == 123.0 and gb.partition == () and gb.settled_by_rate == 1
+
+
+def test_above_eight_clusters_grouped_plans_are_named_outside() -> None:
+    clusters = tuple((f"c{i}", "A", 1, 2, 40.0) for i in range(9))
+    inst = tiny_instance(model=tiny_model(gpus={"A": 0.01}), topology=tiny_topology(clusters=clusters))
+    gb = grouped_bound(inst, build_tables(inst), link_policy(inst, {}), target=1.5)
+    assert not gb.covered and gb.value == 1.5
+    from hgopt.search import PlanResult
+
+    res = PlanResult(planner="milp", status="optimal", plan=Plan(pipelines=()), iteration_time_s=1.5,
+                     lower_bound_s=1.5, plan_space="k identical pipelines")
+    out = certify(res, gb, gap=1e-4)
+    assert out.lower_bound_s == 1.5 and out.status == "optimal"
+    assert "outside: data parallelism across cluster groups" in out.plan_space

@@ -25,17 +25,20 @@ interval, so dropping s_lb leaves a bound on (m − 1)·bottleneck + fill). The 
 and fill rows do not depend on m (memory is checked at one microbatch in flight, the most permissive),
 so they are computed once per (group, k, B) and re-weighted with w = m − 1 for every share.
 PB_S(b) = min over the splits of b. And P >= b / rate_S (``groups.rate_bound``: the group's GPUs at
-their least GPU-seconds per sample).
+their least GPU-seconds per sample). A group whose GPUs cannot hold one copy of the model's state
+(:func:`holds_a_replica`) trains nothing.
 
 [G3] Master. For a partition π of the clusters into n >= 2 groups (a plan that leaves clusters idle or
 uses fewer groups is a plan of the partition that merges those clusters into a group: a group's bound
 covers plans on a subset of its clusters, and fewer representatives only shorten X), the pipelines
 finish by t only if every group's share is one it can train within t; relaxing Σ b_g = G to
-Σ cap_S(t) >= G, with cap_S(t) the largest share b <= G with PB_S(b) <= t (scanned downward from
+Σ cap_S(t) >= G and every cap_S(t) >= 1 (each group of a plan of π trains a sample; a plan with an
+empty group is one of a coarser partition), with cap_S(t) the largest share b <= G with PB_S(b) <= t (scanned downward from
 rate_S·t: every share is checked, none is skipped), gives a superset of the feasible t, so
     bound(π) = X(π) + min { t : Σ_{S in π} cap_S(t) >= G }
 by bisection on t (feasibility is monotone in t; the bound kept is the largest t found infeasible).
-The grouped bound is min over every partition (Bell(C) − 1 of them; at most MAX_CLUSTERS clusters).
+The grouped bound is min over every partition (Bell(C) − 1 of them; at most MAX_CLUSTERS clusters:
+above, grouped plans are named outside the certified space, ``GroupedBound.covered``).
 
 [G4] Pruning and the deadline. Only a bound below ``target`` (the k-identical space's bound) changes the
 certificate, so a partition whose rate floor G/Σ rate + X or whose test at t = target − X already fails
@@ -57,6 +60,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from hgopt.cost.pipeline import steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
@@ -67,7 +72,7 @@ from hgopt.search.milp import batch_splits
 from hgopt.search.precisions import allowed_link_precisions
 from hgopt.spec import Instance
 
-__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "grouped_bound",
+__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "grouped_bound", "holds_a_replica",
            "partitions"]
 
 log = logging.getLogger(__name__)
@@ -110,8 +115,13 @@ class GroupedBound:
     """False when the deadline (or the cluster count) left partitions at their rate floor [G4]."""
     precisions: tuple[str, ...] = ("native",)
     """The gradient precisions across groups the bound covers."""
+    covered: bool = True
+    """False above MAX_CLUSTERS clusters: grouped plans are not bounded and are named outside."""
 
     def describe(self) -> str:
+        if not self.covered:
+            return (f"data parallelism across cluster groups not bounded (more than {MAX_CLUSTERS} clusters: "
+                    "its partitions are not enumerated); it is outside the certified space")
         if not self.partition:
             return f"no plan with data parallelism across cluster groups can beat {self.value:.6g} s"
         groups = " | ".join("+".join(g) for g in self.partition)
@@ -206,10 +216,9 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
     rate_total = sum(rate_bound(instance, tables, c) for c in names)
     floor_t = G / rate_total if rate_total > 0 else INF
     if len(names) > MAX_CLUSTERS:
-        pair = min(wan_allreduce_floor(instance, tables, (a, b), cheapest) for a, b in itertools.combinations(names, 2))
-        value = min(target, floor_t + pair)
-        return GroupedBound(value=value, complete=False, precisions=precs,
-                            partition=() if value >= target else (tuple(names),), cross_s=pair)
+        # not enumerated: the space stays k identical pipelines and grouped plans are named outside
+        # (a rate floor over all partitions would be a bound, but far below any plan: it would void the gap)
+        return GroupedBound(value=target, covered=False, complete=False, precisions=precs)
     groups: dict[tuple[str, ...], GroupBounds] = {}
     alike: dict[object, GroupBounds] = {}  # one-cluster groups that differ only by name share their bounds
     best, best_part, best_x = target, (), 0.0
@@ -218,7 +227,20 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
     todo = [p for p in partitions(names) if len(p) >= 2]
     # cheapest first: the partitions whose rate floor is lowest are the ones that can set the bound
     memo: dict[tuple[str, ...], float] = {}
-    keyed = sorted(((floor_t + cross_floor(instance, tables, p, cheapest, memo), i, p) for i, p in enumerate(todo)))
+    rates = {c: rate_bound(instance, tables, c) for c in names}
+    fit: dict[tuple[str, ...], bool] = {}
+
+    def part_floor(p: tuple[tuple[str, ...], ...]) -> float:
+        # every group of a plan of p trains >= 1 sample, so every group must hold a model replica
+        for g in p:
+            if g not in fit:
+                fit[g] = holds_a_replica(instance, tables, g)
+            if not fit[g]:
+                return INF
+        r = sum(rates[c] for c in names)
+        return (G / r if r > 0 else INF) + cross_floor(instance, tables, p, cheapest, memo)
+
+    keyed = sorted(((part_floor(p), i, p) for i, p in enumerate(todo)))
     for floor_p, _, part in keyed:
         count += 1
         x = floor_p - floor_t
@@ -256,6 +278,25 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
                         partitions=count, settled_by_rate=by_rate, complete=complete, precisions=precs)
 
 
+def holds_a_replica(instance: Instance, tables: CostTables, group: tuple[str, ...]) -> bool:
+    """[G2] Whether the group's GPUs can hold one copy of the model's state at all ([C6] summed over
+    the GPUs of one pipeline: every layer's weights and gradients on each of its tp·dp GPUs, at least
+    tp·(2·w) bytes per parameter of a tp shard, and its optimizer state once over the dp replicas,
+    tp·o; activations >= 0; each GPU also keeps the workspace). A necessary condition for the group
+    to train anything: Σ_c N_c·(memory_c − workspace) >= Σ_layers min over (GPU, tp) tp·P_shard·(2w + o)."""
+    topo = instance.topology
+    ws = instance.job.workspace_bytes
+    room = sum(topo.cluster(c).num_gpus * max(0.0, topo.cluster(c).gpu_memory_bytes - ws) for c in group)
+    per_param = 2.0 * tables.dtype_bytes + tables.optimizer_bytes_per_param
+    need = None
+    for c in group:
+        gpu = topo.cluster(c).gpu
+        for tp in instance.model.tps(gpu):
+            shard = tp * np.diff(tables.table(gpu, tp).params)
+            need = shard if need is None else np.minimum(need, shard)
+    return need is not None and room >= per_param * float(need.sum()) * (1 - 1e-12)
+
+
 def _alike(instance: Instance, group: tuple[str, ...]) -> object:
     """What a group's bounds depend on: a one-cluster group's cluster without its name, region and
     price (its sub-instance has no links; the bounds read the GPU, memory, shape and bandwidths);
@@ -272,14 +313,12 @@ def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> flo
     largest infeasible t so far."""
 
     def feasible(t: float) -> bool:
-        if sum(g.rate_capacity(t) for g in gb) < G:
+        # each group trains at least one sample and together they train G
+        rc = [g.rate_capacity(t) for g in gb]
+        if sum(rc) < G or min(rc) < 1:
             return False
-        total = 0
-        for g in gb:
-            total += g.capacity(t)
-            if total >= G:
-                return True
-        return False
+        caps = [g.capacity(t) for g in gb]
+        return min(caps) >= 1 and sum(caps) >= G
 
     if not math.isfinite(hi):
         hi = max(lo * 4, 1e-9)
@@ -314,6 +353,10 @@ def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tup
     e.g. the heuristic's [H9]) becomes the result when it is faster, being inside the space now."""
     if res.plan is None or res.lower_bound_s is None:
         return res
+    if not gb.covered:
+        space = (f"{res.plan_space}; outside: data parallelism across cluster groups (more than {MAX_CLUSTERS} "
+                 "clusters), pipelines that are not identical, a stage whose replicas span several clusters")
+        return dataclasses.replace(res, plan_space=space, notes=(*res.notes, gb.describe()))
     space = (f"{res.plan_space}; or {GROUPED_SPACE.format(precisions='{' + ', '.join(gb.precisions) + '}')}; "
              f"{PLAN_SPACE_OUTSIDE}")
     plan, time_s = res.plan, res.iteration_time_s
