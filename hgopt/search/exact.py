@@ -37,9 +37,9 @@ GROUPED_BOUND_DEFAULT = "on"
 ``PlanOptions.extra["grouped_bound"]`` says otherwise ("off": k identical pipelines alone)."""
 
 GROUPED_SHARE = 0.1
-"""colgen: share of the time left after the narrow search that the grouped space's bound
-(``hgopt.search.master``) gets after the k-identical search; at its deadline it falls back to rate
-floors, still a bound."""
+"""colgen: share of the time limit the grouped space's bound (``hgopt.search.master``) may take after
+the k-identical search (which runs on the rest); at its deadline it falls back to rate floors, still a
+bound."""
 
 WARM_START_WORK_PER_S = 150
 """Work units (``HeuristicOptions.work_limit``: subsets split, skeletons realised) the warm start's
@@ -109,7 +109,9 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
         return res
     if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off":
         return res
-    deadline = t0 + options.time_limit_s
+    # at most GROUPED_SHARE of the limit after the k-identical search, never past the limit: a search
+    # that ends early leaves time to the caller (e.g. the why-not lines)
+    deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
                        deadline=deadline)
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
