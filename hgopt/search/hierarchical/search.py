@@ -25,10 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def plan_heuristic(
-    instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions()
+    instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions(),
+    estimate_cache: dict[tuple[str, int, int], object] | None = None,
 ) -> HeuristicResult:
-    """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
+    """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits).
+    ``estimate_cache``: the [H2] estimate cache of a search over an instance of the same model and
+    ``tables`` (the [H9] groups' sub-instances share the whole search's; its keys name what differs)."""
     ctx = _context(instance, tables, options)
+    if estimate_cache is not None:
+        ctx.parts = estimate_cache
     raw = skeleton_candidates(ctx, options)
     if options.require_clusters:  # why-not lines (cli-explain)
         raw = requiring(ctx, raw, options.require_clusters)
@@ -111,7 +116,8 @@ def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan,
     left = None if options.time_limit_s is None else max(options.time_limit_s - ctx.elapsed(), 0.1)
     res = plan_heuristic(sub, tables=ctx.tables, options=dataclasses.replace(
         options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0,
-        progress=None))  # (cli-explain) a group's times are not the plan's: no heartbeat from here
+        progress=None),  # (cli-explain) a group's times are not the plan's: no heartbeat from here
+        estimate_cache=ctx.parts)
     if res.plan is None:
         return None
     return res.plan, evaluate(res.plan, sub, ctx.tables).pipeline_time_s
