@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import cost_lower_bound as money_bound
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
@@ -84,23 +85,8 @@ def plan_usd(plan: Plan, instance: Instance, tables: CostTables) -> tuple[float,
 
 
 def cost_lower_bound(instance: Instance, tables: CostTables | None = None) -> float:
-    """$ per iteration below which no plan's GPU-hours can go (see the module docstring); needs
-    ``cost_per_gpu_hour`` on every cluster."""
-    tables = tables or build_tables(instance)
-    L, G = instance.model.num_layers, instance.job.global_batch
-    best = [math.inf] * L
-    for c in instance.topology.clusters:
-        price = c.cost_per_gpu_hour
-        assert price is not None, c.name
-        for tp in instance.model.tps(c.gpu):
-            if c.gpus_per_node % tp or tp > c.num_gpus:
-                continue
-            tab = tables.table(c.gpu, tp)
-            for mbs in instance.model.mbss(c.gpu, tp):
-                for layer in range(L):
-                    f, b = tab.times(mbs, layer, layer + 1)
-                    best[layer] = min(best[layer], price / 3600.0 * tp * (f + b) / mbs)
-    return G * sum(best)
+    """$ per iteration below which no plan's GPU-hours can go (``hgopt.cost.money.cost_lower_bound``)."""
+    return money_bound(instance, tables or build_tables(instance))
 
 
 def _subsets(instance: Instance) -> list[tuple[tuple[str, ...], int | None]]:
