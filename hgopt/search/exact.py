@@ -21,6 +21,7 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
+from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.spec import Instance
 
 __all__ = ["NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
@@ -49,6 +50,10 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     t0 = time.perf_counter()
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
+    goal = cost_goal(instance, options)  # costmilp: --objective cost / --budget (hgopt.search.milp_cost)
+    if goal is not None:
+        return plan_milp_cost(instance, options, goal, warm_start=_heuristic_warm_start(
+            policy if links.compresses else "native", links.max_compressed if links.compresses else None))
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
     if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":

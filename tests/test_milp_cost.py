@@ -1,0 +1,201 @@
+"""The exact planner under ``--objective cost`` and ``--budget`` (hgopt.search.milp_cost) against brute
+force over its plan space on tiny priced instances: every plan of the space (tests.test_milp._space)
+evaluated and priced by ``hgopt.cost.money``."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Any
+
+import pytest
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import money
+from hgopt.plan import Plan
+from hgopt.search import PlanOptions, PlanResult
+from hgopt.search.exact import plan_exact
+from hgopt.search.milp import BatchSplit
+from hgopt.search.milp_cost import handover_egress_usd
+from hgopt.solvers import available_backends
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+from tests.test_milp import _space
+
+BACKENDS = available_backends()
+SEEDS = 6
+NO_HELP = {"warm_start": "none"}
+"""No warm start: the MILP itself must find and prove the optimum."""
+
+
+def _priced(seed: int) -> Instance:
+    """2 clusters of 1-2 nodes x 2 GPUs with different GPU prices, 3-4 identical layers, every
+    directed link priced for egress."""
+    rng = random.Random(1000 + seed)
+    names = ["a", "b"]
+    gpus = {"A": 0.01, "B": rng.choice([0.006, 0.02])}
+    clusters = tuple((n, g, rng.choice([1, 2]), 2, rng.choice([1.2, 40.0])) for n, g in zip(names, gpus))
+    topo: dict[str, Any] = tiny_topology(clusters=clusters, wan_gbit_s=8.0, wan_latency_ms=rng.choice([1.0, 10.0]))
+    for c in topo["clusters"]:
+        c["cost_per_gpu_hour"] = rng.choice([1.0, 2.0, 3.5])
+    topo["links"]["pairs"] = [
+        {"src": a, "dst": b, "directed": True, "gbit_s": rng.choice([4.0, 20.0]), "latency_ms": 5.0,
+         "egress_usd_per_gb": rng.choice([0.0, 0.02, 0.5])}
+        for a, b in itertools.permutations(names, 2)]
+    model = tiny_model(num_layers=rng.randint(3, 4), gpus=gpus, activation_bytes=rng.choice([1e5, 1e6]))
+    for t in model["timings"]:  # tp 2 at 60 % of tp 1's time: more GPUs cost more per sample
+        if t["tp"] == 2:
+            t["fwd"] = [x * 1.2 for x in t["fwd"]]
+            t["bwd"] = [x * 1.2 for x in t["bwd"]]
+    return tiny_instance(global_batch=rng.choice([2, 4]), model=model, topology=topo)
+
+
+def _plans(inst: Instance) -> list[tuple[float, float, float]]:
+    """(iteration time, $ per iteration, $ per hour) of every feasible plan of the MILP's space."""
+    tables = build_tables(inst)
+    tokens = inst.job.global_batch * inst.job.seq_len
+    out = []
+    for sp, pipe in _space(inst):
+        plan = Plan(pipelines=(pipe,) * sp.k)
+        ev = evaluate(plan, inst, tables)
+        if ev.feasible:
+            usd = money(plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration
+            assert usd is not None
+            out.append((ev.iteration_time_s, usd, usd / ev.iteration_time_s * 3600.0))
+    return out
+
+
+_CACHE: dict[int, list[tuple[float, float, float]]] = {}
+
+
+def _brute(seed: int) -> list[tuple[float, float, float]]:
+    if seed not in _CACHE:
+        _CACHE[seed] = _plans(_priced(seed))
+    return _CACHE[seed]
+
+
+def _meta(res: PlanResult) -> dict[str, str]:
+    assert res.plan is not None
+    return dict(res.plan.meta)
+
+
+def _usd(res: PlanResult, inst: Instance) -> tuple[float, float]:
+    """($ per iteration, $ per hour) of the result's plan, priced here from evaluate."""
+    assert res.plan is not None
+    ev = evaluate(res.plan, inst)
+    assert ev.feasible
+    usd = money(res.plan, inst, build_tables(inst), ev.iteration_time_s,
+                inst.job.global_batch * inst.job.seq_len).usd_per_iteration
+    assert usd is not None
+    return usd, usd / ev.iteration_time_s * 3600.0
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_cost_optimum_equals_brute_force(seed: int) -> None:
+    inst = _priced(seed)
+    plans = _brute(seed)
+    best = min(c for _, c, _ in plans)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+    usd, _ = _usd(res, inst)
+    assert usd == pytest.approx(best, rel=1e-7)
+    meta = _meta(res)
+    assert float(meta["usd_per_iteration"]) == pytest.approx(usd, rel=1e-12)  # the reported value is evaluate's
+    lb = float(meta["usd_lower_bound"])
+    assert lb <= best * (1 + 1e-9)  # below every plan's cost
+    assert lb >= best * (1 - 1e-6)  # and proven
+    assert res.status == "optimal" and meta["objective"] == "cost"
+
+
+def test_cost_and_time_optima_differ_somewhere() -> None:
+    """The cost objective is not the time objective in disguise: on some seed the cheapest plan is
+    strictly cheaper than the fastest plan (by brute force), and the planner returns it."""
+    seen = 0
+    for seed in range(SEEDS):
+        plans = _brute(seed)
+        fastest = min(plans)
+        cheapest = min(c for _, c, _ in plans)
+        if cheapest < fastest[1] * (1 - 1e-6):
+            seen += 1
+            inst = _priced(seed)
+            t = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra=NO_HELP))
+            c = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+            assert _usd(c, inst)[0] < _usd(t, inst)[0] * (1 - 1e-6)
+            assert c.iteration_time_s >= t.iteration_time_s * (1 - 1e-9)
+    assert seen >= 1
+
+
+@pytest.mark.parametrize("objective", ["cost", "time"])
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_budget_respected_and_optimal(seed: int, objective: str) -> None:
+    """A budget between the cheapest and the dearest $/hour: the planner's plan keeps it and is the
+    best plan (of the objective) among those that keep it; its bound lies below all of them."""
+    inst = _priced(seed)
+    plans = _brute(seed)
+    hours = sorted(h for _, _, h in plans)
+    budget = hours[len(hours) // 3]
+    ok = [p for p in plans if p[2] <= budget * (1 + 1e-12)]
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7,
+                                       extra={**NO_HELP, "objective": objective, "budget": str(budget)}))
+    usd, per_hour = _usd(res, inst)
+    assert per_hour <= budget * (1 + 1e-9)
+    meta = _meta(res)
+    if objective == "cost":
+        best = min(c for _, c, _ in ok)
+        assert usd == pytest.approx(best, rel=1e-7)
+        assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+    else:
+        best = min(t for t, _, _ in ok)
+        assert res.iteration_time_s == pytest.approx(best, rel=1e-7)
+        assert res.lower_bound_s is not None and res.lower_bound_s <= best * (1 + 1e-9)
+    assert res.status == "optimal"
+
+
+@pytest.mark.parametrize("objective", ["cost", "time"])
+def test_infeasible_budget_is_reported(objective: str) -> None:
+    """A budget below every plan's $/hour: no plan, status infeasible, said in the notes."""
+    inst = _priced(0)
+    cheapest_hour = min(h for _, _, h in _brute(0))
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, extra={**NO_HELP, "objective": objective,
+                                                                "budget": str(cheapest_hour * 0.99)}))
+    assert res.plan is None
+    assert res.status == "infeasible"
+    assert any("budget" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("backend", [b for b in ("highs", "cp-sat", "cbc", "scip") if b in BACKENDS])
+def test_cost_backends_agree(backend: str) -> None:
+    """Every backend: no plan below the brute-force optimum, the bound below it, equal when proven."""
+    seed = 1
+    inst = _priced(seed)
+    best = min(c for _, c, _ in _brute(seed))
+    gap = 5e-3 if backend == "cp-sat" else 1e-6
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=gap, solver=backend,
+                                       extra={**NO_HELP, "objective": "cost"}))
+    usd, _ = _usd(res, inst)
+    meta = _meta(res)
+    assert usd >= best * (1 - 1e-9)
+    assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+    if res.status == "optimal":
+        assert usd == pytest.approx(best, rel=max(gap, 1e-6))
+
+
+def test_handover_egress_is_what_money_charges() -> None:
+    """The MILP's egress coefficient of a hand-over equals money's egress of a plan with that one
+    inter-cluster boundary (hand computation: global batch x boundary bytes x price, both ways)."""
+    inst = _priced(2)
+    tables = build_tables(inst)
+    act = float(tables.activation_bytes[0])
+    prices = {(l.src, l.dst): l.egress_usd_per_gb for l in inst.topology.links}
+    g = inst.job.global_batch
+    sp = BatchSplit(k=1, microbatch=g, num_microbatches=1)
+    got = handover_egress_usd(inst, tables, sp, "a", "b", ("native", "native"))
+    want = g * act * ((prices[("a", "b")] or 0.0) + (prices[("b", "a")] or 0.0)) / 1e9
+    assert got == pytest.approx(want, rel=1e-12)
+    assert math.isfinite(got)
+
+
+def test_unpriced_cluster_is_refused() -> None:
+    inst = tiny_instance()
+    with pytest.raises(ValueError, match="cost_per_gpu_hour"):
+        plan_exact(inst, PlanOptions(time_limit_s=5, extra={"objective": "cost"}))
