@@ -8,6 +8,8 @@ import dataclasses
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from hgopt.cost import build_tables, evaluate
@@ -202,3 +204,24 @@ def test_shared_estimate_cache_gives_the_fresh_tables() -> None:
         for w in fresh:
             for f in ("bottleneck", "fill", "sync_opt", "stages", "tp", "dp", "recompute"):
                 assert np.array_equal(getattr(got[w], f), getattr(fresh[w], f)), (m, w, f)
+
+
+def _pareto_reference(cands: list[tuple[float, float, float, int, int]]) -> list[tuple[float, float, float, int, int]]:
+    """The intra DP's Pareto filter as it was (quadratic): points not dominated in (T, S, sends)."""
+    cands = sorted(cands)
+    kept: list[tuple[float, float, float, int, int]] = []
+    for c in cands:
+        if not any(k[0] <= c[0] and k[1] <= c[1] and k[2] <= c[2] for k in kept):
+            kept.append(c)
+    return kept
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 6), st.integers(0, 3),
+                          st.integers(0, 3)), max_size=40))
+def test_staircase_pareto_equals_the_quadratic_one(points: list[tuple[int, int, int, int, int]]) -> None:
+    """Small integer coordinates: many ties in T, S and sends."""
+    from hgopt.search.intra import _pareto
+
+    cands = [(float(a), float(b), float(c), h, i) for a, b, c, h, i in points]
+    assert _pareto(list(cands)) == _pareto_reference(list(cands))

@@ -154,6 +154,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     whole_bound: float | None = None
     planner_usd_bound: float | None = None
     seen: set[str] = set()
+    points: set[tuple[float, float | None, tuple[tuple[str, int], ...]]] = set()
 
     def add(subset: tuple[str, ...], nodes: int | None, res: PlanResult, source: str = "planner") -> None:
         if res.plan is not None:  # the same plan once (its label fields aside)
@@ -169,6 +170,10 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                                  usd_per_iteration=None, usd_per_hour=None, usd_per_million_tokens=None, source=source))
             return
         t, usd = plan_usd(res.plan, instance, tables)
+        point = (t, usd, tuple(sorted(res.plan.gpus_by_cluster().items())))
+        if source == "searched" and point in points:  # the same point of the listing (e.g. another mbs x m)
+            return
+        points.add(point)
         out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
                              usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
                              usd_per_million_tokens=None if usd is None else usd / tokens * 1e6, source=source))

@@ -21,6 +21,7 @@ dynamic programme over layer positions for any range [I5]; the tests check both 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from typing import Iterable
@@ -696,10 +697,21 @@ def _pareto(cands: list[tuple[float, float, float, int, int]]) -> list[tuple[flo
     """Points not dominated in (T, S, sends), lowest T first."""
     cands.sort()
     kept: list[tuple[float, float, float, int, int]] = []
-    for c in cands:  # sorted: every kept point's T is already <= c's
+    # sorted: every kept point's T is already <= c's, so c is dominated iff a kept point has S and
+    # sends <= c's: kept's (S, sends) staircase answers that (S ascending, sends strictly descending)
+    fs: list[float] = []
+    fd: list[float] = []
+    for c in cands:
         s, sd = c[1], c[2]
-        if not any(k[1] <= s and k[2] <= sd for k in kept):
-            kept.append(c)
+        i = bisect.bisect_right(fs, s)
+        if i and fd[i - 1] <= sd:
+            continue
+        kept.append(c)
+        j = k = bisect.bisect_left(fs, s)
+        while k < len(fs) and fd[k] >= sd:
+            k += 1
+        fs[j:k] = [s]
+        fd[j:k] = [sd]
     return kept
 
 
