@@ -227,7 +227,8 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
         note = ("$ per iteration: global batch x per layer the cheapest GPU-seconds of forward + backward over "
                 "every cluster, tp and profiled microbatch size (any plan of any planner; egress only adds)")
         if planner_usd_bound is not None and planner_usd_bound > lb:  # e.g. the exact planner's cost MILP
-            lb, note = planner_usd_bound, "$ per iteration: the planner's proven bound on the whole instance"
+            note += (f"; the planner's own bound over its plan space is higher: ${planner_usd_bound:.4g} per "
+                     "iteration (not used here: it need not hold for plans outside that space)")
         val = best.usd_per_iteration if best else None
     else:
         lb = whole_bound
