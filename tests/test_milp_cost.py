@@ -100,11 +100,13 @@ def test_cost_optimum_equals_brute_force(seed: int) -> None:
     usd, _ = _usd(res, inst)
     assert usd == pytest.approx(best, rel=1e-7)
     meta = _meta(res)
-    assert float(meta["usd_per_iteration"]) == pytest.approx(usd, rel=1e-12)  # the reported value is evaluate's
-    lb = float(meta["usd_lower_bound"])
+    assert res.usd_per_iteration == pytest.approx(usd, rel=1e-12)  # the reported value is evaluate's
+    assert float(meta["usd_per_iteration"]) == res.usd_per_iteration
+    lb = res.usd_lower_bound
+    assert lb is not None and float(meta["usd_lower_bound"]) == lb and res.usd_gap is not None
     assert lb <= best * (1 + 1e-9)  # below every plan's cost
     assert lb >= best * (1 - 1e-6)  # and proven
-    assert res.status == "optimal" and meta["objective"] == "cost"
+    assert res.status == "optimal" and meta["objective"] == "cost" and res.objective == "cost"
 
 
 def test_cost_and_time_optima_differ_somewhere() -> None:
@@ -143,7 +145,7 @@ def test_budget_respected_and_optimal(seed: int, objective: str) -> None:
     if objective == "cost":
         best = min(c for _, c, _ in ok)
         assert usd == pytest.approx(best, rel=1e-7)
-        assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+        assert res.usd_lower_bound is not None and res.usd_lower_bound <= best * (1 + 1e-9)
     else:
         best = min(t for t, _, _ in ok)
         assert res.iteration_time_s == pytest.approx(best, rel=1e-7)
@@ -175,7 +177,7 @@ def test_cost_backends_agree(backend: str) -> None:
     usd, _ = _usd(res, inst)
     meta = _meta(res)
     assert usd >= best * (1 - 1e-9)
-    assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+    assert res.usd_lower_bound is not None and res.usd_lower_bound <= best * (1 + 1e-9)
     if res.status == "optimal":
         assert usd == pytest.approx(best, rel=max(gap, 1e-6))
 
@@ -241,7 +243,7 @@ def test_egress_is_in_the_objective(egress: float) -> None:
     assert (best[2] == 0) == (egress == 0.05)  # ... and at $0.05/GB are not the cheapest plan
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
     assert _usd(res, inst)[0] == pytest.approx(best[0], rel=1e-7)
-    lb = float(_meta(res)["usd_lower_bound"])
+    lb = float(res.usd_lower_bound)  # type: ignore[arg-type]
     assert best[0] * (1 - 1e-6) <= lb <= best[0] * (1 + 1e-9)  # a bound, and proven (with the egress in it)
     assert res.status == "optimal"
 
@@ -263,7 +265,7 @@ def test_budget_on_egress_cuts_plans_off() -> None:
     usd, per_hour = _usd(res, inst)
     assert per_hour <= budget
     assert usd == pytest.approx(min(ok)[0], rel=1e-7)
-    lb = float(_meta(res)["usd_lower_bound"])
+    lb = float(res.usd_lower_bound)  # type: ignore[arg-type]
     assert min(ok)[0] * (1 - 1e-6) <= lb <= min(ok)[0] * (1 + 1e-9)
     assert res.status == "optimal"
     assert any("cut off" in n for n in res.notes)
