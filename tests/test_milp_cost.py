@@ -100,11 +100,13 @@ def test_cost_optimum_equals_brute_force(seed: int) -> None:
     usd, _ = _usd(res, inst)
     assert usd == pytest.approx(best, rel=1e-7)
     meta = _meta(res)
-    assert float(meta["usd_per_iteration"]) == pytest.approx(usd, rel=1e-12)  # the reported value is evaluate's
-    lb = float(meta["usd_lower_bound"])
+    assert res.usd_per_iteration == pytest.approx(usd, rel=1e-12)  # the reported value is evaluate's
+    assert float(meta["usd_per_iteration"]) == res.usd_per_iteration
+    lb = res.usd_lower_bound
+    assert lb is not None and float(meta["usd_lower_bound"]) == lb and res.usd_gap is not None
     assert lb <= best * (1 + 1e-9)  # below every plan's cost
     assert lb >= best * (1 - 1e-6)  # and proven
-    assert res.status == "optimal" and meta["objective"] == "cost"
+    assert res.status == "optimal" and meta["objective"] == "cost" and res.objective == "cost"
 
 
 def test_cost_and_time_optima_differ_somewhere() -> None:
@@ -143,7 +145,7 @@ def test_budget_respected_and_optimal(seed: int, objective: str) -> None:
     if objective == "cost":
         best = min(c for _, c, _ in ok)
         assert usd == pytest.approx(best, rel=1e-7)
-        assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+        assert res.usd_lower_bound is not None and res.usd_lower_bound <= best * (1 + 1e-9)
     else:
         best = min(t for t, _, _ in ok)
         assert res.iteration_time_s == pytest.approx(best, rel=1e-7)
@@ -175,7 +177,7 @@ def test_cost_backends_agree(backend: str) -> None:
     usd, _ = _usd(res, inst)
     meta = _meta(res)
     assert usd >= best * (1 - 1e-9)
-    assert float(meta["usd_lower_bound"]) <= best * (1 + 1e-9)
+    assert res.usd_lower_bound is not None and res.usd_lower_bound <= best * (1 + 1e-9)
     if res.status == "optimal":
         assert usd == pytest.approx(best, rel=max(gap, 1e-6))
 
@@ -199,3 +201,71 @@ def test_unpriced_cluster_is_refused() -> None:
     inst = tiny_instance()
     with pytest.raises(ValueError, match="cost_per_gpu_hour"):
         plan_exact(inst, PlanOptions(time_limit_s=5, extra={"objective": "cost"}))
+
+
+def _egress_instance(egress_usd_per_gb: float) -> Instance:
+    """Cluster a: cheap GPUs ($1/h) with too little memory for the whole model; b: dear ($3.5/h) with
+    room. The cheapest GPU-hours span a and b, so the egress price decides between spanning and b alone."""
+    topo: dict[str, Any] = tiny_topology(clusters=(("a", "A", 1, 2, 1.1), ("b", "B", 1, 2, 40.0)), wan_gbit_s=8.0,
+                                         wan_latency_ms=1.0)
+    topo["clusters"][0]["cost_per_gpu_hour"] = 1.0
+    topo["clusters"][1]["cost_per_gpu_hour"] = 3.5
+    topo["links"]["pairs"] = [{"src": a, "dst": b, "directed": True, "gbit_s": 20.0, "latency_ms": 1.0,
+                               "egress_usd_per_gb": egress_usd_per_gb} for a, b in itertools.permutations("ab", 2)]
+    return tiny_instance(global_batch=4, model=tiny_model(num_layers=4, gpus={"A": 0.01, "B": 0.02},
+                                                          activation_bytes=1e6), topology=topo)
+
+
+def _egress_plans(inst: Instance) -> list[tuple[float, float, float, float]]:
+    """(total $, GPU $, egress $, $ per hour) per iteration of every feasible plan of the space."""
+    tables = build_tables(inst)
+    out = []
+    for sp, pipe in _space(inst):
+        plan = Plan(pipelines=(pipe,) * sp.k)
+        ev = evaluate(plan, inst, tables)
+        if ev.feasible:
+            m = money(plan, inst, tables, ev.iteration_time_s, inst.job.global_batch * inst.job.seq_len)
+            assert m.usd_per_iteration is not None and m.gpu_usd_per_iteration is not None
+            out.append((m.usd_per_iteration, m.gpu_usd_per_iteration, m.egress_usd_per_iteration or 0.0,
+                        m.usd_per_iteration / ev.iteration_time_s * 3600.0))
+    return out
+
+
+@pytest.mark.parametrize("egress", [0.01, 0.05])
+def test_egress_is_in_the_objective(egress: float) -> None:
+    """Brute force: at $0.05/GB the egress makes b alone cheaper than the plans spanning a and b (the
+    cheapest by GPU-hours); at $0.01/GB spanning stays cheapest. The planner matches both."""
+    inst = _egress_instance(egress)
+    plans = _egress_plans(inst)
+    best = min(plans)
+    by_gpu = min(plans, key=lambda p: p[1])
+    assert by_gpu[2] > 0  # the cheapest GPU-hours pay egress
+    assert (best[2] == 0) == (egress == 0.05)  # ... and at $0.05/GB are not the cheapest plan
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+    assert _usd(res, inst)[0] == pytest.approx(best[0], rel=1e-7)
+    lb = float(res.usd_lower_bound)  # type: ignore[arg-type]
+    assert best[0] * (1 - 1e-6) <= lb <= best[0] * (1 + 1e-9)  # a bound, and proven (with the egress in it)
+    assert res.status == "optimal"
+
+
+def test_budget_on_egress_cuts_plans_off() -> None:
+    """A budget the spanning plans keep by GPU-hours but not with their egress: the MILP's GPU budget
+    row admits them, each decoded one is priced, cut off, and the search ends on the best plan that
+    keeps the budget (brute force)."""
+    inst = _egress_instance(0.01)
+    plans = _egress_plans(inst)
+    spanning = [p for p in plans if p[2] > 0]
+    cheapest_span = min(spanning)
+    gpu_hour = cheapest_span[1] / cheapest_span[0] * cheapest_span[3]  # its GPU part of $/hour
+    budget = 0.5 * (gpu_hour + cheapest_span[3])
+    ok = [p for p in plans if p[3] <= budget]
+    assert ok and min(ok) > cheapest_span  # the budget removes that plan and the answer changes
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7,
+                                       extra={**NO_HELP, "objective": "cost", "budget": str(budget)}))
+    usd, per_hour = _usd(res, inst)
+    assert per_hour <= budget
+    assert usd == pytest.approx(min(ok)[0], rel=1e-7)
+    lb = float(res.usd_lower_bound)  # type: ignore[arg-type]
+    assert min(ok)[0] * (1 - 1e-6) <= lb <= min(ok)[0] * (1 + 1e-9)
+    assert res.status == "optimal"
+    assert any("cut off" in n for n in res.notes)

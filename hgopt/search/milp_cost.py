@@ -96,11 +96,11 @@ class CostGoal:
 
 
 def cost_goal(instance: Instance, options: PlanOptions) -> CostGoal | None:
-    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``, or
+    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``, or the strings
     ``extra['objective']`` / ``extra['budget']``); None for the plain time objective without budget.
     ValueError (naming the setting) for a cluster without a price, a bad budget, or a link penalty."""
-    objective = getattr(options, "objective", None) or options.extra.get("objective", "time") or "time"
-    budget = getattr(options, "budget_usd_per_hour", None)
+    objective = options.objective if options.objective != "time" else (options.extra.get("objective") or "time")
+    budget = options.budget_usd_per_hour
     if budget is None and options.extra.get("budget"):
         try:
             budget = float(options.extra["budget"])
@@ -381,7 +381,9 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     order = sorted(cheap, key=lambda sp: (sp != first, lbs[sp]))
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
-    solver, unfinished, solved, cuts = "", [], 0, 0
+    solver, solved, cuts = "", 0, 0
+    unfinished: list[BatchSplit] = []
+    seen: list[Priced] = [best] if best is not None else []
     for i, sp in enumerate(order):
         target = (best.value if best else math.inf) * (1 - options.gap / 2)
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
@@ -401,17 +403,21 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
         lbs[sp] = max(lbs[sp], out.lower_bound)
         if out.unfinished:
             unfinished.append(sp)
-        if out.best is not None and (best is None or out.best.value < best.value):
-            best = out.best
+        if out.best is not None:
+            seen.append(out.best)
+            if best is None or out.best.value < best.value:
+                best = out.best
         log.info("split %s: %s, bound %.6g; best %s", sp, out.best and f"{out.best.value:.6g}", out.lower_bound,
                  best and f"{best.value:.6g}")
     return _result(instance, options, goal, links, best, lbs, solver, unfinished, solved, cuts,
-                   time.perf_counter() - t_start, [sp for sp in splits if sp not in cheap])
+                   time.perf_counter() - t_start, [sp for sp in splits if sp not in cheap], seen)
 
 
 def _result(instance: Instance, options: PlanOptions, goal: CostGoal, links: LinkPolicy, best: Priced | None,
             lbs: dict[BatchSplit, float], solver: str, unfinished: list[BatchSplit], solved: int, cuts: int,
-            wall: float, unbounded: list[BatchSplit]) -> PlanResult:
+            wall: float, unbounded: list[BatchSplit], seen: list[Priced]) -> PlanResult:
+    """The PlanResult of the goal: under ``cost`` ``usd_per_iteration`` / ``usd_lower_bound`` (and
+    the same in the plan's meta), status and gap of $; under ``time`` with a budget the time bound."""
     unit = "$ per iteration" if goal.objective == "cost" else "s"
     lb = min(lbs.values(), default=math.inf)
     if best is not None:
@@ -431,8 +437,11 @@ def _result(instance: Instance, options: PlanOptions, goal: CostGoal, links: Lin
         notes.insert(0, "no plan of this space within the budget" + ("" if status == "infeasible" else
                      " found within the time limit (the bound still holds)") if goal.budget_usd_per_hour is not None
                      else "no plan found")
-        return PlanResult(planner="milp", status=status, plan=None, lower_bound_s=None, search_time_s=wall,
-                          solver=solver or "none", plan_space=space, notes=tuple(notes))
+        return PlanResult(planner="milp", status=status, plan=None,
+                          lower_bound_s=lb if goal.objective == "time" and math.isfinite(lb) else None,
+                          search_time_s=wall, solver=solver or "none", plan_space=space, notes=tuple(notes),
+                          objective=goal.objective,
+                          usd_lower_bound=lb if goal.objective == "cost" and math.isfinite(lb) else None)
     gap = max(0.0, (best.value - lb) / best.value) if best.value > 0 else 0.0
     status = "optimal" if gap <= options.gap + 1e-12 else "feasible"
     meta: tuple[tuple[str, str], ...] = (
@@ -450,5 +459,7 @@ def _result(instance: Instance, options: PlanOptions, goal: CostGoal, links: Lin
     plan = Plan(pipelines=best.plan.pipelines, planner="milp", instance=instance.name, meta=meta)
     return PlanResult(planner="milp", status=status, plan=plan, iteration_time_s=best.time_s,
                       lower_bound_s=lb if goal.objective == "time" else None, search_time_s=wall, solver=solver or "none",
-                      plan_space=space, notes=tuple(notes))
+                      plan_space=space, notes=tuple(notes), objective=goal.objective,
+                      usd_per_iteration=best.usd_per_iteration, usd_lower_bound=lb if goal.objective == "cost" else None,
+                      candidates=tuple((p.plan, p.time_s) for p in seen if p is not best))
 
