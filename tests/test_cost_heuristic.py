@@ -225,3 +225,23 @@ def test_staircase_pareto_equals_the_quadratic_one(points: list[tuple[int, int, 
 
     cands = [(float(a), float(b), float(c), h, i) for a, b, c, h, i in points]
     assert _pareto(list(cands)) == _pareto_reference(list(cands))
+
+
+def test_cli_infeasible_budget_says_the_cheapest_rate(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from hgopt.cli import main
+
+    topo = tiny_topology(clusters=(("b", "V100-16", 2, 2, 40.0),))
+    topo["clusters"][0]["cost_per_gpu_hour"] = 1.0
+    doc = {"name": "one", "model": tiny_model(gpus={"V100-16": V100}), "topology": topo,
+           "job": {"global_batch": 8, "seq_len": 128, "precision": "fp32"}}
+    path = tmp_path / "one.yaml"
+    path.write_text(json.dumps(doc))
+    assert main(["-q", "plan", str(path), "--planner", "heuristic", "--objective", "cost", "--budget", "0.5",
+                 "--time-limit", "20"]) == 1
+    text = capsys.readouterr().out
+    assert "no plan within the budget of $0.5/hour: the cheapest found costs $" in text
+    assert main(["-q", "plan", str(path), "--planner", "heuristic", "--objective", "cost", "--time-limit", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "objective cost: $" in text and "gap" in text and "b:2" in text  # the one-node plan, its $ gap
