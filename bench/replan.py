@@ -3,7 +3,7 @@ GPUs at 512 GPUs (the heuristic's wall time). Per scenario: the old plan (heuris
 replan (chosen candidate, iteration time before/after, migration bytes and time [M1], wall time) and
 the exact planner's lower bound for the new resources (``--planner milp``).
 
-    PYTHONPATH=$PWD python bench/replan.py [--milp-time-limit 30] [--horizon-steps 1000]
+    PYTHONPATH=$PWD python bench/replan.py [--milp-time-limit 30] [--horizon-steps 1000] [--only INSTANCE]
 
 Prints a markdown table and, under it, the CLI commands that give each row."""
 
@@ -34,11 +34,14 @@ def main() -> None:
     ap.add_argument("--milp-time-limit", type=float, default=30.0)
     ap.add_argument("--horizon-steps", type=int, default=1000)
     ap.add_argument("--old-time-limit", type=float, default=5.0)
+    ap.add_argument("--only", default=None, metavar="INSTANCE", help="only the rows of this instance")
     args = ap.parse_args()
     rows, cmds = [], []
     heuristic = get_planner("heuristic")
     tmp = Path(tempfile.mkdtemp(prefix="hgopt-replan-bench-"))
     for name, change, with_milp in SCENARIOS:
+        if args.only is not None and name != args.only:
+            continue
         inst = load_instance(name)
         old = heuristic(inst, PlanOptions(time_limit_s=args.old_time_limit)).plan
         assert old is not None
