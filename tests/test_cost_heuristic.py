@@ -245,3 +245,13 @@ def test_cli_infeasible_budget_says_the_cheapest_rate(tmp_path, capsys) -> None:
     assert main(["-q", "plan", str(path), "--planner", "heuristic", "--objective", "cost", "--time-limit", "20"]) == 0
     text = capsys.readouterr().out
     assert "objective cost: $" in text and "gap" in text and "b:2" in text  # the one-node plan, its $ gap
+
+
+def test_budget_on_a_priced_geo_instance() -> None:
+    """geo-3r-gpt1.3b (shipped list prices): every plan the time objective realises first uses all 16
+    H100s ($47.84/hour) or more; $30/hour needs the skeletons estimated within the budget and fewer nodes."""
+    inst = load_instance("geo-3r-gpt1.3b")
+    res = get_planner("heuristic")(inst, PlanOptions(time_limit_s=120, budget_usd_per_hour=30.0))
+    assert res.plan is not None
+    t, usd = _usd(res.plan, inst)
+    assert usd / t * 3600 <= 30.0
