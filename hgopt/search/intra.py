@@ -686,8 +686,9 @@ def _extend(
             if h <= lo or fit[(lo, h)] < need:
                 continue
             e1 = max(comp[(lo, h)], snd[h])
-            for i, (t, sv, sd, _, _) in enumerate(entries):
-                cands.append((max(e1, t), so[(lo, h)], sd + snd[h], h, i))  # S: the first stage's tail
+            s_lh, sn = so[(lo, h)], snd[h]
+            # S: the first stage's tail; (t if t > e1 else e1) is max(e1, t)
+            cands.extend([(t if t > e1 else e1, s_lh, sd + sn, h, i) for i, (t, _, sd, _, _) in enumerate(entries)])
         if cands:
             out[lo] = _pareto(cands)
     return out
