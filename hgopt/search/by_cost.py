@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import budget_note, usd_per_hour_floor
 from hgopt.cost.money import cost_lower_bound as money_bound
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
@@ -239,8 +240,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     why = ""
     if best is None and budget_usd_per_hour is not None:
         rates = [c.usd_per_hour for c in out if c.usd_per_hour is not None]
-        why = (f"no plan within the budget of ${budget_usd_per_hour:g}/hour"
-               + (f": the cheapest found costs ${min(rates):.4g}/hour" if rates else ": no plan could be priced"))
+        why = budget_note(budget_usd_per_hour, min(rates) if rates else None, usd_per_hour_floor(instance, tables))
     return CostSearch(objective=objective, budget_usd_per_hour=budget_usd_per_hour, candidates=tuple(out), best=best,
                       lower_bound=lb, gap=gap, bound_note=note, note=why)
 
