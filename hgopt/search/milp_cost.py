@@ -82,6 +82,10 @@ coefficients of >= 1000 per GPU-second, so CP-SAT's rounding of objective coeffi
 values (a $ objective would be ~1e-5)."""
 MAX_CUTS = 25
 """Per split, at most this many no-good cuts of over-budget plans before the split keeps its bound."""
+GOAL_NONZEROS_PER_OPTION = 14
+"""Nonzeros ``add_goal`` writes per block option (rows C1: q, v, q·v, q lower bound), for the size guard."""
+WARM_SHARE = 0.4
+"""Share of the time limit (at most 12 s) the warm start (the heuristic under the same goal) may take."""
 SPLIT_SHARE = 0.5
 """A split's solve may take at most this share of the time left (the others keep some)."""
 
@@ -272,7 +276,7 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
     opts = {key: kept for key, os in opts.items()
             if (kept := [o for o in os if _useful(o, cheap, goal, split, rate[o.cluster], incumbent)])}
-    size = estimated_nonzeros(opts, len(instance.topology.clusters))
+    size = estimated_nonzeros(opts, len(instance.topology.clusters)) + GOAL_NONZEROS_PER_OPTION * sum(map(len, opts.values()))
     if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO > deadline - time.perf_counter():
         log.info("split %s: cost MILP of ~%d nonzeros not built", split, size)
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
@@ -369,7 +373,7 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     best: Priced | None = None
     if warm_start is not None and options.extra.get("warm_start", "heuristic") == "heuristic":
         try:
-            plan = warm_start(instance, tables, min(10.0, 0.2 * options.time_limit_s))
+            plan = warm_start(instance, tables, min(12.0, WARM_SHARE * options.time_limit_s))
         except ValueError as exc:
             log.info("warm start skipped: %s", exc)
             plan = None
@@ -381,7 +385,7 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     # ties (the work floor bounds most splits alike) go to the smaller MILPs first: fewer (tp, dp, mbs) per
     # stage at a smaller microbatch, fewer pipelines (the warm start's split first
     # only under the time objective: it is the fastest plan's)
-    order = sorted(cheap, key=lambda sp: (goal.objective == "time" and sp != first, lbs[sp], sp.microbatch, sp.k))
+    order = sorted(cheap, key=lambda sp: (goal.objective == "time" and sp != first, lbs[sp], sp.num_microbatches / sp.k, sp.microbatch))
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
     solver, solved, cuts = "", 0, 0
