@@ -93,9 +93,11 @@ def _priced_warm_start(options: PlanOptions) -> WarmStart:
     from hgopt.search.hierarchical import run_heuristic
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
-        res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / 2, progress=None))
+        fallback = options.objective == "time" and options.budget_usd_per_hour is not None
+        res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / (2 if fallback else 1),
+                                                      progress=None))
         log.info("warm start: heuristic (%s) %s", options.objective, res.plan and f"{res.iteration_time_s:.6g} s")
-        if res.plan is None and options.objective == "time" and options.budget_usd_per_hour is not None:
+        if res.plan is None and fallback:
             # no plan within the budget by time: the cheapest plan keeps the budget if any does
             res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / 2, objective="cost",
                                                           progress=None))

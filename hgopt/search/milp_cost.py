@@ -1,5 +1,5 @@
 """Cost and budget inside the exact planner (``--planner milp --objective cost``, ``--budget USD_PER_HOUR``;
-formulations/cluster_milp.md §8, money as defined in ``hgopt.cost.money`` [$1]).
+formulations/cluster_milp.md §9, money as defined in ``hgopt.cost.money`` [$1]).
 
 Plan space: the exact planner's (``hgopt.search.milp.PLAN_SPACE``). Per batch split (k pipelines,
 microbatch B, m microbatches) the split's MILP of ``milp.build_milp`` is built over the block
@@ -100,16 +100,9 @@ class CostGoal:
 
 
 def cost_goal(instance: Instance, options: PlanOptions) -> CostGoal | None:
-    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``, or the strings
-    ``extra['objective']`` / ``extra['budget']``); None for the plain time objective without budget.
-    ValueError (naming the setting) for a cluster without a price, a bad budget, or a link penalty."""
-    objective = options.objective if options.objective != "time" else (options.extra.get("objective") or "time")
-    budget = options.budget_usd_per_hour
-    if budget is None and options.extra.get("budget"):
-        try:
-            budget = float(options.extra["budget"])
-        except ValueError:
-            raise ValueError(f"--budget: expected dollars per hour, got {options.extra['budget']!r}") from None
+    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``); None for the
+    plain time objective without budget. ValueError (naming the setting) for a cluster without a price, a bad budget, or a link penalty."""
+    objective, budget = options.objective, options.budget_usd_per_hour
     if objective not in ("time", "cost"):
         raise ValueError(f"--objective: must be time or cost, got {objective!r}")
     if objective == "time" and budget is None:
