@@ -96,7 +96,7 @@ def test_cost_optimum_equals_brute_force(seed: int) -> None:
     inst = _priced(seed)
     plans = _brute(seed)
     best = min(c for _, c, _ in plans)
-    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, objective="cost", extra=NO_HELP))
     usd, _ = _usd(res, inst)
     assert usd == pytest.approx(best, rel=1e-7)
     meta = _meta(res)
@@ -121,7 +121,7 @@ def test_cost_and_time_optima_differ_somewhere() -> None:
             seen += 1
             inst = _priced(seed)
             t = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra=NO_HELP))
-            c = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+            c = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, objective="cost", extra=NO_HELP))
             assert _usd(c, inst)[0] < _usd(t, inst)[0] * (1 - 1e-6)
             assert c.iteration_time_s >= t.iteration_time_s * (1 - 1e-9)
     assert seen >= 1
@@ -138,7 +138,8 @@ def test_budget_respected_and_optimal(seed: int, objective: str) -> None:
     budget = hours[len(hours) // 3]
     ok = [p for p in plans if p[2] <= budget * (1 + 1e-12)]
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7,
-                                       extra={**NO_HELP, "objective": objective, "budget": str(budget)}))
+                                       objective=objective,  # type: ignore[arg-type]
+                                       budget_usd_per_hour=budget, extra=NO_HELP))
     usd, per_hour = _usd(res, inst)
     assert per_hour <= budget * (1 + 1e-9)
     meta = _meta(res)
@@ -158,8 +159,8 @@ def test_infeasible_budget_is_reported(objective: str) -> None:
     """A budget below every plan's $/hour: no plan, status infeasible, said in the notes."""
     inst = _priced(0)
     cheapest_hour = min(h for _, _, h in _brute(0))
-    res = plan_exact(inst, PlanOptions(time_limit_s=60, extra={**NO_HELP, "objective": objective,
-                                                                "budget": str(cheapest_hour * 0.99)}))
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective,  # type: ignore[arg-type]
+                                       budget_usd_per_hour=cheapest_hour * 0.99, extra=NO_HELP))
     assert res.plan is None
     assert res.status == "infeasible"
     assert any("budget" in n for n in res.notes)
@@ -173,7 +174,7 @@ def test_cost_backends_agree(backend: str) -> None:
     best = min(c for _, c, _ in _brute(seed))
     gap = 5e-3 if backend == "cp-sat" else 1e-6
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=gap, solver=backend,
-                                       extra={**NO_HELP, "objective": "cost"}))
+                                       objective="cost", extra=NO_HELP))
     usd, _ = _usd(res, inst)
     meta = _meta(res)
     assert usd >= best * (1 - 1e-9)
@@ -200,7 +201,7 @@ def test_handover_egress_is_what_money_charges() -> None:
 def test_unpriced_cluster_is_refused() -> None:
     inst = tiny_instance()
     with pytest.raises(ValueError, match="cost_per_gpu_hour"):
-        plan_exact(inst, PlanOptions(time_limit_s=5, extra={"objective": "cost"}))
+        plan_exact(inst, PlanOptions(time_limit_s=5, objective="cost"))
 
 
 def _egress_instance(egress_usd_per_gb: float) -> Instance:
@@ -241,7 +242,7 @@ def test_egress_is_in_the_objective(egress: float) -> None:
     by_gpu = min(plans, key=lambda p: p[1])
     assert by_gpu[2] > 0  # the cheapest GPU-hours pay egress
     assert (best[2] == 0) == (egress == 0.05)  # ... and at $0.05/GB are not the cheapest plan
-    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={**NO_HELP, "objective": "cost"}))
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, objective="cost", extra=NO_HELP))
     assert _usd(res, inst)[0] == pytest.approx(best[0], rel=1e-7)
     lb = float(res.usd_lower_bound)  # type: ignore[arg-type]
     assert best[0] * (1 - 1e-6) <= lb <= best[0] * (1 + 1e-9)  # a bound, and proven (with the egress in it)
@@ -261,7 +262,7 @@ def test_budget_on_egress_cuts_plans_off() -> None:
     ok = [p for p in plans if p[3] <= budget]
     assert ok and min(ok) > cheapest_span  # the budget removes that plan and the answer changes
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7,
-                                       extra={**NO_HELP, "objective": "cost", "budget": str(budget)}))
+                                       objective="cost", budget_usd_per_hour=budget, extra=NO_HELP))
     usd, per_hour = _usd(res, inst)
     assert per_hour <= budget
     assert usd == pytest.approx(min(ok)[0], rel=1e-7)
@@ -269,3 +270,21 @@ def test_budget_on_egress_cuts_plans_off() -> None:
     assert min(ok)[0] * (1 - 1e-6) <= lb <= min(ok)[0] * (1 + 1e-9)
     assert res.status == "optimal"
     assert any("cut off" in n for n in res.notes)
+
+
+def test_link_penalty_is_refused_with_a_cost_goal() -> None:
+    inst = _priced(0)
+    with pytest.raises(ValueError, match="--link-penalty"):
+        plan_exact(inst, PlanOptions(time_limit_s=5, objective="cost", extra={"link_penalty": "fp8=0.1"}))
+
+
+def test_priced_geo_instance_prices_every_cluster_and_direction() -> None:
+    """geo-3r-gpt1.3b carries cost_per_gpu_hour on every cluster and egress on both directions of every
+    link (instances/build_analytic_instances.py: priced())."""
+    from hgopt.cost.money import egress_usd_per_byte, gpu_usd_per_second
+    from hgopt.instances import load_instance
+
+    inst = load_instance("geo-3r-gpt1.3b")
+    names = [c.name for c in inst.topology.clusters]
+    assert all((gpu_usd_per_second(inst, n) or 0) > 0 for n in names)
+    assert all((egress_usd_per_byte(inst, a, b) or 0) > 0 for a in names for b in names if a != b)

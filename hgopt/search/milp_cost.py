@@ -1,5 +1,5 @@
 """Cost and budget inside the exact planner (``--planner milp --objective cost``, ``--budget USD_PER_HOUR``;
-formulations/cluster_milp.md §8, money as defined in ``hgopt.cost.money`` [$1]).
+formulations/cluster_milp.md §9, money as defined in ``hgopt.cost.money`` [$1]).
 
 Plan space: the exact planner's (``hgopt.search.milp.PLAN_SPACE``). Per batch split (k pipelines,
 microbatch B, m microbatches) the split's MILP of ``milp.build_milp`` is built over the block
@@ -82,6 +82,10 @@ coefficients of >= 1000 per GPU-second, so CP-SAT's rounding of objective coeffi
 values (a $ objective would be ~1e-5)."""
 MAX_CUTS = 25
 """Per split, at most this many no-good cuts of over-budget plans before the split keeps its bound."""
+GOAL_NONZEROS_PER_OPTION = 14
+"""Nonzeros ``add_goal`` writes per block option (rows C1: q, v, q·v, q lower bound), for the size guard."""
+WARM_SHARE = 0.4
+"""Share of the time limit (at most 12 s) the warm start (the heuristic under the same goal) may take."""
 SPLIT_SHARE = 0.5
 """A split's solve may take at most this share of the time left (the others keep some)."""
 
@@ -96,16 +100,9 @@ class CostGoal:
 
 
 def cost_goal(instance: Instance, options: PlanOptions) -> CostGoal | None:
-    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``, or the strings
-    ``extra['objective']`` / ``extra['budget']``); None for the plain time objective without budget.
-    ValueError (naming the setting) for a cluster without a price, a bad budget, or a link penalty."""
-    objective = options.objective if options.objective != "time" else (options.extra.get("objective") or "time")
-    budget = options.budget_usd_per_hour
-    if budget is None and options.extra.get("budget"):
-        try:
-            budget = float(options.extra["budget"])
-        except ValueError:
-            raise ValueError(f"--budget: expected dollars per hour, got {options.extra['budget']!r}") from None
+    """The goal of ``options`` (``PlanOptions.objective`` / ``budget_usd_per_hour``); None for the
+    plain time objective without budget. ValueError (naming the setting) for a cluster without a price, a bad budget, or a link penalty."""
+    objective, budget = options.objective, options.budget_usd_per_hour
     if objective not in ("time", "cost"):
         raise ValueError(f"--objective: must be time or cost, got {objective!r}")
     if objective == "time" and budget is None:
@@ -272,7 +269,7 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
     opts = {key: kept for key, os in opts.items()
             if (kept := [o for o in os if _useful(o, cheap, goal, split, rate[o.cluster], incumbent)])}
-    size = estimated_nonzeros(opts, len(instance.topology.clusters))
+    size = estimated_nonzeros(opts, len(instance.topology.clusters)) + GOAL_NONZEROS_PER_OPTION * sum(map(len, opts.values()))
     if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO > deadline - time.perf_counter():
         log.info("split %s: cost MILP of ~%d nonzeros not built", split, size)
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
@@ -369,7 +366,7 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     best: Priced | None = None
     if warm_start is not None and options.extra.get("warm_start", "heuristic") == "heuristic":
         try:
-            plan = warm_start(instance, tables, min(10.0, 0.2 * options.time_limit_s))
+            plan = warm_start(instance, tables, min(12.0, WARM_SHARE * options.time_limit_s))
         except ValueError as exc:
             log.info("warm start skipped: %s", exc)
             plan = None
@@ -378,7 +375,10 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
             sp0 = BatchSplit(k=len(plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
             best = _price(plan, sp0, instance, tables, goal)
     first = best.split if best else None
-    order = sorted(cheap, key=lambda sp: (sp != first, lbs[sp]))
+    # ties (the work floor bounds most splits alike) go to the smaller MILPs first: fewer (tp, dp, mbs) per
+    # stage at a smaller microbatch, fewer pipelines (the warm start's split first
+    # only under the time objective: it is the fastest plan's)
+    order = sorted(cheap, key=lambda sp: (goal.objective == "time" and sp != first, lbs[sp], sp.num_microbatches / sp.k, sp.microbatch))
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
     solver, solved, cuts = "", 0, 0
@@ -407,8 +407,8 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
             seen.append(out.best)
             if best is None or out.best.value < best.value:
                 best = out.best
-        log.info("split %s: %s, bound %.6g; best %s", sp, out.best and f"{out.best.value:.6g}", out.lower_bound,
-                 best and f"{best.value:.6g}")
+        log.info("split %s: %s, bound %.6g; best %s (%.1f s, %d variables)", sp, out.best and f"{out.best.value:.6g}",
+                 out.lower_bound, best and f"{best.value:.6g}", time.perf_counter() - t_start, out.variables)
     return _result(instance, options, goal, links, best, lbs, solver, unfinished, solved, cuts,
                    time.perf_counter() - t_start, [sp for sp in splits if sp not in cheap], seen)
 
