@@ -16,7 +16,11 @@ microbatches one after another within the iteration ([C3]: iteration time ≥ m 
 so a plan's GPU-seconds priced by ``cost_per_gpu_hour`` are at least Σ_layers global_batch × min over
 (cluster, tp, profiled microbatch size) of price × tp × (forward + backward seconds of the layer) /
 microbatch size — the kernel's [C2] times (``CostTables``; per-sample time between profiled sizes is
-interpolated linearly, so its minimum is at a profiled size). Egress only adds.
+interpolated linearly, so its minimum is at a profiled size). Each GPU then runs its stage's optimizer
+step after its last backward ([C6-opt]: the layers' update seconds / ZeRO-1 shards z; a stage's z ≤
+replicas tp groups of t GPUs sum to at least t × the table's update seconds of one copy), so the bound
+adds Σ_layers min over (cluster, tp) of price × tp × the layer's update seconds (a disjoint part of
+every GPU's busy time, so the two sums add). Egress only adds.
 
 The $/hour floor (:func:`usd_per_hour_floor`, label [$2], valid for every plan of any planner, on
 any of its clusters' GPUs): a plan's $/hour is at least the price of the GPUs it uses (egress only
@@ -39,6 +43,7 @@ from typing import Mapping
 
 import numpy as np
 
+from hgopt.cost.compute import optimizer_time
 from hgopt.cost.evaluate import wan_bytes_per_iteration
 from hgopt.cost.memory import stage_memory
 from hgopt.cost.tables import CostTables
@@ -98,6 +103,7 @@ def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
                              f"{c.name!r} (the $ bound needs every cluster's price)")
     L, G = instance.model.num_layers, instance.job.global_batch
     best = [math.inf] * L
+    step = [math.inf] * L  # optimizer step, once per iteration (module docstring)
     for c in instance.topology.clusters:
         rate = gpu_usd_per_second(instance, c.name)
         assert rate is not None
@@ -105,11 +111,13 @@ def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
             if c.gpus_per_node % tp or tp > c.num_gpus:
                 continue
             tab = tables.table(c.gpu, tp)
+            for layer in range(L):
+                step[layer] = min(step[layer], rate * tp * float(optimizer_time(tab, layer, layer + 1)))
             for mbs in instance.model.mbss(c.gpu, tp):
                 for layer in range(L):
                     f, b = tab.times(mbs, layer, layer + 1)
                     best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
-    return G * sum(best)
+    return G * sum(best) + sum(step)
 
 
 def replica_state_bytes(tables: CostTables) -> float:

@@ -19,7 +19,8 @@ Bounds, each valid for every plan of any planner:
   ``cost_per_gpu_hour`` are at least Σ_layers global_batch × min over (cluster, tp, profiled
   microbatch size) of price × tp × (forward + backward seconds of the layer) / microbatch size — the
   kernel's [C2] times (``CostTables``; per-sample time between profiled sizes is interpolated
-  linearly, so its minimum is at a profiled size). Egress only adds.
+  linearly, so its minimum is at a profiled size); plus each layer's cheapest optimizer step, which
+  every GPU runs after its last backward (``hgopt.cost.money``'s docstring). Egress only adds.
 - **time** (with ``--budget``): the time planner's lower bound on the whole instance (a budget only
   removes plans).
 """
@@ -226,7 +227,8 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     if objective == "cost":
         lb: float | None = cost_lower_bound(instance, tables)
         note = ("$ per iteration: global batch x per layer the cheapest GPU-seconds of forward + backward over "
-                "every cluster, tp and profiled microbatch size (any plan of any planner; egress only adds)")
+                "every cluster, tp and profiled microbatch size, + per layer the cheapest optimizer step "
+                "(any plan of any planner; egress only adds)")
         if planner_usd_bound is not None and planner_usd_bound > lb:  # e.g. the exact planner's cost MILP
             note += (f"; the planner's own bound over its plan space is higher: ${planner_usd_bound:.4g} per "
                      "iteration (not used here: it need not hold for plans outside that space)")
