@@ -114,7 +114,8 @@ def test_cli_objective_cost_budget_pareto_and_unpriced(tmp_path: Path, capsys: p
     doc = json.loads(capsys.readouterr().out)
     chosen = [c for c in doc["candidates"] if c["chosen"]]
     assert len(chosen) == 1 and Plan.from_json(out.read_text()) == Plan.from_dict(chosen[0]["plan"])
-    assert doc["objective"] == "cost" and doc["lower_bound"] <= chosen[0]["usd_per_iteration"]
+    # <= up to rounding: on this instance the bound (with its optimizer term) is attained by the one-node plan
+    assert doc["objective"] == "cost" and doc["lower_bound"] * (1 - 1e-12) <= chosen[0]["usd_per_iteration"]
     assert main(["-q", "plan", str(path), "--planner", "heuristic", "--pareto", "--time-limit", "20"]) == 0
     text = capsys.readouterr().out
     assert "Pareto front" in text and "lower bound on the time" in text
