@@ -184,7 +184,7 @@ def test_budget_one_node_fits_on_geo() -> None:
         assert res.plan is not None, res.notes
         t, usd = _usd(res.plan, inst)
         assert usd / t * 3600 <= 20.0
-    exact = get_planner("milp")(inst, PlanOptions(time_limit_s=60, objective="cost", budget_usd_per_hour=20.0))
+    exact = get_planner("milp")(inst, PlanOptions(time_limit_s=30, objective="cost", budget_usd_per_hour=20.0))
     assert exact.status != "infeasible" and exact.plan is not None, exact.notes
     t, usd = _usd(exact.plan, inst)
     assert usd / t * 3600 <= 20.0

@@ -16,6 +16,10 @@ run are not run again. First, when a budget is given and it is below the $/hour 
    hold a replica) or over the budget; from the best start, when it beats the plan of 1, the same
    greedy descent.
 
+When the plan on all nodes is over the budget (or there is none), 2 runs before 1, its starts
+ordered by the $/hour of all their GPUs (cheapest first, so that a short time limit reaches them),
+and 1 runs only when no start beats that plan.
+
 Work: 1 + (descent rounds) + 3·C + (descent rounds) searches for C clusters, each descent round at
 most 2 trials per used cluster and each round removes at least one node, so at most
 2·C·log2(nodes)-ish rounds in practice; stops at the time limit with the best so far (the time
@@ -85,6 +89,12 @@ def _starts(instance: Instance) -> list[dict[str, int]]:
     return out
 
 
+def _rent(instance: Instance, nodes: Mapping[str, int]) -> float:
+    """$/hour of every GPU of ``nodes`` (ordering only; no price counts as 0)."""
+    return sum(k * c.gpus_per_node * (c.cost_per_gpu_hour or 0.0)
+               for c in instance.topology.clusters if (k := nodes.get(c.name, c.nodes)) > 0)
+
+
 def plan_fewest_nodes(instance: Instance, *, tables: CostTables | None = None,
                       options: HeuristicOptions = HeuristicOptions()) -> HeuristicResult:
     """[H10] The heuristic under ``options.objective`` / budget over node counts (module docstring)."""
@@ -152,10 +162,14 @@ def plan_fewest_nodes(instance: Instance, *, tables: CostTables | None = None,
     current = {c.name: c.nodes for c in instance.topology.clusters}
     first, best = run(current, left())
     result = first
-    if best is not None:
+    over = best is None or not score.within_budget(best.plan, best.time_s)
+    if not over:
+        assert best is not None
         current, result, best = descend(current, result, best)
     starts = [v for v in _starts(instance) if v != current
               and math.isfinite(f := usd_per_hour_floor(instance, tables, v)) and (budget is None or f <= budget)]
+    if over:  # nothing within the budget on all nodes: the starts renting the least first (a short time limit)
+        starts.sort(key=lambda v: _rent(instance, v))
     lead: tuple[dict[str, int], HeuristicResult, Realised] | None = None
     for i, vec in enumerate(starts):
         if out_of_time():
@@ -166,6 +180,8 @@ def plan_fewest_nodes(instance: Instance, *, tables: CostTables | None = None,
             lead = (vec, res, got)
     if lead is not None and score.better(lead[2], best):
         current, result, best = descend(*lead)
+    elif over and best is not None:  # no start helps: the descent from all nodes after all
+        current, result, best = descend(current, result, best)
     if best is None or not score.within_budget(best.plan, best.time_s):
         note = first.note or ("no skeleton could be realised" if best is None else "")
         if best is not None or budget is not None:
