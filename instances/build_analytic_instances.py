@@ -161,16 +161,44 @@ def instance(name: str, description: str, shape: dict[str, Any], dtype: str, clu
     }
 
 
+# ---- prices (only on the instances that say so: priced()) ----------------------------------------
+GPU_USD_PER_HOUR = {"H100-80": 2.99, "A100-80": 1.79, "A100-40": 1.29}
+"""Illustrative per-GPU on-demand list prices: Lambda's 8-GPU on-demand instances (lambda.ai/pricing,
+2025: 8x H100 SXM $2.99, 8x A100 SXM 80 GB $1.79, 8x A100 SXM 40 GB $1.29 per GPU-hour), the same in
+every region."""
+EGRESS_USD_PER_GB = {frozenset({"na", "eu"}): 0.05, frozenset({"na", "ap"}): 0.08, frozenset({"eu", "ap"}): 0.08}
+"""Illustrative inter-continental egress per GB: Google Cloud inter-region data transfer list prices
+(cloud.google.com/vpc/network-pricing, 2024; as instances/build_sailor_instances.py): North America <->
+Europe $0.05, to or from Asia $0.08."""
+
+
+def _continent(region: str) -> str:
+    return "na" if region.startswith(("us-", "ca-")) else "eu" if region.startswith("eu-") else "ap"
+
+
+def priced(inst: dict[str, Any]) -> dict[str, Any]:
+    """``inst`` with ``cost_per_gpu_hour`` per cluster and ``egress_usd_per_gb`` per link (GPU_USD_PER_HOUR,
+    EGRESS_USD_PER_GB) and a sentence saying so in the description."""
+    region = {c["name"]: c["region"] for c in inst["topology"]["clusters"]}
+    for c in inst["topology"]["clusters"]:
+        c["cost_per_gpu_hour"] = GPU_USD_PER_HOUR[c["gpu"]]
+    for p in inst["topology"]["links"]["pairs"]:
+        p["egress_usd_per_gb"] = EGRESS_USD_PER_GB[frozenset({_continent(region[p["src"]]), _continent(region[p["dst"]])})]
+    inst["description"] += (" Illustrative prices: per-GPU on-demand list prices and inter-continental egress per GB "
+                            "(instances/build_analytic_instances.py names their sources).")
+    return inst
+
+
 def instances() -> list[dict[str, Any]]:
     return [
-        instance(
+        priced(instance(
             "geo-3r-gpt1.3b",
             "GPT-3 XL (1.4B, 26 layers) in bf16 on three continents: H100 in N. Virginia, A100-80 in "
             "Dublin, A100-40 in Tokyo.",
             GPT_1_3B, "bf16",
             [cluster("us-east", "H100-80", 16), cluster("eu-west", "A100-80", 32), cluster("ap-northeast", "A100-40", 32)],
             512,
-        ),
+        )),
         instance(
             "geo-4r-llama7b",
             "LLaMA-7B (34 layers, seq 4096) in bf16 over four regions of different GPU types (H100, "

@@ -16,21 +16,45 @@ microbatches one after another within the iteration ([C3]: iteration time ≥ m 
 so a plan's GPU-seconds priced by ``cost_per_gpu_hour`` are at least Σ_layers global_batch × min over
 (cluster, tp, profiled microbatch size) of price × tp × (forward + backward seconds of the layer) /
 microbatch size — the kernel's [C2] times (``CostTables``; per-sample time between profiled sizes is
-interpolated linearly, so its minimum is at a profiled size). Egress only adds.
+interpolated linearly, so its minimum is at a profiled size). Each GPU then runs its stage's optimizer
+step after its last backward ([C6-opt]: the layers' update seconds / ZeRO-1 shards z; a stage's z ≤
+replicas tp groups of t GPUs sum to at least t × the table's update seconds of one copy), so the bound
+adds Σ_layers min over (cluster, tp) of price × tp × the layer's update seconds (a disjoint part of
+every GPU's busy time, so the two sums add). Egress only adds.
+
+The $/hour floor (:func:`usd_per_hour_floor`, label [$2], valid for every plan of any planner, on
+any of its clusters' GPUs): a plan's $/hour is at least the price of the GPUs it uses (egress only
+adds). Those GPUs hold at least one whole replica: for every layer some pipeline's stage keeps its
+weights, gradients and optimizer state ([C6]: 2·P·w + P·o/z per GPU, z the ZeRO-1 shards; a tp
+group of t GPUs holds t × the per-GPU parameters of its table, and z ≥ 1 shards of the optimizer
+state sum to at least one whole copy), so Σ over the used GPUs of (memory − workspace) ≥
+(2·w + o) · Σ_layers min over (GPU type, tp) of tp × the layer's per-GPU parameters. The floor is the
+cheapest integer count of each cluster's GPUs (at most the cluster's GPUs) whose memory covers that:
+a covering knapsack solved exactly on a grid of ``FLOOR_GRID`` parts of the need, each GPU's share
+rounded up (so never above the true minimum). Activations, tp within a node and whole pipelines only
+raise the true figure.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
+import numpy as np
+
+from hgopt.cost.compute import optimizer_time
 from hgopt.cost.evaluate import wan_bytes_per_iteration
+from hgopt.cost.memory import stage_memory
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
 from hgopt.spec import Instance
 
-__all__ = ["Money", "cost_lower_bound", "egress_usd_per_byte", "gpu_usd_per_second", "money", "unpriced_clusters",
-           "usd_per_hour"]
+__all__ = ["FLOOR_GRID", "Money", "budget_note", "cost_lower_bound", "egress_usd_per_byte", "gpu_usd_per_second",
+           "money", "replica_state_bytes", "unpriced_clusters", "usd_per_hour", "usd_per_hour_floor"]
+
+FLOOR_GRID = 4096
+"""Parts of the replica's memory need the $/hour floor's knapsack counts in ([$2])."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +103,7 @@ def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
                              f"{c.name!r} (the $ bound needs every cluster's price)")
     L, G = instance.model.num_layers, instance.job.global_batch
     best = [math.inf] * L
+    step = [math.inf] * L  # optimizer step, once per iteration (module docstring)
     for c in instance.topology.clusters:
         rate = gpu_usd_per_second(instance, c.name)
         assert rate is not None
@@ -86,11 +111,61 @@ def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
             if c.gpus_per_node % tp or tp > c.num_gpus:
                 continue
             tab = tables.table(c.gpu, tp)
+            for layer in range(L):
+                step[layer] = min(step[layer], rate * tp * float(optimizer_time(tab, layer, layer + 1)))
             for mbs in instance.model.mbss(c.gpu, tp):
                 for layer in range(L):
                     f, b = tab.times(mbs, layer, layer + 1)
                     best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
-    return G * sum(best)
+    return G * sum(best) + sum(step)
+
+
+def replica_state_bytes(tables: CostTables) -> float:
+    """[$2] Bytes of weights, gradients and optimizer state every plan keeps of one replica, at least:
+    [C6]'s 2·P·w + P·o (``stage_memory`` with no activations, no workspace, one shard) with P = Σ_layers
+    min over (GPU type, tp) of tp × the layer's per-GPU parameters."""
+    per_layer = np.min([tp * np.diff(tab.params) for (_, tp), tab in tables.by_gpu_tp.items()], axis=0)
+    return float(stage_memory(float(per_layer.sum()), 0.0, 0, 1, dtype_bytes=tables.dtype_bytes,
+                              optimizer_bytes=tables.optimizer_bytes_per_param, shards=1, workspace=0.0))
+
+
+def usd_per_hour_floor(instance: Instance, tables: CostTables, nodes: Mapping[str, int] | None = None) -> float:
+    """[$2] $/hour below which no plan of any planner can go (module docstring), on every cluster's
+    GPUs or, with ``nodes``, on that many nodes of each named cluster (0 or absent from a given
+    mapping: the cluster's own count; 0: left out); ``math.inf`` when no set of those GPUs
+    can hold one replica. Needs every used cluster's ``cost_per_gpu_hour`` (ValueError naming the field)."""
+    need = replica_state_bytes(tables)
+    workspace = instance.job.workspace_bytes
+    dp = np.full(FLOOR_GRID + 1, math.inf)
+    dp[0] = 0.0
+    j = np.arange(FLOOR_GRID + 1)
+    for i, c in enumerate(instance.topology.clusters):
+        count = (c.nodes if nodes is None else nodes.get(c.name, c.nodes)) * c.gpus_per_node
+        room = c.gpu_memory_bytes - workspace
+        if count <= 0 or room <= 0:
+            continue
+        if c.cost_per_gpu_hour is None:
+            raise ValueError(f"{instance.source}: topology.clusters[{i}].cost_per_gpu_hour: not set for cluster "
+                             f"{c.name!r} (the $/hour floor needs every cluster's price)")
+        units = FLOOR_GRID if need <= 0 else min(FLOOR_GRID, math.ceil(FLOOR_GRID * room / need))
+        count = min(count, math.ceil(FLOOR_GRID / units))  # more of them never helps
+        q = 1
+        while count > 0:  # bounded knapsack by binary splitting: items of q GPUs
+            take = min(q, count)
+            dp = np.minimum(dp, dp[np.maximum(j - take * units, 0)] + take * float(c.cost_per_gpu_hour))
+            count -= take
+            q *= 2
+    return float(dp[FLOOR_GRID])
+
+
+def budget_note(budget: float | None, cheapest: float | None, floor: float) -> str:
+    """Why no plan is within ``budget``: the cheapest $/hour found and the floor [$2]."""
+    found = "" if cheapest is None else f"the cheapest found costs ${cheapest:.4g}/hour; "
+    bound = ("no set of the instance's GPUs can hold one replica's weights, gradients and optimizer state"
+             if not math.isfinite(floor) else
+             f"no plan of any planner costs less than ${floor:.4g}/hour (the cheapest GPUs that can hold one "
+             "replica's weights, gradients and optimizer state [$2])")
+    return f"no plan within the budget of ${budget:g}/hour: {found}{bound}"
 
 
 def money(plan: Plan, instance: Instance, tables: CostTables, iteration_time_s: float, tokens: int) -> Money:

@@ -159,6 +159,9 @@ class Window:
     mbs_matters: bool = False
     """Inter-cluster boundaries may be compressed: their (de)quantisation time grows with the
     replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
+    gpus_matter: bool = False
+    """costmilp: the objective prices GPUs (``--objective cost``, ``--budget``; hgopt.search.milp_cost):
+    an option must also use no more GPUs to dominate [B3]."""
 
 
 class OutOfTime(Exception):
@@ -354,6 +357,7 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
     st = np.array([o.s for o in opts])
     dm = np.array([o.dmax if use_d else 0.0 for o in opts])
     mb = np.array([o.cfg.mbs if win.mbs_matters and role != "only" else 0 for o in opts])
+    gp = np.array([o.gpus if win.gpus_matter else 0 for o in opts])  # costmilp: cost dominance
     width = int(st.max())
     prof = np.full((len(opts), width), INF)
     pre = np.full((len(opts), width), INF)
@@ -371,7 +375,7 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one
                 rt &= np.all(np.where(np.isfinite(pre[k]), pre[k] <= pre[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
-            beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt & (mb[k] <= mb[i])
+            beats = (worse <= tol * (abs(F[i]) + 1.0)) & same_s & (dm[k] >= dm[i]) & rt & (mb[k] <= mb[i]) & (gp[k] <= gp[i])
             if beats.any():
                 continue
         kept.append(int(i))

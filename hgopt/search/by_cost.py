@@ -19,7 +19,8 @@ Bounds, each valid for every plan of any planner:
   ``cost_per_gpu_hour`` are at least Σ_layers global_batch × min over (cluster, tp, profiled
   microbatch size) of price × tp × (forward + backward seconds of the layer) / microbatch size — the
   kernel's [C2] times (``CostTables``; per-sample time between profiled sizes is interpolated
-  linearly, so its minimum is at a profiled size). Egress only adds.
+  linearly, so its minimum is at a profiled size); plus each layer's cheapest optimizer step, which
+  every GPU runs after its last backward (``hgopt.cost.money``'s docstring). Egress only adds.
 - **time** (with ``--budget``): the time planner's lower bound on the whole instance (a budget only
   removes plans).
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import budget_note, usd_per_hour_floor
 from hgopt.cost.money import cost_lower_bound as money_bound
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
@@ -154,6 +156,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     whole_bound: float | None = None
     planner_usd_bound: float | None = None
     seen: set[str] = set()
+    points: set[tuple[float, float | None, tuple[tuple[str, int], ...]]] = set()
 
     def add(subset: tuple[str, ...], nodes: int | None, res: PlanResult, source: str = "planner") -> None:
         if res.plan is not None:  # the same plan once (its label fields aside)
@@ -169,6 +172,10 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                                  usd_per_iteration=None, usd_per_hour=None, usd_per_million_tokens=None, source=source))
             return
         t, usd = plan_usd(res.plan, instance, tables)
+        point = (t, usd, tuple(sorted(res.plan.gpus_by_cluster().items())))
+        if source == "searched" and point in points:  # the same point of the listing (e.g. another mbs x m)
+            return
+        points.add(point)
         out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
                              usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
                              usd_per_million_tokens=None if usd is None else usd / tokens * 1e6, source=source))
@@ -220,9 +227,11 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     if objective == "cost":
         lb: float | None = cost_lower_bound(instance, tables)
         note = ("$ per iteration: global batch x per layer the cheapest GPU-seconds of forward + backward over "
-                "every cluster, tp and profiled microbatch size (any plan of any planner; egress only adds)")
+                "every cluster, tp and profiled microbatch size, + per layer the cheapest optimizer step "
+                "(any plan of any planner; egress only adds)")
         if planner_usd_bound is not None and planner_usd_bound > lb:  # e.g. the exact planner's cost MILP
-            lb, note = planner_usd_bound, "$ per iteration: the planner's proven bound on the whole instance"
+            note += (f"; the planner's own bound over its plan space is higher: ${planner_usd_bound:.4g} per "
+                     "iteration (not used here: it need not hold for plans outside that space)")
         val = best.usd_per_iteration if best else None
     else:
         lb = whole_bound
@@ -233,8 +242,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     why = ""
     if best is None and budget_usd_per_hour is not None:
         rates = [c.usd_per_hour for c in out if c.usd_per_hour is not None]
-        why = (f"no plan within the budget of ${budget_usd_per_hour:g}/hour"
-               + (f": the cheapest found costs ${min(rates):.4g}/hour" if rates else ": no plan could be priced"))
+        why = budget_note(budget_usd_per_hour, min(rates) if rates else None, usd_per_hour_floor(instance, tables))
     return CostSearch(objective=objective, budget_usd_per_hour=budget_usd_per_hour, candidates=tuple(out), best=best,
                       lower_bound=lb, gap=gap, bound_note=note, note=why)
 

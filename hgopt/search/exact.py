@@ -23,6 +23,7 @@ from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heu
 from hgopt.search.blocks import LinkPolicy
 from hgopt.search.master import certify, grouped_bound
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
+from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
@@ -60,6 +61,10 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     t0 = time.perf_counter()
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
+    goal = cost_goal(instance, options)  # costmilp: --objective cost / --budget (hgopt.search.milp_cost)
+    if goal is not None:
+        return plan_milp_cost(instance, options, goal, warm_start=_priced_warm_start(dataclasses.replace(
+            options, objective=goal.objective, budget_usd_per_hour=goal.budget_usd_per_hour)))
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
     if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
@@ -99,6 +104,25 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
+
+
+def _priced_warm_start(options: PlanOptions) -> WarmStart:
+    """costmilp: the heuristic planner under the same objective and budget (``run_heuristic``, [H10])."""
+    from hgopt.search.hierarchical import run_heuristic
+
+    def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
+        fallback = options.objective == "time" and options.budget_usd_per_hour is not None
+        res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / (2 if fallback else 1),
+                                                      progress=None))
+        log.info("warm start: heuristic (%s) %s", options.objective, res.plan and f"{res.iteration_time_s:.6g} s")
+        if res.plan is None and fallback:
+            # no plan within the budget by time: the cheapest plan keeps the budget if any does
+            res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / 2, objective="cost",
+                                                          progress=None))
+            log.info("warm start: heuristic (cost) %s", res.plan and f"{res.iteration_time_s:.6g} s")
+        return res.plan
+
+    return warm
 
 
 def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResult, policy: str, links: LinkPolicy,

@@ -26,7 +26,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import in_flight, pipeline_time, stage_fill
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
-from hgopt.search.intra import local_configs
+from hgopt.search.intra import LocalConfig, local_configs
 from hgopt.spec import Cluster, Instance
 
 __all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
@@ -207,7 +207,11 @@ def _block(
     nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
     valid = (nb >= 0) & (n >= 1)
     parts = []
-    configs = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
+    ckey = ("configs", cluster.gpu, cluster.gpus_per_node, cluster.gpu_memory_bytes, microbatch,
+            instance.job.global_batch)  # what local_configs reads of the cluster and the job
+    if ckey not in cache:
+        cache[ckey] = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
+    configs: tuple[LocalConfig, ...] = cache[ckey]  # type: ignore[assignment]
     recompute_ok = any(cfg.recompute for cfg in configs)
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
@@ -334,5 +338,4 @@ def _config_estimate_uncached(
         first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in out))
-    return tuple(np.broadcast_to(a, shape) for a in out)
+    return tuple(np.broadcast_arrays(*out))

@@ -21,6 +21,7 @@ dynamic programme over layer positions for any range [I5]; the tests check both 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from typing import Iterable
@@ -685,8 +686,9 @@ def _extend(
             if h <= lo or fit[(lo, h)] < need:
                 continue
             e1 = max(comp[(lo, h)], snd[h])
-            for i, (t, sv, sd, _, _) in enumerate(entries):
-                cands.append((max(e1, t), so[(lo, h)], sd + snd[h], h, i))  # S: the first stage's tail
+            s_lh, sn = so[(lo, h)], snd[h]
+            # S: the first stage's tail; (t if t > e1 else e1) is max(e1, t)
+            cands.extend([(t if t > e1 else e1, s_lh, sd + sn, h, i) for i, (t, _, sd, _, _) in enumerate(entries)])
         if cands:
             out[lo] = _pareto(cands)
     return out
@@ -696,10 +698,21 @@ def _pareto(cands: list[tuple[float, float, float, int, int]]) -> list[tuple[flo
     """Points not dominated in (T, S, sends), lowest T first."""
     cands.sort()
     kept: list[tuple[float, float, float, int, int]] = []
-    for c in cands:  # sorted: every kept point's T is already <= c's
+    # sorted: every kept point's T is already <= c's, so c is dominated iff a kept point has S and
+    # sends <= c's: kept's (S, sends) staircase answers that (S ascending, sends strictly descending)
+    fs: list[float] = []
+    fd: list[float] = []
+    for c in cands:
         s, sd = c[1], c[2]
-        if not any(k[1] <= s and k[2] <= sd for k in kept):
-            kept.append(c)
+        i = bisect.bisect_right(fs, s)
+        if i and fd[i - 1] <= sd:
+            continue
+        kept.append(c)
+        j = k = bisect.bisect_left(fs, s)
+        while k < len(fs) and fd[k] >= sd:
+            k += 1
+        fs[j:k] = [s]
+        fd[j:k] = [sd]
     return kept
 
 

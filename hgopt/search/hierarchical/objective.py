@@ -2,9 +2,10 @@
 by ``evaluate``'s iteration time, as always; under ``cost`` by $ per iteration ([$1],
 ``hgopt.cost.money.money`` on the plan and its ``evaluate`` time: GPU-hours of the GPUs it uses plus
 WAN egress), ties by time. With a budget ($/hour), a plan over it ranks behind every plan within it
-under either objective (and is never returned). Estimated skeletons are ranked under ``cost`` by
-their estimated time × the $/second of the GPUs the skeleton may use (its clusters' GPUs per
-pipeline × pipelines; the local DP may use fewer, so this is an estimate for ordering only).
+under either objective (and is never returned). Extra finalists: the estimated skeletons ranked by
+estimated $/hour over the budget first, then under ``cost`` by their estimated time × the $/second
+of the GPUs the skeleton may use (its clusters' GPUs per pipeline × pipelines; the local DP may use
+fewer, so this is an estimate for ordering only), under ``time`` by the estimated time.
 
 Every plan scored is kept (``Scorer.seen``) for the time-vs-cost listing (``--pareto``)."""
 
@@ -87,6 +88,13 @@ class Scorer:
     def estimate_usd(self, est: Estimated) -> float:
         """[H10] estimated $ per iteration of a skeleton: estimate × $/s of the GPUs it may use."""
         return est.estimate_s * self.skeleton_usd_per_s(est.skeleton)
+
+    def estimate_key(self, est: Estimated) -> tuple[float, ...]:
+        """[H10] How estimated skeletons rank for the extra finalists: (estimated over the budget,
+        estimated $ per iteration under cost, else the estimated time)."""
+        rate = self.skeleton_usd_per_s(est.skeleton)
+        over = float(self.budget_usd_per_hour is not None and rate * 3600.0 > self.budget_usd_per_hour)
+        return (over, est.estimate_s * rate if self.objective == "cost" else est.estimate_s)
 
     def skeleton_usd_per_s(self, sk: Skeleton) -> float:
         total = 0.0

@@ -44,8 +44,8 @@ def plan_heuristic(
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
     lead = list(dict.fromkeys(_diverse(screened, options.finalists) + [sk for _, sk in raw[:2]]))
-    if options.objective == "cost":  # [H10] also the leaders by estimated $ per iteration
-        lead = list(dict.fromkeys(lead + _diverse(sorted(raw, key=score.estimate_usd), options.finalists)))
+    if not score.plain:  # [H10] also the leaders by estimated $ per iteration / within the budget
+        lead = list(dict.fromkeys(lead + _diverse(sorted(raw, key=score.estimate_key), options.finalists)))
     est_of = {sk: e for e, sk in raw}
     estimates = [Estimated(est_of[sk], sk) for sk in lead] + [x for x in screened if x.skeleton not in set(lead)]
     realized = 0

@@ -1,0 +1,56 @@
+"""The exact planner under ``--objective time``, ``--objective cost`` and a budget on a priced instance:
+one row per run with evaluate's time, money's $ (``hgopt.cost.money``), the bound and gap of the
+chosen objective.
+
+    PYTHONPATH=. .venv/bin/python bench/milp_cost.py [--instance geo-3r-gpt1.3b] [--time-limit 30] [--budget 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import money
+from hgopt.instances import load_instance
+from hgopt.search import PlanOptions, get_planner
+from hgopt.table import format_table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--instance", default="geo-3r-gpt1.3b")
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--budget", type=float, default=20.0, help="$/hour for the budget rows")
+    args = ap.parse_args()
+    inst = load_instance(args.instance)
+    tables = build_tables(inst)
+    tokens = inst.job.global_batch * inst.job.seq_len
+    planner = get_planner("milp")
+    rows = []
+    runs = [("time", None), ("cost", None), ("time", args.budget), ("cost", args.budget)]
+    for objective, budget in runs:
+        res = planner(inst, PlanOptions(time_limit_s=args.time_limit, objective=objective,  # type: ignore[arg-type]
+                                        budget_usd_per_hour=budget))
+        if res.plan is None:
+            rows.append([objective, "-" if budget is None else f"{budget:g}", res.status] + ["-"] * 7
+                        + [f"{res.search_time_s:.1f}"])
+            continue
+        ev = evaluate(res.plan, inst, tables)
+        usd = money(res.plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration or math.nan
+        if objective == "cost":
+            bound, gap = f"${res.usd_lower_bound:.6g}", res.usd_gap
+        else:
+            bound, gap = f"{res.lower_bound_s:.6g} s", res.gap
+        gpus = "+".join(f"{n}x{c.split('-')[-2]}" for c, n in sorted(res.plan.gpus_by_cluster().items()))
+        rows.append([objective, "-" if budget is None else f"{budget:g}", res.status, f"{ev.iteration_time_s:.4g}",
+                     f"{usd:.6g}", f"{usd / ev.iteration_time_s * 3600:.4g}", gpus, bound,
+                     "-" if gap is None else f"{100 * gap:.2f} %", dict(res.plan.meta).get("split", ""),
+                     f"{res.search_time_s:.1f}"])
+    print(f"{inst.name}, --time-limit {args.time_limit:g}")
+    print(format_table(["objective", "budget $/h", "status", "iteration s", "$/iteration", "$/hour", "GPUs", "bound",
+                        "gap", "split", "search s"], rows))
+
+
+if __name__ == "__main__":
+    main()
