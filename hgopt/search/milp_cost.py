@@ -384,7 +384,13 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     solver, solved, cuts = "", 0, 0
     unfinished: list[BatchSplit] = []
     seen: list[Priced] = [best] if best is not None else []
+    prog = options.progress
     for i, sp in enumerate(order):
+        if prog:  # heartbeat: seconds only under the time objective (the line prints them as seconds)
+            timed = goal.objective == "time"
+            prog.report(f"{goal.objective} MILP splits", done=i, total=len(order),
+                        incumbent_s=best.value if best and timed else None,
+                        bound_s=min(lbs.values()) if timed else None, plan=best.plan if best else None)
         target = (best.value if best else math.inf) * (1 - options.gap / 2)
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
             continue
