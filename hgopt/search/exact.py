@@ -6,7 +6,11 @@ imports the other.
 Under a link policy that compresses (``--link-precision`` bf16/fp16/fp8/auto), whose space contains
 the native one, a native search runs first on ``NARROW_SHARE`` of the time limit and its best plan
 joins the heuristic's as the wider search's warm start: the wider search then never returns a plan
-slower than the narrower one found."""
+slower than the narrower one found.
+
+Under ``--objective cost`` or ``--budget`` (``PlanOptions.objective`` / ``budget_usd_per_hour``) the
+search is ``hgopt.search.milp_cost.plan_milp_cost`` (same plan space, $ objective / budget rows),
+warm-started by the heuristic under the same objective and budget."""
 
 from __future__ import annotations
 
