@@ -1,5 +1,5 @@
 """Cost and budget inside the exact planner (``--planner milp --objective cost``, ``--budget USD_PER_HOUR``;
-formulations/cluster_milp.md §9, money as defined in ``hgopt.cost.money`` [$1]).
+formulations/cluster_milp.md §10, money as defined in ``hgopt.cost.money`` [$1]).
 
 Plan space: the exact planner's (``hgopt.search.milp.PLAN_SPACE``). Per batch split (k pipelines,
 microbatch B, m microbatches) the split's MILP of ``milp.build_milp`` is built over the block
