@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -162,6 +162,16 @@ class Window:
     gpus_matter: bool = False
     """costmilp: the objective prices GPUs (``--objective cost``, ``--budget``; hgopt.search.milp_cost):
     an option must also use no more GPUs to dominate [B3]."""
+    # costmilp: $ pruning while options are generated ([C4], formulations/cluster_milp.md §10)
+    gpu_usd_per_s: tuple[tuple[str, float], ...] = ()
+    """costmilp: $ per GPU-second per cluster (empty: no $ pruning)."""
+    usd_cap: float = INF
+    """costmilp: leave out options whose own GPUs' $ over ``time_floor(bottleneck)`` is >= this."""
+    gpu_usd_s_cap: float = INF
+    """costmilp: leave out options whose own GPUs cost more than this many $ per second (a budget)."""
+    time_floor: Callable[[float], float] | None = None
+    """costmilp: a nondecreasing lower bound on every plan's time given its bottleneck >= t
+    (``CheapBounds.lb_above``); required with ``usd_cap``."""
 
 
 class OutOfTime(Exception):
@@ -224,10 +234,13 @@ def _cluster_role_candidates(
         n_hi = min(n_range.stop - 1, (budget // cfg.gpus) * per_stage)
         if per_stage < 1 or n_hi < n_range.start:
             continue
+        s_usd = _usd_stage_cap(win, cluster, replicas * cfg.gpus)  # costmilp: $ pruning [C4]
+        if s_usd < 1:
+            continue
         ns = np.arange(n_range.start, n_hi + 1)
         tc = TrunkCosts(sm, geo, int(ns.max()))
         s_first = max(1, -(-int(ns.min()) // max(per_stage, 1)) - 1)
-        s_top = min(budget // cfg.gpus, geo.p + geo.q + int(ns.max()))
+        s_top = min(budget // cfg.gpus, geo.p + geo.q + int(ns.max()), s_usd)
         stop_at = np.full(len(ns), s_top)
         min_send = 2.0 * min(tc.t_send, float(tc.f_send.min()) if geo.p else INF) * 0.999
         for s in range(s_first, s_top + 1):
@@ -238,10 +251,36 @@ def _cluster_role_candidates(
             for front in ((False, True) if s >= 3 else (False,)):
                 for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
+                    if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
+                        usd_s = replicas * s * cfg.gpus * dict(win.gpu_usd_per_s).get(cluster, 0.0)
+                        new &= np.array([usd_s * win.time_floor(float(b)) < win.usd_cap for b in sol.bottleneck])
                     dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
                     if not front:
                         stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
     return cands
+
+
+def _usd_stage_cap(win: Window, cluster: str, gpus_per_stage: int) -> int:
+    """costmilp [C4]: the most local stages (of ``gpus_per_stage`` GPUs over all replicas) an option
+    of ``cluster`` may have. Proof: a plan using an option with s stages rents those s·gpus_per_stage
+    GPUs for its whole iteration time T, so its $ per iteration is >= s·gpus_per_stage·price·T
+    (``money``: GPU part = Σ GPUs·price·T, egress >= 0) with T >= time_floor(t_lb) (every plan's
+    bottleneck is >= t_lb and time_floor is nondecreasing), and its GPU $ per second is >=
+    s·gpus_per_stage·price. Options at or above ``usd_cap`` cannot be in a plan cheaper than the
+    incumbent, and options above ``gpu_usd_s_cap`` in no plan within the budget; per option the same
+    floor at its own bottleneck (plans containing it have a bottleneck >= its) drops it in the loop."""
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    if rate <= 0 or gpus_per_stage <= 0:
+        return 10**9
+    cap = 10**9
+    if math.isfinite(win.gpu_usd_s_cap):
+        cap = min(cap, int(win.gpu_usd_s_cap * (1 + 1e-12) // (gpus_per_stage * rate)))
+    if math.isfinite(win.usd_cap) and win.time_floor is not None:
+        t = win.time_floor(win.t_lb)
+        if t > 0 and math.isfinite(t):
+            per_stage = gpus_per_stage * rate * t
+            cap = min(cap, math.ceil(win.usd_cap / per_stage) - 1)  # s·per_stage < usd_cap
+    return cap
 
 
 def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, d_need: int, win: Window,

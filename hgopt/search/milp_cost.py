@@ -252,7 +252,7 @@ def _price(plan: Plan, split: BatchSplit, instance: Instance, tables: CostTables
 
 def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, cheap: CheapBounds, goal: CostGoal,
                      links: LinkPolicy, *, solver: str, solve_options: SolveOptions, floor: float, deadline: float,
-                     incumbent: float = math.inf, hint: Plan | None = None) -> SplitCost:
+                     incumbent: float = math.inf, hint: Plan | None = None, prune: bool = True) -> SplitCost:
     """The split's goal MILP (module docstring), re-solved with a no-good cut after each decoded plan
     over the budget; the bound is the last solve's (``floor`` when no solve bounds the split).
 
@@ -261,6 +261,8 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     rate = {c.name: gpu_usd_per_second(instance, c.name) or 0.0 for c in instance.topology.clusters}
     window = Window(t_lb=cheap.t_lb, s_lb=cheap.s_lb, weight=cheap.weight, mbs_matters=links.compresses,
                     gpus_matter=True, t_cap=_time_cap(cheap, goal, split, min(rate.values()), incumbent))
+    if prune:
+        window = _usd_pruning(window, rate, cheap, goal, incumbent)
     try:
         opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
                              num_microbatches=split.num_microbatches,
@@ -307,6 +309,18 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     bound = min(bound, incumbent, best.value if best is not None else math.inf)
     return SplitCost(split=split, best=best, lower_bound=bound, solver=name, cuts=cuts,
                      variables=len(form.model.vars), rows=len(form.model.rows))
+
+
+def _usd_pruning(window: Window, rate: dict[str, float], cheap: CheapBounds, goal: CostGoal,
+                 incumbent: float) -> Window:
+    """[C4] The $ pruning of ``blocks.block_options`` (``Window.usd_cap`` / ``gpu_usd_s_cap``; the
+    proof is ``blocks._usd_stage_cap``'s): under ``cost`` an option whose own GPUs over the split's
+    time floor at its bottleneck already cost >= the incumbent, under a budget one whose GPUs alone
+    cost more per second than the budget, is never generated (``solve_split_cost(prune=False)``: none)."""
+    usd_cap = incumbent if goal.objective == "cost" and math.isfinite(incumbent) else math.inf
+    cap_s = math.inf if goal.budget_usd_per_hour is None else goal.budget_usd_per_hour / 3600.0
+    return dataclasses.replace(window, gpu_usd_per_s=tuple(sorted(rate.items())), usd_cap=usd_cap,
+                               gpu_usd_s_cap=cap_s, time_floor=cheap.lb_above)
 
 
 def _time_cap(cheap: CheapBounds, goal: CostGoal, split: BatchSplit, least_rate: float, incumbent: float) -> float:
