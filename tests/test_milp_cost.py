@@ -338,10 +338,11 @@ def test_usd_pruning_keeps_each_splits_optimum(seed: int) -> None:
 
 def test_usd_pruning_drops_options_and_only_useless_ones() -> None:
     """The pruned option sets are subsets of the unpruned ones, strictly smaller on some split, and
-    every dropped option's own GPU $ floor (k·GPUs·price·lb_above(bottleneck)) is >= the cap."""
+    every dropped option's $ floor (k·GPUs·price·lb_above(bottleneck) + the least $ of the layers
+    outside it) is >= the cap."""
     import dataclasses
 
-    from hgopt.cost.money import gpu_usd_per_second
+    from hgopt.cost.money import cost_lower_bound, gpu_usd_per_second, layer_work_usd
     from hgopt.cost.pipeline import stages_that_matter
     from hgopt.search.blocks import Window, block_options, cheap_bounds
 
@@ -352,6 +353,8 @@ def test_usd_pruning_drops_options_and_only_useless_ones() -> None:
         per_split = _split_costs(inst)
         cap = min(per_split.values()) * 1.02
         rate = {c.name: gpu_usd_per_second(inst, c.name) or 0.0 for c in inst.topology.clusters}
+        layers = layer_work_usd(inst, tables)
+        assert sum(layers) <= cost_lower_bound(inst, tables) * (1 + 1e-12)
         for sp in per_split:
             cheap = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch,
                                  num_microbatches=sp.num_microbatches)
@@ -360,13 +363,40 @@ def test_usd_pruning_drops_options_and_only_useless_ones() -> None:
                       d_cap=stages_that_matter(sp.num_microbatches))
             full = block_options(inst, tables, window=win, **kw)  # type: ignore[arg-type]
             pruned = block_options(inst, tables, window=dataclasses.replace(
-                win, gpu_usd_per_s=tuple(rate.items()), usd_cap=cap, time_floor=cheap.lb_above), **kw)  # type: ignore[arg-type]
+                win, gpu_usd_per_s=tuple(rate.items()), usd_cap=cap, time_floor=cheap.lb_above,
+                layer_usd=layers), **kw)  # type: ignore[arg-type]
             for key, opts in full.items():
                 kept = pruned.get(key, [])
                 assert all(o in opts for o in kept)
                 for o in opts:
                     if o not in kept:
                         dropped += 1
-                        assert sp.k * o.gpus * rate[o.cluster] * cheap.lb_above(o.bottleneck) >= cap * (1 - 1e-9)
+                        rest = sum(layers) - sum(layers[o.bounds[0]:o.bounds[-1]])
+                        assert sp.k * o.gpus * rate[o.cluster] * cheap.lb_above(o.bottleneck) + rest >= cap * (1 - 1e-9)
     assert dropped > 0
 
+
+
+@pytest.mark.parametrize("objective", ["cost", "time"])
+def test_stopped_search_returns_plan_and_valid_bound(objective: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search stopped before any split's MILP (the size guard at 0 nonzeros: a work limit, not the
+    clock) still returns the warm start's plan with a bound below every plan of the space (brute
+    force), and says the MILPs did not finish; without a warm start no plan, the bound still valid."""
+    import hgopt.search.milp_cost as mc
+
+    monkeypatch.setattr(mc, "MAX_NONZEROS", 0)
+    seed = 1
+    inst = _priced(seed)
+    plans = _brute(seed)
+    budget = None if objective == "cost" else max(h for _, _, h in plans) * 2  # a budget every plan keeps
+    best = min(c for _, c, _ in plans) if objective == "cost" else min(t for t, _, _ in plans)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective, budget_usd_per_hour=budget))  # type: ignore[arg-type]
+    assert res.plan is not None
+    lb = res.usd_lower_bound if objective == "cost" else res.lower_bound_s
+    assert lb is not None and lb <= best * (1 + 1e-9)
+    assert any("size guard" in n for n in res.notes)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective, budget_usd_per_hour=budget,  # type: ignore[arg-type]
+                                       extra=NO_HELP))
+    assert res.plan is None and res.status == "error"
+    lb = res.usd_lower_bound if objective == "cost" else res.lower_bound_s
+    assert lb is not None and lb <= best * (1 + 1e-9)

@@ -172,6 +172,9 @@ class Window:
     time_floor: Callable[[float], float] | None = None
     """costmilp: a nondecreasing lower bound on every plan's time given its bottleneck >= t
     (``CheapBounds.lb_above``); required with ``usd_cap``."""
+    layer_usd: tuple[float, ...] = ()
+    """costmilp: per layer, the least $ any plan pays for its compute (``money.layer_work_usd``;
+    empty: 0): the layers outside an option are paid by other GPUs."""
 
 
 class OutOfTime(Exception):
@@ -248,16 +251,57 @@ def _cluster_role_candidates(
                 break
             if time.perf_counter() > deadline:  # also per stage count: one configuration can take seconds
                 raise OutOfTime(f"block options of {cluster} ({role}) not complete by the deadline")
+            if math.isfinite(win.usd_cap) and _usd_hopeless(win, replicas * s * cfg.gpus, cluster, ns, s, t1, geo):
+                continue  # costmilp [C4]: no option of s stages of this config is under the $ cap
             for front in ((False, True) if s >= 3 else (False,)):
                 for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
                     if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
-                        usd_s = replicas * s * cfg.gpus * dict(win.gpu_usd_per_s).get(cluster, 0.0)
-                        new &= np.array([usd_s * win.time_floor(float(b)) < win.usd_cap for b in sol.bottleneck])
+                        new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
                     dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
                     if not front:
                         stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
     return cands
+
+
+def _usd_useful(win: Window, sol: TrunkSolution, gpus: int, cluster: str, new: np.ndarray) -> np.ndarray:
+    """costmilp [C4]: per new option of ``sol`` (``gpus`` GPUs over all replicas), whether its $
+    floor is below ``win.usd_cap``. Floor: a plan P using the option rents its GPUs for P's whole
+    time T >= time_floor(option's bottleneck) (P's bottleneck is >= the option's; time_floor is
+    nondecreasing), and every layer outside the option's range runs on P's other GPUs, whose rent
+    is >= that layer's ``layer_usd`` (each GPU-second of compute is rented; disjoint layers, disjoint
+    GPU time); egress >= 0. So $(P) >= gpus·price·time_floor(b) + Σ_{l outside} layer_usd[l], and an
+    option at or above the incumbent's $ is in no cheaper plan."""
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    out = np.ones(len(sol.ns), dtype=bool)
+    assert win.time_floor is not None
+    prefix = np.concatenate(([0.0], np.cumsum(win.layer_usd))) if win.layer_usd else None
+    for i in np.flatnonzero(new):
+        rest = 0.0
+        if prefix is not None:
+            b = sol.bounds(int(i))
+            rest = max(float(prefix[-1] - (prefix[b[-1]] - prefix[b[0]])), 0.0)
+        out[i] = gpus * rate * win.time_floor(float(sol.bottleneck[i])) + rest < win.usd_cap
+    return out
+
+
+def _usd_hopeless(win: Window, gpus: int, cluster: str, ns: np.ndarray, s: int, t1: float,
+                  geo: TrunkGeometry) -> bool:
+    """costmilp [C4]: whether every option with s local stages (``gpus`` GPUs over all replicas) and
+    n in ``ns`` trunk layers is at or above ``win.usd_cap`` before it is computed: some stage holds
+    >= ceil(n / s) trunk layers, each costing >= t1 (the per-stage layer count rule of [B2] that
+    ``per_stage`` uses), so the bottleneck is >= ceil(n / s)·t1; the trunk - n trunk layers outside
+    the block cost >= their least ``layer_usd`` each; then ``_usd_useful``'s floor applies."""
+    if win.time_floor is None:
+        return False
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    trunk = win.layer_usd[geo.t0: geo.t0 + geo.trunk] if win.layer_usd else ()
+    w = min(trunk) if trunk else 0.0
+    for n in ns:
+        b = math.ceil(int(n) / s) * t1 * (1 - 1e-12)
+        if gpus * rate * win.time_floor(b) + max(geo.trunk - int(n), 0) * w < win.usd_cap:
+            return False
+    return True
 
 
 def _usd_stage_cap(win: Window, cluster: str, gpus_per_stage: int) -> int:
