@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.money import money
@@ -30,11 +31,12 @@ def main() -> None:
     rows = []
     runs = [("time", None), ("cost", None), ("time", args.budget), ("cost", args.budget)]
     for objective, budget in runs:
+        t0 = time.perf_counter()
         res = planner(inst, PlanOptions(time_limit_s=args.time_limit, objective=objective,  # type: ignore[arg-type]
                                         budget_usd_per_hour=budget))
+        wall = f"{time.perf_counter() - t0:.1f}"  # the whole call (warm start included) against --time-limit
         if res.plan is None:
-            rows.append([objective, "-" if budget is None else f"{budget:g}", res.status] + ["-"] * 7
-                        + [f"{res.search_time_s:.1f}"])
+            rows.append([objective, "-" if budget is None else f"{budget:g}", res.status] + ["-"] * 7 + [wall])
             continue
         ev = evaluate(res.plan, inst, tables)
         usd = money(res.plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration or math.nan
@@ -45,11 +47,10 @@ def main() -> None:
         gpus = "+".join(f"{n}x{c.split('-')[-2]}" for c, n in sorted(res.plan.gpus_by_cluster().items()))
         rows.append([objective, "-" if budget is None else f"{budget:g}", res.status, f"{ev.iteration_time_s:.4g}",
                      f"{usd:.6g}", f"{usd / ev.iteration_time_s * 3600:.4g}", gpus, bound,
-                     "-" if gap is None else f"{100 * gap:.2f} %", dict(res.plan.meta).get("split", ""),
-                     f"{res.search_time_s:.1f}"])
+                     "-" if gap is None else f"{100 * gap:.2f} %", dict(res.plan.meta).get("split", ""), wall])
     print(f"{inst.name}, --time-limit {args.time_limit:g}")
     print(format_table(["objective", "budget $/h", "status", "iteration s", "$/iteration", "$/hour", "GPUs", "bound",
-                        "gap", "split", "search s"], rows))
+                        "gap", "split", "wall s"], rows))
 
 
 if __name__ == "__main__":

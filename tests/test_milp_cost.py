@@ -288,3 +288,115 @@ def test_priced_geo_instance_prices_every_cluster_and_direction() -> None:
     names = [c.name for c in inst.topology.clusters]
     assert all((gpu_usd_per_second(inst, n) or 0) > 0 for n in names)
     assert all((egress_usd_per_byte(inst, a, b) or 0) > 0 for a in names for b in names if a != b)
+
+
+def _split_costs(inst: Instance) -> dict[BatchSplit, float]:
+    """Per batch split, the least $ per iteration of its feasible plans (brute force)."""
+    tables = build_tables(inst)
+    tokens = inst.job.global_batch * inst.job.seq_len
+    out: dict[BatchSplit, float] = {}
+    for sp, pipe in _space(inst):
+        plan = Plan(pipelines=(pipe,) * sp.k)
+        ev = evaluate(plan, inst, tables)
+        if ev.feasible:
+            usd = money(plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration
+            assert usd is not None
+            out[sp] = min(out.get(sp, math.inf), usd)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_usd_pruning_keeps_each_splits_optimum(seed: int) -> None:
+    """[C4] $ pruning while block options are generated (blocks.Window.usd_cap / gpu_usd_s_cap):
+    per split, with the incumbent at the overall cheapest plan's $ x 1.02 (so some splits hold a
+    cheaper plan and some do not), the pruned split MILP finds the same optimum as the unpruned one
+    (= brute force), its bound stays below that optimum, and on some seed the pruning drops options
+    (the test would pass vacuously otherwise: checked over all seeds in the next test)."""
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import link_policy
+    from hgopt.search.milp_cost import CostGoal, solve_split_cost
+    from hgopt.solvers import SolveOptions
+
+    inst = _priced(seed)
+    tables = build_tables(inst)
+    per_split = _split_costs(inst)
+    incumbent = min(per_split.values()) * 1.02
+    links = link_policy(inst, {})
+    goal = CostGoal(objective="cost")
+    sopts = SolveOptions(time_limit_s=60, relative_gap=1e-9)
+    for sp, best in per_split.items():
+        cheap = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                             links=links)
+        got = [solve_split_cost(inst, tables, sp, cheap, goal, links, solver="highs", solve_options=sopts, floor=0.0,
+                                deadline=math.inf, incumbent=incumbent, prune=prune) for prune in (True, False)]
+        for out in got:
+            assert out.lower_bound <= min(best, incumbent) * (1 + 1e-9)
+            if best < incumbent * (1 - 1e-9):
+                assert out.best is not None and out.best.value == pytest.approx(best, rel=1e-7)
+        assert (got[0].best is None) == (got[1].best is None)
+
+
+def test_usd_pruning_drops_options_and_only_useless_ones() -> None:
+    """The pruned option sets are subsets of the unpruned ones, strictly smaller on some split, and
+    every dropped option's $ floor (k·GPUs·price·lb_above(bottleneck) + the least $ of the layers
+    outside it) is >= the cap."""
+    import dataclasses
+
+    from hgopt.cost.money import cost_lower_bound, gpu_usd_per_second, layer_work_usd
+    from hgopt.cost.pipeline import stages_that_matter
+    from hgopt.search.blocks import Window, block_options, cheap_bounds
+
+    dropped = 0
+    for seed in range(SEEDS):
+        inst = _priced(seed)
+        tables = build_tables(inst)
+        per_split = _split_costs(inst)
+        cap = min(per_split.values()) * 1.02
+        rate = {c.name: gpu_usd_per_second(inst, c.name) or 0.0 for c in inst.topology.clusters}
+        layers = layer_work_usd(inst, tables)
+        assert sum(layers) <= cost_lower_bound(inst, tables) * (1 + 1e-12)
+        for sp in per_split:
+            cheap = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch,
+                                 num_microbatches=sp.num_microbatches)
+            win = Window(t_lb=cheap.t_lb, s_lb=cheap.s_lb, weight=cheap.weight, gpus_matter=True)
+            kw = dict(replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                      d_cap=stages_that_matter(sp.num_microbatches))
+            full = block_options(inst, tables, window=win, **kw)  # type: ignore[arg-type]
+            pruned = block_options(inst, tables, window=dataclasses.replace(
+                win, gpu_usd_per_s=tuple(rate.items()), usd_cap=cap, time_floor=cheap.lb_above,
+                layer_usd=layers), **kw)  # type: ignore[arg-type]
+            for key, opts in full.items():
+                kept = pruned.get(key, [])
+                assert all(o in opts for o in kept)
+                for o in opts:
+                    if o not in kept:
+                        dropped += 1
+                        rest = sum(layers) - sum(layers[o.bounds[0]:o.bounds[-1]])
+                        assert sp.k * o.gpus * rate[o.cluster] * cheap.lb_above(o.bottleneck) + rest >= cap * (1 - 1e-9)
+    assert dropped > 0
+
+
+
+@pytest.mark.parametrize("objective", ["cost", "time"])
+def test_stopped_search_returns_plan_and_valid_bound(objective: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search stopped before any split's MILP (the size guard at 0 nonzeros: a work limit, not the
+    clock) still returns the warm start's plan with a bound below every plan of the space (brute
+    force), and says the MILPs did not finish; without a warm start no plan, the bound still valid."""
+    import hgopt.search.milp_cost as mc
+
+    monkeypatch.setattr(mc, "MAX_NONZEROS", 0)
+    seed = 1
+    inst = _priced(seed)
+    plans = _brute(seed)
+    budget = None if objective == "cost" else max(h for _, _, h in plans) * 2  # a budget every plan keeps
+    best = min(c for _, c, _ in plans) if objective == "cost" else min(t for t, _, _ in plans)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective, budget_usd_per_hour=budget))  # type: ignore[arg-type]
+    assert res.plan is not None
+    lb = res.usd_lower_bound if objective == "cost" else res.lower_bound_s
+    assert lb is not None and lb <= best * (1 + 1e-9)
+    assert any("size guard" in n for n in res.notes)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective, budget_usd_per_hour=budget,  # type: ignore[arg-type]
+                                       extra=NO_HELP))
+    assert res.plan is None and res.status == "error"
+    lb = res.usd_lower_bound if objective == "cost" else res.lower_bound_s
+    assert lb is not None and lb <= best * (1 + 1e-9)

@@ -196,3 +196,27 @@ def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[
             notes.append(f"link {a} -> {b} carries traffic but has no egress_usd_per_gb (counted as 0)")
         total += nbytes * (rate or 0.0)
     return total
+
+
+def layer_work_usd(instance: Instance, tables: CostTables) -> tuple[float, ...]:
+    """costmilp: per layer, the least $ per iteration any plan pays for that layer's forward +
+    backward GPU-seconds: global_batch × min over (cluster, tp, profiled microbatch size) of price ×
+    tp × (fwd + bwd of the layer) / microbatch size — the compute part of :func:`cost_lower_bound`,
+    layer by layer (their sum is that part). Disjoint layers run on disjoint GPU time, so the
+    layers of any set add (``hgopt.search.milp_cost``'s per-option $ floor [C4])."""
+    unpriced = unpriced_clusters(instance)
+    if unpriced:
+        raise ValueError(f"{instance.source}: cost_per_gpu_hour not set for {', '.join(unpriced)}")
+    L, G = instance.model.num_layers, instance.job.global_batch
+    best = [math.inf] * L
+    for c in instance.topology.clusters:
+        rate = gpu_usd_per_second(instance, c.name) or 0.0
+        for tp in instance.model.tps(c.gpu):
+            if c.gpus_per_node % tp or tp > c.num_gpus:
+                continue
+            tab = tables.table(c.gpu, tp)
+            for mbs in instance.model.mbss(c.gpu, tp):
+                for layer in range(L):
+                    f, b = tab.times(mbs, layer, layer + 1)
+                    best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
+    return tuple(G * x for x in best)

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -162,6 +162,19 @@ class Window:
     gpus_matter: bool = False
     """costmilp: the objective prices GPUs (``--objective cost``, ``--budget``; hgopt.search.milp_cost):
     an option must also use no more GPUs to dominate [B3]."""
+    # costmilp: $ pruning while options are generated ([C4], formulations/cluster_milp.md §10)
+    gpu_usd_per_s: tuple[tuple[str, float], ...] = ()
+    """costmilp: $ per GPU-second per cluster (empty: no $ pruning)."""
+    usd_cap: float = INF
+    """costmilp: leave out options whose own GPUs' $ over ``time_floor(bottleneck)`` is >= this."""
+    gpu_usd_s_cap: float = INF
+    """costmilp: leave out options whose own GPUs cost more than this many $ per second (a budget)."""
+    time_floor: Callable[[float], float] | None = None
+    """costmilp: a nondecreasing lower bound on every plan's time given its bottleneck >= t
+    (``CheapBounds.lb_above``); required with ``usd_cap``."""
+    layer_usd: tuple[float, ...] = ()
+    """costmilp: per layer, the least $ any plan pays for its compute (``money.layer_work_usd``;
+    empty: 0): the layers outside an option are paid by other GPUs."""
 
 
 class OutOfTime(Exception):
@@ -224,10 +237,13 @@ def _cluster_role_candidates(
         n_hi = min(n_range.stop - 1, (budget // cfg.gpus) * per_stage)
         if per_stage < 1 or n_hi < n_range.start:
             continue
+        s_usd = _usd_stage_cap(win, cluster, replicas * cfg.gpus)  # costmilp: $ pruning [C4]
+        if s_usd < 1:
+            continue
         ns = np.arange(n_range.start, n_hi + 1)
         tc = TrunkCosts(sm, geo, int(ns.max()))
         s_first = max(1, -(-int(ns.min()) // max(per_stage, 1)) - 1)
-        s_top = min(budget // cfg.gpus, geo.p + geo.q + int(ns.max()))
+        s_top = min(budget // cfg.gpus, geo.p + geo.q + int(ns.max()), s_usd)
         stop_at = np.full(len(ns), s_top)
         min_send = 2.0 * min(tc.t_send, float(tc.f_send.min()) if geo.p else INF) * 0.999
         for s in range(s_first, s_top + 1):
@@ -235,13 +251,80 @@ def _cluster_role_candidates(
                 break
             if time.perf_counter() > deadline:  # also per stage count: one configuration can take seconds
                 raise OutOfTime(f"block options of {cluster} ({role}) not complete by the deadline")
+            if math.isfinite(win.usd_cap) and _usd_hopeless(win, replicas * s * cfg.gpus, cluster, ns, s, t1, geo):
+                continue  # costmilp [C4]: no option of s stages of this config is under the $ cap
             for front in ((False, True) if s >= 3 else (False,)):
                 for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
+                    if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
+                        new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
                     dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
                     if not front:
                         stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
     return cands
+
+
+def _usd_useful(win: Window, sol: TrunkSolution, gpus: int, cluster: str, new: np.ndarray) -> np.ndarray:
+    """costmilp [C4]: per new option of ``sol`` (``gpus`` GPUs over all replicas), whether its $
+    floor is below ``win.usd_cap``. Floor: a plan P using the option rents its GPUs for P's whole
+    time T >= time_floor(option's bottleneck) (P's bottleneck is >= the option's; time_floor is
+    nondecreasing), and every layer outside the option's range runs on P's other GPUs, whose rent
+    is >= that layer's ``layer_usd`` (each GPU-second of compute is rented; disjoint layers, disjoint
+    GPU time); egress >= 0. So $(P) >= gpus·price·time_floor(b) + Σ_{l outside} layer_usd[l], and an
+    option at or above the incumbent's $ is in no cheaper plan."""
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    out = np.ones(len(sol.ns), dtype=bool)
+    assert win.time_floor is not None
+    prefix = np.concatenate(([0.0], np.cumsum(win.layer_usd))) if win.layer_usd else None
+    for i in np.flatnonzero(new):
+        rest = 0.0
+        if prefix is not None:
+            b = sol.bounds(int(i))
+            rest = max(float(prefix[-1] - (prefix[b[-1]] - prefix[b[0]])), 0.0)
+        out[i] = gpus * rate * win.time_floor(float(sol.bottleneck[i])) + rest < win.usd_cap
+    return out
+
+
+def _usd_hopeless(win: Window, gpus: int, cluster: str, ns: np.ndarray, s: int, t1: float,
+                  geo: TrunkGeometry) -> bool:
+    """costmilp [C4]: whether every option with s local stages (``gpus`` GPUs over all replicas) and
+    n in ``ns`` trunk layers is at or above ``win.usd_cap`` before it is computed: some stage holds
+    >= ceil(n / s) trunk layers, each costing >= t1 (the per-stage layer count rule of [B2] that
+    ``per_stage`` uses), so the bottleneck is >= ceil(n / s)·t1; the trunk - n trunk layers outside
+    the block cost >= their least ``layer_usd`` each; then ``_usd_useful``'s floor applies."""
+    if win.time_floor is None:
+        return False
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    trunk = win.layer_usd[geo.t0: geo.t0 + geo.trunk] if win.layer_usd else ()
+    w = min(trunk) if trunk else 0.0
+    for n in ns:
+        b = math.ceil(int(n) / s) * t1 * (1 - 1e-12)
+        if gpus * rate * win.time_floor(b) + max(geo.trunk - int(n), 0) * w < win.usd_cap:
+            return False
+    return True
+
+
+def _usd_stage_cap(win: Window, cluster: str, gpus_per_stage: int) -> int:
+    """costmilp [C4]: the most local stages (of ``gpus_per_stage`` GPUs over all replicas) an option
+    of ``cluster`` may have. Proof: a plan using an option with s stages rents those s·gpus_per_stage
+    GPUs for its whole iteration time T, so its $ per iteration is >= s·gpus_per_stage·price·T
+    (``money``: GPU part = Σ GPUs·price·T, egress >= 0) with T >= time_floor(t_lb) (every plan's
+    bottleneck is >= t_lb and time_floor is nondecreasing), and its GPU $ per second is >=
+    s·gpus_per_stage·price. Options at or above ``usd_cap`` cannot be in a plan cheaper than the
+    incumbent, and options above ``gpu_usd_s_cap`` in no plan within the budget; per option the same
+    floor at its own bottleneck (plans containing it have a bottleneck >= its) drops it in the loop."""
+    rate = dict(win.gpu_usd_per_s).get(cluster, 0.0)
+    if rate <= 0 or gpus_per_stage <= 0:
+        return 10**9
+    cap = 10**9
+    if math.isfinite(win.gpu_usd_s_cap):
+        cap = min(cap, int(win.gpu_usd_s_cap * (1 + 1e-12) // (gpus_per_stage * rate)))
+    if math.isfinite(win.usd_cap) and win.time_floor is not None:
+        t = win.time_floor(win.t_lb)
+        if t > 0 and math.isfinite(t):
+            per_stage = gpus_per_stage * rate * t
+            cap = min(cap, math.ceil(win.usd_cap / per_stage) - 1)  # s·per_stage < usd_cap
+    return cap
 
 
 def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, d_need: int, win: Window,

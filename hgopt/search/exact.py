@@ -6,7 +6,11 @@ imports the other.
 Under a link policy that compresses (``--link-precision`` bf16/fp16/fp8/auto), whose space contains
 the native one, a native search runs first on ``NARROW_SHARE`` of the time limit and its best plan
 joins the heuristic's as the wider search's warm start: the wider search then never returns a plan
-slower than the narrower one found."""
+slower than the narrower one found.
+
+Under ``--objective cost`` or ``--budget`` (``PlanOptions.objective`` / ``budget_usd_per_hour``) the
+search is ``hgopt.search.milp_cost.plan_milp_cost`` (same plan space, $ objective / budget rows),
+warm-started by the heuristic under the same objective and budget."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.spec import Instance
 
-__all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
+__all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,18 @@ heuristic may do per second of its time share. A full search on one core does 30
 (scale-16r 773 units in 1.8 CPU s), so whenever the planner gets at least about half a core the
 work limit, not the clock, ends the warm start, and the same input and ``--time-limit`` give the
 same warm start (and the same plan, when the MILP phase's own limits are also not the clock's)."""
+
+
+PRICED_WARM_WORK_PER_S = 20
+"""costmilp: work units per second of its share for each heuristic run of the cost / budget warm
+start ([H10] runs the heuristic once per node-count vector it tries, each up to this work):
+geo-3r-gpt1.3b with 240 units (a 12 s share) ends by the work limit in about 8 s on a loaded core
+(200 units find its 8-H100 plan, 50 only the 16-H100 one)."""
+
+
+def priced_warm_work(seconds: float) -> int:
+    """costmilp: the work limit of each heuristic run of the cost / budget warm start."""
+    return max(30, math.ceil(PRICED_WARM_WORK_PER_S * seconds))
 
 
 def warm_start_work(seconds: float) -> int:
@@ -107,20 +123,33 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
 
 
 def _priced_warm_start(options: PlanOptions) -> WarmStart:
-    """costmilp: the heuristic planner under the same objective and budget (``run_heuristic``, [H10])."""
-    from hgopt.search.hierarchical import run_heuristic
+    """costmilp: the heuristic under the same objective and budget ([H10] ``plan_fewest_nodes``, k
+    identical pipelines: in the MILP's space), work-limited like the time objective's warm start
+    (``priced_warm_work``), so that its plan does not depend on the machine's load; the clock
+    (``seconds``) is only the backstop."""
+    from hgopt.search.hierarchical.nodes import plan_fewest_nodes
+    from hgopt.search.hierarchical.records import HeuristicOptions
+
+    extra = options.extra
+    links = extra.get("max_compressed_links")
+    hopts = HeuristicOptions(link_precision=extra.get("link_precision", "native") or "native",
+                             max_compressed_links=None if links in (None, "") else int(links),
+                             cross_cluster_dp=False, objective=options.objective,
+                             budget_usd_per_hour=options.budget_usd_per_hour)
+
+    def run(inst: Instance, tables: CostTables, seconds: float, objective: str) -> Plan | None:
+        res = plan_fewest_nodes(inst, tables=tables, options=dataclasses.replace(
+            hopts, time_limit_s=seconds, work_limit=priced_warm_work(seconds), objective=objective))
+        log.info("warm start: heuristic (%s) %s", objective, res.plan and f"{res.iteration_time_s:.6g} s")
+        return res.plan
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         fallback = options.objective == "time" and options.budget_usd_per_hour is not None
-        res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / (2 if fallback else 1),
-                                                      progress=None))
-        log.info("warm start: heuristic (%s) %s", options.objective, res.plan and f"{res.iteration_time_s:.6g} s")
-        if res.plan is None and fallback:
+        plan = run(inst, tables, seconds / (2 if fallback else 1), options.objective)
+        if plan is None and fallback:
             # no plan within the budget by time: the cheapest plan keeps the budget if any does
-            res = run_heuristic(inst, dataclasses.replace(options, time_limit_s=seconds / 2, objective="cost",
-                                                          progress=None))
-            log.info("warm start: heuristic (cost) %s", res.plan and f"{res.iteration_time_s:.6g} s")
-        return res.plan
+            plan = run(inst, tables, seconds / 2, "cost")
+        return plan
 
     return warm
 

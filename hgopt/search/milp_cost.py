@@ -1,5 +1,5 @@
 """Cost and budget inside the exact planner (``--planner milp --objective cost``, ``--budget USD_PER_HOUR``;
-formulations/cluster_milp.md §9, money as defined in ``hgopt.cost.money`` [$1]).
+formulations/cluster_milp.md §10, money as defined in ``hgopt.cost.money`` [$1]).
 
 Plan space: the exact planner's (``hgopt.search.milp.PLAN_SPACE``). Per batch split (k pipelines,
 microbatch B, m microbatches) the split's MILP of ``milp.build_milp`` is built over the block
@@ -33,6 +33,13 @@ the split's proven bound; a split without a MILP (pruned, or the time limit) kee
 ``max(by_cost.cost_lower_bound, k · least GPU price · the split's cheap time bound)`` (each plan
 uses >= k GPUs for >= its iteration time). The value reported is the decoded plan's ``money``
 from ``evaluate``'s time, never the MILP's.
+
+Pruning [C4] (formulations/cluster_milp.md §10): block options whose own GPUs over the split's time
+floor plus the least $ of the layers outside them (``money.layer_work_usd``) already reach the
+incumbent are never generated (``blocks.Window.usd_cap``). Time limit: every phase checks the
+deadline (cheap bounds within 20 % of it, the warm start work-limited within its share, option
+generation raises ``OutOfTime``, the size guard skips a MILP the time left cannot load, the solver's
+limit leaves that load time); a stopped split keeps its floor, so the result is always a bound.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from typing import Literal
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import wan_bytes_per_iteration
-from hgopt.cost.money import egress_usd_per_byte, gpu_usd_per_second, money
+from hgopt.cost.money import egress_usd_per_byte, gpu_usd_per_second, layer_work_usd, money
 from hgopt.cost.pipeline import stages_that_matter
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
@@ -252,7 +259,7 @@ def _price(plan: Plan, split: BatchSplit, instance: Instance, tables: CostTables
 
 def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, cheap: CheapBounds, goal: CostGoal,
                      links: LinkPolicy, *, solver: str, solve_options: SolveOptions, floor: float, deadline: float,
-                     incumbent: float = math.inf, hint: Plan | None = None) -> SplitCost:
+                     incumbent: float = math.inf, hint: Plan | None = None, prune: bool = True) -> SplitCost:
     """The split's goal MILP (module docstring), re-solved with a no-good cut after each decoded plan
     over the budget; the bound is the last solve's (``floor`` when no solve bounds the split).
 
@@ -261,12 +268,16 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     rate = {c.name: gpu_usd_per_second(instance, c.name) or 0.0 for c in instance.topology.clusters}
     window = Window(t_lb=cheap.t_lb, s_lb=cheap.s_lb, weight=cheap.weight, mbs_matters=links.compresses,
                     gpus_matter=True, t_cap=_time_cap(cheap, goal, split, min(rate.values()), incumbent))
+    if prune:
+        window = _usd_pruning(window, rate, cheap, goal, incumbent, layer_work_usd(instance, tables))
+    t0 = time.perf_counter()
     try:
         opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
                              num_microbatches=split.num_microbatches,
                              d_cap=stages_that_matter(split.num_microbatches), window=window, deadline=deadline)
     except OutOfTime:
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
+    log.debug("split %s: %d block options in %.2f s", split, sum(map(len, opts.values())), time.perf_counter() - t0)
     opts = {key: kept for key, os in opts.items()
             if (kept := [o for o in os if _useful(o, cheap, goal, split, rate[o.cluster], incumbent)])}
     size = estimated_nonzeros(opts, len(instance.topology.clusters)) + GOAL_NONZEROS_PER_OPTION * sum(map(len, opts.values()))
@@ -275,14 +286,18 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
     if not opts:
         return SplitCost(split=split, best=None, lower_bound=max(floor, incumbent))
+    t0 = time.perf_counter()
     form = build_milp(instance, tables, split, opts, cheap, links)
     rows = add_goal(form, instance, tables, goal, cheap)
+    log.debug("split %s: MILP %s built in %.2f s", split, form.model.size(), time.perf_counter() - t0)
     if hint is not None:
         form.model.hint = plan_hint(instance, form, hint)
     best: Priced | None = None
     bound, name, cuts = floor, "", 0
     while True:
-        limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
+        # the solver's own limit leaves room for loading the model (the size guard's estimate): its
+        # limit does not count the load, which on a large model takes seconds
+        limit = max(0.2, min(solve_options.time_limit_s, deadline - time.perf_counter() - size * LOAD_S_PER_NONZERO))
         res = solve(form.model, solver, dataclasses.replace(solve_options, time_limit_s=limit))
         name = res.version
         if res.status in ("optimal", "feasible", "no_solution", "infeasible"):
@@ -295,7 +310,8 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
             if priced is not None and (best is None or priced.value < best.value):
                 best = priced
             over = priced is None and goal.budget_usd_per_hour is not None and evaluate(plan, instance, tables).feasible
-        log.debug("split %s: %s obj %.6g bound %.6g (%d cuts)", split, res.status, res.objective, bound, cuts)
+        log.debug("split %s: %s obj %.6g bound %.6g (%d cuts), solve %.2f s (limit %.2f)", split, res.status,
+                  res.objective, bound, cuts, res.wall_s, limit)
         if not over or cuts >= MAX_CUTS or time.perf_counter() >= deadline or res.status == "error":
             break
         ones = [j for j in rows.binaries if res.values[j] > 0.5]  # type: ignore[index]
@@ -307,6 +323,19 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     bound = min(bound, incumbent, best.value if best is not None else math.inf)
     return SplitCost(split=split, best=best, lower_bound=bound, solver=name, cuts=cuts,
                      variables=len(form.model.vars), rows=len(form.model.rows))
+
+
+def _usd_pruning(window: Window, rate: dict[str, float], cheap: CheapBounds, goal: CostGoal,
+                 incumbent: float, layer_usd: tuple[float, ...]) -> Window:
+    """[C4] The $ pruning of ``blocks.block_options`` (``Window.usd_cap`` / ``gpu_usd_s_cap``; the
+    proofs are ``blocks._usd_useful``'s / ``_usd_stage_cap``'s): under ``cost`` an option whose own
+    GPUs over the split's time floor at its bottleneck plus the least $ of the layers outside it
+    (``money.layer_work_usd``) already cost >= the incumbent, under a budget one whose GPUs alone
+    cost more per second than the budget, is never generated (``solve_split_cost(prune=False)``: none)."""
+    usd_cap = incumbent if goal.objective == "cost" and math.isfinite(incumbent) else math.inf
+    cap_s = math.inf if goal.budget_usd_per_hour is None else goal.budget_usd_per_hour / 3600.0
+    return dataclasses.replace(window, gpu_usd_per_s=tuple(sorted(rate.items())), usd_cap=usd_cap,
+                               gpu_usd_s_cap=cap_s, time_floor=cheap.lb_above, layer_usd=layer_usd)
 
 
 def _time_cap(cheap: CheapBounds, goal: CostGoal, split: BatchSplit, least_rate: float, incumbent: float) -> float:
@@ -378,13 +407,24 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     # ties (the work floor bounds most splits alike) go to the smaller MILPs first: fewer (tp, dp, mbs) per
     # stage at a smaller microbatch, fewer pipelines (the warm start's split first
     # only under the time objective: it is the fastest plan's)
-    order = sorted(cheap, key=lambda sp: (goal.objective == "time" and sp != first, lbs[sp], sp.num_microbatches / sp.k, sp.microbatch))
+    # then by the split's own $ floor (k GPUs at the least price for its cheap time bound): the few-pipeline
+    # splits, which hold the plans on few GPUs, first; their MILPs are small once [C4] prunes their options
+    own = {sp: sp.k * min(rates) * cheap[sp].value for sp in cheap}
+    order = sorted(cheap, key=lambda sp: (goal.objective == "time" and sp != first, lbs[sp],
+                                          own[sp] if goal.objective == "cost" else 0.0,
+                                          sp.num_microbatches / sp.k, sp.microbatch))
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
     solver, solved, cuts = "", 0, 0
     unfinished: list[BatchSplit] = []
     seen: list[Priced] = [best] if best is not None else []
+    prog = options.progress
     for i, sp in enumerate(order):
+        if prog:  # heartbeat: seconds only under the time objective (the line prints them as seconds)
+            timed = goal.objective == "time"
+            prog.report(f"{goal.objective} MILP splits", done=i, total=len(order),
+                        incumbent_s=best.value if best and timed else None,
+                        bound_s=min(lbs.values()) if timed else None, plan=best.plan if best else None)
         target = (best.value if best else math.inf) * (1 - options.gap / 2)
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
             continue
@@ -428,8 +468,8 @@ def _result(instance: Instance, options: PlanOptions, goal: CostGoal, links: Lin
              f"each split's proven bound ({solved} MILP(s) solved, the others bounded by their floors"
              + (f"; {cuts} over-budget plan(s) cut off" if cuts else "") + ")"]
     if unfinished:
-        notes.append(f"time limit reached before the MILP of {len(unfinished)} split(s) finished (their floors still "
-                     "hold); a longer --time-limit closes the gap")
+        notes.append(f"time limit (or the size guard) reached before the MILP of {len(unfinished)} split(s) finished "
+                     "(their floors still hold); a longer --time-limit closes the gap")
     if unbounded:
         notes.append(f"{len(unbounded)} split(s) without a cheap bound (time limit): bounded by the work floor")
     if best is None:
