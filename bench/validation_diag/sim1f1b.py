@@ -3,6 +3,7 @@
 device times (bench/_op_trace.py via trace_ops.py): does composing the run's measured stage times reproduce
 its measured step?   python bench/validation_diag/sim1f1b.py /tmp/trace/lan_4st_m4
 Throwaway diagnostics, not a benchmark."""
+import json,statistics,sys,glob
 def order(S,s,m):
     w=min(S-s,m); o=[('F',k) for k in range(w)]; f=w; b=0
     while b<m:
