@@ -3,10 +3,10 @@ stage of a run adds up to the device time its operations actually took in that r
 
 Why: on the validation's paced CPU devices (:mod:`hgopt.profiler.paced`) a layer's time depends on
 its context, which the cost model (a stage's time = the sum of its layers' profiled times) does not
-see. Measured in the 4-stage validation plans (bench/RESULTS.md, "Cost-model validation, round 6"):
+see. Measured in the 4-stage validation plans (bench/RESULTS.md, "Cost-model validation: in-situ stage times (round 5)"):
 a one-block middle stage's forward and backward took 13-26 % more device time inside the run than
-the same block in ``hgopt profile --tenants 4`` timed minutes earlier, the last stage's backward
-about the same, and a one-stage run's layers 13-15 % *less* (its layers run back to back without an
+the same block in ``hgopt profile --tenants 4`` timed a minute earlier, the last stage's backward
+about the same, and a one-stage run's layers 14-15 % *less* (its layers run back to back without an
 idle spell between them); the same profile repeated drifted by up to ±5 % over minutes on the shared
 host. Composing the run's own per-operation device times with the cost model's schedule reproduced
 the measured step (bench/validation_diag/sim1f1b.py). Calibrating the profile on a run's warm-up
