@@ -77,3 +77,32 @@ def test_invalid_stage_times_are_rejected() -> None:
         StageDeviceTimes(start=2, end=2, mbs=1, fwd_s=1.0, bwd_s=1.0)
     with pytest.raises(ValueError):
         StageDeviceTimes(start=0, end=1, mbs=1, fwd_s=-1.0, bwd_s=1.0)
+
+
+def test_the_validation_bench_maps_each_ranks_trace_to_its_stages_layers_and_mbs(tmp_path) -> None:
+    """bench/validate_cost_model.py's ``calibrated``: rank traces (pipeline, stage) -> the plan's layers."""
+    import json
+
+    bench = pytest.importorskip("bench.validate_cost_model")
+    plan = next(p for name, _, p in bench.plans() if name == "w200 2st a|b mbs2 m8")  # [0,3) and [3,6), mbs 2
+    prof = _profile()
+    prof["layers"] = prof["layers"] + [dict(prof["layers"][1], name="l4"), dict(prof["layers"][1], name="l5")]
+    for t in prof["timings"]:  # six layers: fwd 1, 2, 2, 1, 2, 2 (x0.5 at mbs 1), bwd twice that
+        t["fwd"], t["bwd"], t["update"] = t["fwd"] + t["fwd"][1:3], t["bwd"] + t["bwd"][1:3], t["update"] + [1.0, 1.0]
+    pace = 0.5
+
+    def trace(stage: int, fwd_dev: float, bwd_dev: float) -> list[dict]:
+        step = {"pipeline": 0, "stage": stage, "opt": 0.0,
+                "ops": [{"kind": "F", "model_fwd": fwd_dev * pace, "backward": 0.0},
+                        {"kind": "B", "model_fwd": 0.0, "backward": bwd_dev * pace}]}
+        return [step, step, step]
+
+    # stage 0 = layers 0-2 (profiled at mbs 2: fwd 5, bwd 10) measured 10 / 10; stage 1 = layers 3-5
+    # (fwd 5, bwd 10) measured 5 / 20
+    (tmp_path / "ops-1.json").write_text(json.dumps(trace(0, 10.0, 10.0)))
+    (tmp_path / "ops-2.json").write_text(json.dumps(trace(1, 5.0, 20.0)))
+    out = bench.calibrated(prof, plan, tmp_path, pace, [2, 3])
+    t2 = next(t for t in out["timings"] if t["mbs"] == 2)
+    assert t2["fwd"] == pytest.approx([2.0, 4.0, 4.0, 1.0, 2.0, 2.0])
+    assert t2["bwd"] == pytest.approx([2.0, 4.0, 4.0, 4.0, 8.0, 8.0])
+    assert t2["update"] == pytest.approx([0.5, 1.0, 1.0, 0.5, 1.0, 1.0])  # opt 0: not measured
