@@ -86,17 +86,19 @@ def _adjust(rp: RunnerPlan, out: Path, port: int, mode: str, burst: int | None, 
 
 def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: int, warmup_steps: int,
              mode: str, pace: float | None = None, nice: int = 0, burst_bytes: int | None = 3000,
-             device_regions: bool = False, heartbeat_s: float | None = None) -> RunResult:
+             device_regions: bool = False, heartbeat_s: float | None = None, op_trace: bool = False) -> RunResult:
     """Export ``plan`` for the runner, run ``steps`` steps with every rank paced at ``pace`` cores (None:
     unpaced) and niceness ``nice``, read the metrics. ``device_regions``: only the ranks' model,
     autograd, loss, codec and optimizer work is paced device work, the engine's bookkeeping is host
     work (``python -m hgopt.profiler.paced --device-regions``). ``heartbeat_s``: the runner's heartbeat
     timeout (collectives get 4x), for a host whose other load can deschedule a rank for longer than
-    the default 15 s."""
+    the default 15 s. ``op_trace`` (paced only): every rank's operations timed from outside
+    (bench/_op_trace.py), one ``out/trace/ops-<pid>.json`` per rank."""
     from hgopt.runner.launch import LaunchOptions, launch_local
 
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("metrics.jsonl", "pids.json", *(f"pace/{p.name}" for p in (out / "pace").glob("*.json"))):
+    for f in ("metrics.jsonl", "pids.json", *(f"pace/{p.name}" for p in (out / "pace").glob("*.json")),
+              *(f"trace/{p.name}" for p in (out / "trace").glob("ops-*.json"))):
         (out / f).unlink(missing_ok=True)
     port = free_port()
     rp = build_runner_plan(plan, inst, ExportOptions(
@@ -110,7 +112,7 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
     errors: list[str] = []
     watcher = threading.Thread(target=_adjust, args=(rp, out, port, mode, burst_bytes, errors), daemon=True)
     watcher.start()
-    python = _paced_python(out, pace, nice, device_regions) if pace else sys.executable
+    python = _paced_python(out, pace, nice, device_regions, op_trace) if pace else sys.executable
     code = launch_local(rp, plan_path, LaunchOptions(out_dir=out, threads=1, port=port, emulation=mode, python=python))
     watcher.join(timeout=5)
     if errors:
@@ -127,13 +129,18 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
                      wall_s=time.perf_counter() - t0, load_before=load0, load_after=load_average(), returncode=code)
 
 
-def _paced_python(out: Path, pace: float, nice: int, device_regions: bool = False) -> str:
-    """An executable that the launcher can use as its python: starts the module paced."""
+def _paced_python(out: Path, pace: float, nice: int, device_regions: bool = False, op_trace: bool = False) -> str:
+    """An executable that the launcher can use as its python: starts the module paced (and traced)."""
     path = out / "paced-python"
     (out / "pace").mkdir(exist_ok=True)
-    path.write_text(f"#!/bin/sh\nHGOPT_PACE_REPORT={out / 'pace'} HGOPT_PACE_NICE={nice} "
+    trace = ""
+    if op_trace:
+        (out / "trace").mkdir(exist_ok=True)
+        trace = f"HGOPT_OP_TRACE={out / 'trace'} "
+    path.write_text(f"#!/bin/sh\n{trace}HGOPT_PACE_REPORT={out / 'pace'} HGOPT_PACE_NICE={nice} "
                     f"exec {sys.executable} -m hgopt.profiler.paced {pace}"
-                    + (" --device-regions" if device_regions else "") + " \"$@\"\n")
+                    + (" --device-regions" if device_regions else "") + (" -m bench._op_trace" if op_trace else "")
+                    + " \"$@\"\n")
     path.chmod(0o755)
     return str(path)
 

@@ -2,7 +2,7 @@
 hgopt.runner ARGS...`` runs the runner's rank with its stage operations timed from outside (no runner
 file changes): per step and per op the main thread's CPU seconds spent in the stage model's forward,
 in ``Tensor.backward``, in the whole op (receive/decode, send, hooks, bookkeeping) and in the optimizer
-step, written to ``$HGOPT_OP_TRACE/ops-<pid>.json`` at exit. CPU seconds / pace = device seconds,
+step (``model_fwd`` includes the last stage's loss), written to ``$HGOPT_OP_TRACE/ops-<pid>.json`` at exit. CPU seconds / pace = device seconds,
 the unit of the paced profile."""
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
 
     real_fwd, real_bwd, real_step = engine.StageWorker._forward, engine.StageWorker._backward, engine.StageWorker.step
     torch.Tensor.backward = timed(torch.Tensor.backward, "backward")  # type: ignore[method-assign]
+    # the last stage's loss is device work of its forward (paced.DEVICE_WORK, and the profile's head)
+    engine.vocab_parallel_cross_entropy = timed(engine.vocab_parallel_cross_entropy, "model_fwd")
 
     def op(kind: str, real: Any) -> Any:
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
@@ -77,7 +79,7 @@ def main(argv: list[str]) -> int:
         st = real_step(self, *a, **k)
         if prof is not None:
             prof.disable()
-        steps.append({"rank": self.rank, "stage": self.si, "cpu": time.thread_time() - t,
+        steps.append({"rank": self.rank, "pipeline": self.pi, "stage": self.si, "cpu": time.thread_time() - t,
                       "wall": time.perf_counter() - w, "ops": list(cur.get("ops", [])),
                       "opt": cur.get("opt", 0.0), "finish": cur.get("finish", 0.0)})
         return st

@@ -10,7 +10,11 @@ tbf, small burst); (3) each plan: a fresh ``hgopt profile`` of the microbatch si
 time of the same layer drifts by up to ~15 % over minutes on a shared host), a prediction with
 ``evaluate`` on an instance built from the measured figures, a run with the runner (every rank paced at
 the same speed) and its median step time; (4) table, errors, rank agreement (Kendall tau) among the
-candidates of one instance (all predicted from the start-up profile), scatter plot. Links are emulated by the runner's ``delay`` mode (exactly the
+candidates of one instance (all predicted from the start-up profile), scatter plot. With ``--in-situ``
+(default) each plan is also predicted from its fresh profile calibrated on the run's own warm-up steps
+(every stage's layers rescaled to the device time its operations took there,
+``hgopt.profiler.insitu``; measured steps 4-9 are not used): that prediction tests the cost model's
+composition without the emulated device's context-dependent speed (docs/validation.md). Links are emulated by the runner's ``delay`` mode (exactly the
 configured bandwidth and latency); ``--netns`` emulates those without latency with network namespaces
 and tc tbf instead, measured with ``hgopt profile --links`` (on a shared CPU host the kernel's packet
 work is then charged to the paced ranks: docs/validation.md).
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._harness import ModelOpts, RunResult, load_average, run_plan  # noqa: E402
 from hgopt.cost import evaluate  # noqa: E402
+from hgopt.profiler.insitu import calibrate_profile, stage_times_from_trace  # noqa: E402
 from hgopt.simulate import simulate  # noqa: E402
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage  # noqa: E402
 from hgopt.spec import Instance, instance_from_dict  # noqa: E402
@@ -204,6 +209,10 @@ class Row:
     """``hgopt simulate``'s iteration time on the same instance (the event replay of the runner's order)."""
     measured_s: float
     run: RunResult
+    insitu_s: float = float("nan")
+    """``evaluate`` on the plan's profile calibrated in situ (its run's warm-up steps)."""
+    insitu_sim_s: float = float("nan")
+    """``simulate`` on the same."""
 
     @property
     def error(self) -> float:
@@ -212,6 +221,14 @@ class Row:
     @property
     def error_sim(self) -> float:
         return (self.simulated_s - self.measured_s) / self.measured_s
+
+    @property
+    def error_insitu(self) -> float:
+        return (self.insitu_s - self.measured_s) / self.measured_s
+
+    @property
+    def error_insitu_sim(self) -> float:
+        return (self.insitu_sim_s - self.measured_s) / self.measured_s
 
     @property
     def error_before(self) -> float:
@@ -274,10 +291,13 @@ def scatter(rows: list[Row], path: Path) -> None:
             dots = ax.scatter([r.measured_s for r in sel], [r.predicted_s for r in sel], label=net, s=28)
             ax.scatter([r.measured_s for r in sel], [r.simulated_s for r in sel], marker="x", s=24,
                        color=dots.get_facecolor()[0])
+            situ = [r for r in sel if not math.isnan(r.insitu_s)]
+            ax.scatter([r.measured_s for r in situ], [r.insitu_s for r in situ], marker="^", s=18,
+                       color=dots.get_facecolor()[0])
     ax.set_xlim(0, hi)
     ax.set_ylim(0, hi)
     ax.set_xlabel("measured iteration time (s), runner median")
-    ax.set_ylabel("predicted iteration time (s): evaluate (dots), simulate (x)")
+    ax.set_ylabel("predicted (s): evaluate (dots), simulate (x), evaluate in situ (^)")
     ax.set_title("hgopt cost model vs runner on emulated links")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
@@ -311,6 +331,11 @@ def main() -> int:
     ap.add_argument("--rt", type=int, default=1 if os.geteuid() == 0 else 0, metavar="PRIO",
                     help="paced ranks and profiles under SCHED_RR at PRIO once pacing starts (root; 0: off; "
                          "hgopt.profiler.paced.realtime_from_env)")
+    ap.add_argument("--in-situ", action=argparse.BooleanOptionalAction, default=True,
+                    help="also predict each plan from its profile calibrated on the run's warm-up steps "
+                         "(the ranks' operations timed by bench/_op_trace.py; hgopt/profiler/insitu.py)")
+    ap.add_argument("--calibrate-steps", default="2,3",
+                    help="the steps (1-based; step 1 runs unpaced) whose operations calibrate the in-situ profile")
     ap.add_argument("--heartbeat", type=float, default=60.0, help="runner heartbeat timeout (s) on a busy host")
     ap.add_argument("--png", default=str(ROOT / "bench" / "validate_cost_model.png"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the scatter plot from --out's rows.json")
@@ -357,24 +382,47 @@ def main() -> int:
         inst = instance(nets[net], fresh, links)
         ev = evaluate(plan, inst)
         run = _run(plan, inst, folder, nets[net], args)
+        insitu = {}
+        if args.in_situ:
+            cal = calibrated(fresh, plan, folder / "trace", args.pace, [int(x) for x in args.calibrate_steps.split(",")])
+            (folder / "profile-insitu.json").write_text(json.dumps(cal, indent=1))
+            cinst = instance(nets[net], cal, links)
+            insitu = {"insitu_s": evaluate(plan, cinst).iteration_time_s,
+                      "insitu_sim_s": simulate(plan, cinst).iteration_time_s}
         row = Row(name=name, net=net, ranks=plan.num_gpus(), predicted_s=ev.iteration_time_s,
                   common_s=common.iteration_time_s, before_s=without_round_trip(ev, plan),
-                  simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run)
+                  simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run, **insitu)
         rows.append(row)
         print(f"{name:<26} evaluate {row.predicted_s:7.3f} s  simulate {row.simulated_s:7.3f} s  measured "
-              f"{row.measured_s:7.3f} s  error {row.error:+6.1%}, simulate {row.error_sim:+6.1%} "
+              f"{row.measured_s:7.3f} s  error {row.error:+6.1%}, simulate {row.error_sim:+6.1%}; in situ "
+              f"{row.error_insitu:+6.1%}, simulate {row.error_insitu_sim:+6.1%} "
               f"(without round trip {row.error_before:+6.1%})  "
               f"(lag {run.lag_s:.2f} s, load {run.load_before:.1f}, run {run.wall_s:.0f} s)", flush=True)
     report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0, picked)
     return 0
 
 
+def calibrated(profile: dict[str, Any], plan: Plan, trace_dir: Path, pace: float, steps: list[int]) -> dict[str, Any]:
+    """``profile`` calibrated in situ on the ranks' traces (bench/_op_trace.py) of ``steps``."""
+    stages = []
+    for f in sorted(trace_dir.glob("ops-*.json")):
+        trace = json.loads(f.read_text())
+        if not trace:
+            continue
+        st = plan.pipelines[trace[0]["pipeline"]].stages[trace[0]["stage"]]
+        stages.append(stage_times_from_trace(trace, pace=pace, use_steps=steps, layers=(st.start, st.end),
+                                             mbs=st.groups[0].mbs))
+    if not stages:
+        raise RuntimeError(f"no operation traces in {trace_dir}")
+    return calibrate_profile(profile, stages, note=f"steps {','.join(map(str, steps))} of the run")
+
+
 def _row_from_json(d: dict[str, Any]) -> Row:
     run = RunResult(step_s=tuple(d["steps_s"]), median_s=d["measured_s"], losses=(), bytes_last_step={}, wall_s=0.0,
-                    load_before=0.0, load_after=0.0, returncode=0, lag_s=d["lag_s"])
+                    load_before=d.get("load", 0.0), load_after=0.0, returncode=0, lag_s=d["lag_s"])
     return Row(name=d["name"], net=d["net"], ranks=d["ranks"], predicted_s=d["predicted_s"], common_s=d["common_s"],
                before_s=d["before_s"], simulated_s=d.get("simulated_s", float("nan")), measured_s=d["measured_s"],
-               run=run)
+               run=run, insitu_s=d.get("insitu_s", float("nan")), insitu_sim_s=d.get("insitu_sim_s", float("nan")))
 
 
 def _lag_fraction(run: RunResult) -> float:
@@ -388,7 +436,7 @@ def _run(plan: Plan, inst: Instance, folder: Path, net: Net, args: argparse.Name
     for attempt in range(2):
         run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode=net.mode,
                        pace=args.pace, nice=args.nice, burst_bytes=args.burst,
-                       device_regions=not args.no_device_regions, heartbeat_s=args.heartbeat)
+                       device_regions=not args.no_device_regions, heartbeat_s=args.heartbeat, op_trace=args.in_situ)
         if _lag_fraction(run) <= args.max_lag:
             break
         print(f"  pace lagged {_lag_fraction(run):.0%} of the run (load {run.load_after:.1f})"
@@ -400,25 +448,33 @@ def _run(plan: Plan, inst: Instance, folder: Path, net: Net, args: argparse.Name
 def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load0: float, wall: float,
            picked: str | None) -> None:
     errs = [abs(r.error) for r in rows]
-    lines = ["| plan | instance | ranks | evaluate (s) | simulate (s) | measured (s) | evaluate error | "
-             "simulate error | without round trip | step spread | pace lag |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| plan | ranks | load | measured (s) | evaluate (s) | simulate (s) | evaluate error | "
+             "simulate error | in situ: evaluate (s) | in situ: simulate (s) | in situ: evaluate error | "
+             "in situ: simulate error | without round trip | step spread | pace lag |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         later = r.run.step_s[3:]
         spread = (max(later) - min(later)) / r.measured_s if later else 0.0
-        lines.append(f"| {r.name.replace('|', chr(92) + '|')} | {r.net} | {r.ranks} | {r.predicted_s:.3f} | "
-                     f"{r.simulated_s:.3f} | {r.measured_s:.3f} | {r.error:+.1%} | {r.error_sim:+.1%} | "
-                     f"{r.before_s:.3f} ({r.error_before:+.1%}) | {spread:.0%} | {_lag_fraction(r.run):.0%} |")
+        lines.append(f"| {r.name.replace('|', chr(92) + '|')} | {r.ranks} | {r.run.load_before:.1f} | "
+                     f"{r.measured_s:.3f} | {r.predicted_s:.3f} | {r.simulated_s:.3f} | {r.error:+.1%} | "
+                     f"{r.error_sim:+.1%} | {r.insitu_s:.3f} | {r.insitu_sim_s:.3f} | {r.error_insitu:+.1%} | "
+                     f"{r.error_insitu_sim:+.1%} | {r.before_s:.3f} ({r.error_before:+.1%}) | {spread:.0%} | "
+                     f"{_lag_fraction(r.run):.0%} |")
     group = [r for r in rows if r.net == RANK_GROUP]
     tau = kendall_tau([r.common_s for r in group], [r.measured_s for r in group]) if len(group) > 1 else float("nan")
     best_pred = min(group, key=lambda r: r.common_s) if group else None
     best_meas = min(group, key=lambda r: r.measured_s) if group else None
     before = [abs(r.error_before) for r in rows]
     sims = [abs(r.error_sim) for r in rows]
+    situ = [abs(r.error_insitu) for r in rows if not math.isnan(r.insitu_s)]
+    situ_sim = [abs(r.error_insitu_sim) for r in rows if not math.isnan(r.insitu_sim_s)]
     summary = [
         f"plans: {len(rows)}; evaluate: median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%}; "
         f"simulate: median |error| {statistics.median(sims):.1%}, max |error| {max(sims):.1%} "
         f"(without the round-trip term: median {statistics.median(before):.1%}, max {max(before):.1%})",
+        (f"in situ (profile calibrated on steps {args.calibrate_steps} of each run): evaluate median |error| "
+         f"{statistics.median(situ):.1%}, max {max(situ):.1%}; simulate median {statistics.median(situ_sim):.1%}, "
+         f"max {max(situ_sim):.1%}" if situ else "in situ: not run"),
         f"rank agreement on {RANK_GROUP} ({len(group)} candidates, predicted from the start-up profile): "
         f"Kendall tau {tau:.2f}; "
         f"best predicted: {best_pred.name if best_pred else '-'}; fastest measured: {best_meas.name if best_meas else '-'}"
@@ -436,7 +492,8 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
     (out / "rows.json").write_text(json.dumps([{"name": r.name, "net": r.net, "ranks": r.ranks,
                                                 "predicted_s": r.predicted_s, "common_s": r.common_s,
                                                 "before_s": r.before_s, "simulated_s": r.simulated_s,
-                                                "measured_s": r.measured_s,
+                                                "measured_s": r.measured_s, "load": r.run.load_before,
+                                                "insitu_s": r.insitu_s, "insitu_sim_s": r.insitu_sim_s,
                                                 "steps_s": r.run.step_s, "lag_s": r.run.lag_s} for r in rows], indent=1))
     scatter(rows, png)
     print(f"scatter plot: {png}")
