@@ -497,3 +497,36 @@ def test_shared_nics_agree_with_the_simulator(gbit: float, S: int, m: int) -> No
     assert ev.pipeline_time_s >= max(ends) * (1 - 1e-12)
     if (gbit, S, m) in {(0.4, 3, 6), (0.4, 4, 8), (0.2, 3, 6), (0.2, 4, 8)}:  # [C3n] is the largest term
         assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("gbit,m,layout", [
+    (0.4, 6, ((2, 1), (1, 2), (2, 1), (1, 2))), (0.2, 8, ((1, 2), (2, 1), (1, 2))), (0.4, 4, ((2, 1), (1, 2), (2, 1))),
+    (0.8, 8, ((2, 2), (1, 4), (4, 1), (2, 2)))])
+def test_shared_nics_share_per_flow_as_the_simulator(gbit: float, m: int, layout: tuple[tuple[int, int], ...]) -> None:
+    """Stages of (dp, mbs) replicas on one 4-GPU node each: a stage's node NIC carries one flow per
+    replica pair whose rows overlap (a dp 1 mbs 4 stage receives 4 flows from a dp 4 mbs 1 one). The
+    simulator shares a NIC per flow; the kernel's [C3n] replay gives each message its flows' share
+    (``boundary_nic_seconds``' flow counts) and equals it to 1e-9, and so does evaluate's pipeline
+    time; with 2 and 4 flows meeting on one NIC (last case) an equal share per message would not."""
+    from hgopt.cost import build_tables
+    from hgopt.cost.evaluate import _shared_nic_inputs
+    from hgopt.cost.pipeline import replay_shared_nics
+
+    topo = tiny_topology(clusters=(("a", "A", 8, 4, 40.0),))
+    topo["clusters"][0]["inter_node"] = {"gbit_s": gbit}
+    S = len(layout)
+    inst = tiny_instance(global_batch=m * layout[0][0] * layout[0][1], topology=topo)
+    cuts = [(i, i + 1) for i in range(S - 1)] + [(S - 1, 4)]
+    plan = Plan(pipelines=(Pipeline(stages=tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster="a", dp=dp, mbs=mbs),))
+                                                 for (a, b), (dp, mbs) in zip(cuts, layout)), num_microbatches=m),))
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    st = list(ev.stages)
+    nics = _shared_nic_inputs(inst, build_tables(inst), plan.pipelines[0], st, [(0.0, 0.0)] * S, 1)
+    assert nics is not None
+    args = ([s.fwd_s for s in st], [s.bwd_s for s in st], [s.send_fwd_s for s in st], [s.send_bwd_s for s in st], m)
+    ends = replay_shared_nics(stage_ops, "1f1b", *args, *nics)
+    assert ends == pytest.approx([s.compute_end_s for s in sim.stages], rel=1e-9)
+    assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+    if layout == ((2, 2), (1, 4), (4, 1), (2, 2)):
+        equal = replay_shared_nics(stage_ops, "1f1b", *args, nics[0], nics[1], [e[:2] for e in nics[2]], [e[:2] for e in nics[3]])
+        assert max(equal) != pytest.approx(sim.pipeline_time_s, rel=1e-6)

@@ -195,7 +195,7 @@ def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
 
 
 # ---- pipeline time [C3] ----------------------------------------------------------------------
-_NicInputs = tuple[list[float], list[float], list[tuple[float, float]], list[tuple[float, float]]]
+_NicInputs = tuple[list[float], list[float], list[tuple[float, ...]], list[tuple[float, ...]]]
 
 
 def _shared_nic_inputs(inst: Instance, tables: CostTables, pipe: Pipeline, st: list[StageReport],
@@ -231,7 +231,7 @@ def _shared_nic_inputs(inst: Instance, tables: CostTables, pipe: Pipeline, st: l
             shared = True
     if not shared:
         return None
-    pad = [(0.0, 0.0)]
+    pad = [(0.0, 0.0, 1.0, 1.0)]
     return dly_f, dly_b, [n[0] for n in nic] + pad, [n[1] for n in nic] + pad
 
 
@@ -472,24 +472,56 @@ def stage_boundary_time(
 
 
 def boundary_nic_seconds(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
-                         copies: int = 1) -> tuple[tuple[float, float], tuple[float, float]]:
-    """[C3n] What boundary si's messages need of the node NICs at its ends, in seconds without latency
-    (the NIC part of [C4]'s ``nic_time`` on the fullest node of each side): ((forward: stage si's
-    outbound NIC, stage si + 1's inbound NIC), (backward: stage si + 1's outbound, stage si's
-    inbound)). A stage's outbound NIC also carries its other boundary's messages (``replay_shared_nics``)."""
-    flows = _boundary_flows(inst, tables, pipe, si, copies)
-    bound = pipe.boundary(si)
+                         copies: int = 1) -> tuple[tuple[float, float, float, float], tuple[float, float, float, float]]:
+    """[C3n] What boundary si's messages need of the node NICs at its ends: per direction (seconds of the
+    sending node's outbound NIC, of the receiving node's inbound NIC, flows on the first, flows on the
+    second), without latency, on the fullest node of each side (the NIC part of [C4]'s ``nic_time``).
+    Forward: stage si sends, stage si + 1 receives; backward the other way. A flow is one replica pair
+    whose rows overlap (the runner's pieces), summed over the ``copies`` identical pipelines that share
+    the nodes. A stage's outbound NIC also carries its other boundary's messages (``replay_shared_nics``)."""
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
     topo = inst.topology
+    samples: list[dict[tuple[str, int, int], int]] = [{}, {}]
+    pieces: list[dict[tuple[str, int, int], int]] = [{}, {}]
+    for c in range(copies):  # both sides tile the microbatch's rows in order: sweep them
+        pa, pb = _replica_nodes(topo, pipe.stages[si], c), _replica_nodes(topo, pipe.stages[si + 1], c)
+        i = j = 0
+        while i < len(pa) and j < len(pb):
+            (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+            n = min(ahi, bhi) - max(alo, blo)
+            if n > 0:
+                for side, key in ((0, ka), (1, kb)):
+                    samples[side][key] = samples[side].get(key, 0) + n
+                    pieces[side][key] = pieces[side].get(key, 0) + 1
+            if ahi <= bhi:
+                i += 1
+            else:
+                j += 1
+    bound = pipe.boundary(si)
     out = []
     for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
         nbytes = flows.per_sample * link_bytes_factor(inst.model.dtype, prec)
-        sides = [0.0, 0.0]  # (sending side, receiving side)
-        for k, (c, n) in enumerate(flows.node_samples):
-            nic = topo.cluster(c).inter_node
-            side = int((k >= flows.src_nodes) != backward)
-            sides[side] = max(sides[side], nic_time(nic, n * nbytes) - nic.latency_s if n > 0 else 0.0)
-        out.append((sides[0], sides[1]))
+        res = []
+        for side in ((1, 0) if backward else (0, 1)):  # (sender, receiver)
+            best = (0.0, 1.0)
+            for key, n in samples[side].items():
+                nic = topo.cluster(key[0]).inter_node
+                best = max(best, (nic_time(nic, n * nbytes) - nic.latency_s, float(pieces[side][key])))
+            res.append(best)
+        out.append((res[0][0], res[1][0], res[0][1], res[1][1]))
     return out[0], out[1]
+
+
+def _replica_nodes(topo: Topology, stage: Stage, copy: int) -> list[tuple[tuple[str, int, int], int, int]]:
+    """Every replica of ``stage`` in copy ``copy`` of its pipeline: ((cluster, group, node), first row,
+    end row), rows group after group, replica after replica, nodes as :func:`_node_pieces` places them."""
+    out, lo = [], 0
+    for gi, g in enumerate(stage.groups):
+        per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
+        for d in range(g.dp):
+            out.append(((g.cluster, gi, (copy * g.dp + d) // per_node), lo, lo + g.mbs))
+            lo += g.mbs
+    return out
 
 
 def boundary_latency(inst: Instance, pipe: Pipeline, si: int) -> tuple[float, float]:

@@ -302,8 +302,8 @@ def replay_shared_nics(
     num_microbatches: int,
     delay_f: Sequence[float],
     delay_b: Sequence[float],
-    nic_f: Sequence[tuple[float, float]],
-    nic_b: Sequence[tuple[float, float]],
+    nic_f: Sequence[tuple[float, ...]],
+    nic_b: Sequence[tuple[float, ...]],
 ) -> list[float]:
     """[C3n] The exact timeline of one pipeline of single-replica stages (as :func:`replay_stage_ends`,
     the runner's order) when each stage's node NIC is shared, per direction, by the messages of both
@@ -315,8 +315,10 @@ def replay_shared_nics(
     [C3x]) for ``send − delay`` seconds when alone; ``nic_f[i]`` = (seconds the forward message needs
     of stage i's outbound NIC alone, of stage i + 1's inbound NIC alone), ``nic_b[i]`` = (of stage
     i + 1's outbound, of stage i's inbound). Concurrent messages on one NIC direction share it equally
-    (processor sharing, as ``hgopt.simulate``'s NIC resources): a message progresses at the smallest of
-    1 / occupancy and, per NIC it crosses, 1 / (its NIC seconds · messages on that NIC). It arrives
+    per flow (processor sharing, as ``hgopt.simulate``'s NIC resources): an entry may carry two more
+    numbers, the flows (replica pairs) the message is on that NIC (default 1 each), and a message of n
+    flows among N on a NIC gets n / N of it. A message progresses at the smallest of 1 / occupancy
+    and, per NIC it crosses, (n / N) / its NIC seconds. It arrives
     ``delay`` (latency and (de)quantisation) after its last byte leaves. Returns each stage's last
     operation end; with no NIC seconds (or none concurrent) it equals :func:`replay_stage_ends` with
     ``latency = delay``. O(events · S)."""
@@ -333,21 +335,22 @@ def replay_shared_nics(
     arrivals: list[tuple[float, str, int, int]] = []
     now = 0.0
 
-    def resources(kind: str, i: int) -> tuple[tuple[tuple[str, int], float], ...]:
-        out_s, in_s, (w_out, w_in) = (i, i + 1, nic_f[i]) if kind == "F" else (i + 1, i, nic_b[i])
-        return tuple((r, w) for r, w in ((("out", out_s), w_out), (("in", in_s), w_in)) if w > 0)
+    def resources(kind: str, i: int) -> tuple[tuple[tuple[str, int], float, float], ...]:
+        out_s, in_s, e = (i, i + 1, nic_f[i]) if kind == "F" else (i + 1, i, nic_b[i])
+        n_out, n_in = (e[2], e[3]) if len(e) > 2 else (1.0, 1.0)
+        return tuple((r, w, n) for r, w, n in ((("out", out_s), e[0], n_out), (("in", in_s), e[1], n_in)) if w > 0)
 
     def start_next(ch: tuple[str, int]) -> None:
         q = queues.get(ch)
         if q:
             active.append(q[0])
 
-    def rate(k: int, users: dict[tuple[str, int], int]) -> float:
+    def rate(k: int, users: dict[tuple[str, int], float]) -> float:
         msg = msgs[k]
         occ = float(msg[4])  # type: ignore[arg-type]
         r = 1.0 / occ
-        for res, w in msg[6]:  # type: ignore[attr-defined]
-            r = min(r, 1.0 / (w * users[res]))
+        for res, w, n in msg[6]:  # type: ignore[attr-defined]
+            r = min(r, n / (users[res] * w))
         return r
 
     left = sum(len(o) for o in orders)
@@ -358,10 +361,10 @@ def replay_shared_nics(
                 first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
                 if first or (kind, s, i) in got:
                     running[s] = max(clock[s], now) + (fwd[s] if kind == "F" else bwd[s])
-        users: dict[tuple[str, int], int] = {}
+        users: dict[tuple[str, int], float] = {}
         for k in active:
-            for res, _ in msgs[k][6]:  # type: ignore[attr-defined]
-                users[res] = users.get(res, 0) + 1
+            for res, _, n in msgs[k][6]:  # type: ignore[attr-defined]
+                users[res] = users.get(res, 0.0) + n
         rates = {k: rate(k, users) for k in active}
         t_next = min([e for e in running if e is not None] + [now + float(msgs[k][3]) / rates[k] for k in active]  # type: ignore[arg-type]
                      + [a[0] for a in arrivals], default=math.inf)
