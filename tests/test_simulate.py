@@ -431,3 +431,102 @@ def test_a_segment_is_one_zero1_bucket_only_when_the_export_shards_it(tps: tuple
     assert len([e for e in sim.events if e.kind == "sync" and e.pipeline == 0]) == buckets
     ev = evaluate(plan, inst)
     assert sim.iteration_time_s == pytest.approx(getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s), rel=1e-9)
+
+
+# ---- [C3n]: a stage's node NIC carries both its boundaries' messages, per direction -------------------
+def test_shared_nic_replay_hand_computed() -> None:
+    """3 stages, f = b = 0.5 s, m = 2; boundary 0 occupies 1 s each way, boundary 1 4 s forward and
+    0.5 s backward, all of it NIC time on both ends (no latency). Stage 1's outbound NIC carries its
+    forward of microbatch 1 to stage 2 (queued behind microbatch 0's, it starts at 6 and is half done
+    at 8) and, from 8, its backward of microbatch 0 to stage 0: they share it, 1/8 and 1/2 of a message
+    per second, so the backward ends at 10 and the forward (0.25 left, then alone) at 11. Then stage
+    2 runs F1, B1 over [11, 12]; B1 reaches stage 1 at 12.5, stage 1 ends at 13, its message reaches
+    stage 0 at 14, which ends at 14.5. Without the sharing ([C3x]) the forward ends at 10 and every
+    stage 1 s earlier."""
+    from hgopt.cost.pipeline import replay_shared_nics, replay_stage_ends
+
+    f = b = [0.5] * 3
+    cf, cb, z = [1.0, 4.0, 0.0], [1.0, 0.5, 0.0], [0.0] * 3
+    nic_f, nic_b = [(1.0, 1.0), (4.0, 4.0), (0.0, 0.0)], [(1.0, 1.0), (0.5, 0.5), (0.0, 0.0)]
+    assert replay_shared_nics(stage_ops, "1f1b", f, b, cf, cb, 2, z, z, nic_f, nic_b) == pytest.approx(
+        [14.5, 13.0, 12.0], rel=1e-12)
+    assert replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, 2, z, z) == pytest.approx([13.5, 12.0, 11.0], rel=1e-12)
+
+
+def test_shared_nic_replay_without_nic_time_is_the_plain_replay() -> None:
+    import random
+
+    from hgopt.cost.pipeline import replay_shared_nics, replay_stage_ends
+
+    rng = random.Random(7)
+    for _ in range(60):
+        S, m = rng.randint(1, 5), rng.randint(1, 9)
+        f = [rng.uniform(0.01, 0.1) for _ in range(S)]
+        b = [2 * x for x in f]
+        cf = [rng.uniform(0, 0.3) for _ in range(S - 1)] + [0.0]
+        cb = [rng.uniform(0, 0.3) for _ in range(S - 1)] + [0.0]
+        lf, lb = [rng.uniform(0, 1) * c for c in cf], [rng.uniform(0, 1) * c for c in cb]
+        z = [(0.0, 0.0)] * S
+        assert replay_shared_nics(stage_ops, "1f1b", f, b, cf, cb, m, lf, lb, z, z) == pytest.approx(
+            replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lf, lb), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("gbit,S,m", [(0.4, 3, 2), (0.4, 3, 6), (0.4, 4, 8), (0.2, 3, 6), (0.2, 4, 8), (0.2, 4, 3),
+                                      (0.8, 4, 8)])
+def test_shared_nics_agree_with_the_simulator(gbit: float, S: int, m: int) -> None:
+    """One cluster of single-GPU nodes whose NIC (0.2-0.8 Gbit/s, no latency) makes a 1e6-byte message
+    10-40 ms, longer than a stage's forward (10 ms): a middle stage's outbound NIC carries its
+    activations forward and its gradients back at once, its inbound NIC both arrivals. The kernel's
+    [C3n] replay (evaluate's NIC seconds per boundary) equals the simulator's NIC resources to 1e-9,
+    stage by stage; where it binds, evaluate's pipeline time is that replay, and it is never below it."""
+    from hgopt.cost import build_tables
+    from hgopt.cost.evaluate import _shared_nic_inputs
+    from hgopt.cost.pipeline import replay_shared_nics
+
+    topo = tiny_topology(clusters=(("a", "A", 4, 1, 40.0),))
+    topo["clusters"][0]["inter_node"] = {"gbit_s": gbit}
+    inst = tiny_instance(global_batch=m, topology=topo)
+    plan = _plan(m, *[(i, i + 1, "a") for i in range(S - 1)], (S - 1, 4, "a"))
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    st = list(ev.stages)
+    nics = _shared_nic_inputs(inst, build_tables(inst), plan.pipelines[0], st, [(0.0, 0.0)] * S, 1)
+    assert nics is not None
+    ends = replay_shared_nics(stage_ops, "1f1b", [s.fwd_s for s in st], [s.bwd_s for s in st],
+                              [s.send_fwd_s for s in st], [s.send_bwd_s for s in st], m, *nics)
+    assert ends == pytest.approx([s.compute_end_s for s in sim.stages], rel=1e-9)
+    assert ev.pipeline_time_s >= max(ends) * (1 - 1e-12)
+    if (gbit, S, m) in {(0.4, 3, 6), (0.4, 4, 8), (0.2, 3, 6), (0.2, 4, 8)}:  # [C3n] is the largest term
+        assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("gbit,m,layout", [
+    (0.4, 6, ((2, 1), (1, 2), (2, 1), (1, 2))), (0.2, 8, ((1, 2), (2, 1), (1, 2))), (0.4, 4, ((2, 1), (1, 2), (2, 1))),
+    (0.8, 8, ((2, 2), (1, 4), (4, 1), (2, 2)))])
+def test_shared_nics_share_per_flow_as_the_simulator(gbit: float, m: int, layout: tuple[tuple[int, int], ...]) -> None:
+    """Stages of (dp, mbs) replicas on one 4-GPU node each: a stage's node NIC carries one flow per
+    replica pair whose rows overlap (a dp 1 mbs 4 stage receives 4 flows from a dp 4 mbs 1 one). The
+    simulator shares a NIC per flow; the kernel's [C3n] replay gives each message its flows' share
+    (``boundary_nic_seconds``' flow counts) and equals it to 1e-9, and so does evaluate's pipeline
+    time; with 2 and 4 flows meeting on one NIC (last case) an equal share per message would not."""
+    from hgopt.cost import build_tables
+    from hgopt.cost.evaluate import _shared_nic_inputs
+    from hgopt.cost.pipeline import replay_shared_nics
+
+    topo = tiny_topology(clusters=(("a", "A", 8, 4, 40.0),))
+    topo["clusters"][0]["inter_node"] = {"gbit_s": gbit}
+    S = len(layout)
+    inst = tiny_instance(global_batch=m * layout[0][0] * layout[0][1], topology=topo)
+    cuts = [(i, i + 1) for i in range(S - 1)] + [(S - 1, 4)]
+    plan = Plan(pipelines=(Pipeline(stages=tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster="a", dp=dp, mbs=mbs),))
+                                                 for (a, b), (dp, mbs) in zip(cuts, layout)), num_microbatches=m),))
+    ev, sim = evaluate(plan, inst), simulate(plan, inst)
+    st = list(ev.stages)
+    nics = _shared_nic_inputs(inst, build_tables(inst), plan.pipelines[0], st, [(0.0, 0.0)] * S, 1)
+    assert nics is not None
+    args = ([s.fwd_s for s in st], [s.bwd_s for s in st], [s.send_fwd_s for s in st], [s.send_bwd_s for s in st], m)
+    ends = replay_shared_nics(stage_ops, "1f1b", *args, *nics)
+    assert ends == pytest.approx([s.compute_end_s for s in sim.stages], rel=1e-9)
+    assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+    if layout == ((2, 2), (1, 4), (4, 1), (2, 2)):
+        equal = replay_shared_nics(stage_ops, "1f1b", *args, nics[0], nics[1], [e[:2] for e in nics[2]], [e[:2] for e in nics[3]])
+        assert max(equal) != pytest.approx(sim.pipeline_time_s, rel=1e-6)

@@ -23,6 +23,7 @@ from hgopt.cost.pipeline import (
     path_time,
     pipeline_bottleneck,
     pipeline_time,
+    replay_shared_nics,
     round_trip_pace,
 )
 from hgopt.cost.tables import (
@@ -43,6 +44,7 @@ __all__ = [
     "StageReport",
     "boundary_cast_times",
     "boundary_latency",
+    "boundary_nic_seconds",
     "evaluate",
     "quantisation_time",
     "segment_allreduce",
@@ -147,7 +149,8 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
             reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe])
                        for si in range(len(pipe.stages))]
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
-            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat))
+            nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
+            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
@@ -192,8 +195,49 @@ def _infeasible(plan: Plan, violations: list[str]) -> Evaluation:
 
 
 # ---- pipeline time [C3] ----------------------------------------------------------------------
+_NicInputs = tuple[list[float], list[float], list[tuple[float, ...]], list[tuple[float, ...]]]
+
+
+def _shared_nic_inputs(inst: Instance, tables: CostTables, pipe: Pipeline, st: list[StageReport],
+                       latency: Sequence[tuple[float, float]], copies: int) -> _NicInputs | None:
+    """[C3n] The inputs of ``pipeline.replay_shared_nics`` for a 1F1B pipeline (delays: latency plus
+    (de)quantisation; NIC seconds per boundary), or None when no stage's NIC can carry two messages
+    at once: a middle stage s's outbound NIC carries its forward message to s + 1 (o^f_s) and its
+    backward message to s − 1 (o^b_{s−1}), which start at least b_s (resp. f_s) apart, so they overlap
+    only if o^f_s > b_s or o^b_{s−1} > f_s; its inbound NIC is taken as shared when one of its two
+    messages is longer than min(f_s, b_s). Either also needs both messages to be NIC bound enough that
+    half the NIC is slower than the message alone (2·nic > occupancy)."""
+    S = len(st)
+    if pipe.schedule != "1f1b" or S < 3:
+        return None
+    casts = [boundary_cast_times(inst, tables, pipe, i) for i in range(S - 1)]
+    dly_f = [latency[i][0] + casts[i][0] for i in range(S - 1)] + [0.0]
+    dly_b = [latency[i][1] + casts[i][1] for i in range(S - 1)] + [0.0]
+    occ_f = [st[i].send_fwd_s - dly_f[i] for i in range(S - 1)]
+    occ_b = [st[i].send_bwd_s - dly_b[i] for i in range(S - 1)]
+    nic = [boundary_nic_seconds(inst, tables, pipe, i, copies) for i in range(S - 1)]
+
+    def binds(w: float, occ: float) -> bool:
+        return occ > 0 and 2.0 * w > occ
+
+    shared = False
+    for s in range(1, S - 1):
+        f, b = st[s].fwd_s, st[s].bwd_s
+        out_f, out_b = (nic[s][0][0], occ_f[s]), (nic[s - 1][1][0], occ_b[s - 1])
+        in_f, in_b = (nic[s - 1][0][1], occ_f[s - 1]), (nic[s][1][1], occ_b[s])
+        if binds(*out_f) and binds(*out_b) and (out_f[1] > b or out_b[1] > f):
+            shared = True
+        if binds(*in_f) and binds(*in_b) and max(in_f[1], in_b[1]) > min(f, b):
+            shared = True
+    if not shared:
+        return None
+    pad = [(0.0, 0.0, 1.0, 1.0)]
+    return dly_f, dly_b, [n[0] for n in nic] + pad, [n[1] for n in nic] + pad
+
+
 def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
-                     latency: Sequence[tuple[float, float]] | None = None) -> PipelineReport:
+                     latency: Sequence[tuple[float, float]] | None = None,
+                     nics: _NicInputs | None = None) -> PipelineReport:
     """[C3] composition of one pipeline; for 1F1B the larger of it and the dependency-path form [C3p]
     (``pipeline.path_time``, a lower bound of the exact timeline [C3x]): [C3] alone is optimistic where a
     slow link queues the warm-up forwards and cool-down backwards (``bench/cost_fidelity.py``). The max
@@ -210,6 +254,10 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
         lat_f = [a for a, _ in latency] if latency is not None else None
         lat_b = [b for _, b in latency] if latency is not None else None
         time_s = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
+    if nics is not None:  # [C3n]: a stage's NIC carries both its boundaries' messages, per direction
+        from hgopt.runner.schedule import stage_ops  # the runner's order (torch-free, no hgopt imports)
+
+        time_s = max(time_s, max(replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics)))
     return PipelineReport(
         index=index,
         num_microbatches=m,
@@ -298,6 +346,8 @@ class _Flows:
     """(cluster, samples) per node of either stage that sends or receives across the boundary"""
     cross_flow_max: dict[tuple[str, str], int]
     """(sending cluster, receiving cluster) -> samples of the largest node-pair flow between them"""
+    src_nodes: int = 0
+    """``node_samples[:src_nodes]`` are stage si's nodes, the rest stage si + 1's."""
 
 
 def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int = 1,
@@ -343,7 +393,8 @@ def _boundary_flows(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
         if ka[0] != kb[0]:
             flow_max[(ka[0], kb[0])] = max(flow_max.get((ka[0], kb[0]), 0), n)
     node_list = [(k[0], n) for k, n in node_a.items()] + [(k[0], n) for k, n in node_b.items()]
-    return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=node_list, cross_flow_max=flow_max)
+    return _Flows(per_sample=per_sample, cross=cross, pieces=pieces, node_samples=node_list, cross_flow_max=flow_max,
+                  src_nodes=len(node_a))
 
 
 def _node_pieces(topo: Topology, stage: Stage, copies: int) -> list[list[tuple[tuple[str, int, int], int, int]]]:
@@ -418,6 +469,59 @@ def stage_boundary_time(
         pieces = [(b, a, n) for a, b, n in flows.pieces] if backward else flows.pieces
         out.append(t + quantisation_time(inst, prec, factor, flows.per_sample, pieces))
     return out[0], out[1]
+
+
+def boundary_nic_seconds(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
+                         copies: int = 1) -> tuple[tuple[float, float, float, float], tuple[float, float, float, float]]:
+    """[C3n] What boundary si's messages need of the node NICs at its ends: per direction (seconds of the
+    sending node's outbound NIC, of the receiving node's inbound NIC, flows on the first, flows on the
+    second), without latency, on the fullest node of each side (the NIC part of [C4]'s ``nic_time``).
+    Forward: stage si sends, stage si + 1 receives; backward the other way. A flow is one replica pair
+    whose rows overlap (the runner's pieces), summed over the ``copies`` identical pipelines that share
+    the nodes. A stage's outbound NIC also carries its other boundary's messages (``replay_shared_nics``)."""
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
+    topo = inst.topology
+    samples: list[dict[tuple[str, int, int], int]] = [{}, {}]
+    pieces: list[dict[tuple[str, int, int], int]] = [{}, {}]
+    for c in range(copies):  # both sides tile the microbatch's rows in order: sweep them
+        pa, pb = _replica_nodes(topo, pipe.stages[si], c), _replica_nodes(topo, pipe.stages[si + 1], c)
+        i = j = 0
+        while i < len(pa) and j < len(pb):
+            (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+            n = min(ahi, bhi) - max(alo, blo)
+            if n > 0:
+                for side, key in ((0, ka), (1, kb)):
+                    samples[side][key] = samples[side].get(key, 0) + n
+                    pieces[side][key] = pieces[side].get(key, 0) + 1
+            if ahi <= bhi:
+                i += 1
+            else:
+                j += 1
+    bound = pipe.boundary(si)
+    out = []
+    for prec, backward in ((bound.fwd, False), (bound.bwd, True)):
+        nbytes = flows.per_sample * link_bytes_factor(inst.model.dtype, prec)
+        res = []
+        for side in ((1, 0) if backward else (0, 1)):  # (sender, receiver)
+            best = (0.0, 1.0)
+            for key, n in samples[side].items():
+                nic = topo.cluster(key[0]).inter_node
+                best = max(best, (nic_time(nic, n * nbytes) - nic.latency_s, float(pieces[side][key])))
+            res.append(best)
+        out.append((res[0][0], res[1][0], res[0][1], res[1][1]))
+    return out[0], out[1]
+
+
+def _replica_nodes(topo: Topology, stage: Stage, copy: int) -> list[tuple[tuple[str, int, int], int, int]]:
+    """Every replica of ``stage`` in copy ``copy`` of its pipeline: ((cluster, group, node), first row,
+    end row), rows group after group, replica after replica, nodes as :func:`_node_pieces` places them."""
+    out, lo = [], 0
+    for gi, g in enumerate(stage.groups):
+        per_node = replicas_per_node(topo.cluster(g.cluster).gpus_per_node, g.tp)
+        for d in range(g.dp):
+            out.append(((g.cluster, gi, (copy * g.dp + d) // per_node), lo, lo + g.mbs))
+            lo += g.mbs
+    return out
 
 
 def boundary_latency(inst: Instance, pipe: Pipeline, si: int) -> tuple[float, float]:

@@ -9,6 +9,7 @@ and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Literal, Sequence, TypeVar
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "pipeline_bottleneck",
     "path_time",
     "pipeline_time",
+    "replay_shared_nics",
     "replay_stage_ends",
     "round_trip_pace",
     "stage_pace",
@@ -288,3 +290,119 @@ def path_time(
                     tail = max(tail, f[s] + below[s] + b[s] + (m - 2 - k - w) * b[s])
                 best = max(best, ahead[s] + back[s] + head + q * trip + tail)
     return best
+
+
+def replay_shared_nics(
+    stage_ops: StageOps,
+    schedule: str,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    delay_f: Sequence[float],
+    delay_b: Sequence[float],
+    nic_f: Sequence[tuple[float, ...]],
+    nic_b: Sequence[tuple[float, ...]],
+) -> list[float]:
+    """[C3n] The exact timeline of one pipeline of single-replica stages (as :func:`replay_stage_ends`,
+    the runner's order) when each stage's node NIC is shared, per direction, by the messages of both
+    its boundaries: stage s's outbound NIC carries its activations to s + 1 AND its gradients to s − 1,
+    its inbound NIC the activations from s − 1 AND the gradients from s + 1 (NICs are full duplex: in
+    and out do not compete; ``formulations/cost_model.md`` [C3n]).
+
+    A message of boundary i occupies its boundary direction (one message at a time, in order, as in
+    [C3x]) for ``send − delay`` seconds when alone; ``nic_f[i]`` = (seconds the forward message needs
+    of stage i's outbound NIC alone, of stage i + 1's inbound NIC alone), ``nic_b[i]`` = (of stage
+    i + 1's outbound, of stage i's inbound). Concurrent messages on one NIC direction share it equally
+    per flow (processor sharing, as ``hgopt.simulate``'s NIC resources): an entry may carry two more
+    numbers, the flows (replica pairs) the message is on that NIC (default 1 each), and a message of n
+    flows among N on a NIC gets n / N of it. A message progresses at the smallest of 1 / occupancy
+    and, per NIC it crosses, (n / N) / its NIC seconds. It arrives
+    ``delay`` (latency and (de)quantisation) after its last byte leaves. Returns each stage's last
+    operation end; with no NIC seconds (or none concurrent) it equals :func:`replay_stage_ends` with
+    ``latency = delay``. O(events · S)."""
+    S, m = len(fwd), num_microbatches
+    orders = [[(str(getattr(op, "kind")), int(getattr(op, "microbatch"))) for op in stage_ops(schedule, s, S, m)]
+              for s in range(S)]
+    ptr, clock = [0] * S, [0.0] * S
+    running: list[float | None] = [None] * S  # end of the running operation
+    got: set[tuple[str, int, int]] = set()  # (kind, stage, microbatch) whose input has arrived
+    queues: dict[tuple[str, int], list[int]] = {}  # (direction, boundary) -> messages waiting, in order
+    # message: [direction, boundary, microbatch, remaining fraction, occupancy, delay, ((nic, seconds), ...)]
+    msgs: list[list[object]] = []
+    active: list[int] = []
+    arrivals: list[tuple[float, str, int, int]] = []
+    now = 0.0
+
+    def resources(kind: str, i: int) -> tuple[tuple[tuple[str, int], float, float], ...]:
+        out_s, in_s, e = (i, i + 1, nic_f[i]) if kind == "F" else (i + 1, i, nic_b[i])
+        n_out, n_in = (e[2], e[3]) if len(e) > 2 else (1.0, 1.0)
+        return tuple((r, w, n) for r, w, n in ((("out", out_s), e[0], n_out), (("in", in_s), e[1], n_in)) if w > 0)
+
+    def start_next(ch: tuple[str, int]) -> None:
+        q = queues.get(ch)
+        if q:
+            active.append(q[0])
+
+    def rate(k: int, users: dict[tuple[str, int], float]) -> float:
+        msg = msgs[k]
+        occ = float(msg[4])  # type: ignore[arg-type]
+        r = 1.0 / occ
+        for res, w, n in msg[6]:  # type: ignore[attr-defined]
+            r = min(r, n / (users[res] * w))
+        return r
+
+    left = sum(len(o) for o in orders)
+    while left or active or arrivals:
+        for s in range(S):  # start every operation whose input is there
+            if running[s] is None and ptr[s] < len(orders[s]):
+                kind, i = orders[s][ptr[s]]
+                first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
+                if first or (kind, s, i) in got:
+                    running[s] = max(clock[s], now) + (fwd[s] if kind == "F" else bwd[s])
+        users: dict[tuple[str, int], float] = {}
+        for k in active:
+            for res, _, n in msgs[k][6]:  # type: ignore[attr-defined]
+                users[res] = users.get(res, 0.0) + n
+        rates = {k: rate(k, users) for k in active}
+        t_next = min([e for e in running if e is not None] + [now + float(msgs[k][3]) / rates[k] for k in active]  # type: ignore[arg-type]
+                     + [a[0] for a in arrivals], default=math.inf)
+        if math.isinf(t_next):
+            raise ValueError("the schedule deadlocks")
+        dt = t_next - now
+        done = [k for k in active if now + float(msgs[k][3]) / rates[k] <= t_next]  # type: ignore[arg-type]
+        for k in active:
+            msgs[k][3] = 0.0 if k in done else float(msgs[k][3]) - rates[k] * dt  # type: ignore[arg-type]
+        now = t_next
+        for k in done:
+            kind, i, mb = str(msgs[k][0]), int(msgs[k][1]), int(msgs[k][2])  # type: ignore[call-overload]
+            active.remove(k)
+            arrivals.append((now + float(msgs[k][5]), kind, i, mb))  # type: ignore[arg-type]
+            ch = (kind, i)
+            queues[ch].pop(0)
+            start_next(ch)
+        for a in [a for a in arrivals if a[0] <= now]:
+            arrivals.remove(a)
+            _, kind, i, mb = a
+            got.add((kind, i + 1 if kind == "F" else i, mb))
+        for s in range(S):
+            end = running[s]
+            if end is None or end > now:
+                continue
+            kind, i = orders[s][ptr[s]]
+            clock[s], running[s], ptr[s], left = end, None, ptr[s] + 1, left - 1
+            if (kind == "F" and s + 1 < S) or (kind == "B" and s > 0):
+                bnd = s if kind == "F" else s - 1
+                occ = (send_f[bnd] - delay_f[bnd]) if kind == "F" else (send_b[bnd] - delay_b[bnd])
+                dl = delay_f[bnd] if kind == "F" else delay_b[bnd]
+                if occ <= 0:
+                    arrivals.append((now + dl, kind, bnd, i))
+                    continue
+                msgs.append([kind, bnd, i, 1.0, occ, dl, resources(kind, bnd)])
+                ch = (kind, bnd)
+                q = queues.setdefault(ch, [])
+                q.append(len(msgs) - 1)
+                if len(q) == 1:
+                    start_next(ch)
+    return clock
