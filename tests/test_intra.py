@@ -110,32 +110,57 @@ def test_best_local_plan_equals_brute_force(seed: int) -> None:
     assert all(st.microbatch == microbatch for st in got.stages)
 
 
+def _tail_floor(ev) -> float:  # type: ignore[no-untyped-def]
+    """[C7o] The first stage's tail floor from evaluate's own stage-0 numbers: exposed_sync_floor
+    (ZeRO-1) of its [C5] sync, its backward, the last bucket's ring latency terms (0: the factories'
+    intra-cluster links have no latency), + its optimizer."""
+    from hgopt.cost.gradsync import exposed_sync_floor
+
+    r = ev.stages[0]
+    return float(exposed_sync_floor(r.sync_s, r.bwd_s, 0.0, zero=True)) + r.optimizer_s
+
+
 def test_local_plan_numbers_agree_with_evaluate() -> None:
-    """Single-cluster full plan: evaluate's iteration time = (m−1)·bottleneck + fill + sync_opt."""
+    """Single-cluster full plan: evaluate's pipeline = (m−1)·bottleneck + fill exactly, and sync_opt is
+    the [C7o] floor of stage 0's tail from evaluate's own sync, backward and optimizer numbers, at most
+    the tail evaluate finds under every bucket size and overlap setting."""
+    import dataclasses
+
     inst = _instance(special_model(8), mem_gb=40.0, batch=16, gpn=4)
     tables = build_tables(inst)
     grp = ReplicaGroup(cluster="a", tp=1, dp=2, mbs=2)
     stages = tuple(Stage(start=lo, end=hi, groups=(grp,), zero=1) for lo, hi in ((0, 3), (3, 6), (6, 8)))
     lp = local_plan_costs(inst, tables, "a", stages)
-    ev = evaluate(Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=4),)), inst, tables)
+    plan = Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=4),))
+    ev = evaluate(plan, inst, tables)
     assert ev.feasible
     assert ev.pipelines[0].bottleneck_s == pytest.approx(lp.bottleneck_s, rel=1e-13)
     assert ev.pipelines[0].fill_drain_s == pytest.approx(lp.fill_s, rel=1e-13)
-    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
-    assert ev.iteration_time_s == pytest.approx(lp.objective(4), rel=1e-13)
+    assert ev.pipeline_time_s == pytest.approx(lp.objective(4) - lp.sync_opt_s, rel=1e-13)
+    assert lp.sync_opt_s == pytest.approx(_tail_floor(ev), rel=1e-13)
+    for mb, overlap in itertools.product((1e-6, 25.0, 1e6), (True, False)):
+        other = evaluate(dataclasses.replace(plan, grad_bucket_mb=mb, overlap_grad_sync=overlap), inst, tables)
+        assert other.iteration_time_s >= lp.objective(4) * (1 - 1e-12), (mb, overlap)
 
 
 def test_replicas_enter_the_gradient_ring_like_identical_pipelines_in_evaluate() -> None:
-    inst = _instance(special_model(6), mem_gb=40.0, batch=16, gpn=8)
+    """NVLink slowed to 0.05 GB/s so that the sync is not hidden by the backward: the tail floor of
+    two replicas is evaluate's for two identical pipelines (their ring), not the single pipeline's."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 8, 40.0), ("b", "B", 8, 2, 40.0)))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": 0.05}
+    inst = tiny_instance(global_batch=16, model=special_model(6), topology=topo)
     tables = build_tables(inst)
     lp = best_local_plan(inst, tables, "a", 0, 6, microbatch=2, num_microbatches=4, gpu_budget=4, replicas=2)
     assert lp is not None
     pipe = Pipeline(stages=lp.stages, num_microbatches=4)
     ev = evaluate(Plan(pipelines=(pipe, pipe)), inst, tables)
     assert ev.feasible
-    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
+    assert lp.sync_opt_s == pytest.approx(_tail_floor(ev), rel=1e-13)  # evaluate's ring of both pipelines
+    assert ev.sync_optimizer_time_s >= lp.sync_opt_s
     single = local_plan_costs(inst, tables, "a", lp.stages)
     assert single.sync_opt_s != pytest.approx(lp.sync_opt_s)  # the ring size matters
+    half = tiny_instance(global_batch=8, model=special_model(6), topology=topo)  # one pipeline's batch
+    assert single.sync_opt_s == pytest.approx(_tail_floor(evaluate(Plan(pipelines=(pipe,)), half)), rel=1e-13)
 
 
 @pytest.mark.parametrize("seed", range(8))

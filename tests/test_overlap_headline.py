@@ -51,18 +51,34 @@ def test_overlapped_headline_hand_computed() -> None:
     # one bucket for the whole stage, overlap on: ready only when the backward ends, 0.16 s
     one = evaluate(Plan(pipelines=(pipe,), grad_bucket_mb=100.0), inst)
     assert one.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.004, rel=1e-12)
-    # ZeRO-1: one bucket whatever the cap, optimizer sharded over the 2 replicas
-    z = evaluate(Plan(pipelines=(Pipeline(stages=(dataclasses.replace(st[0], zero=1),), num_microbatches=4),),
-                      grad_bucket_mb=5.0), inst)
-    assert z.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.002, rel=1e-12)
+    # ZeRO-1, optimizer sharded over the 2 replicas (0.002 s): each 5 MiB bucket is reduce-scattered
+    # in half an all-reduce, 0.02 s: layer 3 at 0.42-0.44, 2 at 0.44-0.46, 1 at 0.46-0.48, 0 at
+    # 0.48-0.50; optimizer to 0.502; all-gather of the 16e6 bytes, half of 0.16: 0.582 s
+    zst = (dataclasses.replace(st[0], zero=1),)
+    z = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=5.0), inst)
+    assert z.stages[0].sync_end_s == pytest.approx(0.50, rel=1e-12)
+    assert z.iteration_time_s == pytest.approx(0.582, rel=1e-12)
+    # one bucket: reduce-scatter 0.08 after the backward, optimizer, all-gather 0.08 (= [C7]'s 0.16 + 0.002)
+    z1 = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=100.0), inst)
+    assert z1.iteration_time_s == pytest.approx(0.48 + 0.08 + 0.002 + 0.08, rel=1e-12)
+    zoff = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=5.0,
+                         overlap_grad_sync=False), inst)
+    assert zoff.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.002, rel=1e-12)  # [C7]
 
 
 def test_exposed_sync_floor_bounds_the_hand_computed_schedule() -> None:
     """The search's floor of the exposed sync: max(last bucket, sync − backward) = max(0.04, 0.16 −
-    0.08) = 0.08 <= the 0.10 s the schedule above runs past the backward; one bucket: the whole 0.16."""
+    0.08) = 0.08 <= the 0.10 s the schedule above runs past the backward; one bucket: the whole 0.16.
+    ZeRO-1: reduce-scatter max(0.02, 0.08 − 0.08) = 0.02 + all-gather 0.08 = 0.10 (the schedule above:
+    sync ends 0.02 after the backward, all-gather 0.08: 0.10 exactly), the smaller of that and the
+    all-reduce floor 0.08 (another holder might not shard)."""
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False) == pytest.approx(0.08)
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=True) == 0.16
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False, overlap=False) == 0.16
+    assert exposed_sync_floor(0.16, 0.08, 0.04, zero=True) == pytest.approx(0.08)
+    assert exposed_sync_floor(0.16, 0.16, 0.04, zero=True) == pytest.approx(min(0.04, 0.02 + 0.08))
+    assert exposed_sync_floor(0.16, 0.0, 0.04, zero=True) == pytest.approx(0.16)
+    assert exposed_sync_floor(0.16, 0.08, 0.04, zero=True, overlap=False) == 0.16
 
 
 # ---- [C5w] per bucket --------------------------------------------------------------------------------
