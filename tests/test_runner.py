@@ -263,10 +263,24 @@ def test_zero1_resume_refuses_a_mismatched_checkpoint(runs: dict[str, tuple[Runn
     sg = zero_rp.sync_groups[0]
     model = build_stage(zero_rp.model, sg.start, sg.end, dtype="float64")
     z = ZeroShard(0, sg, None, 0, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end])
-    assert (z.lo, z.hi) == (0, math.ceil(z.numel / 2))
+    assert z.ranges == ((0, math.ceil(z.numel / 2)),)  # one bucket: the first half of the flat vector
     opt = make_optimizer(zero_rp, model, optimizer_params(model, (z,)))
     assert restore(zero_rp, 0, model, opt, TpGroup(), zero_out, (z,)) == 3
-    assert opt.state[z.shard]["exp_avg"].shape == (z.hi - z.lo,) and len(opt.state) == 1
+    assert opt.state[z.shard]["exp_avg"].shape == (math.ceil(z.numel / 2),) and len(opt.state) == 1
+    # the same checkpoint resumed with one bucket per layer: member 0's slice of every layer
+    zb = ZeroShard(0, sg, None, 0, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end],
+                   cap_bytes=1.0)
+    assert len(zb.buckets) == sg.end - sg.start and len(zb.ranges) == len(zb.buckets)
+    optb = make_optimizer(zero_rp, model, optimizer_params(model, (zb,)))
+    assert restore(zero_rp, 0, model, optb, TpGroup(), zero_out, (zb,)) == 3
+    whole = torch.zeros(z.numel, dtype=torch.float64)
+    whole[: math.ceil(z.numel / 2)] = opt.state[z.shard]["exp_avg"]
+    checked = 0
+    for (lo, hi), got in zip(zb.ranges, torch.split(optb.state[zb.shard]["exp_avg"], [h - l for l, h in zb.ranges])):
+        if hi <= math.ceil(z.numel / 2):  # what member 0 of the saving run held, read back at its place
+            assert torch.equal(got, whole[lo:hi])
+            checked += 1
+    assert checked >= 1
     with pytest.raises(ValueError, match=r"no ZeRO-1 optimizer slices for sync group 0 .*saved without zero 1"):
         restore(zero_rp, 0, model, make_optimizer(zero_rp, model, optimizer_params(model, (z,))), TpGroup(), plain_out, (z,))
     with pytest.raises(ValueError, match=r"has no optimizer state for layers\.0\..*saved with ZeRO-1"):
