@@ -122,6 +122,7 @@ class ZeroShard:
         self.names = tuple(n for n, _ in params)
         self.params = tuple(p for _, p in params)
         self.numel = sum(p.numel() for p in self.params)
+        self._by_name = dict(params)
         offset = {}
         at = 0
         for n, p in params:
@@ -204,7 +205,7 @@ class ZeroShard:
             self.shard.grad = torch.zeros_like(self.shard)
         self.shard.grad[b.shard_at : b.shard_at + b.own] = out[: b.own].to(dtype)
         for n in b.names:
-            self.params[self.names.index(n)].grad = None
+            self._by_name[n].grad = None
 
     def gather_flat(self, values: torch.Tensor) -> torch.Tensor:
         """All-gather a shard-shaped tensor (``values``: this member's elements, ``ranges`` order) into
