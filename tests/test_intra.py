@@ -202,3 +202,35 @@ def test_bad_arguments_raise_value_error_naming_the_setting() -> None:
         best_local_plan(inst, tables, "a", 3, 3, microbatch=1, num_microbatches=1, gpu_budget=1)
     with pytest.raises(ValueError, match="microbatch"):
         best_local_plan(inst, tables, "a", 0, 4, microbatch=0, num_microbatches=1, gpu_budget=1)
+
+
+@pytest.mark.parametrize("nvlink", [0.05, 5.0, 500.0])
+def test_first_tail_is_monotone_and_below_every_single_stage_plans_tail(nvlink: float) -> None:
+    """[C7b] ``first_tail`` of [0, h) is non-decreasing in h (the cheap bound takes the shortest range
+    the first stage must hold) and at most the tail evaluate finds for the one-stage pipeline holding
+    [0, h) then the rest in a second stage, ZeRO-1 on or off, 25 MiB or tiny buckets (irregular
+    layers: the sync of a range grows unevenly with its backward)."""
+    import dataclasses
+
+    from hgopt.cost.compute import optimizer_time
+    from hgopt.search.intra import LocalConfig
+
+    topo = tiny_topology(clusters=(("a", "A", 2, 4, 40.0), ("b", "B", 8, 2, 40.0)))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": nvlink}
+    inst = tiny_instance(global_batch=8, model=irregular_model(6, 3), topology=topo)
+    tables = build_tables(inst)
+    c = inst.topology.cluster("a")
+    sm = StageModel(inst, tables, c, LocalConfig(tp=1, dp=2, mbs=1), 1)
+    L = inst.model.num_layers
+    tails = sm.first_tail(np.zeros(L, dtype=np.int64), np.arange(1, L + 1))
+    opt = np.array([float(optimizer_time(sm.tab, 0, h, 2)) for h in range(1, L + 1)])
+    assert np.all(np.diff(tails - opt) >= -1e-15)
+    grp = ReplicaGroup(cluster="a", tp=1, dp=2, mbs=1)
+    for h in range(1, L):
+        for zero, mb in itertools.product((0, 1), (25.0, 1e-6)):
+            stages = (Stage(start=0, end=h, groups=(grp,), zero=zero), Stage(start=h, end=L, groups=(grp,), zero=zero))
+            plan = Plan(pipelines=(Pipeline(stages=stages, num_microbatches=4),), grad_bucket_mb=mb)
+            ev = evaluate(plan, inst, tables)
+            assert ev.iteration_time_s - ev.pipeline_time_s >= tails[h - 1] - 1e-12, (h, zero, mb)
+            off = evaluate(dataclasses.replace(plan, overlap_grad_sync=False), inst, tables)
+            assert off.iteration_time_s - off.pipeline_time_s >= tails[h - 1] - 1e-12, (h, zero, mb)
