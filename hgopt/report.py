@@ -81,7 +81,7 @@ def plot_timeline(plan: Plan, instance: Instance, path: str | Path, tables: Cost
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 2.2))
     for (row, kind), spans in boxes.items():
         dy, h = _LANES.get(kind, (0.08, 0.55))
-        ax.broken_barh(spans, (y_of[row] + dy, h), facecolors=_COLORS[kind], edgecolor="none")
+        ax.broken_barh(spans, (y_of[row] + dy, h), facecolors=_COLORS["sync" if kind == "gather" else kind], edgecolor="none")
     ax.axvline(ev.iteration_time_s, color="black", linestyle="--", linewidth=1)
     ax.axvline(sim.iteration_time_s, color="black", linestyle="-", linewidth=1)
     ax.set_yticks([y_of[r] + 0.2 for r in rows])

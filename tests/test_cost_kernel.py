@@ -210,18 +210,23 @@ def test_wan_bytes_per_iteration_hand_computed() -> None:
     assert wan_bytes_per_iteration(dp, inst, tables) == pytest.approx({("a", "b"): grad, ("b", "a"): grad})
 
 
-def test_a_zero1_stage_syncs_its_segment_as_one_bucket() -> None:
-    """ZeRO-1 (zero = 1): the runner reduce-scatters the shard group's flat gradient at once, so the
-    bucket cap does not change its [C7o] time; without ZeRO tiny buckets pay a latency each."""
+def test_a_zero1_stage_reduce_scatters_in_buckets_and_all_gathers_after_the_optimizer() -> None:
+    """ZeRO-1 (zero = 1), as the runner does it: each bucket is reduce-scattered (half an all-reduce,
+    latency terms included), so tiny buckets pay a latency each as without ZeRO; with one bucket the
+    reduce-scatter, the optimizer step and the all-gather take exactly what the one all-reduce and the
+    optimizer take without ZeRO, less the optimizer's sharded share."""
     from tests.factories import tiny_topology
 
     inst = tiny_instance(global_batch=8, topology=tiny_topology(wan_latency_ms=100.0))
     groups = (ReplicaGroup(cluster="a", dp=2), ReplicaGroup(cluster="b", dp=2))
-    t = {}
+    t, opt = {}, {}
     for zero in (0, 1):
         for mb in (1e-6, 1e6):
             plan = Plan(pipelines=(Pipeline(stages=(Stage(start=0, end=4, groups=groups, zero=zero),),
                                             num_microbatches=2),), grad_bucket_mb=mb)
-            t[(zero, mb)] = evaluate(plan, inst).iteration_time_overlap_s
-    assert t[(1, 1e-6)] == t[(1, 1e6)]
+            ev = evaluate(plan, inst)
+            t[(zero, mb)], opt[zero] = ev.iteration_time_overlap_s, ev.stages[0].optimizer_s
+    assert t[(1, 1e-6)] > t[(1, 1e6)]
     assert t[(0, 1e-6)] > t[(0, 1e6)]
+    assert t[(1, 1e6)] - opt[1] == pytest.approx(t[(0, 1e6)] - opt[0], rel=1e-12)
+    assert opt[1] == pytest.approx(opt[0] / 4)

@@ -46,10 +46,12 @@ PLANS: dict[str, Plan] = {
 }
 RUNS = [(name, overlap) for name in PLANS for overlap in (True, False)
         if overlap or name in ("two-pipelines", "zero1-two-pipelines", "two-pipelines-bf16")]
+ONE_BUCKET = 1e6
+"""MiB: every ZeRO-1 group one bucket (the reduce-scatter of the whole flat gradient after the backward)."""
 
 
-def _rp(name: str, overlap: bool) -> RunnerPlan:
-    plan = replace(PLANS[name], overlap_grad_sync=overlap, grad_bucket_mb=SMALL)
+def _rp(name: str, overlap: bool, bucket_mb: float = SMALL) -> RunnerPlan:
+    plan = replace(PLANS[name], overlap_grad_sync=overlap, grad_bucket_mb=bucket_mb)
     return build_runner_plan(plan, runner_instance(), ExportOptions(dtype="float64"))
 
 
@@ -125,6 +127,29 @@ def test_overlap_on_equals_overlap_off(runs: dict[tuple[str, bool], tuple[Runner
     assert worst <= 1e-10, f"{name}: overlap on vs off differ by {worst:.2e}"
 
 
+@pytest.mark.parametrize("name", ["zero1-two-pipelines", "zero1-dp-tp"])
+def test_bucketed_overlapped_zero1_is_bit_identical_to_one_reduce_scatter_after_the_backward(
+        runs: dict[tuple[str, bool], tuple[RunnerPlan, Path]], name: str, tmp_path: Path) -> None:
+    """ZeRO-1 reduce-scattered per 0.1 MiB bucket (one layer each) from the hooks of the last backward,
+    slices laid out per bucket, against the whole flat gradient reduce-scattered in one piece after it
+    (overlap off, one bucket: the path before the buckets): float64, gloo, the same parameters to the
+    bit and the same losses. (Sums of two members are exact whatever the order; the slices are
+    elementwise Adam on the same elements.)"""
+    rp = _rp(name, False, ONE_BUCKET)
+    assert [len(sg.ranks) for sg in rp.sync_groups if sg.zero] and all(len(sg.ranks) == 2 for sg in rp.sync_groups if sg.zero)
+    assert run_forked(rp, tmp_path, timeout_s=120) == {r: 0 for r in range(rp.world_size)}
+    launches = [x for rk in read_metrics(tmp_path)[-1]["ranks"] for x in rk["grad_sync"]["launches"]]
+    assert launches and not any(x["during_backward"] for x in launches)
+    bucketed = runs[(name, True)][1]
+    assert any(x["during_backward"] and x["pending_params"] > 0
+               for rk in read_metrics(bucketed)[-1]["ranks"] for x in rk["grad_sync"]["launches"])
+    a, b = load_full_state(bucketed), load_full_state(tmp_path)
+    assert set(a) == set(b)
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    assert [r["loss"] for r in read_metrics(bucketed)] == [r["loss"] for r in read_metrics(tmp_path)]
+
+
 def _expected_launches(rp: RunnerPlan, rank: int) -> list[tuple[int, tuple[int, ...], int]]:
     """(sync group, bucket layers, stage parameters of earlier layers) for every bucket of ``rank``,
     in the order the last backward reaches them: highest layers first."""
@@ -137,7 +162,7 @@ def _expected_launches(rp: RunnerPlan, rank: int) -> list[tuple[int, tuple[int, 
         if rank not in sg.ranks:
             continue
         layers = range(sg.end - 1, sg.start - 1, -1)
-        buckets = [tuple(layers)] if sg.zero else [(layer,) for layer in layers]
+        buckets = [(layer,) for layer in layers]  # ZeRO-1 too: a reduce-scatter per bucket
         out += [(gi, b, sum(1 for n in names if layer_of(n) < min(b))) for b in buckets]
     return sorted(out, key=lambda x: -max(x[1]))
 
@@ -183,10 +208,12 @@ def test_memory_counts_match_the_model(runs: dict[tuple[str, bool], tuple[Runner
             in_zero = [p for n, p in named if any(sg.start <= layer_of(n) < sg.end for sg in zero)]
             plain = len(params) - len(in_zero)
             stepped = numel - sum(p.numel() for p in in_zero)
-            for sg in zero:  # the slice of the group's flat vector this member steps (one step counter each)
-                lo, hi = shard_bounds(sum(p.numel() for n, p in named if sg.start <= layer_of(n) < sg.end),
-                                      len(sg.ranks), sorted(sg.ranks).index(r))
-                stepped, plain = stepped + hi - lo, plain + 1
+            for sg in zero:  # this member's slice of every bucket (one layer each) it steps (one step counter)
+                for layer in range(sg.start, sg.end):
+                    lo, hi = shard_bounds(sum(p.numel() for n, p in named if layer_of(n) == layer),
+                                          len(sg.ranks), sorted(sg.ranks).index(r))
+                    stepped += hi - lo
+                plain += 1
             assert mem["optimizer"] == 2 * 8 * stepped + 4 * plain, (name, r)  # float32 step counters
             assert mem["in_flight"] == min(len(pipe.stages) - info.stage, pipe.num_microbatches)
             assert mem["activations"] == mem["in_flight"] * mem["activations_per_microbatch"]

@@ -110,32 +110,57 @@ def test_best_local_plan_equals_brute_force(seed: int) -> None:
     assert all(st.microbatch == microbatch for st in got.stages)
 
 
+def _tail_floor(ev) -> float:  # type: ignore[no-untyped-def]
+    """[C7o] The first stage's tail floor from evaluate's own stage-0 numbers: exposed_sync_floor
+    (ZeRO-1) of its [C5] sync, its backward, the last bucket's ring latency terms (0: the factories'
+    intra-cluster links have no latency), + its optimizer."""
+    from hgopt.cost.gradsync import exposed_sync_floor
+
+    r = ev.stages[0]
+    return float(exposed_sync_floor(r.sync_s, r.bwd_s, 0.0, zero=True)) + r.optimizer_s
+
+
 def test_local_plan_numbers_agree_with_evaluate() -> None:
-    """Single-cluster full plan: evaluate's iteration time = (m−1)·bottleneck + fill + sync_opt."""
+    """Single-cluster full plan: evaluate's pipeline = (m−1)·bottleneck + fill exactly, and sync_opt is
+    the [C7o] floor of stage 0's tail from evaluate's own sync, backward and optimizer numbers, at most
+    the tail evaluate finds under every bucket size and overlap setting."""
+    import dataclasses
+
     inst = _instance(special_model(8), mem_gb=40.0, batch=16, gpn=4)
     tables = build_tables(inst)
     grp = ReplicaGroup(cluster="a", tp=1, dp=2, mbs=2)
     stages = tuple(Stage(start=lo, end=hi, groups=(grp,), zero=1) for lo, hi in ((0, 3), (3, 6), (6, 8)))
     lp = local_plan_costs(inst, tables, "a", stages)
-    ev = evaluate(Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=4),)), inst, tables)
+    plan = Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=4),))
+    ev = evaluate(plan, inst, tables)
     assert ev.feasible
     assert ev.pipelines[0].bottleneck_s == pytest.approx(lp.bottleneck_s, rel=1e-13)
     assert ev.pipelines[0].fill_drain_s == pytest.approx(lp.fill_s, rel=1e-13)
-    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
-    assert ev.iteration_time_s == pytest.approx(lp.objective(4), rel=1e-13)
+    assert ev.pipeline_time_s == pytest.approx(lp.objective(4) - lp.sync_opt_s, rel=1e-13)
+    assert lp.sync_opt_s == pytest.approx(_tail_floor(ev), rel=1e-13)
+    for mb, overlap in itertools.product((1e-6, 25.0, 1e6), (True, False)):
+        other = evaluate(dataclasses.replace(plan, grad_bucket_mb=mb, overlap_grad_sync=overlap), inst, tables)
+        assert other.iteration_time_s >= lp.objective(4) * (1 - 1e-12), (mb, overlap)
 
 
 def test_replicas_enter_the_gradient_ring_like_identical_pipelines_in_evaluate() -> None:
-    inst = _instance(special_model(6), mem_gb=40.0, batch=16, gpn=8)
+    """NVLink slowed to 0.05 GB/s so that the sync is not hidden by the backward: the tail floor of
+    two replicas is evaluate's for two identical pipelines (their ring), not the single pipeline's."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 8, 40.0), ("b", "B", 8, 2, 40.0)))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": 0.05}
+    inst = tiny_instance(global_batch=16, model=special_model(6), topology=topo)
     tables = build_tables(inst)
     lp = best_local_plan(inst, tables, "a", 0, 6, microbatch=2, num_microbatches=4, gpu_budget=4, replicas=2)
     assert lp is not None
     pipe = Pipeline(stages=lp.stages, num_microbatches=4)
     ev = evaluate(Plan(pipelines=(pipe, pipe)), inst, tables)
     assert ev.feasible
-    assert ev.sync_optimizer_time_s == pytest.approx(lp.sync_opt_s, rel=1e-13)
+    assert lp.sync_opt_s == pytest.approx(_tail_floor(ev), rel=1e-13)  # evaluate's ring of both pipelines
+    assert ev.sync_optimizer_time_s >= lp.sync_opt_s
     single = local_plan_costs(inst, tables, "a", lp.stages)
     assert single.sync_opt_s != pytest.approx(lp.sync_opt_s)  # the ring size matters
+    half = tiny_instance(global_batch=8, model=special_model(6), topology=topo)  # one pipeline's batch
+    assert single.sync_opt_s == pytest.approx(_tail_floor(evaluate(Plan(pipelines=(pipe,)), half)), rel=1e-13)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -177,3 +202,38 @@ def test_bad_arguments_raise_value_error_naming_the_setting() -> None:
         best_local_plan(inst, tables, "a", 3, 3, microbatch=1, num_microbatches=1, gpu_budget=1)
     with pytest.raises(ValueError, match="microbatch"):
         best_local_plan(inst, tables, "a", 0, 4, microbatch=0, num_microbatches=1, gpu_budget=1)
+
+
+@pytest.mark.parametrize("nvlink", [0.05, 5.0, 500.0])
+def test_first_tail_is_monotone_and_below_every_single_stage_plans_tail(nvlink: float) -> None:
+    """[C7b] ``first_tail`` of [0, h) is at most the tail evaluate finds for the pipeline holding [0, h)
+    in its first stage and the rest in a second, ZeRO-1 on or off, 25 MiB buckets or one bucket (every
+    planner's setting, ``choose_sync``), overlap on or off (irregular layers: the sync of a range grows
+    unevenly with its backward); exact where [0, h) fits in one 25 MiB bucket and the first stage's
+    tail ends the iteration; its ``monotone`` form is non-decreasing in h (the cheap bound takes the
+    shortest range the first stage must hold) and below it."""
+    import dataclasses
+
+    from hgopt.cost.compute import optimizer_time
+    from hgopt.search.intra import LocalConfig
+
+    topo = tiny_topology(clusters=(("a", "A", 2, 4, 40.0), ("b", "B", 8, 2, 40.0)))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": nvlink}
+    inst = tiny_instance(global_batch=8, model=irregular_model(6, 3), topology=topo)
+    tables = build_tables(inst)
+    c = inst.topology.cluster("a")
+    sm = StageModel(inst, tables, c, LocalConfig(tp=1, dp=2, mbs=1), 1)
+    L = inst.model.num_layers
+    tails = sm.first_tail(np.zeros(L, dtype=np.int64), np.arange(1, L + 1))
+    mono = sm.first_tail(np.zeros(L, dtype=np.int64), np.arange(1, L + 1), monotone=True)
+    opt = np.array([float(optimizer_time(sm.tab, 0, h, 2)) for h in range(1, L + 1)])
+    assert np.all(np.diff(mono - opt) >= -1e-15) and np.all(mono <= tails + 1e-15)
+    grp = ReplicaGroup(cluster="a", tp=1, dp=2, mbs=1)
+    for h in range(1, L):
+        for zero, mb in itertools.product((0, 1), (25.0, 1e6)):
+            stages = (Stage(start=0, end=h, groups=(grp,), zero=zero), Stage(start=h, end=L, groups=(grp,), zero=zero))
+            plan = Plan(pipelines=(Pipeline(stages=stages, num_microbatches=4),), grad_bucket_mb=mb)
+            ev = evaluate(plan, inst, tables)
+            assert ev.iteration_time_s - ev.pipeline_time_s >= tails[h - 1] - 1e-12, (h, zero, mb)
+            off = evaluate(dataclasses.replace(plan, overlap_grad_sync=False), inst, tables)
+            assert off.iteration_time_s - off.pipeline_time_s >= tails[h - 1] - 1e-12, (h, zero, mb)

@@ -51,18 +51,34 @@ def test_overlapped_headline_hand_computed() -> None:
     # one bucket for the whole stage, overlap on: ready only when the backward ends, 0.16 s
     one = evaluate(Plan(pipelines=(pipe,), grad_bucket_mb=100.0), inst)
     assert one.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.004, rel=1e-12)
-    # ZeRO-1: one bucket whatever the cap, optimizer sharded over the 2 replicas
-    z = evaluate(Plan(pipelines=(Pipeline(stages=(dataclasses.replace(st[0], zero=1),), num_microbatches=4),),
-                      grad_bucket_mb=5.0), inst)
-    assert z.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.002, rel=1e-12)
+    # ZeRO-1, optimizer sharded over the 2 replicas (0.002 s): each 5 MiB bucket is reduce-scattered
+    # in half an all-reduce, 0.02 s: layer 3 at 0.42-0.44, 2 at 0.44-0.46, 1 at 0.46-0.48, 0 at
+    # 0.48-0.50; optimizer to 0.502; all-gather of the 16e6 bytes, half of 0.16: 0.582 s
+    zst = (dataclasses.replace(st[0], zero=1),)
+    z = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=5.0), inst)
+    assert z.stages[0].sync_end_s == pytest.approx(0.50, rel=1e-12)
+    assert z.iteration_time_s == pytest.approx(0.582, rel=1e-12)
+    # one bucket: reduce-scatter 0.08 after the backward, optimizer, all-gather 0.08 (= [C7]'s 0.16 + 0.002)
+    z1 = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=100.0), inst)
+    assert z1.iteration_time_s == pytest.approx(0.48 + 0.08 + 0.002 + 0.08, rel=1e-12)
+    zoff = evaluate(Plan(pipelines=(Pipeline(stages=zst, num_microbatches=4),), grad_bucket_mb=5.0,
+                         overlap_grad_sync=False), inst)
+    assert zoff.iteration_time_s == pytest.approx(0.48 + 0.16 + 0.002, rel=1e-12)  # [C7]
 
 
 def test_exposed_sync_floor_bounds_the_hand_computed_schedule() -> None:
     """The search's floor of the exposed sync: max(last bucket, sync − backward) = max(0.04, 0.16 −
-    0.08) = 0.08 <= the 0.10 s the schedule above runs past the backward; one bucket: the whole 0.16."""
+    0.08) = 0.08 <= the 0.10 s the schedule above runs past the backward; one bucket: the whole 0.16.
+    ZeRO-1: reduce-scatter max(0.02, 0.08 − 0.08) = 0.02 + all-gather 0.08 = 0.10 (the schedule above:
+    sync ends 0.02 after the backward, all-gather 0.08: 0.10 exactly), the smaller of that and the
+    all-reduce floor 0.08 (another holder might not shard)."""
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False) == pytest.approx(0.08)
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=True) == 0.16
     assert exposed_sync_floor(0.16, 0.08, 0.04, one_bucket=False, overlap=False) == 0.16
+    assert exposed_sync_floor(0.16, 0.08, 0.04, zero=True) == pytest.approx(0.08)
+    assert exposed_sync_floor(0.16, 0.16, 0.04, zero=True) == pytest.approx(min(0.04, 0.02 + 0.08))
+    assert exposed_sync_floor(0.16, 0.0, 0.04, zero=True) == pytest.approx(0.16)
+    assert exposed_sync_floor(0.16, 0.08, 0.04, zero=True, overlap=False) == 0.16
 
 
 # ---- [C5w] per bucket --------------------------------------------------------------------------------
@@ -132,14 +148,15 @@ def test_milp_bound_is_below_every_planners_plan_with_and_without_overlap(name: 
 
 def _runner_space_best(inst) -> float:
     """Best evaluate() over test_milp's plan space (k identical chains, uniform local stages, any
-    partition) with every gradient-sync setting the runner accepts: ZeRO-1 on or off, overlap on or
-    off, 25 MiB buckets or one bucket per layer."""
+    partition) with every gradient-sync setting a planner returns: ZeRO-1 on or off, overlap on or
+    off, 25 MiB buckets or one bucket per segment (the bound holds for caps of at least 25 MiB:
+    smaller buckets can hide a stage's sync that one 25 MiB bucket holds; cost_model.md [C7b])."""
     from tests.test_milp import _space
 
     tables = build_tables(inst)
     best = math.inf
     for sp, pipe in _space(inst):
-        for zero, overlap, mb in itertools.product((0, 1), (True, False), (25.0, 1e-6)):
+        for zero, overlap, mb in itertools.product((0, 1), (True, False), (25.0, 1e6)):
             p = Pipeline(stages=tuple(dataclasses.replace(s, zero=zero) for s in pipe.stages),
                          num_microbatches=pipe.num_microbatches)
             ev = evaluate(Plan(pipelines=(p,) * sp.k, overlap_grad_sync=overlap, grad_bucket_mb=mb), inst, tables)
@@ -160,3 +177,55 @@ def test_milp_bound_is_below_the_brute_force_optimum_of_every_sync_setting(seed:
     if not math.isfinite(best):
         return
     assert res.lower_bound_s is not None and res.lower_bound_s <= best * (1 + 1e-9)
+
+
+# ---- ZeRO-1 or not: the planners' plans choose by the kernel's price (zero1ov) -----------------------
+def _zero_choice_instance(nvlink_gbyte_s: float, mem_gb: float = 40.0):  # type: ignore[no-untyped-def]
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, mem_gb),))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": nvlink_gbyte_s}
+    return tiny_instance(global_batch=8, model=tiny_model(gpus={"A": 0.01}, params=5e6), topology=topo)
+
+
+def test_choose_sync_drops_zero1_where_the_all_reduce_hides_and_memory_allows() -> None:
+    """The one-stage case above with 5e6 parameters per layer (2e7 gradient bytes: 25 MiB buckets hold
+    one layer each) and NVLink at 5 GB/s: a layer's all-reduce 2·(1/2)·2e7 / 5e9 = 0.004 s hides behind
+    its 0.02 s backward, so zero = 0 ends at 0.48 + 0.004 (layer 0's bucket) + 0.004 (optimizer) =
+    0.488 s; ZeRO-1: 0.48 + 0.002 (layer 0's reduce-scatter) + 0.002 (sharded optimizer) + 0.008
+    (all-gather of 8e7 bytes) = 0.492 s (one bucket: 0.5 and 0.498 s). choose_sync with ``zero``
+    returns the zero = 0 plan with 25 MiB buckets; without ``zero`` (the baselines) it keeps ZeRO-1.
+    At 0.5 GB/s ZeRO-1 wins (0.582 vs 0.584 s, the hand-computed case above scaled)."""
+    from hgopt.search.sync_choice import choose_sync
+
+    st = Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),), zero=1)
+    plan = Plan(pipelines=(Pipeline(stages=(st,), num_microbatches=4),))
+    fast = _zero_choice_instance(5.0)
+    z1 = evaluate(plan, fast)
+    z0 = evaluate(dataclasses.replace(plan, pipelines=(Pipeline(stages=(dataclasses.replace(st, zero=0),),
+                                                                num_microbatches=4),)), fast)
+    assert z1.iteration_time_s == pytest.approx(0.492, rel=1e-12)
+    assert z0.iteration_time_s == pytest.approx(0.488, rel=1e-12)
+    chosen = choose_sync(plan, fast, zero=True)
+    assert chosen.pipelines[0].stages[0].zero == 0
+    assert chosen.grad_bucket_mb == 25.0
+    assert evaluate(chosen, fast).iteration_time_s == pytest.approx(0.488, rel=1e-12)
+    assert choose_sync(plan, fast).pipelines[0].stages[0].zero == 1
+    slow = _zero_choice_instance(0.5)
+    assert evaluate(plan, slow).iteration_time_s == pytest.approx(0.582, rel=1e-12)
+    assert choose_sync(plan, slow, zero=True).pipelines[0].stages[0].zero == 1
+
+
+def test_choose_sync_keeps_zero1_where_the_unsharded_optimizer_does_not_fit() -> None:
+    """Memory between the ZeRO-1 stage's peak and the unsharded one's: zero = 0 would be faster (the
+    case above) but does not fit, so the plan keeps ZeRO-1."""
+    from hgopt.search.sync_choice import choose_sync, without_zero
+
+    st = Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),), zero=1)
+    plan = Plan(pipelines=(Pipeline(stages=(st,), num_microbatches=4),))
+    fast = _zero_choice_instance(5.0)
+    peak1 = evaluate(plan, fast).stages[0].peak_memory_bytes
+    peak0 = evaluate(without_zero(plan, fast, build_tables(fast)), fast).stages[0].peak_memory_bytes
+    assert peak0 > peak1
+    tight = _zero_choice_instance(5.0, mem_gb=(peak0 + peak1) / 2 / 1e9)
+    assert evaluate(plan, tight).feasible
+    assert without_zero(plan, tight, build_tables(tight)) is None
+    assert choose_sync(plan, tight, zero=True).pipelines[0].stages[0].zero == 1

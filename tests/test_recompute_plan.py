@@ -56,7 +56,9 @@ def test_planners_recompute_where_memory_binds_and_beat_the_plan_without(planner
         if res.lower_bound_s is not None:
             assert res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)
     if planner == "milp":  # proven: no plan of the exact planner's space without recomputation is as fast
-        assert on.status == "optimal" and on.lower_bound_s is not None
+        # the bound covers the whole pipeline (0.32 s); the sync tail's floor is below evaluate's since
+        # the ZeRO-1 reduce-scatter overlaps the backward ([C7b]), so the status is no longer "optimal"
+        assert on.lower_bound_s is not None and 0.32 <= on.lower_bound_s <= ev_on.iteration_time_s
         assert off.lower_bound_s is not None and off.lower_bound_s > ev_on.iteration_time_s
 
 
@@ -76,7 +78,8 @@ def test_local_configs_offer_recomputation_only_where_memory_can_bind() -> None:
 
 
 def test_intra_dp_recomputing_plan_equals_evaluate_and_brute_force() -> None:
-    """The DP's local plan with recomputation costs what evaluate says, and no partition of any
+    """The DP's local plan with recomputation costs what evaluate says (its pipeline exactly, its tail a
+    floor [C7b]), and no partition of any
     layout (with or without recomputation) of cluster a that evaluate finds feasible has a lower DP
     objective [I1] (brute force, as tests/test_intra.py does it)."""
     import itertools
@@ -86,7 +89,8 @@ def test_intra_dp_recomputing_plan_equals_evaluate_and_brute_force() -> None:
     lp = best_local_plan(inst, tables, "a", 0, 8, microbatch=4, num_microbatches=1, gpu_budget=4)
     assert lp is not None and all(s.recompute == "full" for s in lp.stages)
     ev = evaluate(Plan(pipelines=(Pipeline(stages=lp.stages, num_microbatches=1),)), inst, tables)
-    assert ev.feasible and ev.iteration_time_s == pytest.approx(lp.objective(1), rel=1e-12)
+    assert ev.feasible and ev.pipeline_time_s == pytest.approx(lp.objective(1) - lp.sync_opt_s, rel=1e-12)
+    assert lp.objective(1) <= ev.iteration_time_s  # [C7b]: the tail is a floor of evaluate's
     best = float("inf")
     for cfg in local_configs(inst, "a", 4, tables):
         g = ReplicaGroup(cluster="a", tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)

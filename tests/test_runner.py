@@ -211,7 +211,7 @@ def _zero_files(out: Path, step: int = 3) -> dict[tuple[int, int], dict[str, Any
 
 def test_zero1_optimizer_state_covers_only_the_own_slice(runs: dict[str, tuple[RunnerPlan, Path]]) -> None:
     """dp 3 + 1 and two tp-2 replicas, every stage zero 1: each sync-group member's Adam moments cover
-    its contiguous half of the group's flat parameters, and that is all the optimizer state the rank
+    its half of the group's (one-bucket) flat parameters, and that is all the optimizer state the rank
     has; the stage files hold no optimizer state for sharded parameters."""
     rp, out = runs["zero1-dp-unequal+tp2-dp2"]
     assert [(g.start, g.ranks, g.zero) for g in rp.sync_groups] == [(0, (0, 1), 1), (2, (2, 4), 1), (2, (3, 5), 1)]
@@ -220,10 +220,11 @@ def test_zero1_optimizer_state_covers_only_the_own_slice(runs: dict[str, tuple[R
     for g in range(3):
         a, b = files[(g, 0)], files[(g, 1)]
         numel = a["numel"]
-        assert numel == sum(math.prod(s) for s in a["shapes"]) and (a["lo"], a["hi"], b["lo"], b["hi"]) == (
-            0, math.ceil(numel / 2), math.ceil(numel / 2), numel)
+        # the tiny model's group is one 25 MiB bucket: member 0 owns its first half, member 1 the rest
+        assert numel == sum(math.prod(s) for s in a["shapes"]) and (a["ranges"], b["ranges"]) == (
+            [[0, math.ceil(numel / 2)]], [[math.ceil(numel / 2), numel]])
         for blob in (a, b):
-            size = blob["hi"] - blob["lo"]
+            size = sum(hi - lo for lo, hi in blob["ranges"])
             assert {k: tuple(v.shape) for k, v in blob["state"].items() if v.dim() > 0} == {
                 "exp_avg": (size,), "exp_avg_sq": (size,)}
             # the whole optimizer of this rank: two moments of its slice, nothing else
@@ -263,10 +264,24 @@ def test_zero1_resume_refuses_a_mismatched_checkpoint(runs: dict[str, tuple[Runn
     sg = zero_rp.sync_groups[0]
     model = build_stage(zero_rp.model, sg.start, sg.end, dtype="float64")
     z = ZeroShard(0, sg, None, 0, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end])
-    assert (z.lo, z.hi) == (0, math.ceil(z.numel / 2))
+    assert z.ranges == ((0, math.ceil(z.numel / 2)),)  # one bucket: the first half of the flat vector
     opt = make_optimizer(zero_rp, model, optimizer_params(model, (z,)))
     assert restore(zero_rp, 0, model, opt, TpGroup(), zero_out, (z,)) == 3
-    assert opt.state[z.shard]["exp_avg"].shape == (z.hi - z.lo,) and len(opt.state) == 1
+    assert opt.state[z.shard]["exp_avg"].shape == (math.ceil(z.numel / 2),) and len(opt.state) == 1
+    # the same checkpoint resumed with one bucket per layer: member 0's slice of every layer
+    zb = ZeroShard(0, sg, None, 0, [(n, p) for n, p in model.named_parameters() if sg.start <= layer_of(n) < sg.end],
+                   cap_bytes=1.0)
+    assert len(zb.buckets) == sg.end - sg.start and len(zb.ranges) == len(zb.buckets)
+    optb = make_optimizer(zero_rp, model, optimizer_params(model, (zb,)))
+    assert restore(zero_rp, 0, model, optb, TpGroup(), zero_out, (zb,)) == 3
+    whole = torch.zeros(z.numel, dtype=torch.float64)
+    whole[: math.ceil(z.numel / 2)] = opt.state[z.shard]["exp_avg"]
+    checked = 0
+    for (lo, hi), got in zip(zb.ranges, torch.split(optb.state[zb.shard]["exp_avg"], [h - l for l, h in zb.ranges])):
+        if hi <= math.ceil(z.numel / 2):  # what member 0 of the saving run held, read back at its place
+            assert torch.equal(got, whole[lo:hi])
+            checked += 1
+    assert checked >= 1
     with pytest.raises(ValueError, match=r"no ZeRO-1 optimizer slices for sync group 0 .*saved without zero 1"):
         restore(zero_rp, 0, model, make_optimizer(zero_rp, model, optimizer_params(model, (z,))), TpGroup(), plain_out, (z,))
     with pytest.raises(ValueError, match=r"has no optimizer state for layers\.0\..*saved with ZeRO-1"):

@@ -271,9 +271,10 @@ def test_identical_pipelines_share_their_stages_nodes() -> None:
     assert evaluate(plan, inst).stages[0].send_fwd_s == pytest.approx(2e6 / 1e9 + 0.010, rel=1e-12)
 
 
-def test_a_zero1_segment_is_one_bucket() -> None:
-    """The runner reduce-scatters a ZeRO-1 sync group's whole flat gradient at once (one bucket);
-    without ZeRO the 16 MB of gradients go in 8 MiB buckets of two layers."""
+def test_a_zero1_segment_is_bucketed_and_all_gathered() -> None:
+    """The runner reduce-scatters a ZeRO-1 sync group's gradient per bucket as it all-reduces a plain
+    one (16 MB in 8 MiB buckets of two layers), each bucket half the all-reduce's time, and all-gathers
+    the group's parameters once after the optimizer step (zero1ov)."""
     from dataclasses import fields, replace
 
     if "grad_bucket_mb" not in {f.name for f in fields(Plan)}:
@@ -281,9 +282,15 @@ def test_a_zero1_segment_is_one_bucket() -> None:
     inst = tiny_instance(global_batch=2)
     base = _plan(1, (0, 4, "a"), dp=2)
     zero = replace(base, pipelines=(replace(base.pipelines[0], stages=(replace(base.pipelines[0].stages[0], zero=1),)),))
-    for plan, n in ((base, 2), (zero, 1)):
+    got = {}
+    for plan, gathers in ((base, 0), (zero, 1)):
         sim = simulate(replace(plan, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
-        assert len([e for e in sim.events if e.kind == "sync"]) == n
+        got[gathers] = sorted(e.end - e.start for e in sim.events if e.kind == "sync")
+        assert len(got[gathers]) == 2
+        assert len([e for e in sim.events if e.kind == "gather"]) == gathers
+        ev = evaluate(replace(plan, grad_bucket_mb=8.0), inst)  # type: ignore[call-arg]
+        assert sim.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    assert got[1] == pytest.approx([0.5 * t for t in got[0]], rel=1e-12)
 
 
 # ---- the kernel's exact per-pipeline timeline [C3x] and path family [C3p] ---------------------------
@@ -410,25 +417,29 @@ def test_shipped_plans_agree_within_two_percent(name: str, planner: str) -> None
     assert simulate(plan, inst).iteration_time_s == pytest.approx(target, rel=0.02)
 
 
-@pytest.mark.parametrize("tps,buckets", [((1, 1), 1), ((1, 2), 2)])
-def test_a_segment_is_one_zero1_bucket_only_when_the_export_shards_it(tps: tuple[int, int], buckets: int) -> None:
-    """Two one-stage pipelines holding all 4 layers (4 MB of gradients each), both asking for ZeRO-1:
-    with one tp degree the export shards the segment (one reduce-scatter, one bucket); with tp 1 and
-    tp 2 it does not (export/build.py _zero_level), so the 16 MB go in 8 MiB buckets of two layers.
-    The kernel's rule (segment_buckets) is what evaluate's [C7o] and simulate both use."""
+@pytest.mark.parametrize("tps,gathers", [((1, 1), 1), ((1, 2), 0)])
+def test_a_segment_is_zero1_sharded_only_when_the_export_shards_it(tps: tuple[int, int], gathers: int) -> None:
+    """Two one-stage pipelines holding all 4 layers (4 MB of gradients each), both asking for ZeRO-1,
+    8 MiB buckets of two layers either way: with one tp degree the export shards the segment (each
+    bucket reduce-scattered, one all-gather after the optimizer step); with tp 1 and tp 2 it does not
+    (export/build.py _zero_level): all-reduced buckets, no all-gather. The kernel's rule
+    (segment_bucket_syncs, segment_gather) is what evaluate's [C7o] and simulate both use."""
     from dataclasses import replace
 
     from hgopt.cost import build_tables
-    from hgopt.cost.evaluate import segment_buckets
+    from hgopt.cost.evaluate import segment_buckets, segment_gather
 
     inst = tiny_instance(global_batch=2)
     pipes = tuple(Pipeline(stages=(Stage(start=0, end=4, groups=(ReplicaGroup(cluster="a", tp=tp),), zero=1),),
                            num_microbatches=1) for tp in tps)
     plan = replace(Plan(pipelines=pipes), grad_bucket_mb=8.0)  # type: ignore[call-arg]
     holders = [p.stages[0] for p in plan.pipelines]
-    assert len(segment_buckets(inst, build_tables(inst), holders, 0, 4, plan.grad_bucket_mb)) == buckets
+    tables = build_tables(inst)
+    assert len(segment_buckets(inst, tables, holders, 0, 4, plan.grad_bucket_mb)) == 2
+    assert (segment_gather(inst, tables, holders, 0, 4) is not None) == bool(gathers)
     sim = simulate(plan, inst)
-    assert len([e for e in sim.events if e.kind == "sync" and e.pipeline == 0]) == buckets
+    assert len([e for e in sim.events if e.kind == "sync" and e.pipeline == 0]) == 2
+    assert len([e for e in sim.events if e.kind == "gather" and e.pipeline == 0]) == gathers
     ev = evaluate(plan, inst)
     assert sim.iteration_time_s == pytest.approx(getattr(ev, "iteration_time_overlap_s", ev.iteration_time_s), rel=1e-9)
 

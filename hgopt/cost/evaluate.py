@@ -14,7 +14,15 @@ import numpy as np
 
 from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
 from hgopt.cost.compute import optimizer_time, stage_times
-from hgopt.cost.gradsync import MIB, Bucket, bucket_ranges, bucket_ready_time, bucket_schedule_starts, iteration_end
+from hgopt.cost.gradsync import (
+    MIB,
+    ZERO_PHASE,
+    Bucket,
+    bucket_ranges,
+    bucket_ready_time,
+    bucket_schedule_starts,
+    iteration_end,
+)
 from hgopt.cost.memory import stage_memory_terms
 from hgopt.cost.pipeline import (
     fill_time,
@@ -48,7 +56,11 @@ __all__ = [
     "evaluate",
     "quantisation_time",
     "segment_allreduce",
+    "segment_bucket_syncs",
+    "segment_buckets",
+    "segment_gather",
     "segment_sharded",
+    "segment_sync",
     "round_trip_bound",
     "stage_boundary_time",
     "wan_bytes_per_iteration",
@@ -619,7 +631,7 @@ def _segments_and_loads(
     load: dict[frozenset[str], float] = {}
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = segs[(lo, hi)] = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        seg = segs[(lo, hi)] = segment_sync(inst, tables, holders, lo, hi, plan.grad_sync_precision)
         for pair in seg.pairs():
             load[pair] = load.get(pair, 0.0) + seg.wan_bytes
     return segs, load
@@ -634,7 +646,8 @@ def _capped_ring(link: Link, load: float, k: int) -> float:
 def segment_sharded(holders: list[Stage]) -> bool:
     """[C7o] Whether the layers a sync segment's ``holders`` share are ZeRO-1 sharded: every holder asks
     for it and all of them hold one tp degree (the export's rule, ``export/build.py`` ``_zero_level``);
-    a sharded segment is synchronised as one reduce-scatter of its whole gradient, one bucket."""
+    a sharded segment's buckets are reduce-scattered and its parameters all-gathered after the
+    optimizer step (``segment_bucket_syncs``, ``segment_gather``)."""
     return bool(holders) and all(s.zero for s in holders) and len({g.tp for s in holders for g in s.groups}) == 1
 
 
@@ -652,6 +665,16 @@ class SegmentSync:
 
     def pairs(self) -> list[frozenset[str]]:
         return [frozenset((a, b)) for i, a in enumerate(self.clusters) for b in self.clusters[i + 1 :]]
+
+    def scaled(self, f: float) -> SegmentSync:
+        """This collective's seconds and WAN bytes times ``f`` (a ring's reduce-scatter or all-gather
+        phase: ``gradsync.ZERO_PHASE``)."""
+        return SegmentSync(intra=self.intra * f, inter=self.inter * f, clusters=self.clusters, wan_bytes=self.wan_bytes * f)
+
+    def plus(self, other: SegmentSync) -> SegmentSync:
+        """Two collectives of the same holders one after the other."""
+        return SegmentSync(intra=self.intra + other.intra, inter=self.inter + other.inter, clusters=self.clusters,
+                           wan_bytes=self.wan_bytes + other.wan_bytes)
 
 
 def segment_allreduce(
@@ -696,13 +719,40 @@ def segment_buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo
     """[C7o] The gradient buckets of sync segment ``[lo, hi)`` held by ``holders``, in sync order (last
     layers first): layers packed into buckets of at most ``bucket_mb`` MiB of the largest per-rank
     gradient among the holders' (GPU, tp) shards (``gradsync.bucket_ranges``); a ZeRO-1 sharded
-    segment (:func:`segment_sharded`) is one bucket."""
-    if segment_sharded(holders):
-        return [(lo, hi)]
+    segment (:func:`segment_sharded`) is cut the same way (each bucket reduce-scattered)."""
     per_layer = np.zeros(tables.num_layers)
     for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
         per_layer = np.maximum(per_layer, gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes))
     return bucket_ranges(per_layer, lo, hi, bucket_mb * MIB)
+
+
+def segment_bucket_syncs(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
+                         bucket_mb: float, wan_precision: str) -> list[tuple[tuple[int, int], SegmentSync]]:
+    """[C7o] Each gradient bucket of sync segment ``[lo, hi)`` (``segment_buckets``, sync order) with its
+    collective: the [C5] all-reduce of its layers, or in a ZeRO-1 sharded segment its reduce-scatter
+    (``gradsync.ZERO_PHASE`` of that all-reduce). Evaluate and the simulator both price buckets so."""
+    f = ZERO_PHASE if segment_sharded(holders) else 1.0
+    return [((x, y), segment_allreduce(inst, tables, holders, x, y, wan_precision).scaled(f))
+            for x, y in segment_buckets(inst, tables, holders, lo, hi, bucket_mb)]
+
+
+def segment_gather(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int) -> SegmentSync | None:
+    """[C7o] The all-gather of a ZeRO-1 sharded segment's updated parameters among its holders after
+    their optimizer steps (``gradsync.ZERO_PHASE`` of the [C5] all-reduce of its bytes, in the native
+    dtype: parameters are never narrowed); None for a segment that is not sharded."""
+    if not segment_sharded(holders):
+        return None
+    return segment_allreduce(inst, tables, holders, lo, hi, "native").scaled(ZERO_PHASE)
+
+
+def segment_sync(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
+                 wan_precision: str) -> SegmentSync:
+    """[C5] A sync segment's whole synchronisation in one piece: its all-reduce, or for a ZeRO-1
+    sharded segment the reduce-scatter (in ``wan_precision``) plus the all-gather (native), each
+    ``gradsync.ZERO_PHASE`` of an all-reduce, which is the all-reduce itself in native precision."""
+    seg = segment_allreduce(inst, tables, holders, lo, hi, wan_precision)
+    gather = segment_gather(inst, tables, holders, lo, hi)
+    return seg if gather is None or wan_precision == "native" else seg.scaled(ZERO_PHASE).plus(gather)
 
 
 def _bucketed_sync(
@@ -733,11 +783,17 @@ def _bucketed_sync(
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     segs, load = _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
+    gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers
+    sharded: set[tuple[int, int]] = set()
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
         holders = [st for st in every if st.start <= lo and hi <= st.end]
-        for x, y in segment_buckets(inst, tables, holders, lo, hi, plan.grad_bucket_mb):
-            seg = segment_allreduce(inst, tables, holders, x, y, plan.grad_sync_precision)
+        gather = segment_gather(inst, tables, holders, lo, hi)
+        if gather is not None:
+            gathers.insert(0, (gather.intra + gather.inter, keys))
+            sharded.add((lo, hi))
+        for (x, y), seg in segment_bucket_syncs(inst, tables, holders, lo, hi, plan.grad_bucket_mb,
+                                                plan.grad_sync_precision):
             ready = {}
             for k in keys:
                 st = where[k]
@@ -748,14 +804,16 @@ def _bucketed_sync(
     sync_end, first_start = bucket_schedule_starts(buckets, ends)
     # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
     # it uses have crossed it (all taken to run together), counted from its first bucket's start
+    # (a stage whose segments are all ZeRO-1 sharded: their reduce-scatter phase, ZERO_PHASE of it)
     for k, st in where.items():
-        mine = [v for (lo, hi), v in segs.items() if st.start <= lo and hi <= st.end]
+        mine = {(lo, hi): v for (lo, hi), v in segs.items() if st.start <= lo and hi <= st.end}
         if k in first_start:
-            sync_end[k] = max(sync_end[k], first_start[k] + _shared_sync(inst.topology, mine, load))
+            f = ZERO_PHASE if mine and set(mine) <= sharded else 1.0
+            sync_end[k] = max(sync_end[k], first_start[k] + f * _shared_sync(inst.topology, list(mine.values()), load))
     rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
-    return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end})
+    return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end}, gathers)
 
 
 # ---- WAN traffic per iteration (for egress prices) --------------------------------------------------
@@ -773,7 +831,7 @@ def wan_bytes_per_iteration(plan: Plan, inst: Instance, tables: CostTables | Non
     stages = [s for p in plan.pipelines for s in p.stages]
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = segment_allreduce(inst, tables, holders, lo, hi, plan.grad_sync_precision)
+        seg = segment_sync(inst, tables, holders, lo, hi, plan.grad_sync_precision)
         k = len(seg.clusters)
         for i, a in enumerate(seg.clusters):
             b = seg.clusters[(i + 1) % k]

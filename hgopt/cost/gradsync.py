@@ -7,6 +7,14 @@ microbatch's backward has passed all its layers (overlap on) or once that backwa
 starts when every holder has it ready and has finished its previous bucket, and holds all of them
 for its [C5] duration. A stage's optimizer step follows its last bucket; the iteration ends with the
 last optimizer step.
+
+ZeRO-1 (a sharded segment, ``evaluate.segment_sharded``), as Megatron's distributed optimizer with
+``overlap_grad_reduce``: the same buckets, each a ring **reduce-scatter** (every holder keeps its
+slice of each bucket), then the optimizer step on the slices, then one ring **all-gather** of the
+segment's updated parameters among its holders (:func:`step_ends`). A ring reduce-scatter and a ring
+all-gather are the two halves of a ring all-reduce ((n − 1) steps of bytes/n chunks each, the
+bandwidth taken at the same chunk size), so each costs :data:`ZERO_PHASE` of [C5]'s all-reduce of the
+same bytes, latency terms included.
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ import numpy as np
 
 Num = TypeVar("Num", float, np.ndarray)
 
-__all__ = ["Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "bucket_schedule_starts",
-           "exposed_sync_floor", "iteration_end"]
+__all__ = ["ZERO_PHASE", "Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule", "bucket_schedule_starts",
+           "exposed_sync_floor", "iteration_end", "step_ends"]
 
 MIB = float(2**20)
 """``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
+
+ZERO_PHASE = 0.5
+"""[C7o] A ring reduce-scatter (or all-gather) of x bytes among n: (n − 1)/n · x / B + (n − 1)·latency,
+exactly half of the ring all-reduce 2(n − 1)/n · x / B + 2(n − 1)·latency ([C5], ``allreduce_time``)."""
 
 
 def bucket_ranges(layer_bytes: Sequence[float], lo: int, hi: int, cap_bytes: float) -> list[tuple[int, int]]:
@@ -82,22 +94,47 @@ def bucket_schedule_starts(
     return {h: max(free[h], backward_end[h]) for h in backward_end}, first
 
 
-def iteration_end(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float]) -> float:
-    """[C7o] The last optimizer step's end: max over stages of sync end + optimizer seconds."""
-    return max(sync_end[h] + optimizer_s[h] for h in sync_end)
+def step_ends(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float],
+              gathers: Sequence[tuple[float, Sequence[Hashable]]] = ()) -> dict[Hashable, float]:
+    """[C7o] When each stage's step ends: its optimizer step right after its sync, then the ZeRO-1
+    all-gathers ``gathers`` ((seconds, holders) per sharded segment, in the runner's order: ascending
+    layers), each a collective that starts once every holder has stepped and finished its previous
+    all-gather (:func:`bucket_schedule` with the optimizer's end as the ready time)."""
+    stepped = {h: sync_end[h] + optimizer_s[h] for h in sync_end}
+    if not gathers:
+        return stepped
+    return bucket_schedule([Bucket(layers=(0, 0), duration_s=d, ready={h: stepped[h] for h in hs}) for d, hs in gathers],
+                           stepped)
 
 
-def exposed_sync_floor(sync_s: Num, backward_s: Num, last_bucket_s: Num, *, one_bucket: bool,
-                       overlap: bool = True) -> Num:
+def iteration_end(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float],
+                  gathers: Sequence[tuple[float, Sequence[Hashable]]] = ()) -> float:
+    """[C7o] The last step's end: max over stages of :func:`step_ends` (sync end + optimizer seconds,
+    then the ZeRO-1 all-gathers)."""
+    return max(step_ends(sync_end, optimizer_s, gathers).values())
+
+
+def exposed_sync_floor(sync_s: Num, backward_s: Num, last_bucket_s: Num, *, one_bucket: bool = False,
+                       overlap: bool = True, zero: bool = False) -> Num:
     """[C7o] A lower bound of how long a stage's gradient sync runs past the end of its last backward
-    (``bucket_schedule``'s end minus ``backward_end``), for the bounds of the search.
+    (``bucket_schedule``'s end minus ``backward_end``; for ZeRO-1 plus the all-gather after the
+    optimizer step, :func:`step_ends`), for the bounds of the search.
 
-    ``sync_s``: at most the sum of the stage's bucket durations (e.g. its [C5] time in one piece, when
-    splitting it into buckets can only add latency terms); ``last_bucket_s``: at most the duration of
-    its last bucket (the one holding its first layer, ready only when the backward ends);
-    ``backward_s``: the stage's backward of one microbatch (the earliest bucket is ready no earlier
-    than its start). One bucket (a ZeRO-1 stage, or overlap off): the whole sync runs after the
-    backward, exactly ``sync_s``. Otherwise max(last bucket, sync − backward). Elementwise."""
+    ``sync_s``: at most the sum of the stage's bucket all-reduce durations (e.g. its [C5] time in one
+    piece, when splitting it into buckets can only add latency terms); ``last_bucket_s``: at most the
+    all-reduce duration of its last bucket (the one holding its first layer, ready only when the
+    backward ends); ``backward_s``: at least the stage's backward of one microbatch (the earliest
+    bucket is ready no earlier than its start). One bucket or overlap off: the whole sync runs after
+    the backward, ``sync_s`` (for ZeRO-1 reduce-scatter + all-gather, the same). Otherwise
+    max(last bucket, sync − backward). ``zero``: the stage asks for ZeRO-1 — its segments are reduce-
+    scattered (each bucket :data:`ZERO_PHASE` of its all-reduce) and all-gathered after the optimizer
+    step (ZERO_PHASE of ``sync_s``) when every holder asks too, else all-reduced: the smaller of the two
+    floors. Elementwise."""
     if one_bucket or not overlap:
         return sync_s
-    return np.maximum(last_bucket_s, sync_s - backward_s)  # type: ignore[return-value]
+    plain = np.maximum(last_bucket_s, sync_s - backward_s)
+    if not zero:
+        return plain  # type: ignore[return-value]
+    h = ZERO_PHASE
+    sharded = np.maximum(h * last_bucket_s, h * sync_s - backward_s) + h * sync_s
+    return np.minimum(plain, sharded)  # type: ignore[return-value]

@@ -244,10 +244,11 @@ class SyncGroup:
     ``full``: members hold different tp degrees, so each adds its shard into a zero full-size buffer
     (replicated parameters from tp rank 0 only) and takes its slice back after the all-reduce.
 
-    ``zero`` 1 (``shard`` mode only): ZeRO-1. The group's parameters are flattened and member ``i``
-    owns the ``i``-th contiguous slice; gradients are reduce-scattered, each member steps the
-    optimizer on its slice only (its optimizer state covers only that slice) and the updated slices
-    are all-gathered back into every member's parameters."""
+    ``zero`` 1 (``shard`` mode only): ZeRO-1. The group's parameters are flattened and cut into its
+    gradient buckets; member ``i`` owns the ``i``-th slice of every bucket; each bucket's gradients are
+    reduce-scattered (overlapped with the last backward), each member steps the optimizer on its
+    slices only (its optimizer state covers only them) and the updated slices are all-gathered back
+    into every member's parameters (``hgopt.runner.zero``)."""
 
     start: int
     end: int

@@ -5,7 +5,7 @@ tensors of its stage from the files and takes its own tp shard, so a checkpoint 
 replica with a different tp degree.
 
 ZeRO-1: the optimizer state of a sharded sync group exists only in slices, so every member writes its
-own slice (``zero.g<group>.m<member>.pt``, with the flat element range and the parameter names and
+own slices (``zero.g<group>.m<member>.pt``, with the flat element ranges and the parameter names and
 shapes it covers); on resume a member joins the slices of its group and takes its range. The first
 replica's stage files then carry the parameters and the optimizer state of the unsharded ones only.
 Tensors are written from host memory and read to the rank's device.
@@ -89,8 +89,8 @@ def save(rp: RunnerPlan, rank: int, model: nn.Module, opt: torch.optim.Optimizer
                 "optim": _optimizer_state(model, opt), "zero_sharded": sorted(n for z in zero for n in z.names)}
         _write(blob, path, f"p{info.pipeline}.s{info.stage}.t{tp.rank}")
     for z in (zero if rp.train.checkpoint_format != "dcp" else ()):
-        _write({"step": step, "rank": rank, "names": z.names, "shapes": z.shapes, "numel": z.numel, "lo": z.lo,
-                "hi": z.hi, "state": _host(opt.state.get(z.shard, {})), "optimizer_elements": state_elements(opt),
+        _write({"step": step, "rank": rank, "names": z.names, "shapes": z.shapes, "numel": z.numel,
+                "ranges": [list(r) for r in z.ranges], "state": _host(opt.state.get(z.shard, {})), "optimizer_elements": state_elements(opt),
                 "model_elements": sum(p.numel() for p in model.parameters())},
                path, f"zero.g{z.index}.m{z.member}")
     dist.barrier()
@@ -199,15 +199,18 @@ def _zero_state(path: Path, z: ZeroShard, step: int) -> dict[str, Any]:
     for f, b in zip(files, blobs):
         if tuple(b["names"]) != z.names or tuple(tuple(s) for s in b["shapes"]) != z.shapes:
             raise ValueError(f"{f}: covers other parameters than this rank's sync group {z.index} (was the plan changed?)")
-    blobs.sort(key=lambda b: b["lo"])
-    if [b["lo"] for b in blobs] != [0] + [b["hi"] for b in blobs[:-1]] or blobs[-1]["hi"] != z.numel:
+    # each member's state is its elements of the flat vector, ``ranges`` in order (files before the
+    # bucketed layout: one range ``[lo, hi)``); any member count and bucket layout resumes
+    spans = [[tuple(r) for r in b["ranges"]] if "ranges" in b else [(b["lo"], b["hi"])] for b in blobs]
+    pieces = sorted((lo, hi, i, sum(y - x for x, y in sp[:j])) for i, sp in enumerate(spans) for j, (lo, hi) in enumerate(sp))
+    if [lo for lo, *_ in pieces] != [0] + [hi for _, hi, *_ in pieces[:-1]] or not pieces or pieces[-1][1] != z.numel:
         raise ValueError(f"checkpoint step {step}: the ZeRO-1 slices of sync group {z.index} do not cover its "
                          f"{z.numel} elements (a member's file is missing)")
     state: dict[str, Any] = {}
     for key, value in blobs[0]["state"].items():
         if isinstance(value, torch.Tensor) and value.dim() > 0:
-            flat = torch.cat([b["state"][key] for b in blobs])
-            state[key] = flat[z.lo : z.hi].clone().to(z.shard.device)
+            flat = torch.cat([blobs[i]["state"][key][at : at + hi - lo] for lo, hi, i, at in pieces])
+            state[key] = z.take(flat).clone().to(z.shard.device)
         else:
             state[key] = value
     return state

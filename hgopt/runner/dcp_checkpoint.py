@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
@@ -68,12 +67,11 @@ def _zero_full(z: ZeroShard, state: dict[str, Any], keys: tuple[str, ...],
     """Every parameter's full (tp-local) state of a ZeRO-1 group, joined from the members' slices."""
     out: dict[str, dict[str, torch.Tensor]] = {n: {} for n in z.names}
     for key in keys:
-        mine = z.shard.detach().new_zeros(z.chunk, dtype=dtype)
+        mine = z.shard.detach().new_zeros(z.shard.numel(), dtype=dtype)
         if key in state:
-            mine[: z.hi - z.lo] = state[key].to(mine.dtype)
-        flat = mine.new_empty(z.members * z.chunk)
-        dist.all_gather_into_tensor(flat, mine, group=z.pg)
-        for n, part in zip(z.names, torch.split(flat[: z.numel], [p.numel() for p in z.params])):
+            mine.copy_(state[key].to(mine.dtype))
+        flat = z.gather_flat(mine)
+        for n, part in zip(z.names, torch.split(flat, [p.numel() for p in z.params])):
             out[n][key] = part.view(z.params[z.names.index(n)].shape).clone()
     return out
 
@@ -171,7 +169,7 @@ def restore_dcp(rp: RunnerPlan, rank: int, model: nn.Module, opt: Any, tp: TpGro
         state: dict[str, Any] = {}
         for k in tensor_keys:
             flat = torch.cat([_local(entries[f"optim.{n}.{k}"]).reshape(-1) for n in z.names])
-            state[k] = flat[z.lo : z.hi].clone().to(z.shard.device)
+            state[k] = z.take(flat).clone().to(z.shard.device)
         for k in scalar_keys:
             state[k] = entries[f"optim.{z.names[0]}.{k}"].clone()
         if rp.train.dtype != "bfloat16":

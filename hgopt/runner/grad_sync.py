@@ -14,10 +14,11 @@
   (``async_op=True``) on its group's process group, buckets of a group strictly in order (so every
   member issues the same collectives in the same order). Without overlap every bucket starts after the
   last backward. :meth:`GradSync.finish` waits for all of them before the optimizer step.
-* ZeRO-1 groups are one bucket each: the group's flat gradient is reduce-scattered
-  (:class:`~hgopt.runner.zero.ZeroShard`), because the shard layout is one contiguous slice of that
-  flat vector per member (the checkpoint format of the optimizer slices); cutting it per bucket would
-  need a per-bucket shard layout as in Megatron's distributed optimizer.
+* ZeRO-1 groups are cut into the same buckets (:func:`hgopt.runner.zero.zero_buckets`), and each is
+  **reduce-scattered** from the hooks like a plain bucket is all-reduced (Megatron's distributed
+  optimizer with ``overlap_grad_reduce``): every member keeps its slice of every bucket
+  (:class:`~hgopt.runner.zero.ZeroShard`), the optimizer steps the slices, and the group's parameters
+  are all-gathered after the step.
 * ``delay`` link emulation: a cross-cluster bucket's collective ends at ``max(start of its slowest
   member, end of this rank's previous emulated bucket) + ring time`` ([C5]'s ring over the group's
   slowest link, latency per bucket); the members' launch times are exchanged with a MAX all-reduce,
@@ -157,9 +158,9 @@ class GradSync:
         names_by_layer: dict[int, list[str]] = {}
         for n, _ in g.params:
             names_by_layer.setdefault(layer_of(n), []).append(n)
-        if g.sg in self.zero:
-            layers = tuple(sorted(names_by_layer, reverse=True))
-            return [BucketSpec(group=g.index, index=0, layers=layers, names=tuple(n for n, _ in g.params))]
+        if g.sg in self.zero:  # ZeRO-1: the shard's own buckets (its slices are laid out per bucket)
+            return [BucketSpec(group=g.index, index=k, layers=tuple(sorted({layer_of(n) for n in names}, reverse=True)),
+                               names=names) for k, names in enumerate(self.zero[g.sg].bucket_names)]
         sizes = [(layer, sum(self._full_numel(n, p, g.sg) * p.element_size() for n, p in g.params if layer_of(n) == layer))
                  for layer in sorted(names_by_layer)]
         out = []
@@ -224,7 +225,7 @@ class GradSync:
         if z is not None:
             flat = torch.cat([self._grad(params[n]).reshape(-1) for n in b.names])
             low = self.wire_dtype(g.sg, flat.dtype)
-            work, full, out = z.launch_reduce(flat, low)
+            work, full, out = z.launch_reduce(b.index, flat, low)
             fl = _InFlight(spec=b, works=[work], flat=full, dtype=dtype, launched=time.time(), zero_out=out)
         else:
             if g.sg.mode == "full":
@@ -273,7 +274,7 @@ class GradSync:
             z = self.zero.get(g.sg)
             if z is not None:
                 assert fl.zero_out is not None
-                z.complete_reduce(fl.zero_out, fl.dtype)
+                z.complete_reduce(fl.spec.index, fl.zero_out, fl.dtype)
                 phases = 1 if z.reduce_scatter_ok else 2
             else:
                 flat = fl.flat.to(fl.dtype)

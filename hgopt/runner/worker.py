@@ -104,8 +104,8 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
                  rp.world_size, len(rp.pipelines), rp.global_batch, rp.model.seq, done + 1, steps, opts.emulation,
                  choice.kind, choice.backend)
     for z in zero:
-        log.info("zero 1: layers [%d, %d): optimizer state for elements [%d, %d) of %d (member %d of %d)",
-                 z.sg.start, z.sg.end, z.lo, z.hi, z.numel, z.member, z.members)
+        log.info("zero 1: layers [%d, %d): optimizer state for %d of %d elements in %d buckets (member %d of %d)",
+                 z.sg.start, z.sg.end, z.shard.numel(), z.numel, len(z.buckets), z.member, z.members)
     every = rp.train.checkpoint_every
     for step in range(done, steps):
         st = worker.step(step)

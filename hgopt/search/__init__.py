@@ -151,6 +151,7 @@ def get_planner(name: str) -> Planner:
         res = planner(instance, options)
         if res.plan is None:
             return res
-        return dataclasses.replace(res, plan=choose_sync(res.plan, instance))
+        # hgopt's planners build ZeRO-1 stages: also try them without it where memory allows (zero1ov)
+        return dataclasses.replace(res, plan=choose_sync(res.plan, instance, zero=name in ("milp", "heuristic")))
 
     return run

@@ -537,7 +537,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
             for l in f_min:
                 one = (np.array([l]), np.array([l + 1]))
                 f_min[l] = min(f_min[l], float(sm.compute(*one)[0]))
-            s_first = min(s_first, float(sm.first_tail(*head)[0]))
+            s_first = min(s_first, float(sm.first_tail(*head, monotone=True)[0]))  # zero1ov: bounds longer first stages
             j = np.arange(1, shape.trunk + 1)
             fits = sm.max_in_flight_v(np.full_like(j, t0), t0 + j) >= 1
             jmax = int(np.argmin(fits)) if not fits.all() else shape.trunk

@@ -11,9 +11,9 @@ where bottleneck and fill are what ``hgopt.cost.evaluate`` computes for the same
 sync_opt is the gradient sync + optimizer step of the pipeline's FIRST stage when the block holds
 layer 0 (else 0): with the overlapped sync [C7o] stage s's tail starts at its last backward,
 Σ_{i<s}(b_i + c^b_i) before the pipeline's end, so the iteration is T_p + max_s (tail_s − that) ≥
-T_p + tail_0, and a ZeRO-1 stage's gradients are one bucket, so tail_0 is exact for stage 0
-(``gradsync.exposed_sync_floor``). J is a lower bound of evaluate, equal to it when stage 0's
-tail sets the iteration's end. Two exact
+T_p + tail_0, and tail_0 is at least ``StageModel.first_tail`` (``gradsync.exposed_sync_floor``:
+a ZeRO-1 stage's reduce-scatter buckets overlap its last backward, its all-gather follows the
+optimizer step). J is a lower bound of evaluate. Two exact
 searches are implemented: a closed form for ranges made of identical layers with at most one
 different layer at each end (transformer blocks between embedding and head) [I4], and a Pareto
 dynamic programme over layer positions for any range [I5]; the tests check both against brute force.
@@ -28,9 +28,9 @@ from typing import Iterable
 
 import numpy as np
 
-from hgopt.cost.comm import allreduce_time, allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
-from hgopt.cost.compute import optimizer_time, stage_compute_v, stage_times
-from hgopt.cost.gradsync import exposed_sync_floor
+from hgopt.cost.comm import allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
+from hgopt.cost.compute import optimizer_time, stage_compute_v, stage_times, stage_times_v
+from hgopt.cost.gradsync import MIB, exposed_sync_floor
 from hgopt.cost.links import node_samples, ring_bandwidth
 from hgopt.cost.memory import (
     max_in_flight,
@@ -47,6 +47,7 @@ from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weight
 from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
+from hgopt.search.sync_choice import DEFAULT_BUCKET_MB
 from hgopt.spec import Cluster, Instance
 
 __all__ = [
@@ -171,6 +172,7 @@ class StageModel:
         n = replicas * cfg.dp
         self.ring = n
         self.ring_bw = ring_bandwidth(cluster.intra_node, cluster.inter_node, cluster.gpus_per_node, n, cfg.tp, cfg.tp)  # links
+        self._sync_floor_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """fwd + bwd seconds [C2] (with recomputation the backward repeats the forward [C2r])."""
@@ -191,14 +193,42 @@ class StageModel:
         sync = allreduce_time_v(self.ring_bw, shard, self.ring)
         return sync + optimizer_time(t, lo, hi, self.cfg.dp if zero else 1)
 
-    def first_tail(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """[C7o] What a ZeRO-1 stage [lo, hi) that is its pipeline's first adds after the pipeline's
-        end: its gradients are one bucket, ready when its last backward ends (the pipeline's end),
-        so the whole all-reduce, then the optimizer step (``gradsync.exposed_sync_floor``)."""
-        t = self.tab
-        shard = gradient_bytes(t.params[hi] - t.params[lo], self.dtype_bytes)
-        sync = allreduce_time_v(self.ring_bw, shard, self.ring)
-        return exposed_sync_floor(sync, 0.0, sync, one_bucket=True) + optimizer_time(t, lo, hi, self.cfg.dp)
+    def first_tail(self, lo: np.ndarray, hi: np.ndarray, monotone: bool = False) -> np.ndarray:
+        """[C7o] A floor of what a ZeRO-1 stage [lo, hi) that is its pipeline's first adds after the
+        pipeline's end (its last backward ends there), for every plan whose ``grad_bucket_mb`` is at
+        least 25 MiB (``sync_choice.DEFAULT_BUCKET_MB``: every planner's plan, ``choose_sync``), ZeRO-1
+        on or off, then the optimizer step (sharded). Where the stage's gradients fit in one 25 MiB
+        bucket they are one bucket under every such cap, ready when the backward ends: the whole [C5]
+        all-reduce (ZeRO-1: reduce-scatter + all-gather, the same), exact as evaluate prices it.
+        Otherwise ``gradsync.exposed_sync_floor`` with ``zero`` (reduce-scatter buckets overlapped with
+        the backward plus the all-gather, or all-reduce buckets; the intra ring's [C5] time in one piece,
+        the last bucket at least the ring's latency terms). ``monotone``: the sync part made
+        non-decreasing in ``hi`` (its least value over every [lo, h), h >= hi), so that the tail of a
+        range bounds every first stage holding it (``blocks.cheap_bounds``)."""
+        lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        out = np.empty(np.broadcast(lo_a, hi_a).shape)
+        lo_b, hi_b = np.broadcast_to(lo_a, out.shape), np.broadcast_to(hi_a, out.shape)
+        for u in np.unique(lo_b):
+            at = lo_b == u
+            out[at] = self._sync_floor_from(int(u))[int(monotone)][hi_b[at] - int(u) - 1]
+        return out + optimizer_time(self.tab, lo_a, hi_a, self.cfg.dp)
+
+    def _sync_floor_from(self, lo: int) -> tuple[np.ndarray, np.ndarray]:
+        """``first_tail``'s sync floor of [lo, h) for h = lo + 1 .. L, and its suffix minimum (cached per lo)."""
+        cache = self._sync_floor_cache
+        if lo not in cache:
+            t = self.tab
+            hi = np.arange(lo + 1, len(t.params))
+            los = np.full_like(hi, lo)
+            nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
+            sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
+            back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
+            has = float(t.params[lo + 1] - t.params[lo]) > 0 and self.ring > 1
+            last = 2.0 * (self.ring - 1) * self.ring_bw.latency_s if has else 0.0  # [C5] latency terms of one bucket
+            floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
+            floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
+            cache[lo] = (floor, np.minimum.accumulate(floor[::-1])[::-1])
+        return cache[lo]
 
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
@@ -268,11 +298,8 @@ def local_plan_costs(
             send = transfer_time(c.inter_node, node * per_sample * 1.0)
         fill += f + b + send + send
         bottleneck = max(bottleneck, f + b, send)
-        shard = gradient_bytes(float(sm.tab.params[st.end] - sm.tab.params[st.start]), tables.dtype_bytes)
-        opt = float(optimizer_time(sm.tab, st.start, st.end, g.dp))
         if j == 0 and st.start == 0:  # [C7o] only the pipeline's first stage's tail (see sync_opt_s)
-            sync = allreduce_time(sm.ring_bw, shard, sm.ring)
-            sync_opt = float(exposed_sync_floor(sync, 0.0, sync, one_bucket=True)) + opt
+            sync_opt = float(sm.first_tail(np.array([st.start]), np.array([st.end]))[0])
         k = sm.max_in_flight(st.start, st.end)
         if num_microbatches is None or k < num_microbatches:
             dmax = min(dmax, _stages_after_allowed(k, len(stages) - j))

@@ -11,8 +11,9 @@ kernel's (de)quantisation time for a compressed boundary ([C4q]).
 
 Gradient synchronisation follows the shared semantics (COMMON.md / cost_model.md): per sync segment,
 layers in reverse order packed into buckets of at most ``grad_bucket_mb`` MiB of the rank's gradient
-bytes (ZeRO-1 segments: one bucket); each bucket is one all-reduce among all replicas that hold the
-segment, priced by the kernel's segment all-reduce ([C5]); its cross-cluster ring runs as a flow on the
+bytes; each bucket is one all-reduce among all replicas that hold the segment, priced by the kernel's
+segment all-reduce ([C5]), or in a ZeRO-1 sharded segment its reduce-scatter (``segment_bucket_syncs``;
+after the optimizer step, one all-gather per sharded segment, ``segment_gather``); its cross-cluster ring runs as a flow on the
 WAN pipes between its clusters (so concurrent rings and activation transfers share them, [C5w]). With
 ``overlap_grad_sync`` a bucket is ready once the stage's last backward has passed its layers (that
 backward spread over its duration in proportion to the layers' profiled backward times), otherwise
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hgopt.cost import build_tables, evaluate
-from hgopt.cost.evaluate import quantisation_time, segment_allreduce, segment_buckets
+from hgopt.cost.evaluate import quantisation_time, segment_bucket_syncs, segment_gather
 from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
@@ -44,7 +45,8 @@ __all__ = ["Event", "LinkUse", "Simulation", "StageUse", "simulate"]
 class Event:
     """One interval of the step. ``kind``: F/B (compute of ``replica``), sendF/sendB (a row range
     leaving ``replica`` of ``stage`` towards ``peer`` of the next / previous stage, over
-    ``resource``), sync (one gradient bucket, layers ``layers``), optimizer."""
+    ``resource``), sync (one gradient bucket, layers ``layers``), optimizer, gather (a ZeRO-1 all-gather
+    of layers ``layers`` after the optimizer step)."""
 
     kind: str
     pipeline: int
@@ -73,7 +75,7 @@ class StageUse:
     sync_end_s: float
     """When its last gradient bucket ends."""
     end_s: float
-    """When its optimizer step ends."""
+    """When its optimizer step ends (with ZeRO-1: its last all-gather)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,6 +130,9 @@ class _Worker:
     arrived: dict[tuple[str, int], int] = field(default_factory=dict)
     ready_at: list[float] = field(default_factory=list)
     bptr: int = 0
+    gathers: list[_Collective] = field(default_factory=list)
+    """ZeRO-1 all-gathers after the optimizer step (ascending layers, the runner's order)."""
+    gptr: int = 0
     busy: float = 0.0
     compute_end: float = 0.0
     sync_end: float = 0.0
@@ -145,6 +150,8 @@ class _Collective:
     chunk: float
     ready: int = 0
     start: float = 0.0
+    gather: bool = False
+    """A ZeRO-1 all-gather after the optimizer step (else a gradient bucket)."""
 
 
 @dataclass(slots=True)
@@ -224,16 +231,23 @@ class _Replay:
                        if s.start <= lo and hi <= s.end]
             members = [w for w in self.workers.values() if any((w.pi, w.si) == (pi, si) for pi, si, _ in holders)]
             stages = [s for _, _, s in holders]
-            # the kernel's buckets: ZeRO-1 sharded segments (every holder asks, one tp degree, as the
-            # export decides) are one reduce-scatter of the whole segment
-            for blo, bhi in segment_buckets(inst, tables, stages, lo, hi, float(plan.grad_bucket_mb)):
-                seg = segment_allreduce(inst, tables, stages, blo, bhi, plan.grad_sync_precision)
+            # the kernel's buckets and their collectives: in ZeRO-1 sharded segments (every holder
+            # asks, one tp degree, as the export decides) each bucket is a reduce-scatter, and the
+            # segment's parameters are all-gathered after the optimizer step
+            for (blo, bhi), seg in segment_bucket_syncs(inst, tables, stages, lo, hi, float(plan.grad_bucket_mb),
+                                                        plan.grad_sync_precision):
                 names = seg.clusters
                 wan = self.net.ring(names)
                 c = _Collective(layers=(blo, bhi), members=members, intra_s=seg.intra, inter_s=seg.inter, wan=wan,
                                 wan_bytes=seg.wan_bytes, chunk=seg.wan_bytes / max(len(names), 1))
                 for w in members:
                     per_worker[(w.pi, w.si, w.ri)].append(c)
+            if (ag := segment_gather(inst, tables, stages, lo, hi)) is not None:  # zero1ov: ZeRO-1 all-gather
+                wan = self.net.ring(ag.clusters)
+                c = _Collective(layers=(lo, hi), members=members, intra_s=ag.intra, inter_s=ag.inter, wan=wan,
+                                wan_bytes=ag.wan_bytes, chunk=ag.wan_bytes / max(len(ag.clusters), 1), gather=True)
+                for w in members:
+                    w.gathers.insert(0, c)  # segments run last layers first here; the runner gathers ascending
         for key, cs in per_worker.items():
             w = self.workers[key]
             st = plan.pipelines[w.pi].stages[w.si]
@@ -255,7 +269,8 @@ class _Replay:
             t, _, fn, args = heapq.heappop(self.heap)
             self.now = t
             fn(*args)
-        stuck = [w for w in self.workers.values() if w.ptr < len(w.ops) or w.bptr < len(w.buckets)]
+        stuck = [w for w in self.workers.values()
+                 if w.ptr < len(w.ops) or w.bptr < len(w.buckets) or w.gptr < len(w.gathers)]
         assert not stuck, f"simulation deadlocked at {[(w.pi, w.si, w.ri) for w in stuck[:5]]}"
 
     def try_start(self, w: _Worker) -> None:
@@ -421,6 +436,15 @@ class _Replay:
         self.start_flow(c.chunk, c.inter_s * solo, c.wan, lambda t: self.bucket_end(c, t), counted=c.wan_bytes)
 
     def bucket_end(self, c: _Collective, t: float) -> None:
+        if c.gather:  # zero1ov: a ZeRO-1 all-gather ended
+            for w in c.members:
+                if w.ri == 0:
+                    self.events.append(Event(kind="gather", pipeline=w.pi, stage=w.si, replica=0, microbatch=-1,
+                                             start=c.start, end=t, layers=c.layers))
+                w.gptr += 1
+                w.end = t
+                self.push(t, self.gather_ready, w)
+            return
         for w in c.members:
             if w.ri == 0:
                 self.events.append(Event(kind="sync", pipeline=w.pi, stage=w.si, replica=0, microbatch=-1,
@@ -434,6 +458,17 @@ class _Replay:
         if w.ri == 0:
             self.events.append(Event(kind="optimizer", pipeline=w.pi, stage=w.si, replica=0, microbatch=-1,
                                      start=self.now, end=w.end))
+        if w.gathers:  # zero1ov: then its ZeRO-1 all-gathers, each once every member has stepped
+            self.push(w.end, self.gather_ready, w)
+
+    def gather_ready(self, w: _Worker) -> None:
+        if w.gptr >= len(w.gathers):
+            return
+        c = w.gathers[w.gptr]
+        c.ready += 1
+        if c.ready == len(c.members):
+            c.start = self.now
+            self.push(self.now + c.intra_s, self.bucket_inter, c)
 
     # ---- results ----
     def result(self) -> Simulation:
