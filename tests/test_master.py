@@ -306,3 +306,14 @@ def test_the_whole_gradient_floor_by_hand_and_binding() -> None:
     best = min(evaluate(p, inst, tables).iteration_time_s for p in _plans_of_partition(inst, part, (4, 4))
                if p.grad_sync_precision == "native" and evaluate(p, inst, tables).feasible)
     assert gb.value <= best * (1 + 1e-9)
+
+
+def test_with_the_grouped_bound_off_the_space_names_grouped_plans_outside() -> None:
+    """grouped_bound=off: the certificate is the k-identical one, and the plan space says that data
+    parallelism across cluster groups is outside it; certify of that result names the wider space once."""
+    inst = _instance(0)
+    res = plan_exact(inst, PlanOptions(time_limit_s=10.0, extra={"grouped_bound": "off"}))
+    assert res.plan_space.startswith("k identical pipelines")
+    assert "outside: data parallelism across cluster groups (grouped bound off)" in res.plan_space
+    out = certify(res, GroupedBound(value=res.lower_bound_s * 2), gap=1e-4)
+    assert "grouped bound off" not in out.plan_space and out.plan_space.count("outside:") == 1

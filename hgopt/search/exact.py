@@ -21,7 +21,7 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.blocks import LinkPolicy
-from hgopt.search.master import certify, grouped_bound
+from hgopt.search.master import certify, grouped_bound, name_outside
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.spec import Instance
 
@@ -108,7 +108,7 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     if res.plan is None or res.lower_bound_s is None:
         return res
     if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off":
-        return res
+        return name_outside(res)
     # at most GROUPED_SHARE of the limit after the k-identical search, never past the limit: a search
     # that ends early leaves time to the caller (e.g. the why-not lines)
     deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)

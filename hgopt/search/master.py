@@ -97,7 +97,7 @@ from hgopt.search.precisions import allowed_link_precisions
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "gradient_floor", "grouped_bound", "holds_a_replica",
-           "partitions"]
+           "name_outside", "partitions"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
@@ -119,6 +119,9 @@ PLAN_SPACE_OUTSIDE = (
     "outside: pipelines that are not identical within a group, two groups sharing a cluster, a stage "
     "whose replicas span several clusters"
 )
+
+OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (grouped bound off), pipelines that are not "
+                    "identical, a stage whose replicas span several clusters")
 
 
 class _OutOfTime(Exception):
@@ -431,6 +434,18 @@ def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> flo
 
 
 
+def name_outside(res: PlanResult) -> PlanResult:
+    """``res`` (the k-identical space's result) when the grouped bound is off: its plan space also names
+    data parallelism across cluster groups as outside the certified space (the heuristic's [H9] plans)."""
+    if res.plan is None:
+        return res
+    space = res.plan_space + OUTSIDE_WHEN_OFF
+    meta = dict(res.plan.meta)
+    if "plan_space" in meta:
+        meta["plan_space"] = space
+    return dataclasses.replace(res, plan=dataclasses.replace(res.plan, meta=tuple(meta.items())), plan_space=space)
+
+
 def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tuple[Plan, float] | None" = None) -> PlanResult:
     """``res`` (the k-identical space's result, ``plan_milp``) with the certificate over the union of
     both spaces: lower bound min(res's, ``gb``'s), gap and status recomputed on it, the plan space
@@ -438,6 +453,7 @@ def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tup
     e.g. the heuristic's [H9]) becomes the result when it is faster, being inside the space now."""
     if res.plan is None or res.lower_bound_s is None:
         return res
+    res = dataclasses.replace(res, plan_space=res.plan_space.removesuffix(OUTSIDE_WHEN_OFF))
     if not gb.covered:
         space = (f"{res.plan_space}; outside: data parallelism across cluster groups (more than {MAX_CLUSTERS} "
                  "clusters), pipelines that are not identical, a stage whose replicas span several clusters")
