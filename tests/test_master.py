@@ -317,3 +317,18 @@ def test_with_the_grouped_bound_off_the_space_names_grouped_plans_outside() -> N
     assert "outside: data parallelism across cluster groups (grouped bound off)" in res.plan_space
     out = certify(res, GroupedBound(value=res.lower_bound_s * 2), gap=1e-4)
     assert "grouped bound off" not in out.plan_space and out.plan_space.count("outside:") == 1
+
+
+def test_auto_covers_grouped_plans_only_when_one_is_the_result() -> None:
+    """grouped_bound=auto: on a tiny instance where no grouped plan beats the k-identical result the
+    certificate is the k-identical one (grouped plans named outside); its bound equals the off run's
+    search space's claim, never above the plan."""
+    inst = _instance(0)
+    res = plan_exact(inst, PlanOptions(time_limit_s=10.0, extra={"grouped_bound": "auto"}))
+    assert res.plan is not None and res.lower_bound_s is not None
+    grouped_result = "the heuristic's plan with data parallelism across cluster groups" in " ".join(res.notes)
+    if grouped_result:
+        assert "or data parallelism across cluster groups" in res.plan_space
+    else:
+        assert "outside: data parallelism across cluster groups (grouped bound off)" in res.plan_space
+    assert res.lower_bound_s <= res.iteration_time_s * (1 + 1e-12)
