@@ -4,6 +4,7 @@ on tiny instances, nor any plan of any planner; the exact planner reports min(k-
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -16,7 +17,8 @@ from hgopt.search import PlanOptions, get_planner
 from hgopt.search.exact import plan_exact
 from hgopt.search.groups import rate_bound, sub_instance, wan_allreduce_floor
 from hgopt.search.hierarchical import Skeleton, realize
-from hgopt.search.master import GroupedBound, certify, cross_floor, grouped_bound, partitions
+from hgopt.search.master import (GroupedBound, certify, cross_floor, gradient_floor, grouped_bound, min_gradient_bytes,
+                                 partitions)
 from hgopt.search.milp import batch_splits, link_policy
 from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
@@ -239,3 +241,94 @@ def test_above_eight_clusters_grouped_plans_are_named_outside() -> None:
     out = certify(res, gb, gap=1e-4)
     assert out.lower_bound_s == 1.5 and out.status == "optimal"
     assert "outside: data parallelism across cluster groups" in out.plan_space
+
+
+def _plans_of_partition(inst: Instance, part: tuple[tuple[str, ...], ...], shares: tuple[int, ...]) -> list[Plan]:
+    """Grouped plans of ``part`` with these shares: the first two plans of each group, each with every
+    stage ZeRO-1 or not, gradients across groups native or bf16."""
+    choices = [_group_plans(inst, g, b)[:2] for g, b in zip(part, shares)]
+    out = []
+    for combo in itertools.product(*choices):
+        pipes = tuple(p for plan in combo for p in plan.pipelines)
+        for zero in (0, 1):
+            zp = tuple(dataclasses.replace(p, stages=tuple(dataclasses.replace(s, zero=zero) for s in p.stages))
+                       for p in pipes)
+            for prec in ("native", "bf16"):
+                out.append(Plan(pipelines=zp, grad_sync_precision=prec))  # type: ignore[arg-type]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_grouped_plan_is_above_the_whole_gradient_floor(seed: int) -> None:
+    """[G6] Every grouped plan's evaluate (ZeRO-1 or not, native or bf16 across groups) is >= W(π) of
+    its partition at the cheapest precision, on every partition and several share vectors."""
+    inst = _instance(seed)
+    tables = build_tables(inst)
+    names = [c.name for c in inst.topology.clusters]
+    checked = 0
+    for part in partitions(names):
+        if len(part) < 2:
+            continue
+        w = gradient_floor(inst, tables, part, "bf16")
+        assert w > 0
+        n, G = len(part), inst.job.global_batch
+        for shares in {(G // 2, G - G // 2), (2, G - 2)} if n == 2 else {(2, 2, G - 4), (4, 2, G - 6)}:
+            for plan in _plans_of_partition(inst, part, shares):
+                ev = evaluate(plan, inst, tables)
+                if ev.feasible:
+                    checked += 1
+                    assert ev.iteration_time_s >= w * (1 - 1e-9), (part, shares, plan.grad_sync_precision)
+    assert checked > 0
+
+
+def test_the_whole_gradient_floor_by_hand_and_binding() -> None:
+    """[G6] Two one-GPU-type clusters joined by a shared pipe (aggregate = per flow = 1 Gbit/s, 20 ms),
+    fp32 gradients of 4 layers x 3e7 parameters: B = 4·3e7·4 bytes (tp·shard = the layer), n = 2, so
+    W = 1/2 · (2·1/2 · B / 1.25e8 B/s + 2·0.02 s) = 1/2 · (3.84 s + 0.04 s) = 1.94 s, by hand; in bf16 B
+    halves: 0.98 s. With fast GPUs it is above the rate floor plus layer 0's ring, so it sets the bound."""
+    inst = tiny_instance(
+        global_batch=8,
+        model=tiny_model(num_layers=4, gpus={"A": 0.001}, params=3e7, activation_bytes=1e6),
+        topology=tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0)), wan_gbit_s=1.0,
+                               wan_latency_ms=20.0),
+    )
+    tables = build_tables(inst)
+    assert inst.topology.link_spec("a", "b").aggregate is not None
+    assert min_gradient_bytes(inst, tables, ["a", "b"], "native") == pytest.approx(4 * 3e7 * 4)
+    part = (("a",), ("b",))
+    assert gradient_floor(inst, tables, part, "native") == pytest.approx(1.94, rel=1e-9)
+    assert gradient_floor(inst, tables, part, "bf16") == pytest.approx(0.5 * (1.92 + 0.04), rel=1e-9)
+    gb = grouped_bound(inst, tables, link_policy(inst, {}))
+    floor_t = inst.job.global_batch / sum(rate_bound(inst, tables, c) for c in ("a", "b"))
+    x = cross_floor(inst, tables, part, "native")
+    assert floor_t + x == pytest.approx(0.012 + 1.0)  # rate floor 8 samples · 4 layers · 0.003 s / 8 GPUs + ring of layer 0 (0.96 + 0.04 s)
+    assert gb.value >= 1.94 * (1 - 1e-9) and gb.gradient_s == pytest.approx(1.94)
+    best = min(evaluate(p, inst, tables).iteration_time_s for p in _plans_of_partition(inst, part, (4, 4))
+               if p.grad_sync_precision == "native" and evaluate(p, inst, tables).feasible)
+    assert gb.value <= best * (1 + 1e-9)
+
+
+def test_with_the_grouped_bound_off_the_space_names_grouped_plans_outside() -> None:
+    """grouped_bound=off: the certificate is the k-identical one, and the plan space says that data
+    parallelism across cluster groups is outside it; certify of that result names the wider space once."""
+    inst = _instance(0)
+    res = plan_exact(inst, PlanOptions(time_limit_s=10.0, extra={"grouped_bound": "off"}))
+    assert res.plan_space.startswith("k identical pipelines")
+    assert "outside: data parallelism across cluster groups (grouped bound off)" in res.plan_space
+    out = certify(res, GroupedBound(value=res.lower_bound_s * 2), gap=1e-4)
+    assert "grouped bound off" not in out.plan_space and out.plan_space.count("outside:") == 1
+
+
+def test_auto_covers_grouped_plans_only_when_one_is_the_result() -> None:
+    """grouped_bound=auto: on a tiny instance where no grouped plan beats the k-identical result the
+    certificate is the k-identical one (grouped plans named outside); its bound equals the off run's
+    search space's claim, never above the plan."""
+    inst = _instance(0)
+    res = plan_exact(inst, PlanOptions(time_limit_s=10.0, extra={"grouped_bound": "auto"}))
+    assert res.plan is not None and res.lower_bound_s is not None
+    grouped_result = "the heuristic's plan with data parallelism across cluster groups" in " ".join(res.notes)
+    if grouped_result:
+        assert "or data parallelism across cluster groups" in res.plan_space
+    else:
+        assert "outside: data parallelism across cluster groups (grouped bound off)" in res.plan_space
+    assert res.lower_bound_s <= res.iteration_time_s * (1 + 1e-12)

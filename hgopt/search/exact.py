@@ -25,7 +25,7 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.blocks import LinkPolicy
-from hgopt.search.master import certify, grouped_bound
+from hgopt.search.master import certify, grouped_bound, name_outside
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.spec import Instance
@@ -39,7 +39,9 @@ NARROW_SHARE = 0.3
 
 GROUPED_BOUND_DEFAULT = "on"
 """colgen: whether the certificate covers data parallelism across cluster groups unless
-``PlanOptions.extra["grouped_bound"]`` says otherwise ("off": k identical pipelines alone)."""
+``PlanOptions.extra["grouped_bound"]`` says otherwise ("off": k identical pipelines alone, grouped plans
+named outside; "auto": "on" when the heuristic's grouped plan [H9] beats the k-identical result, which it
+then is, else "off")."""
 
 GROUPED_SHARE = 0.1
 """colgen: share of the time limit the grouped space's bound (``hgopt.search.master``) may take after
@@ -160,8 +162,9 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     (``hgopt.search.master``), within what is left of the time limit."""
     if res.plan is None or res.lower_bound_s is None:
         return res
-    if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off":
-        return res
+    mode = options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT)
+    if mode == "off" or (mode == "auto" and (grouped is None or grouped[1] >= res.iteration_time_s)):
+        return name_outside(res)  # "auto": the wider space only when a grouped plan is the result
     # at most GROUPED_SHARE of the limit after the k-identical search, never past the limit: a search
     # that ends early leaves time to the caller (e.g. the why-not lines)
     deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)

@@ -46,6 +46,28 @@ is settled at >= target. Every loop checks the deadline; at a stop each unfinish
 valid floor (its largest infeasible t so far, at least G/Σ rate, plus X), so the result is always a
 bound, weaker when the time ran out (``GroupedBound.complete``).
 
+[G6] Whole-gradient floor W(π) (:func:`gradient_floor`). In a plan of π every layer is held once in
+each group, so every sync segment's cross-cluster ring spans >= n = |π| clusters, one per group at least,
+and carries the segment's gradient (``segment_allreduce``: the largest tp_min·shard bytes among its
+clusters, >= B_l = Σ_layers min over the partition's (GPU, tp) of tp·shard bytes, times the cheapest
+gradient precision's factor). Two parts of ``evaluate`` price all of it:
+(a) the [C5w] aggregate cap: for two groups g, h, every segment's ring uses a pair {a in g, b in h},
+so the loads (``_segments_and_loads``) of those pairs sum to >= B; a stage holding a segment over {a, b}
+ends its sync >= its first bucket's start + allreduce_time(aggregate(a→b), load(a, b), k >= n); when
+every link a→b (g to h) is capped, the largest of these is >= 2(n−1)/n·B / Σ_{a,b} peak(aggregate(a→b))
++ 2(n−1)·min λ (the loads cannot all be below their links' share); a ZeRO-1
+stage pays only the reduce-scatter share of it there (``gradsync.ZERO_PHASE`` = 1/2 in the zero1ov
+kernel, 1 before it: the floor takes 1/2, valid in both). T >= that.
+(b) per flow: one pipeline of group g has at most min(L, N_g) stages; its stages' buckets cover every
+layer, each stage's buckets run one after another, each >= the per-flow ring of its bytes (ring over
+>= n clusters: 2(n−1)/n·bytes / the best per-flow rate of the slowest link among one representative
+per group, or of those clusters' NICs); a ZeRO-1 stage's reduce-scatters (1/2 of it) plus its
+all-gather after the step (1/2, native >= the cheapest precision) are the whole ring. So the stage with
+most bytes runs >= ring(B)/min(L, N_g) within the iteration, T >= max over g of that.
+Different stages' syncs do not share a NIC or an uncapped link in ``evaluate`` (each bucket is priced
+alone, per flow), so no floor on the whole gradient over "the cut's parallel bandwidth" holds beyond
+(a) and (b): bound(π) = max(X(π) + min{t : ...}, W(π)).
+
 [G5] Outside the certificate: groups whose pipelines are not identical within the group, two groups
 sharing a cluster, and a stage whose replicas span several clusters (``PLAN_SPACE_OUTSIDE``).
 """
@@ -62,8 +84,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from hgopt.cost.comm import gradient_bytes
+from hgopt.cost.links import max_rate_from
 from hgopt.cost.pipeline import steady_weight
-from hgopt.cost.tables import CostTables
+from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.search import PlanResult
 from hgopt.search.blocks import CheapBounds, LinkPolicy, cheap_bounds
@@ -72,14 +96,17 @@ from hgopt.search.milp import batch_splits
 from hgopt.search.precisions import allowed_link_precisions
 from hgopt.spec import Instance
 
-__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "grouped_bound", "holds_a_replica",
-           "partitions"]
+__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "gradient_floor", "grouped_bound", "holds_a_replica",
+           "name_outside", "partitions"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
 MAX_CLUSTERS = 8
 """Above this many clusters the partitions are not enumerated (Bell(9) = 21,147) and the grouped space
 is bounded by its rate floor alone."""
+ZERO_RS_SHARE = 0.5
+"""The share of a ZeRO-1 segment's [C5] all-reduce its reduce-scatter costs (``gradsync.ZERO_PHASE``
+of the zero1ov kernel; the one-bucket ZeRO-1 price before it is the whole all-reduce, >= this) [G6]."""
 BISECT_RATIO = 1.0005
 """The bisection on a partition's pipeline time stops when its bracket is this narrow (relative)."""
 
@@ -92,6 +119,9 @@ PLAN_SPACE_OUTSIDE = (
     "outside: pipelines that are not identical within a group, two groups sharing a cluster, a stage "
     "whose replicas span several clusters"
 )
+
+OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (grouped bound off), pipelines that are not "
+                    "identical, a stage whose replicas span several clusters")
 
 
 class _OutOfTime(Exception):
@@ -108,6 +138,8 @@ class GroupedBound:
     """The partition that sets ``value`` (empty when ``target`` does)."""
     cross_s: float = 0.0
     """X of that partition [G1]."""
+    gradient_s: float = 0.0
+    """W of that partition [G6] (the whole-gradient floor)."""
     partitions: int = 0
     settled_by_rate: int = 0
     """Partitions settled at >= target by their rate floor alone."""
@@ -126,7 +158,7 @@ class GroupedBound:
             return f"no plan with data parallelism across cluster groups can beat {self.value:.6g} s"
         groups = " | ".join("+".join(g) for g in self.partition)
         return (f"data parallelism across cluster groups: bound {self.value:.6g} s at groups {groups} "
-                f"(cross-group all-reduce of layer 0 >= {self.cross_s:.4g} s)"
+                f"(cross-group all-reduce of layer 0 >= {self.cross_s:.4g} s, of every layer >= {self.gradient_s:.4g} s)"
                 + ("" if self.complete else "; the time limit left some partitions at their rate floor"))
 
 
@@ -204,6 +236,57 @@ def cross_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str, .
     return best
 
 
+def min_gradient_bytes(instance: Instance, tables: CostTables, clusters: Sequence[str], precision: str) -> float:
+    """[G6] B: the least bytes the cross-cluster rings of all sync segments of a plan on ``clusters``
+    carry together (every layer's tp·shard bytes at the cheapest (GPU, tp) of those clusters, in the
+    training dtype, times ``precision``'s factor; ``segment_allreduce`` carries the largest of them)."""
+    need = None
+    for c in clusters:
+        gpu = instance.topology.cluster(c).gpu
+        for tp in instance.model.tps(gpu):
+            shard = tp * np.diff(tables.table(gpu, tp).params)
+            need = shard if need is None else np.minimum(need, shard)
+    if need is None:
+        return 0.0
+    return float(gradient_bytes(float(need.sum()), tables.dtype_bytes, link_bytes_factor(instance.model.dtype, precision)))
+
+
+def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str, ...], ...], precision: str) -> float:
+    """[G6] W(π): a lower bound on every plan of partition ``part``'s iteration time from the
+    cross-group traffic of the whole gradient: (a) the aggregate caps between single-cluster groups,
+    (b) the per-flow rings of the stage with most bytes."""
+    n = len(part)
+    if n < 2:
+        return 0.0
+    topo = instance.topology
+    B = min_gradient_bytes(instance, tables, [c for g in part for c in g], precision)
+    if B <= 0:
+        return 0.0
+    ring = 2.0 * (n - 1) / n
+    best = 0.0
+    for i, g in enumerate(part):  # (a): every segment's ring uses a pair (a in g, b in h); Σ loads >= B
+        for h in part[i + 1 :]:
+            for src, dst in ((g, h), (h, g)):
+                aggs = [topo.link_spec(a, b).aggregate for a in src for b in dst]
+                if any(x is None for x in aggs):
+                    continue  # an uncapped link between them: no shared pipe to fill
+                cap = sum(max_rate_from(x, 1.0) for x in aggs)
+                t = ring * B / cap + 2.0 * (n - 1) * min(x.latency_s for x in aggs)
+                best = max(best, ZERO_RS_SHARE * t)
+    # (b): seconds per byte of a ring over one representative per group, the cheapest choice
+    per_byte = INF
+    for reps in itertools.product(*part):
+        worst = max(1.0 / max_rate_from(topo.cluster(c).inter_node, 1.0) for c in reps)
+        for a in reps:
+            for b in reps:
+                if a != b:
+                    worst = max(worst, 1.0 / max_rate_from(topo.link_spec(a, b).bandwidth, 1.0))
+        per_byte = min(per_byte, worst)
+    L = tables.num_layers
+    stages = min(min(L, sum(topo.cluster(c).num_gpus for c in g)) for g in part)
+    return max(best, ring * B * per_byte / max(stages, 1))
+
+
 def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, link_precision: str = "native",
                   target: float = INF, deadline: float = INF) -> GroupedBound:
     """[G3] A lower bound on every grouped plan's iteration time, min(target, ...)."""
@@ -237,13 +320,16 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
                 fit[g] = holds_a_replica(instance, tables, g)
             if not fit[g]:
                 return INF
-        r = sum(rates[c] for c in names)
-        return (G / r if r > 0 else INF) + cross_floor(instance, tables, p, cheapest, memo)
+        xs[p] = cross_floor(instance, tables, p, cheapest, memo)
+        ws[p] = gradient_floor(instance, tables, p, cheapest)
+        return max(floor_t + xs[p], ws[p])
 
+    xs: dict[tuple[tuple[str, ...], ...], float] = {}
+    ws: dict[tuple[tuple[str, ...], ...], float] = {}
     keyed = sorted(((part_floor(p), i, p) for i, p in enumerate(todo)))
     for floor_p, _, part in keyed:
         count += 1
-        x = floor_p - floor_t
+        x, w = xs.get(part, 0.0), ws.get(part, 0.0)
         if floor_p >= best:
             by_rate += 1
             continue
@@ -263,18 +349,20 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         except _OutOfTime as stop:
             complete = False
             lo = stop.args[0] if stop.args else floor_t
-            value = lo + x
+            value = max(lo + x, w)
             if value < best:
                 best, best_part, best_x = value, part, x
-            # the rest keep their rate floors: the least of them (sorted) bounds them all
+            # the rest keep their floors: the least of them (sorted) bounds them all
             rest = [f for f, _, _ in keyed[count:]]
             if rest and rest[0] < best:
-                best, best_part, best_x = rest[0], keyed[count][2], rest[0] - floor_t
+                best, best_part, best_x = rest[0], keyed[count][2], xs.get(keyed[count][2], 0.0)
             break
-        if lo + x < best:
-            best, best_part, best_x = lo + x, part, x
-        log.debug("partition %s: bound %.6g s (X %.4g s)", part, lo + x, x)
+        value = max(lo + x, w)
+        if value < best:
+            best, best_part, best_x = value, part, x
+        log.debug("partition %s: bound %.6g s (X %.4g s, W %.4g s)", part, value, x, w)
     return GroupedBound(value=best, partition=best_part if best < target else (), cross_s=best_x,
+                        gradient_s=ws.get(best_part, 0.0) if best < target else 0.0,
                         partitions=count, settled_by_rate=by_rate, complete=complete, precisions=precs)
 
 
@@ -346,6 +434,18 @@ def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> flo
 
 
 
+def name_outside(res: PlanResult) -> PlanResult:
+    """``res`` (the k-identical space's result) when the grouped bound is off: its plan space also names
+    data parallelism across cluster groups as outside the certified space (the heuristic's [H9] plans)."""
+    if res.plan is None:
+        return res
+    space = res.plan_space + OUTSIDE_WHEN_OFF
+    meta = dict(res.plan.meta)
+    if "plan_space" in meta:
+        meta["plan_space"] = space
+    return dataclasses.replace(res, plan=dataclasses.replace(res.plan, meta=tuple(meta.items())), plan_space=space)
+
+
 def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tuple[Plan, float] | None" = None) -> PlanResult:
     """``res`` (the k-identical space's result, ``plan_milp``) with the certificate over the union of
     both spaces: lower bound min(res's, ``gb``'s), gap and status recomputed on it, the plan space
@@ -353,6 +453,7 @@ def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tup
     e.g. the heuristic's [H9]) becomes the result when it is faster, being inside the space now."""
     if res.plan is None or res.lower_bound_s is None:
         return res
+    res = dataclasses.replace(res, plan_space=res.plan_space.removesuffix(OUTSIDE_WHEN_OFF))
     if not gb.covered:
         space = (f"{res.plan_space}; outside: data parallelism across cluster groups (more than {MAX_CLUSTERS} "
                  "clusters), pipelines that are not identical, a stage whose replicas span several clusters")
