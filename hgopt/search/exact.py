@@ -56,10 +56,10 @@ work limit, not the clock, ends the warm start, and the same input and ``--time-
 same warm start (and the same plan, when the MILP phase's own limits are also not the clock's)."""
 
 
-PRICED_WARM_WORK_PER_S = 20
+PRICED_WARM_WORK_PER_S = 17
 """costmilp: work units per second of its share for each heuristic run of the cost / budget warm
 start ([H10] runs the heuristic once per node-count vector it tries, each up to this work):
-geo-3r-gpt1.3b with 240 units (a 12 s share) ends by the work limit in about 8 s on a loaded core
+geo-3r-gpt1.3b with 204 units (a 12 s share) ends by the work limit in about 8 s on a loaded core
 (200 units find its 8-H100 plan, 50 only the 16-H100 one)."""
 
 

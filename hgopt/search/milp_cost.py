@@ -60,7 +60,6 @@ from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.blocks import BlockOption, CheapBounds, LinkPolicy, OutOfTime, Window, block_options, cheap_bounds, model_shape
 from hgopt.search.milp import (
-    LOAD_S_PER_NONZERO,
     MAX_NONZEROS,
     BatchSplit,
     Formulation,
@@ -93,6 +92,13 @@ GOAL_NONZEROS_PER_OPTION = 14
 """Nonzeros ``add_goal`` writes per block option (rows C1: q, v, q·v, q lower bound), for the size guard."""
 WARM_SHARE = 0.4
 """Share of the time limit (at most 12 s) the warm start (the heuristic under the same goal) may take."""
+LOAD_S_PER_NONZERO_COST = 5e-5
+"""Seconds per nonzero the size guard and the solver's limit reserve for building and loading a goal
+MILP (2.5 x ``milp.LOAD_S_PER_NONZERO``: on geo-3r-gpt1.3b under load a 98 k-nonzero model's HiGHS
+solve overran its limit by 3.7 s, a 1.05 M one took 5.2 s to build and load)."""
+RESERVE_S = 2.0
+"""The splits' MILPs stop min(RESERVE_S, 10 % of the time limit) before it: a solver may overrun its
+own limit by seconds (presolve, the root LP), and ``--time-limit T`` must return by max(1.1 T, T + 2 s)."""
 SPLIT_SHARE = 0.5
 """A split's solve may take at most this share of the time left (the others keep some)."""
 
@@ -281,7 +287,7 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     opts = {key: kept for key, os in opts.items()
             if (kept := [o for o in os if _useful(o, cheap, goal, split, rate[o.cluster], incumbent)])}
     size = estimated_nonzeros(opts, len(instance.topology.clusters)) + GOAL_NONZEROS_PER_OPTION * sum(map(len, opts.values()))
-    if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO > deadline - time.perf_counter():
+    if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO_COST > deadline - time.perf_counter():
         log.info("split %s: cost MILP of ~%d nonzeros not built", split, size)
         return SplitCost(split=split, best=None, lower_bound=min(floor, incumbent), unfinished=True)
     if not opts:
@@ -297,7 +303,7 @@ def solve_split_cost(instance: Instance, tables: CostTables, split: BatchSplit, 
     while True:
         # the solver's own limit leaves room for loading the model (the size guard's estimate): its
         # limit does not count the load, which on a large model takes seconds
-        limit = max(0.2, min(solve_options.time_limit_s, deadline - time.perf_counter() - size * LOAD_S_PER_NONZERO))
+        limit = max(0.2, min(solve_options.time_limit_s, deadline - time.perf_counter() - size * LOAD_S_PER_NONZERO_COST))
         res = solve(form.model, solver, dataclasses.replace(solve_options, time_limit_s=limit))
         name = res.version
         if res.status in ("optimal", "feasible", "no_solution", "infeasible"):
@@ -370,7 +376,7 @@ def plan_milp_cost(instance: Instance, options: PlanOptions, goal: CostGoal, *,
     from hgopt.search.by_cost import cost_lower_bound
 
     t_start = time.perf_counter()
-    deadline = t_start + options.time_limit_s
+    deadline = t_start + options.time_limit_s - min(RESERVE_S, 0.1 * options.time_limit_s)
     tables = build_tables(instance)
     model_shape(instance)
     links = link_policy(instance, options.extra)
