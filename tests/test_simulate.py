@@ -397,7 +397,8 @@ def test_paths_never_exceed_the_replay() -> None:
 # ---- shipped instances: a sample of cached plans --------------------------------------------------------
 _SAMPLE = [("default", "metis"), ("geo-8r-llama70b", "milp"), ("sailor-het-80+240", "heuristic"),
            ("sailor-het-128+384", "heuristic"), ("sailor-geo-5x80", "heuristic"),
-           ("sailor-gptneo-het-32+96", "heuristic:auto")]
+           ("sailor-gptneo-het-32+96", "heuristic:auto"),
+           ("sailor-geo-5x32", "milp:auto")]  # NIC-bound middle stages: within 2 % only with [C3n] (1.142 without)
 
 
 @pytest.mark.parametrize("name,planner", _SAMPLE)
