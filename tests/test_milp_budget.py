@@ -65,8 +65,10 @@ def test_too_short_a_limit_is_reported_not_overrun() -> None:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 20.0, f"{cpu:.1f} CPU s for a 1 s limit"
     assert 0.0 < res.search_time_s <= wall + 1e-3  # the reported search time is the call's own
-    assert any(n.startswith("time limit reached before the MILP") for n in res.notes)
-    assert any("the time limit ran out before its MILP was built" in n for n in res.notes)
+    # the phase the limit stops in depends on the machine's speed: whichever it is, a note says what it
+    # left undone (splits without a cheap bound, or without a MILP)
+    assert any(n.startswith(("time limit reached before the MILP", "time limit reached before the cheap bounds"))
+               for n in res.notes), res.notes
     assert res.plan is not None and res.lower_bound_s is not None  # the warm start and the bounds remain
     assert res.lower_bound_s <= res.iteration_time_s
 
