@@ -282,28 +282,45 @@ def _precision_combos(pipe: Pipeline, pairs: tuple[tuple[str, str], ...], cap: i
             yield _with_links(pipe, clusters, combo)
 
 
-def brute_force_links(inst: Instance, pairs: tuple[tuple[str, str], ...], cap: int | None = None) -> tuple[float, int]:
-    """(best evaluate(), number of feasible plans) over the MILP's space with every precision pair
-    of ``pairs`` on every inter-cluster boundary: every skeleton, local pipeline and assignment."""
+Family = tuple[tuple[tuple[str, str], ...], "int | None"]
+"""Precision pairs allowed on every inter-cluster boundary, and at most how many compressed ones."""
+
+
+def brute_force_link_families(inst: Instance, families: dict[str, Family]) -> dict[str, tuple[float, int]]:
+    """Per family: (best evaluate(), number of feasible plans) over the MILP's space with the
+    family's precision pairs on the inter-cluster boundaries: every skeleton, local pipeline and
+    assignment. One enumeration serves every family: each plan of the union of their pairs is scored
+    once and counted in each family that holds its assignment."""
     tables = build_tables(inst)
-    best, count = math.inf, 0
+    pairs = tuple(dict.fromkeys(p for ps, _ in families.values() for p in ps))
+    out = {name: (math.inf, 0) for name in families}
     for sp, pipe in _space(inst):
         if not evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables).feasible:
             continue  # memory does not depend on the boundaries' precision
-        for p in _precision_combos(pipe, pairs, cap):
-            ev = evaluate(Plan(pipelines=(p,) * sp.k), inst, tables)
-            count += 1
-            best = min(best, ev.iteration_time_s)
-    return best, count
+        for p in _precision_combos(pipe, pairs, None):
+            combo = _inter_links(Plan(pipelines=(p,)))
+            t = evaluate(Plan(pipelines=(p,) * sp.k), inst, tables).iteration_time_s
+            for name, (ps, cap) in families.items():
+                if all(c in ps for c in combo) and (cap is None or sum(c != ("native", "native") for c in combo) <= cap):
+                    best, count = out[name]
+                    out[name] = (min(best, t), count + 1)
+    return out
 
 
-_LINK_CACHE: dict[tuple[int, int | None], tuple[float, int]] = {}
+NATIVE = (("native", "native"),)
+LINK_FAMILIES: dict[str, Family] = {
+    "auto": (AUTO_PAIRS, None), "auto-1": (AUTO_PAIRS, 1), "native": (NATIVE, None),
+    "bf16": ((("bf16", "bf16"),), None), "fp8": ((("fp8", "fp8"),), None),
+    "native-bf16": (tuple((f, b) for f in ("native", "bf16") for b in ("native", "bf16")), None),
+}
+"""The families the link tests compare the planner with, all from one enumeration per instance."""
+_LINK_CACHE: dict[int, dict[str, tuple[float, int]]] = {}
 
 
-def _links_expected(variant: int, cap: int | None = None) -> tuple[float, int]:
-    if (variant, cap) not in _LINK_CACHE:
-        _LINK_CACHE[(variant, cap)] = brute_force_links(_links_instance(variant), AUTO_PAIRS, cap)
-    return _LINK_CACHE[(variant, cap)]
+def _links_expected(variant: int, family: str = "auto") -> tuple[float, int]:
+    if variant not in _LINK_CACHE:
+        _LINK_CACHE[variant] = brute_force_link_families(_links_instance(variant), LINK_FAMILIES)
+    return _LINK_CACHE[variant][family]
 
 
 def _inter_links(plan: Plan) -> list[tuple[str, str]]:
@@ -373,12 +390,12 @@ def test_max_compressed_links() -> None:
     assert zero.iteration_time_s == pytest.approx(native.iteration_time_s, rel=1e-9)
     # the native optimum itself (its bottleneck is the WAN link, above every stage's compute: the
     # cheap bound [B4] once left such plans out and certified a worse warm start as optimal)
-    assert native.iteration_time_s == pytest.approx(brute_force_links(inst, (("native", "native"),))[0], rel=1e-6)
+    assert native.iteration_time_s == pytest.approx(_links_expected(0, "native")[0], rel=1e-6)
     one = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-6,
                                        extra={"link_precision": "auto", "max_compressed_links": "1"}))
     assert one.plan is not None
     assert sum(p != ("native", "native") for p in _inter_links(one.plan)) <= 1
-    expect, _ = _links_expected(0, cap=1)
+    expect, _ = _links_expected(0, "auto-1")
     assert one.iteration_time_s == pytest.approx(expect, rel=1e-6)
     assert one.lower_bound_s is not None and one.lower_bound_s <= expect * (1 + 1e-9)
 
@@ -390,7 +407,7 @@ def test_fixed_precision_on_every_inter_cluster_boundary(prec: str) -> None:
     assert res.plan is not None
     assert _inter_links(res.plan) and all(p == (prec, prec) for p in _inter_links(res.plan))
     assert all(p == ("native", "native") for p in _intra_links(res.plan))
-    expect, _ = brute_force_links(inst, ((prec, prec),))
+    expect, _ = _links_expected(0, prec)
     assert res.iteration_time_s == pytest.approx(expect, rel=1e-6)
     assert f"{{{prec}}}" in res.plan_space
 
@@ -406,7 +423,7 @@ def test_link_penalty_moves_the_choice_and_keeps_the_bound_valid() -> None:
     search slow), and what no limit can change (the bounds) is asserted always."""
     inst = _links_instance(0)
     expect_auto, _ = _links_expected(0)
-    expect_bf16, _ = brute_force_links(inst, tuple((f, b) for f in ("native", "bf16") for b in ("native", "bf16")))
+    expect_bf16, _ = _links_expected(0, "native-bf16")
     assert expect_auto + 0.5 > expect_bf16 > expect_auto  # the instance is what the docstring says
     free = plan_exact(inst, PlanOptions(time_limit_s=600, gap=1e-6, extra={"link_precision": "auto"}))
     assert free.plan is not None and free.lower_bound_s is not None and free.lower_bound_s <= expect_auto * (1 + 1e-9)

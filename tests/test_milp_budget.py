@@ -18,8 +18,16 @@ from hgopt.solvers import SolveOptions
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 
 
+def _zones() -> object:
+    topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0), ("c", "A", 1, 4, 40.0)),
+                         wan_gbit_s=10.0, wan_latency_ms=1.0)
+    return tiny_instance(global_batch=48, model=tiny_model(num_layers=6, activation_bytes=5e7, params=1e5,
+                                                          gpus={"A": 0.01}), topology=topo)
+
+
 def test_block_options_stop_at_the_deadline() -> None:
-    inst = load_instance("default")
+    """Three clusters (:func:`_zones`): complete without a deadline, OutOfTime past one."""
+    inst = _zones()
     tables = build_tables(inst)
     sp = batch_splits(inst)[0]
     kw = dict(replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
@@ -30,7 +38,9 @@ def test_block_options_stop_at_the_deadline() -> None:
 
 
 def test_a_split_out_of_time_keeps_its_valid_bound_and_says_so() -> None:
-    inst = load_instance("default")
+    """Past its deadline a split (of :func:`_zones`) is unfinished, builds no MILP and keeps its cheap
+    bound; solved without a deadline, its bound and its plan are at or above that bound."""
+    inst = _zones()
     tables = build_tables(inst)
     sp = batch_splits(inst)[0]
     cheap = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
@@ -41,8 +51,7 @@ def test_a_split_out_of_time_keeps_its_valid_bound_and_says_so() -> None:
     assert out.lower_bound == cheap.value  # the cheap bound, still a bound on every plan of the split
     full = solve_split(inst, tables, sp, cheap, solver="highs", solve_options=SolveOptions(time_limit_s=30.0))
     assert not full.unfinished and full.lower_bound >= out.lower_bound - 1e-12
-    if full.plan is not None:
-        assert full.value >= out.lower_bound - 1e-9
+    assert full.plan is not None and full.value >= out.lower_bound - 1e-9
 
 
 def test_too_short_a_limit_is_reported_not_overrun() -> None:
@@ -56,17 +65,12 @@ def test_too_short_a_limit_is_reported_not_overrun() -> None:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 20.0, f"{cpu:.1f} CPU s for a 1 s limit"
     assert 0.0 < res.search_time_s <= wall + 1e-3  # the reported search time is the call's own
-    assert any(n.startswith("time limit reached before the MILP") for n in res.notes)
-    assert any("the time limit ran out before its MILP was built" in n for n in res.notes)
+    # the phase the limit stops in depends on the machine's speed: whichever it is, a note says what it
+    # left undone (splits without a cheap bound, or without a MILP)
+    assert any(n.startswith(("time limit reached before the MILP", "time limit reached before the cheap bounds"))
+               for n in res.notes), res.notes
     assert res.plan is not None and res.lower_bound_s is not None  # the warm start and the bounds remain
     assert res.lower_bound_s <= res.iteration_time_s
-
-
-def _zones() -> object:
-    topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0), ("c", "A", 1, 4, 40.0)),
-                         wan_gbit_s=10.0, wan_latency_ms=1.0)
-    return tiny_instance(global_batch=48, model=tiny_model(num_layers=6, activation_bytes=5e7, params=1e5,
-                                                          gpus={"A": 0.01}), topology=topo)
 
 
 def test_exact_planner_names_a_faster_plan_outside_its_space() -> None:

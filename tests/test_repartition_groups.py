@@ -5,9 +5,11 @@ so that they must win (or must not)."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage, validate
 from hgopt.search.groups import groupings, rate_bound, sub_instance, wan_allreduce_time
 from hgopt.search.hierarchical import HeuristicOptions, plan_heuristic
 from hgopt.search.repartition import _min_fill, _stage_costs, repartition
-from hgopt.spec import Instance
+from hgopt.spec import Instance, instance_from_dict
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 
 
@@ -122,13 +124,17 @@ def test_rate_bound_is_never_exceeded() -> None:
             assert sub.job.global_batch / t <= rate_bound(inst, tables, c) * (1 + 1e-12)
 
 
-def _zones_instance(wan_gbit_s: float) -> Instance:
+def _zones_doc(wan_gbit_s: float) -> dict[str, object]:
     """Three identical clusters; big activations, small gradients: each cluster training its own share
     and meeting only for the all-reduce beats pipelines across them when the links are fast enough."""
     topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "A", 1, 4, 40.0), ("c", "A", 1, 4, 40.0)),
                          wan_gbit_s=wan_gbit_s, wan_latency_ms=1.0)
-    return tiny_instance(global_batch=48, model=tiny_model(num_layers=6, activation_bytes=5e7, params=1e5,
-                                                          gpus={"A": 0.01}), topology=topo)
+    return {"name": "zones", "model": tiny_model(num_layers=6, activation_bytes=5e7, params=1e5, gpus={"A": 0.01}),
+            "topology": topo, "job": {"global_batch": 48, "seq_len": 128, "precision": "fp32"}}
+
+
+def _zones_instance(wan_gbit_s: float) -> Instance:
+    return instance_from_dict(_zones_doc(wan_gbit_s))
 
 
 def test_grouped_plan_wins_when_gradients_are_cheap_to_sync() -> None:
@@ -182,20 +188,21 @@ def test_grouped_plan_on_a_shipped_multi_zone_instance_beats_the_single_family()
     assert evaluate(res.plan, inst).feasible
 
 
-def test_plan_command_describes_a_grouped_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    """`hgopt plan` on an instance where the heuristic trains cluster groups in data parallel: the
+def test_plan_command_describes_a_grouped_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`hgopt plan` on an instance file where the heuristic trains cluster groups in data parallel
+    (the three zones above; the shipped sailor-geo-5x32 is planned in groups by the test above): the
     summary adds up the different pipelines' samples and names the groups."""
     from hgopt.cli import main
 
-    # links: on sailor-het-16+16 a cross-cluster pipeline now wins (per-flow links); five zones of 32
-    # A100s still train in cluster groups
-    assert main(["plan", "sailor-geo-5x32", "--planner", "heuristic"]) == 0
+    path = tmp_path / "zones.json"
+    path.write_text(json.dumps(_zones_doc(10.0)))
+    assert main(["plan", str(path), "--planner", "heuristic"]) == 0
     out = capsys.readouterr().out
     plan_line = next(line for line in out.splitlines() if line.startswith("pipelines "))
     shapes = re.findall(r"(\d+) x microbatch (\d+) x (\d+) microbatches", plan_line)
     assert len(shapes) >= 1
     total = sum(int(n) * int(b) * int(m) for n, b, m in shapes)
-    assert total == load_instance("sailor-geo-5x32").job.global_batch
+    assert total == 48
     assert "note: groups:" in out
 
 

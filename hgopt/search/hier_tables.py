@@ -299,7 +299,9 @@ def _config_estimate_uncached(
     # compute: the heaviest stage holds ceil(nb/s) blocks or a special layer with its share
     bott = np.maximum(per_stage_blocks * t_b, max(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
     bott = np.maximum(bott, work / s)
-    act_bytes = float(np.mean(tables.activation_bytes))
+    if ("act_mean",) not in cache:  # the same for every config: one mean per cache (per tables, as "parts")
+        cache[("act_mean",)] = float(np.mean(tables.activation_bytes))
+    act_bytes: float = cache[("act_mean",)]  # type: ignore[assignment]
     send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, replicas * dp, mbs) * act_bytes)  # links: NIC
     bott = np.where(s > 1, np.maximum(bott, send), bott)
     fill = stage_fill(work, (s - 1) * send, (s - 1) * send)
@@ -338,4 +340,5 @@ def _config_estimate_uncached(
         first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
-    return tuple(np.broadcast_arrays(*out))
+    shape = np.broadcast_shapes(*(np.shape(a) for a in out))
+    return tuple(a if np.shape(a) == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written

@@ -1,0 +1,42 @@
+"""CPU time of the heuristic at 512 GPUs in 8 clusters (issue #10's planning-speed target: <= 1 s CPU),
+for before/after comparisons: one warm-up run, then ``REPEATS`` timed runs on the same cost tables
+(built once, outside the timing). Prints the median and the least CPU seconds (contention inflates
+CPU time, never deflates it: the least is the steadier figure on a loaded machine) and the load.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/heuristic_speed.py [REPEATS] [LABEL]
+
+Run it alternately in two trees (before, after) to compare them under the same load."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plan_quality import speed_instance  # noqa: E402
+
+from hgopt.cost import build_tables  # noqa: E402
+from hgopt.search.hierarchical import plan_heuristic  # noqa: E402
+
+
+def main(argv: list[str]) -> None:
+    repeats = int(argv[0]) if argv else 5
+    label = argv[1] if len(argv) > 1 else "heuristic"
+    inst = speed_instance()
+    tables = build_tables(inst)
+    plan_heuristic(inst, tables=tables)  # warm-up: imports, first-call caches
+    cpus = []
+    for _ in range(repeats):
+        c0 = time.process_time()
+        plan_heuristic(inst, tables=tables)
+        cpus.append(time.process_time() - c0)
+    print(f"{label}: median CPU {statistics.median(cpus):.3f} s, least {min(cpus):.3f} s over {repeats} runs, "
+          f"load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
