@@ -42,8 +42,8 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
-           "arc_precisions", "block_options", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
+           "arc_precisions", "block_options", "handover_key", "handover_times", "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -650,6 +650,40 @@ class ArcPrecision:
 
     def fill(self, mu: float) -> float:
         return self.fwd + self.bwd + mu * (self.q_fwd + self.q_bwd)
+
+
+HandoverKey = tuple[int, int, int]
+"""(tp, dp, mbs) of a block's local stages: all a hand-over's time depends on at each end [C4]."""
+
+
+def handover_key(o: BlockOption) -> HandoverKey:
+    """The part of an option's layout that a hand-over out of it or into it depends on."""
+    return (o.cfg.tp, o.cfg.dp, o.cfg.mbs)
+
+
+def handover_times(instance: Instance, tables: CostTables, a: str, b: str, ka: HandoverKey, kb: HandoverKey,
+                   pipelines: int, pair: tuple[str, str] = NATIVE_PAIR,
+                   shape: ModelShape | None = None) -> tuple[float, float]:
+    """[M8c] The exact (forward, backward) seconds of a hand-over from a block of layout ``ka`` in
+    cluster a to a block of layout ``kb`` in cluster b, for ``pipelines`` identical pipelines, at
+    precision ``pair``: ``evaluate``'s own ``stage_boundary_time`` on a two-stage probe cut at a trunk
+    boundary. Exact for every plan of the MILP's space, not only a bound: a hand-over a→b is between
+    a's last local stage and b's first (each one ReplicaGroup of that layout), at a trunk boundary
+    (every one carries the same bytes per sample; a prefix-only first block is allowed only when its
+    output is that size, ``ModelShape.boundary_ok_after_prefix``); each cluster appears once per chain,
+    so link a→b carries only this boundary's activations and b→a only its gradients, which is what the
+    probe's own loads are (``stage_boundary_time`` without ``wan_loads``: this pipeline's, times
+    ``pipelines`` copies sharing nodes as ``evaluate`` places them)."""
+    from hgopt.cost.evaluate import stage_boundary_time  # the kernel's own hand-over [C4]
+
+    shape = shape or model_shape(instance)
+    cut, L = shape.p + 1, shape.num_layers
+    ga = ReplicaGroup(cluster=a, tp=ka[0], dp=ka[1], mbs=ka[2])
+    gb = ReplicaGroup(cluster=b, tp=kb[0], dp=kb[1], mbs=kb[2])
+    native = pair == NATIVE_PAIR
+    probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ga,), zero=1), Stage(start=cut, end=L, groups=(gb,), zero=1)),
+                     num_microbatches=1, boundaries=() if native else (Boundary(fwd=pair[0], bwd=pair[1]),))  # type: ignore[arg-type]
+    return stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
 
 
 def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,
