@@ -1,7 +1,8 @@
-"""[M8c] The exact planner's hand-overs at the layouts the two blocks use (formulations/cluster_milp.md):
-``handover_times`` equals ``evaluate``'s send times on every inter-cluster boundary of the MILP's
-space, and on multi-node clusters behind per-flow-limited links (where the layout-free
-``handover_lower_bound`` is loose) the MILP proves the brute-force optimum."""
+"""[M8f] The exact planner's hand-over floor over the split's layouts (formulations/cluster_milp.md):
+the probe ``handover_times`` equals ``evaluate``'s send times on every inter-cluster boundary of the
+MILP's space, the floor ``layout_floor`` is at most them, and on multi-node clusters behind
+per-flow links (where the layout-free ``handover_lower_bound`` is loose) the MILP proves the
+brute-force optimum, which without the floor it does not."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from hgopt.cost import build_tables, evaluate
 from hgopt.plan import Plan
 from hgopt.search import PlanOptions
-from hgopt.search.blocks import handover_times, model_shape
+from hgopt.search.blocks import arc_precisions, handover_times, layout_floor, model_shape
 from hgopt.search.exact import plan_exact
 from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
@@ -42,7 +43,8 @@ def _instance(seed: int) -> Instance:
 def test_handover_times_equal_evaluate_on_every_boundary_of_the_space(seed: int) -> None:
     """For plans of the MILP's space (every 7th, to keep it short), each inter-cluster boundary's
     forward and backward send times in ``evaluate`` are exactly ``handover_times`` of the two
-    stages' layouts, for k identical pipelines."""
+    stages' layouts, for k identical pipelines, and at least the split's floor [M8f] (alone and in
+    the arc data the bounds and the MILP use)."""
     inst = _instance(seed)
     tables = build_tables(inst)
     shape = model_shape(inst)
@@ -59,6 +61,10 @@ def test_handover_times_equal_evaluate_on_every_boundary_of_the_space(seed: int)
                                       (gb.tp, gb.dp, gb.mbs), sp.k, shape=shape)
             rep = ev.stages[j]
             assert (fwd, bwd) == pytest.approx((rep.send_fwd_s, rep.send_bwd_s), rel=1e-12), (sp, pipe, j)
+            lo = layout_floor(inst, tables, ga.cluster, gb.cluster, sp.microbatch, sp.k, ("native", "native"), shape)
+            assert lo[0] <= rep.send_fwd_s * (1 + 1e-12) and lo[1] <= rep.send_bwd_s * (1 + 1e-12)
+            arc = arc_precisions(inst, tables, ga.cluster, gb.cluster, sp.microbatch, sp.k, shape=shape, floor=True)[0]
+            assert arc.fwd <= rep.send_fwd_s * (1 + 1e-12) and arc.bwd <= rep.send_bwd_s * (1 + 1e-12)
             checked += 1
     assert checked > 20
 
@@ -89,12 +95,12 @@ def test_milp_equals_brute_force_on_multi_node_clusters(seed: int) -> None:
     assert res.status == "optimal"
 
 
-def test_layout_rows_matter_on_these_instances(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cross-check has teeth: without [M8c] (the layout-free hand-over bound only), the MILP's
+def test_layout_floor_matters_on_these_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-check has teeth: without [M8f] (the layout-free hand-over bound only), the MILP's
     bound falls below the brute-force optimum on some seed."""
-    import hgopt.search.milp as milp
+    import hgopt.search.blocks as blocks
 
-    monkeypatch.setattr(milp, "_handover_rows", lambda *a, **k: None)
+    monkeypatch.setattr(blocks, "FLOOR_MAX_CLUSTERS", 0)
     below = 0
     for seed in range(SEEDS):
         expect = _expected(seed)

@@ -31,16 +31,12 @@ from hgopt.search.blocks import (
     ArcPrecision,
     BlockOption,
     CheapBounds,
-    HandoverKey,
     LinkPolicy,
-    ModelShape,
     OutOfTime,
     Window,
     arc_precisions,
     block_options,
     cheap_bounds,
-    handover_key,
-    handover_times,
     model_shape,
 )
 from hgopt.search.precisions import allowed_link_precisions
@@ -175,9 +171,6 @@ class Formulation:
     """Fill of a hand-over: both directions [C4w] (as ``wan``, the largest)."""
     links: dict[tuple[str, str], tuple[LinkVar, ...]] = field(default_factory=dict)
     """Per arc, one variable per allowed precision pair [M17] (z itself when there is one)."""
-    handover_excess: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
-    """Per arc, the fill variables of [M8c]: what the hand-over's exact fill for the chosen layouts
-    adds to its ``LinkVar.fill_terms`` (0 unless that arc and precision are chosen)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,11 +198,10 @@ def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds, links: LinkPolicy | None = None, handovers: dict[tuple[object, ...], tuple[float, float]] | None = None,
+    bounds: CheapBounds, links: LinkPolicy | None = None,
 ) -> Formulation:
     """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
-    With native links only (the default policy) the model is the one of §3, row for row, plus the
-    layout-dependent hand-over rows [M8c]. ``handovers``: a cache of ``handover_times`` (one per split)."""
+    With native links only (the default policy) the model is the one of §3, row for row."""
     pol = links or LinkPolicy()
     shape = model_shape(instance)
     names = [c.name for c in instance.topology.clusters]
@@ -231,7 +223,8 @@ def build_milp(
         for b in names:
             if a != b and a in hands and b in takes:
                 z = form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
-                arcs = arc_precisions(instance, tables, a, b, split.microbatch, split.k, pol, shape)
+                arcs = bounds.arcs_of(a, b, pol) or arc_precisions(instance, tables, a, b, split.microbatch, split.k,
+                                                                   pol, shape)  # [M8f] floor when the bounds have it
                 lv = []
                 for e in arcs:
                     tag = f"{e.pair[0]}/{e.pair[1]}"
@@ -277,7 +270,6 @@ def build_milp(
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
     if pol.compresses:
         _precision_rows(form, by_cluster, pol)
-    _handover_rows(form, by_cluster, t, instance, tables, shape, {} if handovers is None else handovers)  # [M8c]
     _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     obj = {t: steady_weight(split.num_microbatches), u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
@@ -285,8 +277,6 @@ def build_milp(
         for v in lv:
             _add_terms(obj, v.fill_terms())
             _add_terms(obj, {v.z: v.arc.penalty})
-    for ex in form.handover_excess.values():  # [M8c] the exact hand-over's fill beyond fill_terms
-        _add_terms(obj, {j: 1.0 for j in ex})
     lm.set_objective(obj)
     return form
 
@@ -311,87 +301,6 @@ def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
             if v.mu is not None:
                 _add_terms(row, {v.mu: -getattr(v.arc, cast)})
         lm.add_row(f"M8_wan_{tag}[{c}]", row, lb=0.0, kind="time")
-
-
-def _handover_rows(form: Formulation, by_cluster: dict[str, list[int]], t: int, instance: Instance,
-                   tables: CostTables, shape: ModelShape, cache: dict[tuple[object, ...], tuple[float, float]]) -> None:
-    """[M8c] The hand-over a→b at the layouts the two blocks use. The arc data of [M8]/[M13]-[M15w]
-    (``ArcPrecision``) are a bound over every layout (``handover_lower_bound``: the most node-pair
-    flows the clusters' node counts allow); the exact time depends on the (tp, dp, mbs) of a's and
-    b's blocks (how the samples of a microbatch spread over nodes: the largest node-pair flow, each
-    NIC's share), ``handover_times`` (evaluate's own ``stage_boundary_time``). With
-    H[c,κ] = Σ_{o of c with layout κ} y_o (Σ_κ H[c,κ] <= 1 by [M1]) and P(κa, κb) the slower
-    direction of that exact hand-over at the arc's precision pair π, per layout κa of a:
-
-        T >= Σ_κb P(κa, κb)·H[b,κb] + P̄(κa)·(z_abπ + H[a,κa] − 2),   P̄(κa) = max_κb P(κa, κb),
-
-    and the same for the fill excess e_abπ >= 0 (added to the arc's fill wherever [M13]-[M15w] and
-    the objective use it) with D(κa, κb) = exact fwd + bwd − the arc's fill at the cast block
-    min(mbs_a, mbs_b) [M19], clamped at 0. Valid: if z_abπ = H[a,κa] = 1 and b uses κb, the right-
-    hand side is P(κa, κb), what ``evaluate`` prices that boundary at (T >= every send of the
-    pipeline [C3]); otherwise it is <= P̄(κa) − P̄(κa) = 0 <= T. So at every integer point the
-    minimal e and the rows [M8] give the hand-over exactly its ``evaluate`` pace and fill (never
-    more: ``handover_lower_bound`` <= the exact time, so the excess is >= 0), and the MILP stays a
-    lower bound of ``evaluate``. Rows are written only where some P exceeds the arc's bound."""
-    lm, ys = form.model, form.y
-    k = form.split.k
-    keys: dict[str, dict[HandoverKey, list[int]]] = {c: {} for c in by_cluster}
-    for c, js in by_cluster.items():
-        for j in js:
-            keys[c].setdefault(handover_key(ys[j]), []).append(j)
-    sends = {c: {handover_key(ys[j]) for j in js if ys[j].role in ("first", "middle")} for c, js in by_cluster.items()}
-    takes = {c: {handover_key(ys[j]) for j in js if ys[j].role in ("middle", "end")} for c, js in by_cluster.items()}
-    big_h: dict[tuple[str, HandoverKey], int] = {}
-
-    def h(c: str, key: HandoverKey) -> int:
-        if (c, key) not in big_h:
-            big_h[(c, key)] = lm.add_var(f"H[{c},{key[0]}x{key[1]}x{key[2]}]", lb=0.0, ub=1.0)
-            lm.add_row(f"M8c_layout[{c},{key[0]}x{key[1]}x{key[2]}]",
-                       {big_h[(c, key)]: 1.0, **{j: -1.0 for j in keys[c][key]}}, 0.0, 0.0)
-        return big_h[(c, key)]
-
-    for (a, b), lv in form.links.items():
-        excess: list[int] = []
-        for v in lv:
-            pace: dict[tuple[HandoverKey, HandoverKey], float] = {}
-            over: dict[tuple[HandoverKey, HandoverKey], float] = {}
-            for ka in sends[a]:
-                for kb in takes[b]:
-                    ck = (a, b, ka, kb, k, v.arc.pair)
-                    if ck not in cache:
-                        cache[ck] = handover_times(instance, tables, a, b, ka, kb, k, v.arc.pair, shape)
-                    fwd, bwd = cache[ck]
-                    pace[(ka, kb)] = max(fwd, bwd)
-                    over[(ka, kb)] = max(0.0, fwd + bwd - v.arc.fill(float(min(ka[2], kb[2]))))
-            if not pace:
-                continue
-            tol = 1e-12 * (1.0 + max(pace.values()))
-            tag = f"{a},{b},{v.arc.pair[0]}/{v.arc.pair[1]}"
-            if max(pace.values()) > v.arc.pace(0.0) + tol:
-                for ka in sorted(sends[a]):
-                    top = max(pace[(ka, kb)] for kb in takes[b])
-                    row = {t: 1.0, v.z: -top, h(a, ka): -top}
-                    for kb in takes[b]:
-                        _add_terms(row, {h(b, kb): -pace[(ka, kb)]})
-                    lm.add_row(f"M8c_pace[{tag},{ka[0]}x{ka[1]}x{ka[2]}]", row, lb=-2.0 * top, kind="time")
-            d_max = max(over.values())
-            if d_max > tol:
-                e = lm.add_var(f"e[{tag}]", lb=0.0, ub=d_max, kind="time")
-                excess.append(e)
-                for ka in sorted(sends[a]):
-                    top = max(over[(ka, kb)] for kb in takes[b])
-                    if top <= tol:
-                        continue
-                    row = {e: 1.0, v.z: -top, h(a, ka): -top}
-                    for kb in takes[b]:
-                        _add_terms(row, {h(b, kb): -over[(ka, kb)]})
-                    lm.add_row(f"M8c_fill[{tag},{ka[0]}x{ka[1]}x{ka[2]}]", row, lb=-2.0 * top, kind="time")
-            # the big-M data of [M13]-[M16] must bound the exact pace and fill too
-            form.wan[(a, b)] = max(form.wan[(a, b)], max(pace.values()))
-            mu_max = float(max(max(ka[2], kb[2]) for ka, kb in over))
-            form.wan_fill[(a, b)] = max(form.wan_fill[(a, b)], v.arc.fill(mu_max) + d_max)
-        if excess:
-            form.handover_excess[(a, b)] = tuple(excess)
 
 
 def _precision_rows(form: Formulation, by_cluster: dict[str, list[int]], pol: LinkPolicy) -> None:
@@ -457,7 +366,6 @@ def _round_trip_rows(form: Formulation, by_cluster: dict[str, list[int]], names:
         row: dict[int, float] = {}
         for lv in form.links[arc]:
             _add_terms(row, lv.fill_terms(), scale)
-        _add_terms(row, {j: 1.0 for j in form.handover_excess.get(arc, ())}, scale)  # [M8c]
         return row
 
     for (a, b), zj in form.z.items():
@@ -687,7 +595,6 @@ def solve_split(
         t_cap = bounds.t_lb * WIDEN if w > 0 else math.inf
     best_plan, best_val, best_pen, lb = None, math.inf, 0.0, bounds.value
     solves: list[SolveResult] = []
-    handovers: dict[tuple[object, ...], tuple[float, float]] = {}  # [M8c] exact hand-overs, across caps
     nv = nr = 0
     while True:
         cap_lb = math.inf
@@ -716,7 +623,7 @@ def solve_split(
                      left, MAX_NONZEROS)
             return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
-        form = build_milp(instance, tables, split, opts, bounds, pol, handovers)
+        form = build_milp(instance, tables, split, opts, bounds, pol)
         if hint is not None:
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)

@@ -170,7 +170,8 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if a != b:
-                for k, e in enumerate(arc_precisions(instance, tables, a, b, microbatch, replicas, pol, shape)):
+                arcs = cheap.arcs_of(a, b, pol) or arc_precisions(instance, tables, a, b, microbatch, replicas, pol, shape)
+                for k, e in enumerate(arcs):  # with the layout floor [M8f] when the cheap bound has it
                     wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
