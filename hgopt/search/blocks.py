@@ -42,8 +42,8 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
-           "arc_precisions", "block_options", "handover_key", "handover_times", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "ArcTable", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
+           "arc_precisions", "arc_table", "block_options", "handover_key", "handover_times", "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -405,19 +405,6 @@ class CheapBounds:
     """fill_lb(tau_i): least fill of any plan whose bottleneck is at most tau_i (inf: none)."""
     f_lb: float
     """Least fill of any plan at all (fill_at of the largest grid point)."""
-    arcs: tuple[tuple[tuple[str, str], tuple[ArcPrecision, ...]], ...] = ()
-    """Per arc (a, b), ``arc_precisions`` of the split under the bound's link policy, with the layout
-    floor [M8f] where the instance has at most FLOOR_MAX_CLUSTERS clusters: computed once per split
-    here, read by the relaxation and the MILP (``arcs_of``)."""
-
-    def arcs_of(self, a: str, b: str, links: LinkPolicy | None = None) -> tuple[ArcPrecision, ...] | None:
-        """The stored arc data of a→b when they were computed for ``links``'s precision pairs."""
-        pairs = (links or LinkPolicy()).pairs
-        for key, arcs in self.arcs:
-            if key == (a, b) and tuple(e.pair for e in arcs) == tuple(pairs) and \
-                    all(e.penalty == (links or LinkPolicy()).pair_penalty(e.pair) for e in arcs):
-                return arcs
-        return None
 
     @property
     def value(self) -> float:
@@ -473,13 +460,10 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
                 rows[c.name].append(_Cfg(stages=budget // cfg.gpus, gpus=cfg.gpus, t1=t1, jmax=jmax))
     t_lb = _fluid(rows, shape.trunk)
     wan = (INF, INF)
-    table: list[tuple[tuple[str, str], tuple[ArcPrecision, ...]]] = []
-    if len(instance.topology.clusters) > 1:
-        use_floor = len(instance.topology.clusters) <= FLOOR_MAX_CLUSTERS
-        table = [((a.name, b.name), arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape,
-                                                   floor=use_floor))
-                 for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name]
-        arcs = [(e.pace(1.0), e.fill(1.0)) for _, es in table for e in es]
+    if len(instance.topology.clusters) > 1:  # no layout floor here: every split gets this bound first
+        arcs = [(e.pace(1.0), e.fill(1.0))
+                for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
+                for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
         wan = (min(x for x, _ in arcs), min(y for _, y in arcs))
     extra = sum(f_min[l] for l in special)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
@@ -499,8 +483,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
         fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
         if len(fill) >= 2:
             best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb)
-    return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor,
-                       arcs=tuple(table))
+    return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor)
 
 
 def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
@@ -749,6 +732,21 @@ def layout_floor(instance: Instance, tables: CostTables, a: str, b: str, microba
                 f, g = f - qf, g - qb
             fwd, bwd = min(fwd, f), min(bwd, g)
     return fwd, bwd
+
+
+ArcTable = dict[tuple[str, str], tuple["ArcPrecision", ...]]
+
+
+def arc_table(instance: Instance, tables: CostTables, microbatch: int, pipelines: int,
+              links: LinkPolicy | None = None, shape: ModelShape | None = None) -> ArcTable:
+    """``arc_precisions`` of every ordered cluster pair of a split, with the layout floor [M8f] when
+    the instance has at most FLOOR_MAX_CLUSTERS clusters (computed once per split by the relaxation
+    and once by the MILP's cap loop; the cheap bound [B4], which every split gets first, does without)."""
+    shape = shape or model_shape(instance)
+    names = [c.name for c in instance.topology.clusters]
+    use_floor = 1 < len(names) <= FLOOR_MAX_CLUSTERS
+    return {(a, b): arc_precisions(instance, tables, a, b, microbatch, pipelines, links, shape, floor=use_floor)
+            for a in names for b in names if a != b}
 
 
 def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,

@@ -30,11 +30,13 @@ from hgopt.search.blocks import (
     NATIVE_PAIR,
     ArcPrecision,
     BlockOption,
+    ArcTable,
     CheapBounds,
     LinkPolicy,
     OutOfTime,
     Window,
     arc_precisions,
+    arc_table,
     block_options,
     cheap_bounds,
     model_shape,
@@ -198,10 +200,12 @@ def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds, links: LinkPolicy | None = None,
+    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None,
 ) -> Formulation:
     """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
-    With native links only (the default policy) the model is the one of §3, row for row."""
+    With native links only (the default policy) the model is the one of §3, row for row. ``arcs``:
+    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted."""
+    arcs_in = arcs
     pol = links or LinkPolicy()
     shape = model_shape(instance)
     names = [c.name for c in instance.topology.clusters]
@@ -223,8 +227,8 @@ def build_milp(
         for b in names:
             if a != b and a in hands and b in takes:
                 z = form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
-                arcs = bounds.arcs_of(a, b, pol) or arc_precisions(instance, tables, a, b, split.microbatch, split.k,
-                                                                   pol, shape)  # [M8f] floor when the bounds have it
+                arcs = arcs_in[(a, b)] if arcs_in is not None else \
+                    arc_precisions(instance, tables, a, b, split.microbatch, split.k, pol, shape)
                 lv = []
                 for e in arcs:
                     tag = f"{e.pair[0]}/{e.pair[1]}"
@@ -595,6 +599,7 @@ def solve_split(
         t_cap = bounds.t_lb * WIDEN if w > 0 else math.inf
     best_plan, best_val, best_pen, lb = None, math.inf, 0.0, bounds.value
     solves: list[SolveResult] = []
+    arcs: ArcTable | None = None
     nv = nr = 0
     while True:
         cap_lb = math.inf
@@ -623,7 +628,9 @@ def solve_split(
                      left, MAX_NONZEROS)
             return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
-        form = build_milp(instance, tables, split, opts, bounds, pol)
+        if arcs is None:  # [M8f] once per split, not per cap
+            arcs = arc_table(instance, tables, split.microbatch, split.k, pol, model_shape(instance))
+        form = build_milp(instance, tables, split, opts, bounds, pol, arcs)
         if hint is not None:
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
