@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hgopt.cost import CostTables, Evaluation, StageReport, build_tables, evaluate
-from hgopt.cost.evaluate import wan_bytes_per_iteration
+from hgopt.cost.money import Money, money
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance
 from hgopt.jsonable import json_safe
@@ -59,18 +59,6 @@ class ClusterUse:
     iteration time × datasheet peak FLOP/s; None with ``mfu_note`` saying why."""
     mfu_note: str = ""
     usd_per_gpu_hour: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Money:
-    usd_per_iteration: float | None
-    """GPU-hours of the used GPUs (``cost_per_gpu_hour``) plus WAN egress; None when a used cluster
-    has no price."""
-    usd_per_million_tokens: float | None
-    gpu_usd_per_iteration: float | None
-    egress_usd_per_iteration: float | None
-    """None when no link carrying traffic has ``egress_usd_per_gb`` or the WAN bytes are unknown."""
-    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,35 +179,7 @@ def _peak_flops(gpu: str, dtype: str) -> float | None:
 
 
 def _money(plan: Plan, instance: Instance, tables: CostTables, T: float, tokens: int) -> Money:
-    notes: list[str] = []
-    used = plan.gpus_by_cluster()
-    unpriced = [c for c in used if instance.topology.cluster(c).cost_per_gpu_hour is None]
-    gpu_usd: float | None = None
-    if unpriced:
-        notes.append(f"no cost_per_gpu_hour for {', '.join(unpriced)}")
-    elif math.isfinite(T):
-        gpu_usd = sum(n * (instance.topology.cluster(c).cost_per_gpu_hour or 0.0) for c, n in used.items()) * T / 3600.0
-    egress = _egress_usd(plan, instance, tables, notes)
-    total = None if gpu_usd is None else gpu_usd + (egress or 0.0)
-    return Money(usd_per_iteration=total, usd_per_million_tokens=None if total is None else total / tokens * 1e6,
-                 gpu_usd_per_iteration=gpu_usd, egress_usd_per_iteration=egress, notes=tuple(notes))
-
-
-def _egress_usd(plan: Plan, instance: Instance, tables: CostTables, notes: list[str]) -> float | None:
-    """WAN bytes per iteration per directed link (from the cost kernel) × the link's egress price."""
-    prices = {}
-    for link in instance.topology.links:
-        price = getattr(link, "egress_usd_per_gb", None)
-        if price is not None:
-            prices[(link.src, link.dst)] = float(price)
-    if not prices:
-        return None
-    total = 0.0
-    for (a, b), nbytes in wan_bytes_per_iteration(plan, instance, tables).items():
-        if nbytes > 0 and (a, b) not in prices:
-            notes.append(f"link {a} -> {b} carries traffic but has no egress_usd_per_gb (counted as 0)")
-        total += nbytes / 1e9 * prices.get((a, b), 0.0)
-    return total
+    return money(plan, instance, tables, T, tokens)
 
 
 # ---- why not the other clusters -------------------------------------------------------------------

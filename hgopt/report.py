@@ -12,11 +12,10 @@ from typing import Sequence
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
-from hgopt.runner.schedule import stage_ops
 from hgopt.simulate import Simulation, simulate
 from hgopt.spec import Instance
 
-__all__ = ["Op", "plot_comparison", "plot_timeline", "simulate_1f1b", "timeline_ops"]
+__all__ = ["Op", "plot_comparison", "plot_timeline", "timeline_ops"]
 
 log = logging.getLogger(__name__)
 
@@ -35,47 +34,6 @@ class Op:
     microbatch: int
     start: float
     end: float
-
-
-def simulate_1f1b(
-    fwd: Sequence[float], bwd: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], m: int, pipeline: int = 0
-) -> list[Op]:
-    """Event-level 1F1B schedule of one pipeline of single-replica stages from given per-stage times
-    (for checking closed forms; a plan's full replay is :func:`hgopt.simulate.simulate`): a stage runs
-    the runner's order (:func:`hgopt.runner.schedule.stage_ops`) one operation at a time; F(s, i)
-    waits for F(s−1, i) and its transfer, B(s, i) for B(s+1, i) and its transfer; each link direction
-    carries one transfer at a time (first come, first served)."""
-    S = len(fwd)
-    orders = [stage_ops("1f1b", s, S, m) for s in range(S)]
-    arrive: dict[tuple[str, int, int], float] = {}  # (F|B, stage, mb) -> time its input is there
-    link_free = {("F", s): 0.0 for s in range(S)} | {("B", s): 0.0 for s in range(S)}
-    ptr, clock, ops = [0] * S, [0.0] * S, []
-    while any(ptr[s] < len(orders[s]) for s in range(S)):
-        progressed = False
-        for s in range(S):
-            if ptr[s] >= len(orders[s]):
-                continue
-            kind, i = orders[s][ptr[s]].kind, orders[s][ptr[s]].microbatch
-            # stage 0's forwards need nothing; the last stage's backward follows its own forward,
-            # which precedes it in the stage's order (so the stage clock covers it)
-            first = (kind == "F" and s == 0) or (kind == "B" and s == S - 1)
-            ready = 0.0 if first else arrive.get((kind, s, i))
-            if ready is None:
-                continue
-            start = max(clock[s], ready)
-            end = start + (fwd[s] if kind == "F" else bwd[s])
-            ops.append(Op(pipeline=pipeline, stage=s, kind=kind, microbatch=i, start=start, end=end))
-            clock[s], ptr[s], progressed = end, ptr[s] + 1, True
-            nxt = s + 1 if kind == "F" else s - 1
-            if 0 <= nxt < S:
-                link = (kind, min(s, nxt))
-                t0 = max(end, link_free[link])
-                dur = send_f[s] if kind == "F" else send_b[nxt]
-                link_free[link] = t0 + dur
-                ops.append(Op(pipeline=pipeline, stage=min(s, nxt), kind="send" + kind, microbatch=i, start=t0, end=t0 + dur))
-                arrive[(kind, nxt, i)] = t0 + dur
-        assert progressed, "1F1B simulation deadlocked"
-    return ops
 
 
 def timeline_ops(plan: Plan, instance: Instance, pipelines: Sequence[int] | None = None,

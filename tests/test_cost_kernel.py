@@ -14,9 +14,9 @@ from hgopt.cost.comm import allreduce_time, allreduce_time_v, transfer_time, tra
 from hgopt.cost.compute import stage_compute_v, stage_times
 from hgopt.cost.gradsync import Bucket, bucket_ranges, bucket_schedule
 from hgopt.cost.memory import stage_memory, stage_memory_parts, stage_memory_terms
-from hgopt.cost.pipeline import in_flight, last_backward_ends, pipeline_time, round_trip_pace
+from hgopt.cost.pipeline import in_flight, last_backward_ends, pipeline_time, replay_stage_ends, round_trip_pace
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.report import simulate_1f1b
+from hgopt.runner.schedule import stage_ops
 from hgopt.spec import Bandwidth
 from tests.factories import tiny_instance
 
@@ -54,7 +54,7 @@ def test_vector_compute_and_memory_equal_the_scalar_ones() -> None:
 
 
 def _replay(f: list[float], b: list[float], cf: list[float], cb: list[float], m: int) -> float:
-    return max(op.end for op in simulate_1f1b(f, b, cf, cb, m))
+    return max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m))
 
 
 def test_all_windows_pace_converges_to_the_exact_replay_and_suffix_windows_do_not() -> None:

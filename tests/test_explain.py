@@ -168,7 +168,7 @@ def test_egress_is_priced_per_link_from_the_kernels_wan_bytes(monkeypatch: pytes
     priced = dataclasses.replace(inst, topology=dataclasses.replace(inst.topology, links=links))
     e = explain(plan, priced, ev)
     assert e.money.egress_usd_per_iteration == 0.0  # the kernel's WAN bytes of a one-cluster plan: none
-    monkeypatch.setattr(importlib.import_module("hgopt.explain"), "wan_bytes_per_iteration",
+    monkeypatch.setattr(importlib.import_module("hgopt.cost.money"), "wan_bytes_per_iteration",
                         lambda p, i, t: {("a", "b"): 5e9, ("b", "a"): 1e9}, raising=False)
     e = explain(plan, priced, ev)
     assert e.money.egress_usd_per_iteration == pytest.approx(5 * 0.02 + 1 * 0.05)

@@ -1,4 +1,4 @@
-"""The 1F1B timeline simulation and the pictures."""
+"""The timeline the pictures draw (from ``hgopt.simulate``) and the pictures."""
 
 from __future__ import annotations
 
@@ -9,44 +9,62 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.report import plot_comparison, plot_timeline, simulate_1f1b
+from hgopt.report import plot_comparison, plot_timeline, timeline_ops
 from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+
+def _chain(S: int, m: int, activation_bytes: float = 1e-3, wan_gbit_s: float = 8.0) -> tuple[Plan, object]:
+    """S one-layer, one-GPU stages (mbs 1) alternating between clusters a (GPU A: forward 0.01 s,
+    backward 0.02 s) and b (GPU B: 0.02 s, 0.04 s), m microbatches; by default 1e-3 activation bytes
+    per sample: transfers of ~1e-14 s."""
+    inst = tiny_instance(global_batch=m, model=tiny_model(num_layers=S, activation_bytes=activation_bytes),
+                         topology=tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "B", 1, 4, 40.0)),
+                                                wan_gbit_s=wan_gbit_s))
+    stages = tuple(Stage(start=s, end=s + 1, groups=(ReplicaGroup(cluster="ab"[s % 2]),)) for s in range(S))
+    return Plan(pipelines=(Pipeline(stages=stages, num_microbatches=m),)), inst
 
 
 @pytest.mark.parametrize("S,m", [(1, 1), (1, 5), (3, 4), (4, 2), (4, 8)])
 def test_equal_stages_without_transfers_take_the_textbook_time(S: int, m: int) -> None:
-    """1F1B with S equal stages of f + b: (m − 1)(f + b) + S(f + b)."""
-    ops = simulate_1f1b([1.0] * S, [2.0] * S, [0.0] * S, [0.0] * S, m)
-    assert max(o.end for o in ops) == pytest.approx((m - 1) * 3.0 + S * 3.0)
+    """The drawn timeline of S stages all on cluster b's node (f + b = 0.06 s) with negligible
+    transfers ends its compute at the 1F1B textbook time (m − 1)(f + b) + S(f + b)."""
+    plan, inst = _chain(S, m)
+    plan = Plan(pipelines=(Pipeline(stages=tuple(Stage(start=st.start, end=st.end, groups=(ReplicaGroup(cluster="b"),))
+                                                 for st in plan.pipelines[0].stages), num_microbatches=m),))
+    ops = timeline_ops(plan, inst)  # type: ignore[arg-type]
+    assert len([o for o in ops if o.kind in ("F", "B")]) == 2 * S * m
+    assert max(o.end for o in ops if o.kind in ("F", "B")) == pytest.approx((m - 1) * 0.06 + S * 0.06, abs=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.lists(st.tuples(st.floats(0.1, 2.0), st.floats(0.1, 2.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
-             min_size=1, max_size=5),
-    st.integers(1, 7),
-)
-def test_schedule_respects_dependencies(stages: list[tuple[float, float, float, float]], m: int) -> None:
-    f, b, sf, sb = (list(x) for x in zip(*stages))
-    S = len(stages)
-    ops = simulate_1f1b(f, b, sf, sb, m)
-    end = {(o.kind, o.stage, o.microbatch): o.end for o in ops if o.kind in ("F", "B")}
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([1e-3, 1e6, 2e7]), st.sampled_from([0.5, 8.0, 100.0]))
+def test_drawn_schedule_respects_dependencies(S: int, m: int, act: float, wan: float) -> None:
+    """The boxes ``plot_timeline`` draws (``timeline_ops``, from ``simulate``) keep 1F1B's order on
+    a chain crossing slow or fast WAN links: a forward after its input's transfer, a backward after
+    its own forward and the gradient's transfer, one compute op at a time per stage, at most S − s
+    forwards in flight."""
+    plan, inst = _chain(S, m, activation_bytes=act, wan_gbit_s=wan)
+    ops = timeline_ops(plan, inst)  # type: ignore[arg-type]
+    end = {(o.kind, o.stage, o.microbatch): o.end for o in ops if o.kind != "sync" and o.kind != "optimizer"}
     start = {(o.kind, o.stage, o.microbatch): o.start for o in ops if o.kind in ("F", "B")}
-    assert len(end) == 2 * S * m
+    assert len(start) == 2 * S * m
     for s in range(S):
         for i in range(m):
             if s > 0:  # forward input = previous stage's output after its transfer
-                assert start[("F", s, i)] >= end[("F", s - 1, i)] + sf[s - 1] - 1e-9
+                assert start[("F", s, i)] >= end[("F", s - 1, i)] - 1e-12
+                assert start[("F", s, i)] >= end.get(("sendF", s - 1, i), 0.0) - 1e-12
             if s < S - 1:
-                assert start[("B", s, i)] >= end[("B", s + 1, i)] + sb[s] - 1e-9
-            assert start[("B", s, i)] >= end[("F", s, i)] - 1e-9
+                assert start[("B", s, i)] >= end[("B", s + 1, i)] - 1e-12
+                assert start[("B", s, i)] >= end.get(("sendB", s + 1, i), 0.0) - 1e-12
+            assert start[("B", s, i)] >= end[("F", s, i)] - 1e-12
         own = sorted((o.start, o.end) for o in ops if o.stage == s and o.kind in ("F", "B"))
-        assert all(a[1] <= b_[0] + 1e-9 for a, b_ in zip(own, own[1:]))  # one operation at a time
-        # 1F1B keeps at most S − s forwards in flight
-        for o in ops:
+        assert all(a[1] <= b_[0] + 1e-12 for a, b_ in zip(own, own[1:]))  # one operation at a time
+        for o in ops:  # 1F1B keeps at most S − s forwards in flight
             if o.kind == "F" and o.stage == s:
                 done_b = sum(1 for p in ops if p.kind == "B" and p.stage == s and p.end <= o.start + 1e-12)
                 assert o.microbatch - done_b < S - s
+    if S > 1:  # the transfers are drawn
+        assert any(o.kind == "sendF" for o in ops) and any(o.kind == "sendB" for o in ops)
 
 
 def _plan() -> tuple[Plan, object]:

@@ -14,8 +14,11 @@ from hgopt.plan import Plan
 from hgopt.progress import Progress
 from hgopt.spec import Instance
 
-__all__ = ["LINK_PENALTY_DEFAULT", "PLANNERS", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner",
+__all__ = ["LINK_PENALTY_DEFAULT", "PLANNERS", "Objective", "PlanOptions", "PlanResult", "Planner", "Status", "get_planner",
            "link_penalties", "planner_names"]
+
+Objective = Literal["time", "cost"]
+"""time: the iteration time (seconds); cost: $ per iteration (``hgopt.cost.money``, [$1])."""
 
 Status = Literal["optimal", "feasible", "heuristic", "infeasible", "error", "interrupted"]
 """optimal: proven within ``gap`` of the lower bound over the planner's stated plan space;
@@ -38,6 +41,11 @@ class PlanOptions:
     seed: int = 0
     extra: Mapping[str, str] = field(default_factory=dict)
     """Planner-specific settings as strings (e.g. ``link_precision``)."""
+    objective: Objective = "time"
+    """What the planner minimises (``--objective``): the iteration time, or $ per iteration (GPU-hours
+    of the GPUs a plan uses at ``cost_per_gpu_hour`` + WAN egress at ``egress_usd_per_gb``, [$1])."""
+    budget_usd_per_hour: float | None = None
+    """Only plans whose $ per iteration / iteration time × 3600 is at most this (``--budget``); None: any."""
     progress: Progress | None = field(default=None, compare=False)
     """Heartbeat sink and cooperative stop flag (``hgopt.progress``); None: silent, never stopped."""
 
@@ -59,6 +67,22 @@ class PlanResult:
     plan_space: str = ""
     """One line saying which plans the bound and 'optimal' refer to."""
     notes: tuple[str, ...] = ()
+    objective: Objective = "time"
+    """The objective the planner minimised (``PlanOptions.objective``); status and 'optimal' refer to it."""
+    usd_per_iteration: float | None = None
+    """The plan's $ per iteration ([$1], ``hgopt.cost.money``) when the planner priced it."""
+    usd_lower_bound: float | None = None
+    """A proven lower bound on $ per iteration of every plan (of any planner; objective cost)."""
+    candidates: tuple[tuple[Plan, float], ...] = field(default=(), compare=False)
+    """Other plans the planner scored on the way, with their iteration times (``evaluate``): the
+    time-vs-cost listing (``--pareto``) draws on them; () when the planner keeps none."""
+
+    @property
+    def usd_gap(self) -> float | None:
+        """($ per iteration − $ lower bound) / $ per iteration, or None without both."""
+        if self.usd_lower_bound is None or self.usd_per_iteration is None or self.usd_per_iteration <= 0:
+            return None
+        return max(0.0, (self.usd_per_iteration - self.usd_lower_bound) / self.usd_per_iteration)
 
     @property
     def gap(self) -> float | None:

@@ -43,7 +43,8 @@ from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s,
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
 
-__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "sub_instance"]
+__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "proportional_shares", "rate_bound", "share_unit",
+           "sub_instance"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
@@ -181,7 +182,7 @@ def grad_precisions(instance: Instance, allowed: Sequence[str]) -> tuple[str, ..
     return ("native", *low[:1])
 
 
-def _unit(G: int, n: int) -> int:
+def share_unit(G: int, n: int) -> int:
     """Largest power of two u dividing G with G/u >= 16·n (shares are multiples of u)."""
     u = 1
     while G % (2 * u) == 0 and G // (2 * u) >= 16 * n:
@@ -189,7 +190,7 @@ def _unit(G: int, n: int) -> int:
     return u
 
 
-def _shares(G: int, rates: Sequence[float], unit: int) -> list[int] | None:
+def proportional_shares(G: int, rates: Sequence[float], unit: int) -> list[int] | None:
     """Shares of G in multiples of ``unit`` proportional to ``rates`` (largest remainder); None when
     a group would get nothing."""
     units = G // unit
@@ -230,7 +231,7 @@ def best_grouped_plan(
         return (plan if source == group[0] else _relabel(plan, source, group[0])), t
 
     n_clusters = len(instance.topology.clusters)
-    rating = _rating_share(G, n_clusters, _unit(G, n_clusters))
+    rating = _rating_share(G, n_clusters, share_unit(G, n_clusters))
     best: GroupedPlan | None = None
     compute_floor = G / sum(rate_bound(instance, tables, c.name) for c in instance.topology.clusters)
     for part in groupings(instance):
@@ -240,7 +241,7 @@ def best_grouped_plan(
         if floor >= min(incumbent, best.iteration_time_s if best else INF):
             log.debug("grouping %s: compute bound + WAN all-reduce %.3g s, skipped", part, floor)
             continue
-        unit = _unit(G, len(part))
+        unit = share_unit(G, len(part))
         share = rating  # one rating share for every grouping: the ratings are reused across them
         rated = []
         for g in part:
@@ -343,7 +344,7 @@ def _realise(
     G = instance.job.global_batch
     best: GroupedPlan | None = None
     for _ in range(2):
-        shares = _shares(G, rates, unit)
+        shares = proportional_shares(G, rates, unit)
         if shares is None:
             return best
         subs = [plan_group(g, s) for g, s in zip(groups, shares)]

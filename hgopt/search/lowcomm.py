@@ -12,8 +12,9 @@ Search:
 2. Rates: every group plans one rating share with the registered sub-planner (``heuristic`` by
    default, or ``milp``) on the group alone; rate = share / inner step time.
 3. Subsets: the groups by falling rate, every prefix of at least two (slow groups may be left
-   idle); shares proportional to the rates (multiples of a power-of-two unit, [H9]'s ``_shares``),
-   re-balanced once from the realised inner step times (lock-step: the slowest group paces a round).
+   idle); shares proportional to the rates (multiples of a power-of-two unit,
+   ``groups.proportional_shares`` as in [H9]), re-balanced once from the realised inner step times
+   (lock-step: the slowest group paces a round).
 4. For every H and every allowed delta precision ``evaluate_outer`` prices each realised candidate;
    per H the fastest, in the widest precision within 1 % of the fastest (a narrower delta buys
    nothing once the sync is amortised, and costs accuracy).
@@ -37,7 +38,7 @@ from hgopt.cost.outer import OuterEvaluation, evaluate_outer, group_instance
 from hgopt.cost.tables import CostTables
 from hgopt.plan import DeltaPrecision, OuterSync, Plan
 from hgopt.search import PlanOptions, PlanResult, get_planner
-from hgopt.search.groups import _shares, _unit, groupings, rate_bound
+from hgopt.search.groups import groupings, proportional_shares, rate_bound, share_unit
 from hgopt.spec import Instance
 
 __all__ = ["DELTA_PRECISIONS", "LowCommResult", "OuterChoice", "SyncBaseline", "plan_low_comm"]
@@ -154,7 +155,7 @@ def _candidates(instance: Instance, tables: CostTables, sub_planner: SubPlanner)
     out: list[Plan] = []
     seen: set[tuple[tuple[tuple[str, ...], int], ...]] = set()
     for part in groupings(instance):
-        unit = _unit(G, len(part))
+        unit = share_unit(G, len(part))
         rating = max(unit, (G // len(part)) // unit * unit)
         rated = []
         for g in part:
@@ -178,7 +179,7 @@ def _realise(groups: list[tuple[str, ...]], rates: list[float], G: int, unit: in
     inner step times; the realisation whose slowest group is fastest (lock-step)."""
     best: tuple[float, Plan] | None = None
     for _ in range(2):
-        shares = _shares(G, rates, unit)
+        shares = proportional_shares(G, rates, unit)
         if shares is None:
             break
         key = tuple(zip(groups, shares))
