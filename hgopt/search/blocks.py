@@ -42,8 +42,9 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["NATIVE_PAIR", "ArcPrecision", "ArcTable", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
-           "arc_precisions", "arc_table", "block_options", "handover_key", "handover_times", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "ArcTable", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape",
+           "OutOfTime", "Role", "arc_precisions", "arc_table", "block_options", "handover_times", "layout_floor",
+           "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,6 @@ class Window:
     mbs_matters: bool = False
     """Inter-cluster boundaries may be compressed: their (de)quantisation time grows with the
     replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
-
 
 
 class OutOfTime(Exception):
@@ -657,11 +657,6 @@ HandoverKey = tuple[int, int, int]
 """(tp, dp, mbs) of a block's local stages: all a hand-over's time depends on at each end [C4]."""
 
 
-def handover_key(o: BlockOption) -> HandoverKey:
-    """The part of an option's layout that a hand-over out of it or into it depends on."""
-    return (o.cfg.tp, o.cfg.dp, o.cfg.mbs)
-
-
 def _probe(a: str, b: str, ka: HandoverKey, kb: HandoverKey, pair: tuple[str, str], shape: ModelShape) -> Pipeline:
     """A two-stage pipeline whose one boundary is a hand-over a→b between blocks of layouts ka, kb
     at a trunk boundary (every one carries the same bytes per sample)."""
@@ -676,7 +671,7 @@ def _probe(a: str, b: str, ka: HandoverKey, kb: HandoverKey, pair: tuple[str, st
 def handover_times(instance: Instance, tables: CostTables, a: str, b: str, ka: HandoverKey, kb: HandoverKey,
                    pipelines: int, pair: tuple[str, str] = NATIVE_PAIR,
                    shape: ModelShape | None = None) -> tuple[float, float]:
-    """[M8c] The exact (forward, backward) seconds of a hand-over from a block of layout ``ka`` in
+    """[M8f] The exact (forward, backward) seconds of a hand-over from a block of layout ``ka`` in
     cluster a to a block of layout ``kb`` in cluster b, for ``pipelines`` identical pipelines, at
     precision ``pair``: ``evaluate``'s own ``stage_boundary_time`` on a two-stage probe cut at a trunk
     boundary. Exact for every plan of the MILP's space, not only a bound: a hand-over a→b is between
@@ -723,8 +718,9 @@ def layout_floor(instance: Instance, tables: CostTables, a: str, b: str, microba
     from hgopt.cost.evaluate import boundary_cast_times, stage_boundary_time  # the kernel's own [C4], [C4q]
 
     fwd = bwd = INF
+    to = _layouts(instance, tables, b, microbatch, pipelines)
     for ka in _layouts(instance, tables, a, microbatch, pipelines):
-        for kb in _layouts(instance, tables, b, microbatch, pipelines):
+        for kb in to:
             probe = _probe(a, b, ka, kb, pair, shape)
             f, g = stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
             if pair != NATIVE_PAIR:

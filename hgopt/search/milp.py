@@ -29,8 +29,8 @@ from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.blocks import (
     NATIVE_PAIR,
     ArcPrecision,
-    BlockOption,
     ArcTable,
+    BlockOption,
     CheapBounds,
     LinkPolicy,
     OutOfTime,
