@@ -28,6 +28,7 @@ from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.blocks import (
     NATIVE_PAIR,
+    FLOOR_MAX_CLUSTERS,
     ArcPrecision,
     ArcTable,
     BlockOption,
@@ -585,6 +586,7 @@ def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
     lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None, hint: Plan | None = None,
+    arcs: ArcTable | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
     the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb.
@@ -599,7 +601,6 @@ def solve_split(
         t_cap = bounds.t_lb * WIDEN if w > 0 else math.inf
     best_plan, best_val, best_pen, lb = None, math.inf, 0.0, bounds.value
     solves: list[SolveResult] = []
-    arcs: ArcTable | None = None
     nv = nr = 0
     while True:
         cap_lb = math.inf
@@ -719,6 +720,17 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                          seed=options.seed)
     relaxed: dict[BatchSplit, Callable[[float], float] | None] = {}
     unfinished: list[BatchSplit] = []
+    arc_tables: dict[BatchSplit, ArcTable] = {}
+
+    def arcs_for(sp: BatchSplit) -> ArcTable | None:
+        """[M8f] The split's arc table with the layout floor, once for its relaxation and its MILP
+        (None where the floor does not apply: each computes its own layout-free arcs)."""
+        if len(instance.topology.clusters) > FLOOR_MAX_CLUSTERS:
+            return None
+        if sp not in arc_tables:
+            arc_tables[sp] = arc_table(instance, tables, sp.microbatch, sp.k, links, model_shape(instance))
+        return arc_tables[sp]
+
     use_relax = options.extra.get("relaxation", "on") != "off"
     if use_relax:
         # [R4] the relaxation bounds of the splits first, for up to half the budget: the global bound
@@ -736,7 +748,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                 continue
             if time.perf_counter() >= half:
                 break
-            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
+                                                   arcs_for(sp))
             lbs[sp] = max(lbs[sp], value)
         order = sorted(order, key=lambda sp: (sp != first, lbs[sp]))
     for i, sp in enumerate(order):
@@ -751,7 +764,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             unfinished.append(sp)  # not pruned by its bound, and no time left for its MILP
             continue
         if use_relax and sp not in relaxed:
-            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
+                                                   arcs_for(sp))
             lbs[sp] = max(lbs[sp], value)
         above = relaxed.get(sp)
         if lbs[sp] >= target:
@@ -759,7 +773,7 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
                           incumbent=ub, deadline=deadline, lb_above=above, links=links,
-                          hint=best.plan if best is not None and best.split == sp else None)
+                          hint=best.plan if best is not None and best.split == sp else None, arcs=arcs_for(sp))
         if out.unfinished:
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
@@ -847,14 +861,16 @@ def _outside_space_note(instance: Instance, tables: CostTables, value: float, op
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
-                      deadline: float, links: LinkPolicy | None = None) -> tuple[float, Callable[[float], float] | None]:
+                      deadline: float, links: LinkPolicy | None = None,
+                      arcs: ArcTable | None = None) -> tuple[float, Callable[[float], float] | None]:
     """[R4] The subset-DP relaxation bound of a split (the cheap bound when there are too many
     clusters for it), and a function bounding the plans whose bottleneck is >= t (for [M0]).
-    Hand-overs at the fastest precision ``links`` allows, so it bounds compressed plans too."""
+    Hand-overs at the fastest precision ``links`` allows, so it bounds compressed plans too
+    (``arcs``: the split's ``arc_table``, shared with its MILP)."""
     from hgopt.search.relax import relax_split, split_bound
 
     rs = relax_split(instance, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                     cheap=cheap, links=links)
+                     cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
     single = _best_single(instance, tables, sp)

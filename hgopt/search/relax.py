@@ -20,7 +20,7 @@ import numpy as np
 
 from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables
-from hgopt.search.blocks import CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
+from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.spec import Instance
 
@@ -137,7 +137,7 @@ def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
 
 
 def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int, num_microbatches: int,
-                cheap: CheapBounds, links: LinkPolicy | None = None) -> RelaxedSplit | None:
+                cheap: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None) -> RelaxedSplit | None:
     """[R1, R2] The relaxation tables of a split (None above MAX_CLUSTERS clusters). Hand-overs are
     costed at every precision pair ``links`` allows; the link penalty is left out (>= 0)."""
     if len(instance.topology.clusters) > MAX_CLUSTERS:
@@ -165,7 +165,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
     pol = links or LinkPolicy()
-    table = arc_table(instance, tables, microbatch, replicas, pol, shape)  # with the layout floor [M8f]
+    table = arcs if arcs is not None else arc_table(instance, tables, microbatch, replicas, pol, shape)  # [M8f]
     wan = np.full((len(pol.pairs), len(names), len(names)), INF)
     wan_fill = np.full((len(pol.pairs), len(names), len(names)), INF)
     for i, a in enumerate(names):
