@@ -26,7 +26,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from hgopt.cost.evaluate import boundary_cast_times
-from hgopt.cost.links import handover_lower_bound
+from hgopt.cost.links import handover_lower_bound, replicas_per_node
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
@@ -42,8 +42,9 @@ from hgopt.search.intra import (
 )
 from hgopt.spec import Instance
 
-__all__ = ["NATIVE_PAIR", "ArcPrecision", "BlockOption", "LinkPolicy", "ModelShape", "OutOfTime", "Role",
-           "arc_precisions", "block_options", "model_shape"]
+__all__ = ["NATIVE_PAIR", "ArcPrecision", "ArcTable", "BlockOption", "HandoverKey", "LinkPolicy", "ModelShape",
+           "OutOfTime", "Role", "arc_precisions", "arc_table", "block_options", "handover_times", "layout_floor",
+           "model_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -546,7 +547,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
                 rows[c.name].append(_Cfg(stages=budget // cfg.gpus, gpus=cfg.gpus, t1=t1, jmax=jmax))
     t_lb = _fluid(rows, shape.trunk)
     wan = (INF, INF)
-    if len(instance.topology.clusters) > 1:
+    if len(instance.topology.clusters) > 1:  # no layout floor here: every split gets this bound first
         arcs = [(e.pace(1.0), e.fill(1.0))
                 for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
                 for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
@@ -739,11 +740,105 @@ class ArcPrecision:
         return self.fwd + self.bwd + mu * (self.q_fwd + self.q_bwd)
 
 
+HandoverKey = tuple[int, int, int]
+"""(tp, dp, mbs) of a block's local stages: all a hand-over's time depends on at each end [C4]."""
+
+
+def _probe(a: str, b: str, ka: HandoverKey, kb: HandoverKey, pair: tuple[str, str], shape: ModelShape) -> Pipeline:
+    """A two-stage pipeline whose one boundary is a hand-over a→b between blocks of layouts ka, kb
+    at a trunk boundary (every one carries the same bytes per sample)."""
+    cut, L = shape.p + 1, shape.num_layers
+    ga = ReplicaGroup(cluster=a, tp=ka[0], dp=ka[1], mbs=ka[2])
+    gb = ReplicaGroup(cluster=b, tp=kb[0], dp=kb[1], mbs=kb[2])
+    native = pair == NATIVE_PAIR
+    return Pipeline(stages=(Stage(start=0, end=cut, groups=(ga,), zero=1), Stage(start=cut, end=L, groups=(gb,), zero=1)),
+                    num_microbatches=1, boundaries=() if native else (Boundary(fwd=pair[0], bwd=pair[1]),))  # type: ignore[arg-type]
+
+
+def handover_times(instance: Instance, tables: CostTables, a: str, b: str, ka: HandoverKey, kb: HandoverKey,
+                   pipelines: int, pair: tuple[str, str] = NATIVE_PAIR,
+                   shape: ModelShape | None = None) -> tuple[float, float]:
+    """[M8f] The exact (forward, backward) seconds of a hand-over from a block of layout ``ka`` in
+    cluster a to a block of layout ``kb`` in cluster b, for ``pipelines`` identical pipelines, at
+    precision ``pair``: ``evaluate``'s own ``stage_boundary_time`` on a two-stage probe cut at a trunk
+    boundary. Exact for every plan of the MILP's space, not only a bound: a hand-over a→b is between
+    a's last local stage and b's first (each one ReplicaGroup of that layout), at a trunk boundary
+    (every one carries the same bytes per sample; a prefix-only first block is allowed only when its
+    output is that size, ``ModelShape.boundary_ok_after_prefix``); each cluster appears once per chain,
+    so link a→b carries only this boundary's activations and b→a only its gradients, which is what the
+    probe's own loads are (``stage_boundary_time`` without ``wan_loads``: this pipeline's, times
+    ``pipelines`` copies sharing nodes as ``evaluate`` places them)."""
+    from hgopt.cost.evaluate import stage_boundary_time  # the kernel's own hand-over [C4]
+
+    probe = _probe(a, b, ka, kb, pair, shape or model_shape(instance))
+    return stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
+
+
+FLOOR_MAX_CLUSTERS = 5
+"""Above this many clusters the arcs keep the layout-free ``handover_lower_bound`` only (the layout
+floor [M8f] costs |layouts|² probes per arc)."""
+
+
+def _layouts(instance: Instance, tables: CostTables, cluster: str, microbatch: int, pipelines: int) -> list[HandoverKey]:
+    """One (tp, dp, mbs) per distinct placement of a block's stage of ``cluster`` within the split's
+    GPU budget: ``evaluate`` places a group by replicas per node (``replicas_per_node(gpus_per_node,
+    tp)``), dp and mbs, so layouts equal in those three move the same flows (their casts, which also
+    depend only on mbs, are not part of the floor)."""
+    c = instance.topology.cluster(cluster)
+    budget = c.num_gpus // pipelines
+    seen: dict[tuple[int, int, int], HandoverKey] = {}
+    for cfg in local_configs(instance, cluster, microbatch, tables):
+        if cfg.gpus <= budget:
+            seen.setdefault((replicas_per_node(c.gpus_per_node, cfg.tp), cfg.dp, cfg.mbs), (cfg.tp, cfg.dp, cfg.mbs))
+    return list(seen.values())
+
+
+def layout_floor(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,
+                 pair: tuple[str, str], shape: ModelShape) -> tuple[float, float]:
+    """[M8f] The least transfer seconds (forward, backward; casts excluded) of a hand-over a→b over
+    every pair of layouts the split allows at its two ends (``_layouts``), each by ``evaluate``'s own
+    ``stage_boundary_time`` less its ``boundary_cast_times`` on the probe. Every plan of the split
+    hands over between two such layouts, so this bounds its transfer from below; it is tighter than
+    ``handover_lower_bound`` (which lets the microbatch spread over nodes_a + nodes_b − 1 node-pair
+    flows, where a block's node tiles leave its largest flow at min of the two sides' node blocks:
+    3× on sailor-geo-5x32's WAN links). (inf, inf) when either side has no layout."""
+    from hgopt.cost.evaluate import boundary_cast_times, stage_boundary_time  # the kernel's own [C4], [C4q]
+
+    fwd = bwd = INF
+    to = _layouts(instance, tables, b, microbatch, pipelines)
+    for ka in _layouts(instance, tables, a, microbatch, pipelines):
+        for kb in to:
+            probe = _probe(a, b, ka, kb, pair, shape)
+            f, g = stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
+            if pair != NATIVE_PAIR:
+                qf, qb = boundary_cast_times(instance, tables, probe, 0)
+                f, g = f - qf, g - qb
+            fwd, bwd = min(fwd, f), min(bwd, g)
+    return fwd, bwd
+
+
+ArcTable = dict[tuple[str, str], tuple["ArcPrecision", ...]]
+
+
+def arc_table(instance: Instance, tables: CostTables, microbatch: int, pipelines: int,
+              links: LinkPolicy | None = None, shape: ModelShape | None = None) -> ArcTable:
+    """``arc_precisions`` of every ordered cluster pair of a split, with the layout floor [M8f] when
+    the instance has at most FLOOR_MAX_CLUSTERS clusters (computed once per split by the relaxation
+    and once by the MILP's cap loop; the cheap bound [B4], which every split gets first, does without)."""
+    shape = shape or model_shape(instance)
+    names = [c.name for c in instance.topology.clusters]
+    use_floor = 1 < len(names) <= FLOOR_MAX_CLUSTERS
+    return {(a, b): arc_precisions(instance, tables, a, b, microbatch, pipelines, links, shape, floor=use_floor)
+            for a in names for b in names if a != b}
+
+
 def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,
-                   links: LinkPolicy | None = None, shape: ModelShape | None = None) -> tuple[ArcPrecision, ...]:
+                   links: LinkPolicy | None = None, shape: ModelShape | None = None,
+                   floor: bool = False) -> tuple[ArcPrecision, ...]:
     """Every allowed precision pair of a hand-over a→b at the trunk's boundary size. Transfer times as
-    ``arc_times`` with the byte factor; the cast time per sample from ``evaluate``'s own boundary time
-    (``boundary_cast_times`` of a one-sample probe)."""
+    ``arc_times`` with the byte factor (with ``floor``, at least the least transfer over the split's
+    layout pairs, ``layout_floor`` [M8f]); the cast time per sample from ``evaluate``'s own boundary
+    time (``boundary_cast_times`` of a one-sample probe)."""
     pol = links or LinkPolicy()
     shape = shape or model_shape(instance)
     per_sample = float(tables.activation_bytes[shape.p])
@@ -754,6 +849,9 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
         ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
         fwd = _handover(instance, a, b, microbatch, microbatch * per_sample * ff, load * ff, pipelines)  # links
         bwd = _handover(instance, b, a, microbatch, microbatch * per_sample * fb, load * fb, pipelines)  # links
+        if floor:  # [M8f] no layout pair of the split moves it faster
+            f_lo, b_lo = layout_floor(instance, tables, a, b, microbatch, pipelines, (pf, pb), shape)
+            fwd, bwd = max(fwd, f_lo), max(bwd, b_lo)
         qf = qb = 0.0
         if (pf, pb) != NATIVE_PAIR:
             probe = Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),

@@ -28,13 +28,16 @@ from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.blocks import (
     NATIVE_PAIR,
+    FLOOR_MAX_CLUSTERS,
     ArcPrecision,
+    ArcTable,
     BlockOption,
     CheapBounds,
     LinkPolicy,
     OutOfTime,
     Window,
     arc_precisions,
+    arc_table,
     block_options,
     cheap_bounds,
     model_shape,
@@ -198,10 +201,12 @@ def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds, links: LinkPolicy | None = None,
+    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None,
 ) -> Formulation:
     """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
-    With native links only (the default policy) the model is the one of §3, row for row."""
+    With native links only (the default policy) the model is the one of §3, row for row. ``arcs``:
+    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted."""
+    arcs_in = arcs
     pol = links or LinkPolicy()
     shape = model_shape(instance)
     names = [c.name for c in instance.topology.clusters]
@@ -223,7 +228,8 @@ def build_milp(
         for b in names:
             if a != b and a in hands and b in takes:
                 z = form.z[(a, b)] = lm.add_binary(f"z[{a},{b}]")
-                arcs = arc_precisions(instance, tables, a, b, split.microbatch, split.k, pol, shape)
+                arcs = arcs_in[(a, b)] if arcs_in is not None else \
+                    arc_precisions(instance, tables, a, b, split.microbatch, split.k, pol, shape)
                 lv = []
                 for e in arcs:
                     tag = f"{e.pair[0]}/{e.pair[1]}"
@@ -580,6 +586,7 @@ def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
     lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None, hint: Plan | None = None,
+    arcs: ArcTable | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
     the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb.
@@ -622,7 +629,9 @@ def solve_split(
                      left, MAX_NONZEROS)
             return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
-        form = build_milp(instance, tables, split, opts, bounds, pol)
+        if arcs is None:  # [M8f] once per split, not per cap
+            arcs = arc_table(instance, tables, split.microbatch, split.k, pol, model_shape(instance))
+        form = build_milp(instance, tables, split, opts, bounds, pol, arcs)
         if hint is not None:
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
@@ -711,6 +720,17 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                          seed=options.seed)
     relaxed: dict[BatchSplit, Callable[[float], float] | None] = {}
     unfinished: list[BatchSplit] = []
+    arc_tables: dict[BatchSplit, ArcTable] = {}
+
+    def arcs_for(sp: BatchSplit) -> ArcTable | None:
+        """[M8f] The split's arc table with the layout floor, once for its relaxation and its MILP
+        (None where the floor does not apply: each computes its own layout-free arcs)."""
+        if len(instance.topology.clusters) > FLOOR_MAX_CLUSTERS:
+            return None
+        if sp not in arc_tables:
+            arc_tables[sp] = arc_table(instance, tables, sp.microbatch, sp.k, links, model_shape(instance))
+        return arc_tables[sp]
+
     use_relax = options.extra.get("relaxation", "on") != "off"
     if use_relax:
         # [R4] the relaxation bounds of the splits first, for up to half the budget: the global bound
@@ -728,7 +748,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                 continue
             if time.perf_counter() >= half:
                 break
-            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
+                                                   arcs_for(sp))
             lbs[sp] = max(lbs[sp], value)
         order = sorted(order, key=lambda sp: (sp != first, lbs[sp]))
     for i, sp in enumerate(order):
@@ -743,7 +764,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             unfinished.append(sp)  # not pruned by its bound, and no time left for its MILP
             continue
         if use_relax and sp not in relaxed:
-            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links)
+            value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
+                                                   arcs_for(sp))
             lbs[sp] = max(lbs[sp], value)
         above = relaxed.get(sp)
         if lbs[sp] >= target:
@@ -751,7 +773,7 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
                           incumbent=ub, deadline=deadline, lb_above=above, links=links,
-                          hint=best.plan if best is not None and best.split == sp else None)
+                          hint=best.plan if best is not None and best.split == sp else None, arcs=arcs_for(sp))
         if out.unfinished:
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
@@ -839,14 +861,16 @@ def _outside_space_note(instance: Instance, tables: CostTables, value: float, op
 
 
 def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds, target: float,
-                      deadline: float, links: LinkPolicy | None = None) -> tuple[float, Callable[[float], float] | None]:
+                      deadline: float, links: LinkPolicy | None = None,
+                      arcs: ArcTable | None = None) -> tuple[float, Callable[[float], float] | None]:
     """[R4] The subset-DP relaxation bound of a split (the cheap bound when there are too many
     clusters for it), and a function bounding the plans whose bottleneck is >= t (for [M0]).
-    Hand-overs at the fastest precision ``links`` allows, so it bounds compressed plans too."""
+    Hand-overs at the fastest precision ``links`` allows, so it bounds compressed plans too
+    (``arcs``: the split's ``arc_table``, shared with its MILP)."""
     from hgopt.search.relax import relax_split, split_bound
 
     rs = relax_split(instance, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                     cheap=cheap, links=links)
+                     cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
     single = _best_single(instance, tables, sp)

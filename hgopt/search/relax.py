@@ -20,7 +20,7 @@ import numpy as np
 
 from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables
-from hgopt.search.blocks import CheapBounds, LinkPolicy, arc_precisions, model_shape, role_geometry
+from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.spec import Instance
 
@@ -137,7 +137,7 @@ def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
 
 
 def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int, num_microbatches: int,
-                cheap: CheapBounds, links: LinkPolicy | None = None) -> RelaxedSplit | None:
+                cheap: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None) -> RelaxedSplit | None:
     """[R1, R2] The relaxation tables of a split (None above MAX_CLUSTERS clusters). Hand-overs are
     costed at every precision pair ``links`` allows; the link penalty is left out (>= 0)."""
     if len(instance.topology.clusters) > MAX_CLUSTERS:
@@ -165,12 +165,13 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
     pol = links or LinkPolicy()
+    table = arcs if arcs is not None else arc_table(instance, tables, microbatch, replicas, pol, shape)  # [M8f]
     wan = np.full((len(pol.pairs), len(names), len(names)), INF)
     wan_fill = np.full((len(pol.pairs), len(names), len(names)), INF)
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if a != b:
-                for k, e in enumerate(arc_precisions(instance, tables, a, b, microbatch, replicas, pol, shape)):
+                for k, e in enumerate(table[(a, b)]):
                     wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
