@@ -120,8 +120,9 @@ PLAN_SPACE_OUTSIDE = (
     "whose replicas span several clusters"
 )
 
-OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (grouped bound off), pipelines that are not "
-                    "identical, a stage whose replicas span several clusters")
+OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (not bounded: grouped_bound off, or auto "
+                    "without a faster grouped plan), pipelines that are not identical, a stage whose replicas span "
+                    "several clusters")
 
 
 class _OutOfTime(Exception):
