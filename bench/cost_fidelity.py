@@ -35,7 +35,7 @@ from hgopt.cost.evaluate import boundary_latency
 from hgopt.cost.pipeline import path_time, replay_stage_ends
 from hgopt.instances import list_instances, load_instance
 from hgopt.plan import Plan
-from hgopt.runner.schedule import stage_ops
+from hgopt.cost.schedule import stage_ops
 from hgopt.search import PlanOptions, get_planner
 from hgopt.simulate import simulate
 from hgopt.spec import Instance

@@ -5,7 +5,7 @@ from hgopt.instances import load_instance
 from hgopt.cost import evaluate
 from hgopt.cost.pipeline import pipeline_bottleneck, pipeline_time, replay_stage_ends
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.runner.schedule import stage_ops
+from hgopt.cost.schedule import stage_ops
 for name, per in (("geo-3r-gpt1.3b", 2), ("geo-4r-llama7b", 2), ("geo-6r-llama13b", 1), ("geo-5r-fp16-gpt2.7b", 2), ("geo-8r-llama70b", 1)):
     inst = load_instance(name)
     L = inst.model.num_layers

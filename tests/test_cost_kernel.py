@@ -16,7 +16,7 @@ from hgopt.cost.gradsync import Bucket, bucket_ranges, bucket_schedule
 from hgopt.cost.memory import stage_memory, stage_memory_parts, stage_memory_terms
 from hgopt.cost.pipeline import in_flight, last_backward_ends, pipeline_time, replay_stage_ends, round_trip_pace
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.runner.schedule import stage_ops
+from hgopt.cost.schedule import stage_ops
 from hgopt.spec import Bandwidth
 from tests.factories import tiny_instance
 

@@ -176,7 +176,7 @@ def test_certify_takes_the_least_bound_and_names_the_space() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_the_exact_planners_bound_is_below_every_planners_plan_and_every_grouped_plan(seed: int) -> None:
     inst = _instance(seed)
-    res = plan_exact(inst, PlanOptions(time_limit_s=20.0))
+    res = plan_exact(inst, PlanOptions(time_limit_s=20.0, extra={"grouped_bound": "on"}))
     assert res.plan is not None and res.lower_bound_s is not None
     assert "data parallelism across cluster groups" in res.plan_space
     # native links: the space's gradients across groups are native (bf16 ones can be faster: not covered)
@@ -197,7 +197,7 @@ def test_on_a_shipped_instance_the_bound_is_below_every_planners_plan(policy: st
 
     inst = load_instance("sailor-het-16+16")
     extra = {"link_precision": policy}
-    res = plan_exact(inst, PlanOptions(time_limit_s=5.0, extra=extra))
+    res = plan_exact(inst, PlanOptions(time_limit_s=5.0, extra={**extra, "grouped_bound": "on"}))
     assert res.lower_bound_s is not None and res.lower_bound_s > 0
     floor = grouped_bound(inst, build_tables(inst), link_policy(inst, extra), link_precision=policy, deadline=0.0)
     for name in ("heuristic", "metis", "uniform", "dp-only"):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hgopt.cost import build_tables
+from hgopt.cost import build_tables, evaluate
 from hgopt.instances import load_instance
 from hgopt.search import PlanOptions
 from hgopt.search.blocks import OutOfTime, block_options
@@ -73,13 +73,24 @@ def test_too_short_a_limit_is_reported_not_overrun() -> None:
     assert res.lower_bound_s <= res.iteration_time_s
 
 
-def test_exact_planner_names_a_faster_plan_outside_its_space() -> None:
+def test_exact_planner_returns_a_faster_grouped_plan_and_bounds_the_union() -> None:
+    """On three zones a plan with data parallelism across cluster groups beats every plan of k
+    identical pipelines: by default (grouped_bound auto) it is the result, and the bound covers both
+    spaces (below the grouped plan, below the k-identical space's own bound). With grouped_bound off
+    the certificate is the k-identical one and the faster plan is named outside it."""
     inst = _zones()
     res = plan_exact(inst, PlanOptions(time_limit_s=30.0))
-    note = [n for n in res.notes if n.startswith("outside this plan space")]
+    assert res.plan is not None and res.lower_bound_s is not None
+    meta = dict(res.plan.meta)
+    k_identical = float(meta["lower_bound_k_identical_s"])
+    assert res.iteration_time_s < k_identical  # no plan of k identical pipelines is this fast
+    clusters = [{g.cluster for st in p.stages for g in st.groups} for p in res.plan.pipelines]
+    assert any(a.isdisjoint(b) for a in clusters for b in clusters)  # groups on disjoint clusters
+    assert res.lower_bound_s <= res.iteration_time_s <= evaluate(res.plan, inst).iteration_time_s * (1 + 1e-12)
+    assert "data parallelism across cluster groups" in res.plan_space
+    off = plan_exact(inst, PlanOptions(time_limit_s=30.0, extra={"grouped_bound": "off"}))
+    note = [n for n in off.notes if n.startswith("outside this plan space")]
     assert len(note) == 1
     faster = float(note[0].split("groups, ")[1].split(" s by evaluate")[0])
-    assert res.iteration_time_s is not None and faster < res.iteration_time_s
-    assert res.lower_bound_s is not None and math.isfinite(res.lower_bound_s)
-    off = plan_exact(inst, PlanOptions(time_limit_s=30.0, extra={"outside_check": "off"}))
-    assert not any(n.startswith("outside this plan space") for n in off.notes)
+    assert off.iteration_time_s is not None and faster < off.iteration_time_s
+    assert off.lower_bound_s is not None and off.lower_bound_s >= res.lower_bound_s

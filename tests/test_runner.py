@@ -25,7 +25,7 @@ from hgopt.runner.checkpoint import load_full_state  # noqa: E402
 from hgopt.runner.codec import RoundTrip, decode, encode, quantize  # noqa: E402
 from hgopt.runner.launch import run_forked  # noqa: E402
 from hgopt.runner.reference import train_reference  # noqa: E402
-from hgopt.runner.schedule import stage_ops  # noqa: E402
+from hgopt.cost.schedule import stage_ops  # noqa: E402
 from hgopt.runner.summary import read_metrics, summarize  # noqa: E402
 from tests.runner_plans import (  # noqa: E402
     G,

@@ -22,7 +22,7 @@ import pytest
 
 from hgopt.cost import evaluate
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
-from hgopt.runner.schedule import stage_ops
+from hgopt.cost.schedule import stage_ops
 from hgopt.simulate import Resource, simulate
 from hgopt.spec import Bandwidth
 from tests.factories import tiny_instance, tiny_model, tiny_topology

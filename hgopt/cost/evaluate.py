@@ -14,6 +14,7 @@ import numpy as np
 
 from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
 from hgopt.cost.compute import optimizer_time, stage_times
+from hgopt.cost.schedule import stage_ops
 from hgopt.cost.gradsync import (
     MIB,
     ZERO_PHASE,
@@ -267,8 +268,6 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
         lat_b = [b for _, b in latency] if latency is not None else None
         time_s = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
     if nics is not None:  # [C3n]: a stage's NIC carries both its boundaries' messages, per direction
-        from hgopt.runner.schedule import stage_ops  # the runner's order (torch-free, no hgopt imports)
-
         time_s = max(time_s, max(replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics)))
     return PipelineReport(
         index=index,

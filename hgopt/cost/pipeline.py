@@ -111,7 +111,7 @@ def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequenc
     """[C3] The least 1F1B pace that every contiguous window of stages s..j allows (``windows="all"``;
     ``"suffix"``: only the windows ending at the last stage).
 
-    In the strict 1F1B order (``hgopt.runner.schedule.stage_ops``) stage s runs its forward of
+    In the strict 1F1B order (``hgopt.cost.schedule.stage_ops``) stage s runs its forward of
     microbatch k + (j − s + 1) + w_j only after its backward of k, which comes back from stage j
     after the trip of ``window_trip`` (w_j: stage j's warm-up). The cycle advances j − s + 1
     microbatches (at most m), so the pace is at least trip / min(j − s + 1, m). O(S²)."""
@@ -175,7 +175,7 @@ def replay_stage_ends(
 ) -> list[float]:
     """[C3x] The exact timeline of one pipeline of single-replica stages with the given times: when each
     stage's last operation ends. Stage s runs ``stage_ops(schedule, s, S, m)`` (pass the runner's
-    order, ``hgopt.runner.schedule.stage_ops``: the kernel does not import the runner) one operation
+    order, ``hgopt.cost.schedule.stage_ops``: the kernel does not import the runner) one operation
     at a time; F(s, i) waits for F(s − 1, i) to arrive, B(s, i) for B(s + 1, i). Each direction of each boundary carries one message at a time in
     order: a message starts when its operation ends and the previous one has left, occupies the boundary
     for ``send − latency`` and arrives ``send`` after its start (``latency_*`` default 0: the whole

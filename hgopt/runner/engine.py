@@ -32,7 +32,7 @@ from hgopt.runner.device import synchronize
 from hgopt.runner.grad_sync import GradSync, emulated_ring_s
 from hgopt.runner.memory import MemoryMeter
 from hgopt.runner.model import DTYPES, StageModel
-from hgopt.runner.schedule import Op, stage_ops
+from hgopt.cost.schedule import Op, stage_ops
 from hgopt.runner.tp import TpGroup, split_dims, vocab_parallel_cross_entropy
 from hgopt.runner.zero import ZeroShard
 

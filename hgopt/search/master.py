@@ -85,6 +85,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hgopt.cost.comm import gradient_bytes
+from hgopt.cost.gradsync import ZERO_PHASE
 from hgopt.cost.links import max_rate_from
 from hgopt.cost.pipeline import steady_weight
 from hgopt.cost.tables import CostTables, link_bytes_factor
@@ -104,9 +105,9 @@ INF = math.inf
 MAX_CLUSTERS = 8
 """Above this many clusters the partitions are not enumerated (Bell(9) = 21,147) and the grouped space
 is bounded by its rate floor alone."""
-ZERO_RS_SHARE = 0.5
-"""The share of a ZeRO-1 segment's [C5] all-reduce its reduce-scatter costs (``gradsync.ZERO_PHASE``
-of the zero1ov kernel; the one-bucket ZeRO-1 price before it is the whole all-reduce, >= this) [G6]."""
+ZERO_RS_SHARE = ZERO_PHASE
+"""The share of a ZeRO-1 segment's [C5] all-reduce its reduce-scatter costs (the kernel's
+``gradsync.ZERO_PHASE``) [G6]."""
 BISECT_RATIO = 1.0005
 """The bisection on a partition's pipeline time stops when its bracket is this narrow (relative)."""
 

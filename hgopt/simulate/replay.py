@@ -1,7 +1,7 @@
 """``simulate(plan, instance)``: replay one training step event by event, as the runner executes it.
 
 Every replica of every stage runs its stage's operations in the runner's order
-(:func:`hgopt.runner.schedule.stage_ops`, 1F1B or GPipe), one at a time, with the forward and backward
+(:func:`hgopt.cost.schedule.stage_ops`, 1F1B or GPipe), one at a time, with the forward and backward
 seconds of its own replica group from the cost kernel's tables ([C2]). A forward waits for every row
 range of its microbatch from the previous stage's replicas, a backward for every gradient row range
 from the next stage's replicas (the runner's pieces: replica after replica, group after group). Each
@@ -35,7 +35,7 @@ from hgopt.cost.evaluate import quantisation_time, segment_bucket_syncs, segment
 from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
-from hgopt.runner.schedule import Op, stage_ops
+from hgopt.cost.schedule import Op, stage_ops
 from hgopt.simulate.resources import Network, Resource
 from hgopt.spec import Instance
 

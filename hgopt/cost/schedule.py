@@ -1,4 +1,5 @@
-"""Pipeline schedules as plain op lists: what one stage does, in order, during one step."""
+"""Pipeline schedules as plain op lists: what one stage does, in order, during one step (the order the
+runner executes, the simulator replays and the kernel's exact timelines [C3x]/[C3n] follow)."""
 
 from __future__ import annotations
 
