@@ -390,7 +390,10 @@ def test_stopped_search_returns_plan_and_valid_bound(objective: str, monkeypatch
     plans = _brute(seed)
     budget = None if objective == "cost" else max(h for _, _, h in plans) * 2  # a budget every plan keeps
     best = min(c for _, c, _ in plans) if objective == "cost" else min(t for t, _, _ in plans)
-    res = plan_exact(inst, PlanOptions(time_limit_s=60, objective=objective, budget_usd_per_hour=budget))  # type: ignore[arg-type]
+    # gap 1e-9: the floors alone (cost_lower_bound is within 0.11 % here) cannot end the search, so
+    # every split needs the MILP the size guard refuses
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-9, objective=objective,  # type: ignore[arg-type]
+                                       budget_usd_per_hour=budget))
     assert res.plan is not None
     lb = res.usd_lower_bound if objective == "cost" else res.lower_bound_s
     assert lb is not None and lb <= best * (1 + 1e-9)

@@ -80,7 +80,7 @@ def _expected(seed: int) -> float:
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_milp_equals_brute_force_on_multi_node_clusters(seed: int) -> None:
-    """No warm start, no relaxation: the MILP alone finds and proves the brute-force optimum."""
+    """No warm start, no relaxation: the MILP alone finds the brute-force optimum, and its bound holds."""
     inst = _instance(seed)
     expect = _expected(seed)
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs",
@@ -91,8 +91,11 @@ def test_milp_equals_brute_force_on_multi_node_clusters(seed: int) -> None:
     assert res.plan is not None
     assert evaluate(res.plan, inst).iteration_time_s == pytest.approx(expect, rel=1e-7)
     assert res.lower_bound_s is not None
-    assert expect * (1 - 1e-6) <= res.lower_bound_s <= expect * (1 + 1e-9)
-    assert res.status == "optimal"
+    # the bound is valid but no longer equal to the optimum: with 80 MB of gradients per layer the first
+    # stage does not fit one 25 MiB bucket, so intra.first_tail is the overlapped ZeRO-1 floor (valid,
+    # not exact: up to 16 % below here) rather than the whole all-reduce ([C7b], round 5); the MILP
+    # still returns the brute-force optimum (asserted above)
+    assert res.lower_bound_s <= expect * (1 + 1e-9)
 
 
 def test_layout_floor_matters_on_these_instances(monkeypatch: pytest.MonkeyPatch) -> None:
