@@ -24,6 +24,13 @@ from tests.factories import tiny_instance, tiny_model, tiny_topology
 from tests.test_milp import _expected, _instance
 
 
+@pytest.fixture(autouse=True)
+def _k_identical_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """colgen: this file checks the k-identical space's certificate against its own brute force;
+    the certificate over grouped plans too is tests/test_master.py's."""
+    monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
+
+
 def test_the_milp_planner_imports_no_other_planner() -> None:
     """milp does not import the heuristic (the warm start is injected) and relax does not import milp."""
     code = ("import sys, hgopt.search.milp, hgopt.search.relax; "

@@ -18,6 +18,13 @@ from hgopt.solvers import available_backends
 from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 
+
+@pytest.fixture(autouse=True)
+def _k_identical_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """colgen: this file checks the k-identical space's certificate against its own brute force;
+    the certificate over grouped plans too is tests/test_master.py's."""
+    monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
+
 BACKENDS = available_backends()
 SEEDS = 10
 

@@ -213,6 +213,10 @@ def result_to_json(res: PlanResult, ev: Evaluation | None, expl: Explanation | N
         "tokens_per_s": num(ev.tokens_per_s) if ev else None,
         "lower_bound_s": num(res.lower_bound_s),
         "gap": res.gap,
+        "objective": res.objective,  # (costheur) the $ objective's value, bound and gap
+        "usd_per_iteration": res.usd_per_iteration,
+        "usd_lower_bound": res.usd_lower_bound,
+        "usd_gap": res.usd_gap,
         "search_time_s": res.search_time_s,
         "plan_space": res.plan_space,
         "notes": list(res.notes),
@@ -328,8 +332,13 @@ def _summary(inst: Instance, res: PlanResult, ev: Evaluation) -> str:
         gap = res.gap
         lines.append(f"lower bound on the iteration time {fmt_seconds(res.lower_bound_s)}, gap "
                      f"{'n/a' if gap is None else f'{100 * gap:.2f} %'} (proven over the plan space below)")
-    else:
+    elif res.objective == "time":
         lines.append("no lower bound (heuristic planner)")
+    if res.objective == "cost":  # (costheur) the $ objective's value, bound and gap
+        usd = "-" if res.usd_per_iteration is None else f"${res.usd_per_iteration:.4g}"
+        bound = "no lower bound" if res.usd_lower_bound is None else f"lower bound ${res.usd_lower_bound:.4g}"
+        gap = "" if res.usd_gap is None else f", gap {100 * res.usd_gap:.2f} %"
+        lines.append(f"objective cost: {usd} per iteration, {bound}{gap} (the bound holds for every plan)")
     lines.append(f"search time {res.search_time_s:.1f} s")
     if res.plan_space:
         lines.append(f"plan space: {res.plan_space}")

@@ -20,8 +20,8 @@ __all__ = ["add_arguments", "render", "run_cost", "to_json", "wanted"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=("time", "cost"), default="time",
                    help="time: the fastest plan (default); cost: the cheapest $ per iteration (GPU-hours from "
-                        "cost_per_gpu_hour plus WAN egress), among the planner's plans on cluster subsets, with a "
-                        "lower bound on $ valid for every plan")
+                        "cost_per_gpu_hour plus WAN egress; the heuristic compares its candidates by it and searches "
+                        "node counts), with a lower bound on $ valid for every plan")
     p.add_argument("--budget", type=float, default=None, metavar="USD_PER_HOUR",
                    help="only plans costing at most this many dollars per hour of training")
     p.add_argument("--pareto", action="store_true",
@@ -105,17 +105,20 @@ def render(inst: Instance, s: CostSearch, *, pareto_only: bool = False) -> str:
         t = c.iteration_time_s
         where = "+".join(c.clusters) + ("" if c.nodes is None else
                                          f" ({c.nodes} of {inst.topology.cluster(c.clusters[0]).nodes} nodes)")
-        rows.append([where, c.result.status, fmt_seconds(t) if math.isfinite(t) else "-",
+        gpus = ", ".join(f"{n}:{k}" for n, k in c.result.plan.gpus_by_cluster().items()) if c.result.plan else "-"
+        rows.append([where + (" (searched)" if c.source == "searched" else ""), gpus, c.result.status,
+                     fmt_seconds(t) if math.isfinite(t) else "-",
                      _usd(c.usd_per_iteration), _usd(c.usd_per_hour), _usd(c.usd_per_million_tokens),
                      "*" if id(c) in front else "", "<" if c is s.best else ""])
     what = "Pareto front (time vs $) of" if pareto_only else "candidates:"
     out = [f"{inst.name}: objective {s.objective}"
            + (f", budget ${s.budget_usd_per_hour:g}/hour" if s.budget_usd_per_hour is not None else "")
-           + f"; {what} the planner's best plan on each cluster subset, priced (* Pareto, < chosen)",
-           format_table(["clusters", "status", "iteration", "$/iteration", "$/hour", "$/Mtoken", "pareto", "chosen"],
+           + f"; {what} the planner's plans (on cluster subsets, and those it scored on the way: searched), "
+           "priced (* Pareto, < chosen)",
+           format_table(["clusters", "GPUs used", "status", "iteration", "$/iteration", "$/hour", "$/Mtoken", "pareto", "chosen"],
                         rows)]
     if s.best is None:
-        out.append("no plan" + (" within the budget" if s.budget_usd_per_hour is not None else ""))
+        out.append(s.note or ("no plan" + (" within the budget" if s.budget_usd_per_hour is not None else "")))
     unit = (lambda v: f"${v:.4g} per iteration") if s.objective == "cost" else fmt_seconds
     if s.lower_bound is not None:
         out.append(f"lower bound on the {s.objective}: {unit(s.lower_bound)} ({s.bound_note})"
@@ -132,8 +135,8 @@ def to_json(s: CostSearch) -> dict[str, Any]:
     front = set(id(c) for c in pareto(s.candidates))
     return {
         "objective": s.objective, "budget_usd_per_hour": s.budget_usd_per_hour,
-        "lower_bound": num(s.lower_bound), "gap": s.gap, "bound_note": s.bound_note,
-        "candidates": [{"clusters": list(c.clusters), "nodes": c.nodes, "status": c.result.status,
+        "lower_bound": num(s.lower_bound), "gap": s.gap, "bound_note": s.bound_note, "note": s.note or None,
+        "candidates": [{"clusters": list(c.clusters), "nodes": c.nodes, "source": c.source, "status": c.result.status,
                         "iteration_time_s": num(c.iteration_time_s), "usd_per_iteration": c.usd_per_iteration,
                         "usd_per_hour": c.usd_per_hour, "usd_per_million_tokens": c.usd_per_million_tokens,
                         "pareto": id(c) in front, "chosen": c is s.best,

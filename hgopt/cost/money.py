@@ -9,6 +9,14 @@
 
 Planners and bounds price with :func:`gpu_usd_per_second` and :func:`egress_usd_per_byte`;
 ``hgopt.explain`` and the cost search with :func:`money`.
+
+The bound (:func:`cost_lower_bound`, valid for every plan of any planner): every sample passes forward
+and backward through every layer on some GPU, and in every plan each GPU computes its share of
+microbatches one after another within the iteration ([C3]: iteration time ≥ m × a stage's compute),
+so a plan's GPU-seconds priced by ``cost_per_gpu_hour`` are at least Σ_layers global_batch × min over
+(cluster, tp, profiled microbatch size) of price × tp × (forward + backward seconds of the layer) /
+microbatch size — the kernel's [C2] times (``CostTables``; per-sample time between profiled sizes is
+interpolated linearly, so its minimum is at a profiled size). Egress only adds.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
 from hgopt.spec import Instance
 
-__all__ = ["Money", "egress_usd_per_byte", "gpu_usd_per_second", "money"]
+__all__ = ["Money", "cost_lower_bound", "egress_usd_per_byte", "gpu_usd_per_second", "money", "unpriced_clusters",
+           "usd_per_hour"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +58,39 @@ def egress_usd_per_byte(instance: Instance, src: str, dst: str) -> float | None:
             price = getattr(link, "egress_usd_per_gb", None)
             return None if price is None else float(price) / 1e9
     return None
+
+
+def unpriced_clusters(instance: Instance) -> tuple[str, ...]:
+    """The clusters without ``cost_per_gpu_hour`` (the cost objective, a budget and the bound need every price)."""
+    return tuple(c.name for c in instance.topology.clusters if c.cost_per_gpu_hour is None)
+
+
+def usd_per_hour(usd_per_iteration: float, iteration_time_s: float) -> float:
+    """$ per hour of training at ``usd_per_iteration`` every ``iteration_time_s`` seconds (what ``--budget`` caps)."""
+    return usd_per_iteration / iteration_time_s * 3600.0
+
+
+def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
+    """$ per iteration below which no plan's GPU-hours can go (the module docstring); needs
+    ``cost_per_gpu_hour`` on every cluster (ValueError naming the field otherwise)."""
+    for i, c in enumerate(instance.topology.clusters):
+        if c.cost_per_gpu_hour is None:
+            raise ValueError(f"{instance.source}: topology.clusters[{i}].cost_per_gpu_hour: not set for cluster "
+                             f"{c.name!r} (the $ bound needs every cluster's price)")
+    L, G = instance.model.num_layers, instance.job.global_batch
+    best = [math.inf] * L
+    for c in instance.topology.clusters:
+        rate = gpu_usd_per_second(instance, c.name)
+        assert rate is not None
+        for tp in instance.model.tps(c.gpu):
+            if c.gpus_per_node % tp or tp > c.num_gpus:
+                continue
+            tab = tables.table(c.gpu, tp)
+            for mbs in instance.model.mbss(c.gpu, tp):
+                for layer in range(L):
+                    f, b = tab.times(mbs, layer, layer + 1)
+                    best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
+    return G * sum(best)
 
 
 def money(plan: Plan, instance: Instance, tables: CostTables, iteration_time_s: float, tokens: int) -> Money:

@@ -1,12 +1,15 @@
 """Cost as an objective (``hgopt plan --objective cost``, ``--budget USD_PER_HOUR``, ``--pareto``).
 
-Candidates: the registered time planner (heuristic or exact) run on cluster subsets of the instance
-(``groups.sub_instance``): every cluster alone, the whole instance, for up to four clusters every
-subset, and every cluster alone on half its nodes; each plan scored by ``evaluate`` on the whole
-instance and priced like
-``hgopt.explain`` (GPU-hours of the GPUs it uses from ``cost_per_gpu_hour`` over the iteration time,
-plus WAN egress from ``egress_usd_per_gb``). GPU counts other than what the time planner picks on
-those (sub)instances are not searched.
+Candidates: the registered planner run on the whole instance with the objective and budget
+(``PlanOptions.objective`` / ``budget_usd_per_hour``). When it returns the plans it scored on the way
+(``PlanResult.candidates``: the heuristic, which searches cluster subsets, node counts and grouped
+plans itself under the cost objective [H10]), those are the candidates, and under ``time`` the
+planner is run once more under ``cost`` so that the listing also holds the cheap end of the plan
+space. Otherwise (a planner that returns one plan) the planner also runs on cluster subsets of the
+instance (``groups.sub_instance``): for up to four clusters every subset, else each cluster alone,
+and every cluster alone on half its nodes. Every plan is scored by ``evaluate`` on the whole instance
+and priced by ``hgopt.cost.money`` (GPU-hours of the GPUs it uses from ``cost_per_gpu_hour`` over the
+iteration time, plus WAN egress from ``egress_usd_per_gb``).
 
 Bounds, each valid for every plan of any planner:
 
@@ -24,6 +27,7 @@ Bounds, each valid for every plan of any planner:
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import time
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hgopt.cost import build_tables, evaluate
+from hgopt.cost.money import cost_lower_bound as money_bound
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
@@ -56,6 +61,8 @@ class Candidate:
     usd_per_iteration: float | None
     usd_per_hour: float | None
     usd_per_million_tokens: float | None
+    source: str = "planner"
+    """``planner``: the planner's plan on ``clusters``; ``searched``: a plan it scored on the way."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +78,8 @@ class CostSearch:
     gap: float | None
     """(best − bound) / best, for the chosen objective."""
     bound_note: str
+    note: str = ""
+    """Why no candidate was chosen (e.g. the cheapest $/hour found, over the budget)."""
 
 
 def plan_usd(plan: Plan, instance: Instance, tables: CostTables) -> tuple[float, float | None]:
@@ -84,23 +93,8 @@ def plan_usd(plan: Plan, instance: Instance, tables: CostTables) -> tuple[float,
 
 
 def cost_lower_bound(instance: Instance, tables: CostTables | None = None) -> float:
-    """$ per iteration below which no plan's GPU-hours can go (see the module docstring); needs
-    ``cost_per_gpu_hour`` on every cluster."""
-    tables = tables or build_tables(instance)
-    L, G = instance.model.num_layers, instance.job.global_batch
-    best = [math.inf] * L
-    for c in instance.topology.clusters:
-        price = c.cost_per_gpu_hour
-        assert price is not None, c.name
-        for tp in instance.model.tps(c.gpu):
-            if c.gpus_per_node % tp or tp > c.num_gpus:
-                continue
-            tab = tables.table(c.gpu, tp)
-            for mbs in instance.model.mbss(c.gpu, tp):
-                for layer in range(L):
-                    f, b = tab.times(mbs, layer, layer + 1)
-                    best[layer] = min(best[layer], price / 3600.0 * tp * (f + b) / mbs)
-    return G * sum(best)
+    """$ per iteration below which no plan's GPU-hours can go (``hgopt.cost.money.cost_lower_bound``)."""
+    return money_bound(instance, tables or build_tables(instance))
 
 
 def _subsets(instance: Instance) -> list[tuple[tuple[str, ...], int | None]]:
@@ -139,14 +133,18 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     """Run ``planner`` on the cluster subsets (the whole instance first; ``options.time_limit_s``
     shared among them) and pick the cheapest (``cost``) or fastest (``time``) plan whose $/hour is
     within ``budget_usd_per_hour``; with the bound of the chosen objective."""
+    from hgopt.cost.money import unpriced_clusters
+
     if objective not in ("cost", "time"):
         raise ValueError(f"--objective: must be time or cost, got {objective!r}")
     if budget_usd_per_hour is not None and not (budget_usd_per_hour > 0 and math.isfinite(budget_usd_per_hour)):
         raise ValueError(f"--budget: must be > 0 dollars per hour, got {budget_usd_per_hour}")
-    unpriced = [c.name for c in instance.topology.clusters if c.cost_per_gpu_hour is None]
+    unpriced = unpriced_clusters(instance)
     if unpriced:
-        raise ValueError(f"--objective cost / --budget / --pareto: clusters without cost_per_gpu_hour: "
-                         f"{', '.join(unpriced)} (set topology.clusters[*].cost_per_gpu_hour)")
+        names = [c.name for c in instance.topology.clusters]
+        fields = ", ".join(f"topology.clusters[{names.index(n)}].cost_per_gpu_hour ({n})" for n in unpriced)
+        raise ValueError(f"{instance.source}: --objective cost / --budget / --pareto need every cluster's price "
+                         f"per GPU-hour; not set: {fields}")
     tables = tables or build_tables(instance)
     names = tuple(c.name for c in instance.topology.clusters)
     subsets = _subsets(instance)
@@ -154,8 +152,48 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     tokens = instance.job.global_batch * instance.job.seq_len
     out: list[Candidate] = []
     whole_bound: float | None = None
+    planner_usd_bound: float | None = None
+    seen: set[str] = set()
+
+    def add(subset: tuple[str, ...], nodes: int | None, res: PlanResult, source: str = "planner") -> None:
+        if res.plan is not None:  # the same plan once (its label fields aside)
+            doc = res.plan.to_dict()
+            for label in ("meta", "planner", "instance"):
+                doc.pop(label, None)
+            text = json.dumps(doc, sort_keys=True)
+            if text in seen:
+                return
+            seen.add(text)
+        if res.plan is None:
+            out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=math.inf,
+                                 usd_per_iteration=None, usd_per_hour=None, usd_per_million_tokens=None, source=source))
+            return
+        t, usd = plan_usd(res.plan, instance, tables)
+        out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
+                             usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
+                             usd_per_million_tokens=None if usd is None else usd / tokens * 1e6, source=source))
+
+    def searched(res: PlanResult) -> None:
+        for plan, _ in res.candidates:
+            used = tuple(n for n in names if n in plan.gpus_by_cluster())
+            add(used, None, PlanResult(planner=res.planner, status="heuristic", plan=plan), "searched")
+
+    def options_for(share: float, obj: str, budget: float | None) -> PlanOptions:
+        return PlanOptions(time_limit_s=share, gap=options.gap, solver=options.solver, threads=options.threads,
+                           seed=options.seed, extra=options.extra, progress=options.progress,
+                           objective=obj, budget_usd_per_hour=budget)  # type: ignore[arg-type]
+
     for i, (subset, nodes) in enumerate(subsets):
         left = deadline - time.monotonic()
+        if i == 1 and any(c.result.candidates for c in out):  # the planner searched the plan space itself
+            if objective == "time":  # the cheap end of the plan space too (for the listing)
+                try:
+                    cheap = planner(instance, options_for(max(left, 0.1), "cost", None))
+                except ValueError as exc:
+                    cheap = PlanResult(planner="", status="error", plan=None, notes=(str(exc),))
+                add(names, None, cheap)
+                searched(cheap)
+            break
         if i and left <= 0:
             log.info("cost search: time limit reached after %d of %d cluster subsets", i, len(subsets))
             break
@@ -164,21 +202,14 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
         log.info("cost search: %s%s (%d of %d cluster subsets, %.1f s)", "+".join(subset),
                  "" if nodes is None else f" on {nodes} nodes", i + 1, len(subsets), share)
         try:
-            res = planner(sub, PlanOptions(time_limit_s=share, gap=options.gap, solver=options.solver,
-                                           threads=options.threads, seed=options.seed, extra=options.extra,
-                                           progress=options.progress))
+            res = planner(sub, options_for(share, objective, budget_usd_per_hour))
         except ValueError as exc:  # e.g. a subset the planner declines; the others still count
             res = PlanResult(planner="", status="error", plan=None, notes=(str(exc),))
         if len(subset) == len(names) and nodes is None:
-            whole_bound = res.lower_bound_s
-        if res.plan is None:
-            out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=math.inf, usd_per_iteration=None,
-                                 usd_per_hour=None, usd_per_million_tokens=None))
-            continue
-        t, usd = plan_usd(res.plan, instance, tables)
-        out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
-                             usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
-                             usd_per_million_tokens=None if usd is None else usd / tokens * 1e6))
+            whole_bound = res.lower_bound_s if res.objective == "time" else None
+            planner_usd_bound = res.usd_lower_bound
+        add(subset, nodes, res)
+        searched(res)
         if options.progress is not None and options.progress.stop_requested():
             break
     ok = [c for c in out if c.usd_per_iteration is not None and math.isfinite(c.iteration_time_s)
@@ -190,6 +221,8 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
         lb: float | None = cost_lower_bound(instance, tables)
         note = ("$ per iteration: global batch x per layer the cheapest GPU-seconds of forward + backward over "
                 "every cluster, tp and profiled microbatch size (any plan of any planner; egress only adds)")
+        if planner_usd_bound is not None and planner_usd_bound > lb:  # e.g. the exact planner's cost MILP
+            lb, note = planner_usd_bound, "$ per iteration: the planner's proven bound on the whole instance"
         val = best.usd_per_iteration if best else None
     else:
         lb = whole_bound
@@ -197,8 +230,13 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                 if lb is not None else "no time bound (the planner gives none)")
         val = best.iteration_time_s if best else None
     gap = None if val is None or lb is None or val <= 0 else max(0.0, (val - lb) / val)
+    why = ""
+    if best is None and budget_usd_per_hour is not None:
+        rates = [c.usd_per_hour for c in out if c.usd_per_hour is not None]
+        why = (f"no plan within the budget of ${budget_usd_per_hour:g}/hour"
+               + (f": the cheapest found costs ${min(rates):.4g}/hour" if rates else ": no plan could be priced"))
     return CostSearch(objective=objective, budget_usd_per_hour=budget_usd_per_hour, candidates=tuple(out), best=best,
-                      lower_bound=lb, gap=gap, bound_note=note)
+                      lower_bound=lb, gap=gap, bound_note=note, note=why)
 
 
 def pareto(candidates: tuple[Candidate, ...]) -> tuple[Candidate, ...]:

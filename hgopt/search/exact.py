@@ -15,20 +15,31 @@ import logging
 import math
 import time
 
-from hgopt.cost import evaluate
+from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
+from hgopt.search.blocks import LinkPolicy
+from hgopt.search.master import certify, grouped_bound
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.spec import Instance
 
-__all__ = ["NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
+__all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "warm_start_work"]
 
 log = logging.getLogger(__name__)
 
 NARROW_SHARE = 0.3
 """Share of the time limit the native-link search takes before a wider link policy's search."""
+
+GROUPED_BOUND_DEFAULT = "on"
+"""colgen: whether the certificate covers data parallelism across cluster groups unless
+``PlanOptions.extra["grouped_bound"]`` says otherwise ("off": k identical pipelines alone)."""
+
+GROUPED_SHARE = 0.1
+"""colgen: share of the time left after the narrow search that the grouped space's bound
+(``hgopt.search.master``) gets after the k-identical search; at its deadline it falls back to rate
+floors, still a bound."""
 
 WARM_START_WORK_PER_S = 150
 """Work units (``HeuristicOptions.work_limit``: subsets split, skeletons realised) the warm start's
@@ -72,15 +83,36 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
                   if (ev := evaluate(p, inst, tables)).feasible]
         return min(scored)[2] if scored else None
 
+    found: list[tuple[Plan, float]] = []  # colgen: the grouped plan [H9] is inside the certificate's space
+
     def outside(inst: Instance, tables: CostTables, incumbent_s: float, seconds: float) -> tuple[float, str] | None:
         alt = grouped_alternative(inst, incumbent_s, tables=tables,
                                   options=HeuristicOptions(time_limit_s=seconds, link_precision=policy))
         if alt is None or alt.plan is None:
             return None
+        found.append((alt.plan, alt.iteration_time_s))
         return alt.iteration_time_s, dict(alt.plan.meta).get("groups", "")
 
-    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left), warm_start=warm, outside=outside)
+    # colgen: the k-identical search leaves GROUPED_SHARE of the time to the grouped space's bound
+    share = 0.0 if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off" else GROUPED_SHARE
+    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
+                    warm_start=warm, outside=outside)
+    res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
+
+
+def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResult, policy: str, links: LinkPolicy,
+                        t0: float, grouped: tuple[Plan, float] | None) -> PlanResult:
+    """colgen: the certificate over k identical pipelines and data parallelism across cluster groups
+    (``hgopt.search.master``), within what is left of the time limit."""
+    if res.plan is None or res.lower_bound_s is None:
+        return res
+    if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off":
+        return res
+    deadline = t0 + options.time_limit_s
+    gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
+                       deadline=deadline)
+    return certify(res, gb, gap=options.gap, grouped_plan=grouped)
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:

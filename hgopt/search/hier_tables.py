@@ -147,7 +147,8 @@ def cluster_tables(
     cache = {} if cache is None else cache
     # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
     key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
-           gpu_budget, replicas, cluster.gpu_memory_bytes)  # memory: which layouts get recomputing estimates
+           gpu_budget, replicas, cluster.gpu_memory_bytes,  # memory: which layouts get recomputing estimates
+           instance.job.global_batch)  # so do the batch's microbatches in flight (a cache shared by sub-instances)
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
@@ -262,6 +263,21 @@ def _config_estimate(
     per microbatch in flight, trunk-stage memory base and activations per microbatch). With
     ``recompute`` ([C2r]/[C6r]): each layer's backward repeats its forward, a microbatch in flight keeps
     only each layer's input (the mean boundary bytes) and one layer's activations are rebuilt at a time."""
+    L = tables.num_layers
+    # the estimate reads neither m nor the budget beyond its stage grid: alike calls share one (replan speed)
+    memo = ("config", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node, tp, dp, mbs,
+            min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute, len(nb))
+    if memo not in cache:
+        cache[memo] = _config_estimate_uncached(instance, tables, layout, c, tp, dp, mbs, budget, replicas, nb,
+                                                has_pre, has_post, cache, recompute)
+    return cache[memo]  # type: ignore[return-value]
+
+
+def _config_estimate_uncached(
+    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int,
+    budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
+    cache: dict[tuple[object, ...], object], recompute: bool,
+) -> tuple[np.ndarray, ...]:
     key = ("parts", c.gpu, tp, mbs)
     if key not in cache:
         cache[key] = _parts(tables, layout, c.gpu, tp, mbs)

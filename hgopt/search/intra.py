@@ -676,9 +676,11 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
     comp = dict(zip(zip(los.tolist(), his.tolist()), sm.compute(los, his).tolist()))
     so = dict(zip(zip(los.tolist(), his.tolist()), sm.first_tail(los, his).tolist()))
     snd = dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist()))
-    fit: dict[tuple[int, int], float] = {}
-    for lo, hi in zip(los.tolist(), his.tolist()):
-        fit[(lo, hi)] = sm.max_in_flight(lo, hi)
+    fit: dict[tuple[int, int], float]
+    if sm.cfg.recompute:  # [C6r] the scalar path (its own float sums)
+        fit = {(lo, hi): sm.max_in_flight(lo, hi) for lo, hi in zip(los.tolist(), his.tolist())}
+    else:  # [C6] every range at once: the same largest count that fits (replan speed)
+        fit = dict(zip(zip(los.tolist(), his.tolist()), sm.max_in_flight_v(los, his).tolist()))
     # front[r][l] = list of (T, S, sends, h, index into front[r-1][h])
     front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
     front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
@@ -721,8 +723,9 @@ def _pareto(cands: list[tuple[float, float, float, int, int]]) -> list[tuple[flo
     """Points not dominated in (T, S, sends), lowest T first."""
     cands.sort()
     kept: list[tuple[float, float, float, int, int]] = []
-    for c in cands:
-        if not any(k[0] <= c[0] and k[1] <= c[1] and k[2] <= c[2] for k in kept):
+    for c in cands:  # sorted: every kept point's T is already <= c's
+        s, sd = c[1], c[2]
+        if not any(k[1] <= s and k[2] <= sd for k in kept):
             kept.append(c)
     return kept
 

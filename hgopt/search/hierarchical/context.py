@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.hier_tables import ClusterTable
+from hgopt.search.hierarchical.objective import Scorer
 from hgopt.search.hierarchical.records import Estimated, HeuristicOptions
 from hgopt.search.intra import LocalPlan
 from hgopt.spec import Instance
@@ -47,6 +48,8 @@ class Ctx:
     """Work done so far (``HeuristicOptions.work_limit``): subsets split, skeletons realised."""
     stopped: str = ""
     """What first ended a phase early: 'work limit', 'time limit' or 'stop request' ('' = none)."""
+    score: Scorer | None = None
+    """[H10] How candidates compare (time, or $ per iteration) and the plans scored; set by the search."""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -60,6 +60,10 @@ class HeuristicOptions:
     the best plan that uses an idle cluster); implies no [H9] groups. (cli-explain)"""
     progress: Progress | None = field(default=None, compare=False)
     """Heartbeat state and cooperative stop (SIGINT), checked wherever the time limit is. (cli-explain)"""
+    objective: str = "time"
+    """[H10] 'time' (iteration time) or 'cost' ($ per iteration, ``hgopt.cost.money``): how candidates compare."""
+    budget_usd_per_hour: float | None = None
+    """[H10] Plans over this many $/hour rank behind every plan within it and are never returned."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +103,10 @@ class HeuristicResult:
     groups: tuple[tuple[str, ...], ...] = ()
     """[H9] When the plan trains on cluster groups in data parallel: the groups (``skeleton`` is
     then None); empty for a single family of identical pipelines."""
+    candidates: tuple[tuple[Plan, float], ...] = ()
+    """[H10] Every realised plan the search scored, with its ``evaluate`` time (``--pareto``)."""
+    note: str = ""
+    """Why there is no plan, when that is not 'nothing fits' (e.g. none within the budget)."""
 
 
 class Estimated(NamedTuple):

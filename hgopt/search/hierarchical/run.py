@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import time
 
-from hgopt.cost.tables import CostTables
+from hgopt.cost.money import cost_lower_bound, money, unpriced_clusters
+from hgopt.cost.tables import CostTables, build_tables
 from hgopt.search import PlanOptions, PlanResult, link_penalties
+from hgopt.search.hierarchical.nodes import plan_fewest_nodes
 from hgopt.search.hierarchical.records import HeuristicOptions, HeuristicResult
 from hgopt.search.hierarchical.search import plan_heuristic
 from hgopt.spec import Instance
@@ -37,17 +40,50 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
         max_links = None if links in (None, "") else int(links)
     except ValueError:
         raise ValueError(f"--max-compressed-links: expected an integer, got {links!r}") from None
-    res = plan_heuristic(instance, options=HeuristicOptions(
+    priced = options.objective == "cost" or options.budget_usd_per_hour is not None  # [H10]
+    tables = build_tables(instance) if priced else None
+    if priced:
+        check_priced(instance, options)
+    hopts = HeuristicOptions(
         time_limit_s=options.time_limit_s, link_precision=extra.get("link_precision", "native"),
         max_compressed_links=max_links, link_penalty=tuple(link_penalties(extra).items()),
         require_clusters=tuple(n for n in extra.get("require_clusters", "").split(",") if n),  # (cli-explain)
-        progress=options.progress))  # (cli-explain)
+        progress=options.progress,  # (cli-explain)
+        objective=options.objective, budget_usd_per_hour=options.budget_usd_per_hour)
+    res = plan_fewest_nodes(instance, tables=tables, options=hopts) if priced else \
+        plan_heuristic(instance, options=hopts)
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP; or data parallelism across cluster groups, "
-             "each group such pipelines")
+             "each group such pipelines" + ("; on every cluster's nodes or fewer (greedy descent)" if priced else ""))
+    # [H10] the $ bound holds for every plan of any planner (hgopt.cost.money.cost_lower_bound)
+    usd_bound = cost_lower_bound(instance, tables) if tables is not None and not unpriced_clusters(instance) else None
+    candidates = tuple(res.candidates)
     if res.plan is None:
         return PlanResult(planner="heuristic", status="infeasible", plan=None, search_time_s=elapsed,
-                          plan_space=space, notes=("no skeleton could be realised",))
-    return PlanResult(planner="heuristic", status="heuristic", plan=res.plan, iteration_time_s=res.iteration_time_s,
-                      search_time_s=elapsed, plan_space=space, notes=tuple(f"{k}: {v}" for k, v in res.plan.meta))
+                          plan_space=space, notes=(res.note or "no skeleton could be realised",),
+                          objective=options.objective, usd_lower_bound=usd_bound, candidates=candidates)
+    usd = None
+    if tables is not None:
+        tokens = instance.job.global_batch * instance.job.seq_len
+        usd = money(res.plan, instance, tables, res.iteration_time_s, tokens).usd_per_iteration
+    status = "heuristic"
+    if options.objective == "cost" and usd is not None and usd_bound is not None:
+        status = "optimal" if (usd - usd_bound) <= options.gap * usd else "feasible"
+    return PlanResult(planner="heuristic", status=status, plan=res.plan, iteration_time_s=res.iteration_time_s,  # type: ignore[arg-type]
+                      search_time_s=elapsed, plan_space=space, notes=tuple(f"{k}: {v}" for k, v in res.plan.meta),
+                      objective=options.objective, usd_per_iteration=usd, usd_lower_bound=usd_bound,
+                      candidates=candidates)
+
+
+def check_priced(instance: Instance, options: PlanOptions) -> None:
+    """[H10] The cost objective and a budget need every cluster's price: ValueError naming the field."""
+    if options.objective not in ("time", "cost"):
+        raise ValueError(f"--objective: must be time or cost, got {options.objective!r}")
+    b = options.budget_usd_per_hour
+    if b is not None and not (b > 0 and math.isfinite(b)):
+        raise ValueError(f"--budget: must be > 0 dollars per hour, got {b}")
+    for i, c in enumerate(instance.topology.clusters):
+        if c.cost_per_gpu_hour is None:
+            raise ValueError(f"{instance.source}: topology.clusters[{i}].cost_per_gpu_hour: not set for cluster "
+                             f"{c.name!r} (--objective cost and --budget need every cluster's price per GPU-hour)")

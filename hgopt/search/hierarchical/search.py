@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 from hgopt.cost import evaluate
@@ -14,6 +15,7 @@ from hgopt.search.baselines._common import block_layout
 from hgopt.search.groups import GroupedPlan, best_grouped_plan
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.links import allowed_link_precisions, check_max_links
+from hgopt.search.hierarchical.objective import Scorer
 from hgopt.search.hierarchical.realise import describe, realize_fast, realize_repaired, realize_table
 from hgopt.search.hierarchical.records import Estimated, HeuristicOptions, HeuristicResult, Realised, Skeleton
 from hgopt.search.hierarchical.refine import checked, polish, refine, repartitioned
@@ -25,16 +27,25 @@ log = logging.getLogger(__name__)
 
 
 def plan_heuristic(
-    instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions()
+    instance: Instance, *, tables: CostTables | None = None, options: HeuristicOptions = HeuristicOptions(),
+    estimate_cache: dict[tuple[str, int, int], object] | None = None,
 ) -> HeuristicResult:
-    """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits)."""
+    """The hierarchical heuristic's best plan, scored by ``evaluate`` (plan None: nothing fits).
+    ``estimate_cache``: the [H2] estimate cache of a search over an instance of the same model and
+    ``tables`` (the [H9] groups' sub-instances share the whole search's; its keys name what differs)."""
     ctx = _context(instance, tables, options)
+    if estimate_cache is not None:
+        ctx.parts = estimate_cache
+    score = ctx.score = Scorer(instance=instance, tables=ctx.tables, objective=options.objective,  # type: ignore[arg-type]
+                               budget_usd_per_hour=options.budget_usd_per_hour)
     raw = skeleton_candidates(ctx, options)
     if options.require_clusters:  # why-not lines (cli-explain)
         raw = requiring(ctx, raw, options.require_clusters)
     screened = _screen(ctx, raw, options)
     # realise the leaders by exact screening and by estimate (each ranking misses some good ones)
     lead = list(dict.fromkeys(_diverse(screened, options.finalists) + [sk for _, sk in raw[:2]]))
+    if options.objective == "cost":  # [H10] also the leaders by estimated $ per iteration
+        lead = list(dict.fromkeys(lead + _diverse(sorted(raw, key=score.estimate_usd), options.finalists)))
     est_of = {sk: e for e, sk in raw}
     estimates = [Estimated(est_of[sk], sk) for sk in lead] + [x for x in screened if x.skeleton not in set(lead)]
     realized = 0
@@ -59,7 +70,8 @@ def plan_heuristic(
         log.debug("heuristic: estimate %.4f s -> %s for %s", est, got and round(got.time_s, 4), sk)
         if got is not None:
             done.append(got)
-    done.sort(key=lambda x: x.time_s)
+            score.record(got.plan, got.time_s)
+    done.sort(key=score.rank)  # [H10] by time, or by $ per iteration under the cost objective
     if options.progress and done:  # progress (cli-explain)
         options.progress.report("refining", incumbent_s=done[0].time_s, plan=done[0].plan)
     best: Realised | None = None
@@ -67,32 +79,49 @@ def plan_heuristic(
         best = checked(ctx, refine(ctx, got, options))
         if best is not None:
             best = polish(ctx, best, options)
+            if not score.plain:  # [H10] refining lowers the time, maybe with more GPUs: keep what the objective says
+                base = checked(ctx, got)
+                if base is not None and score.better(base, best):
+                    best = base
             for other in done[rank + 1 : rank + 1 + options.polish_extra]:  # polishing may reorder them
                 if out_of_time(ctx, options):
                     break
                 alt = checked(ctx, other)
                 if alt is not None:
                     alt = polish(ctx, alt, options)
-                    if alt.time_s < best.time_s:
+                    score.record(alt.plan, alt.time_s)
+                    if (alt.time_s < best.time_s) if score.plain else score.better(alt, best):
                         best = alt
             break
     if best is None:
         return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized,
                                work=ctx.work, stopped=ctx.stopped)
+    score.record(best.plan, best.time_s)
     if options.repartition and not out_of_time(ctx, options):
-        best = repartitioned(ctx, best, done[: options.repartition_extra])
+        again = repartitioned(ctx, best, done[: options.repartition_extra])
+        score.record(again.plan, again.time_s)
+        best = again if score.plain or score.better(again, best) else best
     t, sk, plan = best
     if options.progress:  # progress (cli-explain)
         options.progress.report("cluster groups [H9]", incumbent_s=t, plan=plan)
     if options.cross_cluster_dp and len(instance.topology.clusters) > 1 and not options.require_clusters:
-        grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options), incumbent=t,
+        grouped = best_grouped_plan(instance, ctx.tables, lambda sub: _sub_plan(ctx, sub, options),
+                                    incumbent=t if score.plain else math.inf,  # [H10] any grouped plan, then by $
                                     allowed=ctx.allowed, out_of_time=lambda: out_of_time(ctx, options))
         if grouped is not None:
-            return _grouped_result(ctx, grouped, realized)
+            score.record(grouped.plan, grouped.iteration_time_s)
+            if score.plain or score.better(Realised(grouped.iteration_time_s, sk, grouped.plan), best):
+                return _grouped_result(ctx, grouped, realized)
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", describe(sk)),))
+    if not score.within_budget(plan, t):  # [H10] the best ranks over the budget: so does every plan scored
+        cheapest = score.cheapest_usd_per_hour()
+        return HeuristicResult(plan=None, skeleton=None, search_time_s=ctx.elapsed(), realized=realized,
+                               work=ctx.work, stopped=ctx.stopped, candidates=tuple(score.seen),
+                               note=f"no plan within the budget of ${options.budget_usd_per_hour:g}/hour"
+                                    + ("" if cheapest is None else f" (the cheapest found costs ${cheapest:.4g}/hour)"))
     return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized,
-                           work=ctx.work, stopped=ctx.stopped)
+                           work=ctx.work, stopped=ctx.stopped, candidates=tuple(score.seen))
 
 
 def _context(instance: Instance, tables: CostTables | None, options: HeuristicOptions) -> Ctx:
@@ -111,7 +140,9 @@ def _sub_plan(ctx: Ctx, sub: Instance, options: HeuristicOptions) -> tuple[Plan,
     left = None if options.time_limit_s is None else max(options.time_limit_s - ctx.elapsed(), 0.1)
     res = plan_heuristic(sub, tables=ctx.tables, options=dataclasses.replace(
         options, cross_cluster_dp=False, time_limit_s=left, finalists=min(options.finalists, 4), polish_extra=0,
-        progress=None))  # (cli-explain) a group's times are not the plan's: no heartbeat from here
+        objective="time", budget_usd_per_hour=None,  # [H10] groups are rated by time; the whole plan is priced
+        progress=None),  # (cli-explain) a group's times are not the plan's: no heartbeat from here
+        estimate_cache=ctx.parts)
     if res.plan is None:
         return None
     return res.plan, evaluate(res.plan, sub, ctx.tables).pipeline_time_s
@@ -121,7 +152,8 @@ def _grouped_result(ctx: Ctx, grouped: GroupedPlan, realized: int = 0) -> Heuris
     desc = "; ".join(f"{'+'.join(g)}: {n} samples" for g, n in zip(grouped.groups, grouped.shares))
     return HeuristicResult(plan=dataclasses.replace(grouped.plan, meta=(("groups", desc),)), skeleton=None,
                            iteration_time_s=grouped.iteration_time_s, search_time_s=ctx.elapsed(), realized=realized,
-                           groups=grouped.groups, work=ctx.work, stopped=ctx.stopped)
+                           groups=grouped.groups, work=ctx.work, stopped=ctx.stopped,
+                           candidates=tuple(ctx.score.seen) if ctx.score is not None else ())
 
 
 def grouped_alternative(
