@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hgopt.spec import Instance, instance_from_dict
@@ -63,3 +64,13 @@ def tiny_instance(global_batch: int = 8, model: dict[str, Any] | None = None,
             "job": {"global_batch": global_batch, "seq_len": 128, "precision": precision},
         }
     )
+
+
+def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to write ``total`` as ``parts`` positive integers in order (layer counts of the stages
+    of a brute-force enumeration)."""
+    out = []
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        c = (0, *cuts, total)
+        out.append(tuple(b - a for a, b in zip(c, c[1:])))
+    return out

@@ -19,7 +19,7 @@ from hgopt.search.baselines._common import block_layout
 from hgopt.search.hier_tables import cluster_table
 from hgopt.search.hierarchical import HeuristicOptions, Skeleton, plan_heuristic, realize
 from hgopt.spec import Instance, instance_from_dict
-from tests.factories import tiny_instance, tiny_model, tiny_topology
+from tests.factories import compositions, tiny_instance, tiny_model, tiny_topology
 
 
 def _random_instance(seed: int) -> Instance:
@@ -35,14 +35,6 @@ def _random_instance(seed: int) -> Instance:
     )
 
 
-def _compositions(L: int, parts: int) -> list[tuple[int, ...]]:
-    out = []
-    for cuts in itertools.combinations(range(1, L), parts - 1):
-        c = (0, *cuts, L)
-        out.append(tuple(b - a for a, b in zip(c, c[1:])))
-    return out
-
-
 def _brute_force(inst: Instance) -> float:
     """Best iteration time over the heuristic's whole plan space: k identical pipelines (powers of
     two), every microbatch, every ordered subset of clusters, every layer split."""
@@ -55,7 +47,7 @@ def _brute_force(inst: Instance) -> float:
         for B in (b for b in range(1, G // k + 1) if (G // k) % b == 0):
             for r in range(1, len(names) + 1):
                 for order in itertools.permutations(names, r):
-                    for layers in _compositions(L, r):
+                    for layers in compositions(L, r):
                         plan = realize(inst, tables, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers))
                         if plan is not None:
                             best = min(best, evaluate(plan, inst, tables).iteration_time_s)

@@ -21,7 +21,7 @@ from hgopt.search.master import (GroupedBound, certify, cross_floor, gradient_fl
                                  partitions)
 from hgopt.search.milp import batch_splits, link_policy
 from hgopt.spec import Instance
-from tests.factories import tiny_instance, tiny_model, tiny_topology
+from tests.factories import compositions, tiny_instance, tiny_model, tiny_topology
 
 
 def _instance(seed: int) -> Instance:
@@ -38,14 +38,6 @@ def _instance(seed: int) -> Instance:
     )
 
 
-def _compositions(L: int, parts: int) -> list[tuple[int, ...]]:
-    out = []
-    for cuts in itertools.combinations(range(1, L), parts - 1):
-        c = (0, *cuts, L)
-        out.append(tuple(b - a for a, b in zip(c, c[1:])))
-    return out
-
-
 def _group_plans(inst: Instance, group: tuple[str, ...], share: int) -> list[Plan]:
     """Every k-identical plan the heuristic's realisation gives on the group's sub-instance with this
     share: every split of the share, every ordered subset of the group's clusters, every layer split."""
@@ -56,7 +48,7 @@ def _group_plans(inst: Instance, group: tuple[str, ...], share: int) -> list[Pla
     for sp in batch_splits(sub):
         for r in range(1, len(group) + 1):
             for order in itertools.permutations(group, r):
-                for layers in _compositions(L, r):
+                for layers in compositions(L, r):
                     plan = realize(sub, tables, Skeleton(pipelines=sp.k, microbatch=sp.microbatch, order=order,
                                                          layers=layers))
                     if plan is not None and evaluate(plan, sub, tables).feasible:
