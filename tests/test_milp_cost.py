@@ -4,6 +4,8 @@ evaluated and priced by ``hgopt.cost.money``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import itertools
 import math
 import random
@@ -51,19 +53,22 @@ def _priced(seed: int) -> Instance:
     return tiny_instance(global_batch=rng.choice([2, 4]), model=model, topology=topo)
 
 
-def _plans(inst: Instance) -> list[tuple[float, float, float]]:
-    """(iteration time, $ per iteration, $ per hour) of every feasible plan of the MILP's space."""
+def _priced_space(inst: Instance) -> Iterator[tuple[BatchSplit, float, float]]:
+    """(batch split, iteration time, $ per iteration) of every feasible plan of the MILP's space."""
     tables = build_tables(inst)
     tokens = inst.job.global_batch * inst.job.seq_len
-    out = []
     for sp, pipe in _space(inst):
         plan = Plan(pipelines=(pipe,) * sp.k)
         ev = evaluate(plan, inst, tables)
         if ev.feasible:
             usd = money(plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration
             assert usd is not None
-            out.append((ev.iteration_time_s, usd, usd / ev.iteration_time_s * 3600.0))
-    return out
+            yield sp, ev.iteration_time_s, usd
+
+
+def _plans(inst: Instance) -> list[tuple[float, float, float]]:
+    """(iteration time, $ per iteration, $ per hour) of every feasible plan of the MILP's space."""
+    return [(t, usd, usd / t * 3600.0) for _, t, usd in _priced_space(inst)]
 
 
 _CACHE: dict[int, list[tuple[float, float, float]]] = {}
@@ -142,7 +147,6 @@ def test_budget_respected_and_optimal(seed: int, objective: str) -> None:
                                        budget_usd_per_hour=budget, extra=NO_HELP))
     usd, per_hour = _usd(res, inst)
     assert per_hour <= budget * (1 + 1e-9)
-    meta = _meta(res)
     if objective == "cost":
         best = min(c for _, c, _ in ok)
         assert usd == pytest.approx(best, rel=1e-7)
@@ -176,7 +180,6 @@ def test_cost_backends_agree(backend: str) -> None:
     res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=gap, solver=backend,
                                        objective="cost", extra=NO_HELP))
     usd, _ = _usd(res, inst)
-    meta = _meta(res)
     assert usd >= best * (1 - 1e-9)
     assert res.usd_lower_bound is not None and res.usd_lower_bound <= best * (1 + 1e-9)
     if res.status == "optimal":
@@ -292,16 +295,9 @@ def test_priced_geo_instance_prices_every_cluster_and_direction() -> None:
 
 def _split_costs(inst: Instance) -> dict[BatchSplit, float]:
     """Per batch split, the least $ per iteration of its feasible plans (brute force)."""
-    tables = build_tables(inst)
-    tokens = inst.job.global_batch * inst.job.seq_len
     out: dict[BatchSplit, float] = {}
-    for sp, pipe in _space(inst):
-        plan = Plan(pipelines=(pipe,) * sp.k)
-        ev = evaluate(plan, inst, tables)
-        if ev.feasible:
-            usd = money(plan, inst, tables, ev.iteration_time_s, tokens).usd_per_iteration
-            assert usd is not None
-            out[sp] = min(out.get(sp, math.inf), usd)
+    for sp, _, usd in _priced_space(inst):
+        out[sp] = min(out.get(sp, math.inf), usd)
     return out
 
 

@@ -94,15 +94,16 @@ def usd_per_hour(usd_per_iteration: float, iteration_time_s: float) -> float:
     return usd_per_iteration / iteration_time_s * 3600.0
 
 
-def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
-    """$ per iteration below which no plan's GPU-hours can go (the module docstring); needs
+def _per_layer_floors(instance: Instance, tables: CostTables) -> tuple[list[float], list[float]]:
+    """Per layer: the least $ of one sample's forward + backward GPU-seconds, and the least $ of its
+    optimizer step, over every (cluster, tp, profiled microbatch size) (module docstring); needs
     ``cost_per_gpu_hour`` on every cluster (ValueError naming the field otherwise)."""
     for i, c in enumerate(instance.topology.clusters):
         if c.cost_per_gpu_hour is None:
             raise ValueError(f"{instance.source}: topology.clusters[{i}].cost_per_gpu_hour: not set for cluster "
                              f"{c.name!r} (the $ bound needs every cluster's price)")
-    L, G = instance.model.num_layers, instance.job.global_batch
-    best = [math.inf] * L
+    L = instance.model.num_layers
+    work = [math.inf] * L
     step = [math.inf] * L  # optimizer step, once per iteration (module docstring)
     for c in instance.topology.clusters:
         rate = gpu_usd_per_second(instance, c.name)
@@ -116,8 +117,15 @@ def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
             for mbs in instance.model.mbss(c.gpu, tp):
                 for layer in range(L):
                     f, b = tab.times(mbs, layer, layer + 1)
-                    best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
-    return G * sum(best) + sum(step)
+                    work[layer] = min(work[layer], rate * tp * (f + b) / mbs)
+    return work, step
+
+
+def cost_lower_bound(instance: Instance, tables: CostTables) -> float:
+    """$ per iteration below which no plan's GPU-hours can go (the module docstring); needs
+    ``cost_per_gpu_hour`` on every cluster (ValueError naming the field otherwise)."""
+    work, step = _per_layer_floors(instance, tables)
+    return instance.job.global_batch * sum(work) + sum(step)
 
 
 def replica_state_bytes(tables: CostTables) -> float:
@@ -204,19 +212,5 @@ def layer_work_usd(instance: Instance, tables: CostTables) -> tuple[float, ...]:
     tp × (fwd + bwd of the layer) / microbatch size — the compute part of :func:`cost_lower_bound`,
     layer by layer (their sum is that part). Disjoint layers run on disjoint GPU time, so the
     layers of any set add (``hgopt.search.milp_cost``'s per-option $ floor [C4])."""
-    unpriced = unpriced_clusters(instance)
-    if unpriced:
-        raise ValueError(f"{instance.source}: cost_per_gpu_hour not set for {', '.join(unpriced)}")
-    L, G = instance.model.num_layers, instance.job.global_batch
-    best = [math.inf] * L
-    for c in instance.topology.clusters:
-        rate = gpu_usd_per_second(instance, c.name) or 0.0
-        for tp in instance.model.tps(c.gpu):
-            if c.gpus_per_node % tp or tp > c.num_gpus:
-                continue
-            tab = tables.table(c.gpu, tp)
-            for mbs in instance.model.mbss(c.gpu, tp):
-                for layer in range(L):
-                    f, b = tab.times(mbs, layer, layer + 1)
-                    best[layer] = min(best[layer], rate * tp * (f + b) / mbs)
-    return tuple(G * x for x in best)
+    work, _ = _per_layer_floors(instance, tables)
+    return tuple(instance.job.global_batch * x for x in work)

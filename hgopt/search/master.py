@@ -312,7 +312,6 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
     todo = [p for p in partitions(names) if len(p) >= 2]
     # cheapest first: the partitions whose rate floor is lowest are the ones that can set the bound
     memo: dict[tuple[str, ...], float] = {}
-    rates = {c: rate_bound(instance, tables, c) for c in names}
     fit: dict[tuple[str, ...], bool] = {}
 
     def part_floor(p: tuple[tuple[str, ...], ...]) -> float:
