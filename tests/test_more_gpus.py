@@ -4,6 +4,7 @@ brute force, and ``use_more`` / ``why_not`` plans that really use more of the cl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -156,6 +157,31 @@ def test_use_more_changes_the_microbatch_when_the_plans_own_cannot_hold_more() -
     assert pipe.microbatch == 3 and pipe.num_microbatches == 2
     ev = evaluate(r.plan, inst)
     assert ev.feasible and r.iteration_time_s == ev.iteration_time_s
+
+
+def test_use_more_drops_zero1_where_that_is_faster() -> None:
+    """The re-planned block's stages come from the DP with ZeRO-1; on cluster a (4 GPUs joined by
+    5 GB/s, 80 MB of gradients per layer, several buckets per stage) the all-gather after the step
+    is exposed, so the plan without ZeRO-1 is faster and fits: use_more returns it, as the planners'
+    ``choose_sync(..., zero=True)`` does (with the ZeRO choice left out it kept ZeRO-1, slower)."""
+    from hgopt.search.sync_choice import choose_sync
+
+    topo = tiny_topology(clusters=(("a", "A", 1, 4, 40.0), ("b", "B", 1, 2, 40.0)))
+    topo["clusters"][0]["intra_node"] = {"gbyte_s": 5}
+    inst = tiny_instance(global_batch=8, model=tiny_model(gpus={"A": 0.01, "B": 0.02}, params=2e7), topology=topo)
+    half = Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=2, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),), zero=1),
+        Stage(start=2, end=4, groups=(ReplicaGroup(cluster="b", dp=2, mbs=1),), zero=1)), num_microbatches=4),))
+    r = use_more(half, inst, "a")
+    assert r.plan is not None and r.plan.gpus_by_cluster()["a"] > 2
+    stages = r.plan.pipelines[0].stages
+    assert not any(s.zero for s in stages)
+    ev = evaluate(r.plan, inst)
+    assert ev.feasible and r.iteration_time_s == ev.iteration_time_s
+    sharded = dataclasses.replace(r.plan, pipelines=tuple(
+        dataclasses.replace(p, stages=tuple(dataclasses.replace(s, zero=1) for s in p.stages)) for p in r.plan.pipelines))
+    assert evaluate(choose_sync(sharded, inst), inst).iteration_time_s > r.iteration_time_s * (1 + 1e-6)
+    assert evaluate(choose_sync(r.plan, inst, zero=True), inst).iteration_time_s == pytest.approx(r.iteration_time_s, rel=1e-12)
 
 
 def _cli_json(*args: str) -> dict:

@@ -9,7 +9,8 @@ than the plan uses; at each floor the plan's own microbatch first, then (for ide
 the nearest other divisors of the pipeline's samples, every cluster's block re-planned by the DP at
 that microbatch. The first (floor, microbatch) that yields a plan that fits is kept, its layers are
 re-partitioned over all stages ([H8] ``repartition``) when that is faster, its gradient-sync fields
-chosen as every planner's are (``choose_sync``), and it is scored by ``evaluate``.
+and ZeRO-1 chosen as hgopt's planners choose them (``choose_sync(..., zero=True)``), and it is scored
+by ``evaluate``.
 
 No cost formula lives here: the DP's and ``evaluate``'s are the kernel's."""
 
@@ -151,7 +152,8 @@ def use_more(plan: Plan, instance: Instance, cluster: str, *, tables: CostTables
             if got is None:
                 log.debug("use_more %s: >= %d GPUs per copy at microbatch %d does not fit", cluster, floor, b)
                 continue
-            out = choose_sync(got, instance, tables)
+            # the DP builds ZeRO-1 stages: also try them without it where memory allows, as the planners do
+            out = choose_sync(got, instance, tables, zero=True)
             note = f"the same skeleton, its block re-planned with at least {floor} GPUs per copy" + (
                 "" if b == mb else f" at microbatch {b} instead of {mb}, every block re-planned at it")
             return MoreGpus(cluster=cluster, gpus_used=used, gpus=c.num_gpus, plan=out,
