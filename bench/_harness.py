@@ -139,7 +139,7 @@ def _paced_python(out: Path, pace: float, nice: int, device_regions: bool = Fals
         trace = f"HGOPT_OP_TRACE={out / 'trace'} "
     path.write_text(f"#!/bin/sh\n{trace}HGOPT_PACE_REPORT={out / 'pace'} HGOPT_PACE_NICE={nice} "
                     f"exec {sys.executable} -m hgopt.profiler.paced {pace}"
-                    + (" --device-regions" if device_regions else "") + (" -m bench._op_trace" if op_trace else "")
+                    + (" --device-regions" if device_regions else "") + (" -m hgopt.profiler.optrace" if op_trace else "")
                     + " \"$@\"\n")
     path.chmod(0o755)
     return str(path)

@@ -121,13 +121,16 @@ def _hgopt(args: list[str]) -> None:
 
 
 def profile_model(path: Path, pace: float, mbs: tuple[int, ...] = MBS, repeat: int = 10,
-                  tenants: int = 1) -> dict[str, Any]:
+                  tenants: int = 1, pipeline: int = 0) -> dict[str, Any]:
     """``hgopt profile --pace``, timed with ``tenants - 1`` paced co-tenants: as the ranks of a plan with
-    ``tenants`` ranks share the machine (hgopt/profiler/tenants.py)."""
+    ``tenants`` ranks share the machine (hgopt/profiler/tenants.py); with ``pipeline`` N, then each stage's
+    layers rescaled to their device time in a short N-stage pipelined run of the runner
+    (hgopt/profiler/pipelined.py; the runs and the layer-by-layer profile kept next to ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    extra = ["--pipeline", str(pipeline), "--pipeline-dir", str(path.parent / "pipelined")] if pipeline else []
     _hgopt(["profile", "--tenants", str(tenants), "--blocks", str(BLOCKS), "--hidden", str(MODEL.hidden), "--heads", str(MODEL.heads),
             "--vocab", str(MODEL.vocab), "--seq", str(MODEL.seq), "--mbs", ",".join(map(str, mbs)),
-            "--pace", str(pace), "--warmup", "2", "--repeat", str(repeat), "-o", str(path)])
+            "--pace", str(pace), "--warmup", "2", "--repeat", str(repeat), "-o", str(path), *extra])
     return json.loads(path.read_text())
 
 
@@ -212,6 +215,8 @@ class Row:
     insitu_s: float = float("nan")
     """``evaluate`` on the plan's profile calibrated in situ (its run's warm-up steps)."""
     insitu_sim_s: float = float("nan")
+    layers_s: float = float("nan")
+    """evaluate from the fresh profile's layer-by-layer timing alone (before its pipelined run)."""
     """``simulate`` on the same."""
 
     @property
@@ -334,6 +339,10 @@ def main() -> int:
     ap.add_argument("--in-situ", action=argparse.BooleanOptionalAction, default=True,
                     help="also predict each plan from its profile calibrated on the run's warm-up steps "
                          "(the ranks' operations timed by bench/_op_trace.py; hgopt/profiler/insitu.py)")
+    ap.add_argument("--pipelined", action=argparse.BooleanOptionalAction, default=True,
+                    help="each plan's fresh profile: the layers timed one by one, then each stage's layers rescaled "
+                         "to their device time in a short pipelined run of the runner with as many stages as the "
+                         "plan has ranks (hgopt profile --pipeline N; hgopt/profiler/pipelined.py)")
     ap.add_argument("--calibrate-steps", default="2,3",
                     help="the steps (1-based; step 1 runs unpaced) whose operations calibrate the in-situ profile")
     ap.add_argument("--heartbeat", type=float, default=60.0, help="runner heartbeat timeout (s) on a busy host")
@@ -344,6 +353,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.rt:
         os.environ["HGOPT_PACE_RT"] = str(args.rt)  # inherited by the profiles and the ranks
+    os.environ["HGOPT_PACE_NICE"] = str(args.nice)  # the pipelined profiles' ranks, as the plans' ranks
     if args.plot_only:
         scatter([_row_from_json(d) for d in json.loads((out / "rows.json").read_text())], Path(args.png))
         return 0
@@ -378,9 +388,13 @@ def main() -> int:
             raise SystemExit(f"plan {name!r} is not feasible: {common.violations}")
         folder = out / "runs" / name.replace(" ", "_").replace("|", "-").replace("+", "p")
         # the device as it is now: a fresh profile of the microbatch sizes the plan uses, just before its run
-        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=15, tenants=tenants(plan))
+        fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=8 if args.pipelined else 15,
+                              tenants=tenants(plan), pipeline=plan.num_gpus() if args.pipelined else 0)
         inst = instance(nets[net], fresh, links)
         ev = evaluate(plan, inst)
+        layered = folder / "pipelined" / "profile-layers.json"
+        layers_s = (evaluate(plan, instance(nets[net], json.loads(layered.read_text()), links)).iteration_time_s
+                    if args.pipelined else float("nan"))
         run = _run(plan, inst, folder, nets[net], args)
         insitu = {}
         if args.in_situ:
@@ -391,12 +405,14 @@ def main() -> int:
                       "insitu_sim_s": simulate(plan, cinst).iteration_time_s}
         row = Row(name=name, net=net, ranks=plan.num_gpus(), predicted_s=ev.iteration_time_s,
                   common_s=common.iteration_time_s, before_s=without_round_trip(ev, plan),
-                  simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run, **insitu)
+                  simulated_s=simulate(plan, inst).iteration_time_s, measured_s=run.median_s, run=run,
+                  layers_s=layers_s, **insitu)
         rows.append(row)
         print(f"{name:<26} evaluate {row.predicted_s:7.3f} s  simulate {row.simulated_s:7.3f} s  measured "
               f"{row.measured_s:7.3f} s  error {row.error:+6.1%}, simulate {row.error_sim:+6.1%}; in situ "
               f"{row.error_insitu:+6.1%}, simulate {row.error_insitu_sim:+6.1%} "
-              f"(without round trip {row.error_before:+6.1%})  "
+              f"(without round trip {row.error_before:+6.1%}; layers only "
+              f"{(row.layers_s - row.measured_s) / row.measured_s:+6.1%})  "
               f"(lag {run.lag_s:.2f} s, load {run.load_before:.1f}, run {run.wall_s:.0f} s)", flush=True)
     report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0, picked)
     return 0
@@ -422,7 +438,8 @@ def _row_from_json(d: dict[str, Any]) -> Row:
                     load_before=d.get("load", 0.0), load_after=0.0, returncode=0, lag_s=d["lag_s"])
     return Row(name=d["name"], net=d["net"], ranks=d["ranks"], predicted_s=d["predicted_s"], common_s=d["common_s"],
                before_s=d["before_s"], simulated_s=d.get("simulated_s", float("nan")), measured_s=d["measured_s"],
-               run=run, insitu_s=d.get("insitu_s", float("nan")), insitu_sim_s=d.get("insitu_sim_s", float("nan")))
+               run=run, insitu_s=d.get("insitu_s", float("nan")), insitu_sim_s=d.get("insitu_sim_s", float("nan")),
+               layers_s=d.get("layers_s", float("nan")))
 
 
 def _lag_fraction(run: RunResult) -> float:
@@ -450,15 +467,16 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
     errs = [abs(r.error) for r in rows]
     lines = ["| plan | ranks | load | measured (s) | evaluate (s) | simulate (s) | evaluate error | "
              "simulate error | in situ: evaluate (s) | in situ: simulate (s) | in situ: evaluate error | "
-             "in situ: simulate error | without round trip | step spread | pace lag |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "in situ: simulate error | without round trip | layers only: evaluate | step spread | pace lag |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         later = r.run.step_s[3:]
         spread = (max(later) - min(later)) / r.measured_s if later else 0.0
         lines.append(f"| {r.name.replace('|', chr(92) + '|')} | {r.ranks} | {r.run.load_before:.1f} | "
                      f"{r.measured_s:.3f} | {r.predicted_s:.3f} | {r.simulated_s:.3f} | {r.error:+.1%} | "
                      f"{r.error_sim:+.1%} | {r.insitu_s:.3f} | {r.insitu_sim_s:.3f} | {r.error_insitu:+.1%} | "
-                     f"{r.error_insitu_sim:+.1%} | {r.before_s:.3f} ({r.error_before:+.1%}) | {spread:.0%} | "
+                     f"{r.error_insitu_sim:+.1%} | {r.before_s:.3f} ({r.error_before:+.1%}) | "
+                     f"{r.layers_s:.3f} ({(r.layers_s - r.measured_s) / r.measured_s:+.1%}) | {spread:.0%} | "
                      f"{_lag_fraction(r.run):.0%} |")
     group = [r for r in rows if r.net == RANK_GROUP]
     tau = kendall_tau([r.common_s for r in group], [r.measured_s for r in group]) if len(group) > 1 else float("nan")
@@ -468,6 +486,7 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
     sims = [abs(r.error_sim) for r in rows]
     situ = [abs(r.error_insitu) for r in rows if not math.isnan(r.insitu_s)]
     situ_sim = [abs(r.error_insitu_sim) for r in rows if not math.isnan(r.insitu_sim_s)]
+    lay = [abs(r.layers_s - r.measured_s) / r.measured_s for r in rows if not math.isnan(r.layers_s)]
     summary = [
         f"plans: {len(rows)}; evaluate: median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%}; "
         f"simulate: median |error| {statistics.median(sims):.1%}, max |error| {max(sims):.1%} "
@@ -475,6 +494,9 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
         (f"in situ (profile calibrated on steps {args.calibrate_steps} of each run): evaluate median |error| "
          f"{statistics.median(situ):.1%}, max {max(situ):.1%}; simulate median {statistics.median(situ_sim):.1%}, "
          f"max {max(situ_sim):.1%}" if situ else "in situ: not run"),
+        (f"fresh profile: pipelined (hgopt profile --pipeline <ranks>); from its layer-by-layer timing alone "
+         f"evaluate median |error| {statistics.median(lay):.1%}, max {max(lay):.1%}" if lay
+         else "fresh profile: layer by layer (--no-pipelined)"),
         f"rank agreement on {RANK_GROUP} ({len(group)} candidates, predicted from the start-up profile): "
         f"Kendall tau {tau:.2f}; "
         f"best predicted: {best_pred.name if best_pred else '-'}; fastest measured: {best_meas.name if best_meas else '-'}"
@@ -494,6 +516,7 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
                                                 "before_s": r.before_s, "simulated_s": r.simulated_s,
                                                 "measured_s": r.measured_s, "load": r.run.load_before,
                                                 "insitu_s": r.insitu_s, "insitu_sim_s": r.insitu_sim_s,
+                                                "layers_s": r.layers_s,
                                                 "steps_s": r.run.step_s, "lag_s": r.run.lag_s} for r in rows], indent=1))
     scatter(rows, png)
     print(f"scatter plot: {png}")

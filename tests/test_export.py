@@ -224,3 +224,18 @@ def test_link_emulation_warns_where_per_flow_links_carry_several_node_pairs(capl
     with caplog.at_level("WARNING", logger="hgopt.export.build"):
         build_runner_plan(plan, one_node, ExportOptions(emulate_links="netns"))
     assert not caplog.records  # one node pair: the shared pipe is the per-flow link
+
+
+def test_link_emulation_warns_where_a_cluster_s_inter_node_traffic_goes_unshaped(caplog: pytest.LogCaptureFixture) -> None:
+    """Inside a cluster the emulation shapes nothing: a plan on several nodes of one cluster gets a warning
+    (its inter-node transfers and rings are priced at inter_node, emulated at loopback speed); one node each
+    or no emulation: none."""
+    several = runner_instance(gpus_per_cluster=(2, 1))  # two nodes of one GPU per cluster
+    one_node = runner_instance(gpus_per_cluster=(1, 2))
+    plan = Plan(pipelines=(pipeline([((0, 2), [G("a", dp=2, mbs=2)]), ((2, 4), [G("b", dp=2, mbs=2)])], m=2),))
+    for instance, emulate, warned in ((several, "delay", True), (several, "netns", True), (several, "off", False),
+                                      (one_node, "delay", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hgopt.export.build"):
+            build_runner_plan(plan, instance, ExportOptions(emulate_links=emulate))  # type: ignore[arg-type]
+        assert ("shapes only the links between clusters; inside a, b" in caplog.text) == warned, (emulate, caplog.text)

@@ -53,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--tenants", type=int, default=1, metavar="N",
                    help="with --pace: time the layers while N-1 companion processes time them too, as N paced ranks "
                         "of a run share this machine's cores and caches (hgopt/profiler/tenants.py)")
+    t.add_argument("--pipeline", type=int, default=0, metavar="N",
+                   help="with --pace: then run the model as an N-stage pipeline of N paced runner ranks (stages "
+                        "balanced by the layer times, 5 steps) and rescale each stage's layers to the device time "
+                        "they took there: stage times as inside a pipelined run (hgopt/profiler/pipelined.py)")
+    t.add_argument("--pipeline-dir", default="", metavar="DIR",
+                   help="--pipeline: keep the profiling runs (plans, per-op traces) in DIR")
     t.add_argument("--no-pool-blocks", action="store_true",
                    help="keep each block's own timings (default: every block gets the blocks' median; the "
                         "runner's blocks are identical, their differences are noise)")
@@ -135,8 +141,16 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     gpu = args.gpu or _device_name(args.device)
     timing = TimingSettings(gpu=gpu, device=args.device, threads=args.threads, warmup=args.warmup, repeat=args.repeat,
                             pace=args.pace, tenants=args.tenants)
+    pipeline = None
+    if args.pipeline:
+        from hgopt.profiler.pipelined import PipelineSettings
+
+        if args.pace is None:
+            raise ValueError("--pipeline needs --pace (the pipelined run's ranks are paced devices)")
+        pipeline = PipelineSettings(stages=args.pipeline, pace=args.pace, keep_dir=args.pipeline_dir)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
-                       timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name)
+                       timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name,
+                       pipeline=pipeline)
     prof = profile_model(req)
     for t in prof.timings:
         _say(args, f"{t.gpu} tp {t.tp} mbs {t.mbs}: forward {sum(t.fwd) * 1e3:.2f} ms, backward {sum(t.bwd) * 1e3:.2f} ms, "

@@ -279,7 +279,10 @@ def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[Lin
     rate. That is the link model's ``shared_pipe`` exactly; a ``per_flow`` link whose two clusters
     use several nodes lets flows between different node pairs run in parallel in ``evaluate`` and
     ``simulate``, which the emulation does not: a warning says so (the emulated run is then slower
-    than the prediction wherever such flows overlap)."""
+    than the prediction wherever such flows overlap). Traffic inside a cluster is not shaped at all
+    (its ranks talk over this host's loopback): where the plan uses several nodes of a cluster, whose
+    inter-node transfers and rings the model prices at the cluster's ``inter_node`` figure (one NIC per
+    node, shared by its GPUs), a second warning says so."""
     itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
     message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
     used_nodes = {c: len({n.cluster_node for n in rp.nodes if n.cluster == c}) for c in rp.clusters}
@@ -298,6 +301,13 @@ def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[Lin
                     "the links %s are per_flow and the plan uses several node pairs on them, whose flows evaluate "
                     "and simulate run in parallel: emulated steps where such flows overlap are slower than predicted",
                     opts.emulate_links, ", ".join(parallel))
+    # validation3: nothing inside a cluster is shaped (its ranks share one namespace / talk directly)
+    multi = [c for c in rp.clusters if used_nodes[c] > 1]
+    if multi and opts.emulate_links != "off":
+        log.warning("link emulation %s shapes only the links between clusters; inside %s the plan uses several "
+                    "nodes, whose traffic evaluate and simulate price at the cluster's inter_node figure (each "
+                    "node's NIC shared by its GPUs) and the emulation carries unshaped (this host's loopback)",
+                    opts.emulate_links, ", ".join(multi))
     return tuple(out)
 
 

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from hgopt.export.runner_plan import ModelConfig
 from hgopt.profiler.links import LinkReport, LinkSettings, RankLaunch, measure_links
+from hgopt.profiler.pipelined import PipelineSettings
 from hgopt.profiler.timing import TimingSettings
 from hgopt.profiler.writer import LayerMeasurement, TimingMeasurement
 from hgopt.spec import ModelProfile, TpMemory, model_profile_from_dict, model_profile_to_dict
@@ -46,6 +47,9 @@ class ModelRequest:
     pool_blocks: bool = True
     """Give every transformer block the median of the blocks' timings: the runner's blocks are identical,
     so their differences are measurement noise (and planners look for runs of identical blocks)."""
+    pipeline: PipelineSettings | None = None
+    """Paced tp-1 profiles: then rescale each stage's layers to the device time they took in a short
+    pipelined run of the runner (:mod:`hgopt.profiler.pipelined`); None: the layers as timed."""
 
 
 def free_port() -> int:
@@ -63,6 +67,12 @@ def profile_model(req: ModelRequest) -> ModelProfile:
                          "parallelism); use --device cpu")
     if req.timing.tenants > 1 and max(req.tps) > 1:
         raise ValueError("--tenants applies to tp 1 only")
+    if req.pipeline is not None:
+        if req.timing.pace is None or req.timing.pace != req.pipeline.pace:
+            raise ValueError("--pipeline applies to a paced profile (--pace)")
+        if max(req.tps) > 1:
+            raise ValueError("--pipeline applies to tp 1 only")
+        req.pipeline.check(req.model.num_layers)
     for tp in req.tps:
         if (problem := req.model.tp_problem(tp)) is not None:
             raise ValueError(f"--tp {tp}: {problem}")
@@ -77,7 +87,14 @@ def profile_model(req: ModelRequest) -> ModelProfile:
     tp_memory = [TpMemory(tp=tp, params=tuple(m.params for m in per_tp[tp][0]),
                           act_mem_bytes=tuple(m.act_mem_bytes for m in per_tp[tp][0]))
                  for tp in sorted(req.tps) if tp > 1]
-    return _assemble(req, layers, timings, tp_memory)
+    prof = _assemble(req, layers, timings, tp_memory)
+    if req.pipeline is None:
+        return prof
+    from hgopt.profiler.pipelined import pipelined_profile
+
+    data = pipelined_profile(model_profile_to_dict(prof), req.model, req.pipeline, pool=req.pool_blocks,
+                             seed=req.seed, dtype=req.dtype)
+    return model_profile_from_dict(data, source="<pipelined profile>")
 
 
 def _assemble(req: ModelRequest, layers: list[LayerMeasurement], timings: list[TimingMeasurement],
