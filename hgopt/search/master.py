@@ -169,8 +169,8 @@ class ShareTable:
     look-alike groups, ``_alike``). PB_S(b) = max(b / rate_S, min over the splits (k, B, m) of b of the
     split's cheap bound without its tail): every split's cheap-bound structure is built once (at one
     microbatch: the longest grid, the tightest value at every weight [B4]) and re-weighted with
-    w = m − 1 for every m; a one-cluster group's structure depends on k only through its budget N // k
-    (the tail, the only part that reads k itself, is dropped), so those are shared. Only values below
+    w = m − 1 for every m; the pipeline counts k with the same per-cluster budgets N_c // k share the
+    structure of the least of them (``_class``). Only values below
     ``limit`` are needed (a partition whose pipelines need that long is settled [G4]): a bound >= it is
     kept as "+inf (>= limit)", and a structure's bound being monotone in m, its larger m are skipped.
     Raises _OutOfTime at ``deadline`` (what is memoised stays valid)."""
@@ -182,7 +182,8 @@ class ShareTable:
         self.G = instance.job.global_batch
         self.rate = sum(rate_bound(instance, tables, c) for c in group)
         self.gpus = self.sub.topology.num_gpus()
-        self.single = len(group) == 1
+        self._sizes = [c.num_gpus for c in self.sub.topology.clusters]
+        self._classes: dict[int, int] = {}
         self.structures = 0
         """cheap_bounds calls made (the work of this table)."""
         self._cheap: dict[tuple[int, int], CheapBounds] = {}
@@ -200,10 +201,11 @@ class ShareTable:
                     break
                 for B in _divisors(b // k):
                     m = b // (k * B)
-                    key = (self.gpus // k, B) if self.single else (k, B)
+                    kmin = self._class(k)
+                    key = (kmin, B)
                     if self._over.get(key, m + 1) <= m:
                         continue
-                    v = dataclasses.replace(self._structure(key, k, B), weight=steady_weight(m), s_lb=0.0).value
+                    v = dataclasses.replace(self._structure(key, kmin, B), weight=steady_weight(m), s_lb=0.0).value
                     if v >= self.limit:
                         self._over[key] = min(self._over.get(key, m), m)
                     lowest = min(lowest, v)
@@ -212,6 +214,17 @@ class ShareTable:
             v = max(best, lowest)
             self._pb[b] = INF if v >= self.limit else v
         return self._pb[b]
+
+    def _class(self, k: int) -> int:
+        """The least k' whose per-cluster budgets N_c // k' are those of k. The split (k', B)'s cheap
+        bound holds for every plan of (k, B) [G2]: its pipelines fit the same budgets, and the only
+        other part that reads the pipeline count, the hand-overs' floor (``links.handover_lower_bound``:
+        all copies' bytes on an aggregate cap and on a node's NIC), grows with it (the tail, which also
+        reads it, is dropped here)."""
+        if k not in self._classes:
+            budgets = [n // k for n in self._sizes]
+            self._classes[k] = next(j for j in range(1, k + 1) if [n // j for n in self._sizes] == budgets)
+        return self._classes[k]
 
     def _structure(self, key: tuple[int, int], k: int, B: int) -> CheapBounds:
         if key not in self._cheap:
@@ -222,16 +235,23 @@ class ShareTable:
             self.structures += 1
         return self._cheap[key]
 
-    def capacity(self, t: float) -> int:
-        """cap_S(t): the largest share b <= G − 1 whose bound PB_S(b) is <= t (0 when none): every share
-        from rate_S·t down is checked [G3]; exact for t < ``limit``."""
+    def capacity(self, t: float, need: int = 1) -> int:
+        """cap_S(t) when it is >= ``need``: the largest share b <= G − 1 whose bound PB_S(b) is <= t,
+        every share from rate_S·t down to ``need`` checked [G3]; 0 when none of them is (cap_S(t) <
+        need). Exact for t < ``limit``."""
         top = self.G - 1
         if math.isfinite(self.rate * t):
             top = min(top, math.floor(self.rate * t * (1 + 1e-12)))
-        for b in range(top, 0, -1):
+        for b in range(top, max(need, 1) - 1, -1):
             if self.pipeline_bound(b) <= t:
                 return b
         return 0
+
+    def rate_capacity(self, t: float) -> int:
+        """An upper bound of cap_S(t) that costs nothing: min(G − 1, rate_S·t)."""
+        if not math.isfinite(self.rate * t):
+            return self.G - 1
+        return min(self.G - 1, math.floor(self.rate * t * (1 + 1e-12)))
 
 
 def partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -423,13 +443,21 @@ def partition_time(tabs: Sequence[ShareTable], G: int, lo: float, hi: float) -> 
     a bound), or ``hi`` when t = hi is infeasible already (the partition cannot go below it). Raises
     _OutOfTime(lo) with the largest infeasible t so far."""
 
+    order = sorted(range(len(tabs)), key=lambda i: tabs[i].gpus)  # the cheapest tables first
+
     def feasible(t: float) -> bool:
-        # each group trains at least one sample and together they train G
-        rc = [tab.rate * t for tab in tabs]
-        if sum(rc) < G or min(rc) < 1:
+        # each group trains at least one sample and together they train G: a group's share must be at
+        # least G − what the others can train, so its scan stops there (the others at their exact
+        # capacity once known, else at their rate's)
+        caps = [tab.rate_capacity(t) for tab in tabs]
+        if sum(caps) < G or min(caps) < 1:
             return False
-        caps = [tab.capacity(t) for tab in tabs]
-        return min(caps) >= 1 and sum(caps) >= G
+        for i in order:
+            need = max(1, G - (sum(caps) - caps[i]))
+            caps[i] = tabs[i].capacity(t, need)
+            if caps[i] < need:
+                return False
+        return True
 
     try:
         if not math.isfinite(hi):
