@@ -183,8 +183,9 @@ def test_the_exact_planners_bound_is_below_every_planners_plan_and_every_grouped
 @pytest.mark.parametrize("policy", ("native", "bf16"))
 def test_on_a_shipped_instance_the_bound_is_below_every_planners_plan(policy: str) -> None:
     """sailor-het-16+16 (two clusters): the exact planner's bound (a short limit: whatever phase it
-    stops in, its bound holds) and the grouped bound at once-passed deadline (its rate floor) are <=
-    the plan of every planner under the same link policy."""
+    stops in, its bound holds), the grouped bound at once-passed deadline (its rate floor) and the
+    complete grouped bound (no deadline: its share tables finish) are <= the plan of every planner
+    under the same link policy."""
     from hgopt.instances import load_instance
 
     inst = load_instance("sailor-het-16+16")
@@ -192,11 +193,14 @@ def test_on_a_shipped_instance_the_bound_is_below_every_planners_plan(policy: st
     res = plan_exact(inst, PlanOptions(time_limit_s=5.0, extra={**extra, "grouped_bound": "on"}))
     assert res.lower_bound_s is not None and res.lower_bound_s > 0
     floor = grouped_bound(inst, build_tables(inst), link_policy(inst, extra), link_precision=policy, deadline=0.0)
+    full = grouped_bound(inst, build_tables(inst), link_policy(inst, extra), link_precision=policy)
+    assert full.complete and full.value >= floor.value
     for name in ("heuristic", "metis", "uniform", "dp-only"):
         other = get_planner(name)(inst, PlanOptions(time_limit_s=10.0, extra=extra))
         assert other.plan is not None and math.isfinite(other.iteration_time_s), name
         assert res.lower_bound_s <= other.iteration_time_s * (1 + 1e-9), name
         assert floor.value <= other.iteration_time_s * (1 + 1e-9), name
+        assert full.value <= other.iteration_time_s * (1 + 1e-9), name
 
 
 def test_a_group_that_cannot_hold_the_model_trains_nothing() -> None:
@@ -324,3 +328,109 @@ def test_auto_covers_grouped_plans_only_when_one_is_the_result() -> None:
     else:
         assert "outside: data parallelism across cluster groups (not bounded: grouped_bound off" in res.plan_space
     assert res.lower_bound_s <= res.iteration_time_s * (1 + 1e-12)
+
+
+def _old_share_bound(inst: Instance, tables, group: tuple[str, ...], b: int, links) -> float:
+    """The per-step scan's PB_S(b) before the share tables (round 5): max(b / rate_S, min over the
+    splits (k, B, m) of b of the split's own cheap bound without its tail)."""
+    from hgopt.cost.pipeline import steady_weight
+    from hgopt.search.blocks import cheap_bounds
+
+    sub = sub_instance(inst, group, b)
+    rate = sum(rate_bound(inst, tables, c) for c in group)
+    lowest = math.inf
+    for sp in batch_splits(sub):
+        cb = cheap_bounds(sub, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                          links=links)
+        lowest = min(lowest, dataclasses.replace(cb, weight=steady_weight(sp.num_microbatches), s_lb=0.0).value)
+    return max(b / rate, lowest)
+
+
+def _groups(names: list[str]) -> list[tuple[str, ...]]:
+    return [g for r in range(1, len(names)) for g in itertools.combinations(names, r)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_share_tables_are_at_least_the_old_scan_and_below_every_group_plan(seed: int) -> None:
+    """[G2] Every group (one or two clusters) and share: the share table's PB_S(b) is >= the old
+    per-step scan's (each split's own cheap bound) and <= the evaluate of every plan the heuristic's
+    realisation gives the group with that share (brute force over splits, cluster orders and layer
+    splits); its work (cheap_bounds calls) is at most the old scan's (one per distinct (k, B))."""
+    from hgopt.search.master import ShareTable
+
+    inst = _instance(seed)
+    tables = build_tables(inst)
+    links = link_policy(inst, {})
+    G = inst.job.global_batch
+    checked = 0
+    for group in _groups([c.name for c in inst.topology.clusters]):
+        table = ShareTable(inst, tables, group, links)
+        old_work = {(sp.k, sp.microbatch) for b in range(1, G) for sp in batch_splits(sub_instance(inst, group, b))}
+        for b in range(1, G):
+            new = table.pipeline_bound(b)
+            assert new >= _old_share_bound(inst, tables, group, b, links) * (1 - 1e-12), (group, b)
+            sub = sub_instance(inst, group, b)
+            for plan in _group_plans(inst, group, b):
+                checked += 1
+                assert new <= evaluate(plan, sub).iteration_time_s * (1 + 1e-9), (group, b, plan)
+        assert 0 < table.structures <= len(old_work)
+    assert checked > 0
+
+
+def test_a_limit_keeps_every_bound_below_it_and_the_scan_stops_at_the_need() -> None:
+    """[G2]/[G3] With a limit, PB_S(b) is the same where it is below the limit and inf (>= limit)
+    elsewhere; capacity(t, need) is capacity(t) when that is >= need and 0 otherwise."""
+    from hgopt.search.master import ShareTable
+
+    inst = _instance(1)
+    tables = build_tables(inst)
+    links = link_policy(inst, {})
+    G = inst.job.global_batch
+    for group in _groups([c.name for c in inst.topology.clusters]):
+        full = ShareTable(inst, tables, group, links)
+        values = [full.pipeline_bound(b) for b in range(1, G)]
+        limit = sorted(values)[len(values) // 2]
+        cut = ShareTable(inst, tables, group, links, limit=limit)
+        for b, v in zip(range(1, G), values):
+            assert cut.pipeline_bound(b) == (v if v < limit else math.inf)
+        for t in sorted(set(values)):
+            cap = full.capacity(t)
+            for need in range(1, G):
+                assert full.capacity(t, need) == (cap if cap >= need else 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_grouped_bound_is_at_least_the_old_scans(seed: int) -> None:
+    """[G3] The grouped bound from the share tables is >= the one the old per-step scan's PB_S gives
+    through the same bisection (to its resolution), and complete."""
+    from hgopt.search import master
+
+    inst = _instance(seed)
+    tables = build_tables(inst)
+    links = link_policy(inst, {})
+    G = inst.job.global_batch
+    names = [c.name for c in inst.topology.clusters]
+    floor_t = G / sum(rate_bound(inst, tables, c) for c in names)
+
+    class Old:
+        def __init__(self, group: tuple[str, ...]) -> None:
+            self.rate = sum(rate_bound(inst, tables, c) for c in group)
+            self.gpus = sum(inst.topology.cluster(c).num_gpus for c in group)
+            self.pb = {b: _old_share_bound(inst, tables, group, b, links) for b in range(1, G)}
+
+        def rate_capacity(self, t: float) -> int:
+            return min(G - 1, math.floor(self.rate * t * (1 + 1e-12)))
+
+        def capacity(self, t: float, need: int = 1) -> int:
+            return next((b for b in range(self.rate_capacity(t), need - 1, -1) if self.pb[b] <= t), 0)
+
+    old = math.inf
+    for part in partitions(names):
+        if len(part) < 2 or not all(master.holds_a_replica(inst, tables, g) for g in part):
+            continue
+        x = cross_floor(inst, tables, part, "native")
+        t = master.partition_time([Old(g) for g in part], G, floor_t, math.inf)
+        old = min(old, max(t + x, gradient_floor(inst, tables, part, "native")))
+    new = grouped_bound(inst, tables, links)
+    assert new.complete and math.isfinite(old)
+    assert new.value >= old / master.BISECT_RATIO

@@ -93,23 +93,27 @@ from hgopt.plan import Plan
 from hgopt.search import PlanResult
 from hgopt.search.blocks import CheapBounds, LinkPolicy, cheap_bounds
 from hgopt.search.groups import grad_precisions, rate_bound, sub_instance, wan_allreduce_floor
-from hgopt.search.milp import batch_splits
+from hgopt.search.milp import _divisors
 from hgopt.search.precisions import allowed_link_precisions
 from hgopt.spec import Instance
 
-__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "GroupBounds", "certify", "cross_floor", "gradient_floor", "grouped_bound", "holds_a_replica",
-           "name_outside", "partitions"]
+__all__ = ["GROUPED_SPACE", "MAX_CLUSTERS", "PLAN_SPACE_OUTSIDE", "GroupedBound", "ShareTable", "certify", "cross_floor", "gradient_floor", "grouped_bound", "holds_a_replica",
+           "name_outside", "partition_time", "partitions"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
 MAX_CLUSTERS = 8
 """Above this many clusters the partitions are not enumerated (Bell(9) = 21,147) and the grouped space
 is bounded by its rate floor alone."""
+BISECT_RATIO = 1.0005
+"""The bisection on a partition's pipeline time stops when its bracket is this narrow (relative)."""
 ZERO_RS_SHARE = ZERO_PHASE
 """The share of a ZeRO-1 segment's [C5] all-reduce its reduce-scatter costs (the kernel's
 ``gradsync.ZERO_PHASE``) [G6]."""
-BISECT_RATIO = 1.0005
-"""The bisection on a partition's pipeline time stops when its bracket is this narrow (relative)."""
+
+class _OutOfTime(Exception):
+    pass
+
 
 GROUPED_SPACE = (
     "data parallelism across cluster groups: n >= 2 groups on disjoint cluster sets, group g training any "
@@ -124,10 +128,6 @@ PLAN_SPACE_OUTSIDE = (
 OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (not bounded: grouped_bound off, or auto "
                     "without a faster grouped plan), pipelines that are not identical, a stage whose replicas span "
                     "several clusters")
-
-
-class _OutOfTime(Exception):
-    pass
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,52 +164,94 @@ class GroupedBound:
                 + ("" if self.complete else "; the time limit left some partitions at their rate floor"))
 
 
-class GroupBounds:
-    """[G2] PB_S(b) and cap_S(t) of one group S, memoised (structures per (k, B), values per share)."""
+class ShareTable:
+    """[G2] PB_S(b) and cap_S(t) of one group S, memoised, shared by every partition S is in (and by
+    look-alike groups, ``_alike``). PB_S(b) = max(b / rate_S, min over the splits (k, B, m) of b of the
+    split's cheap bound without its tail): every split's cheap-bound structure is built once (at one
+    microbatch: the longest grid, the tightest value at every weight [B4]) and re-weighted with
+    w = m − 1 for every m; the pipeline counts k with the same per-cluster budgets N_c // k share the
+    structure of the least of them (``_class``). Only values below
+    ``limit`` are needed (a partition whose pipelines need that long is settled [G4]): a bound >= it is
+    kept as "+inf (>= limit)", and a structure's bound being monotone in m, its larger m are skipped.
+    Raises _OutOfTime at ``deadline`` (what is memoised stays valid)."""
 
-    def __init__(self, instance: Instance, tables: CostTables, group: tuple[str, ...], links: LinkPolicy,
-                 deadline: float) -> None:
+    def __init__(self, instance: Instance, tables: CostTables, group: tuple[str, ...], links: LinkPolicy, *,
+                 limit: float = INF, deadline: float = INF) -> None:
         self.sub = sub_instance(instance, group, instance.job.global_batch)
-        self.tables, self.links, self.deadline = tables, links, deadline
+        self.tables, self.links, self.limit, self.deadline = tables, links, limit, deadline
         self.G = instance.job.global_batch
         self.rate = sum(rate_bound(instance, tables, c) for c in group)
+        self.gpus = self.sub.topology.num_gpus()
+        self._sizes = [c.num_gpus for c in self.sub.topology.clusters]
+        self._classes: dict[int, int] = {}
+        self.structures = 0
+        """cheap_bounds calls made (the work of this table)."""
         self._cheap: dict[tuple[int, int], CheapBounds] = {}
+        self._over: dict[tuple[int, int], int] = {}  # a structure's least m whose bound is >= limit
         self._pb: dict[int, float] = {}
 
     def pipeline_bound(self, b: int) -> float:
-        """PB_S(b): a lower bound on the pipeline time of every plan of the group with share b [G2]."""
+        """PB_S(b): a lower bound on the pipeline time of every plan of the group with share b (inf:
+        >= ``limit``) [G2]."""
         if b not in self._pb:
             best = b / self.rate if self.rate > 0 else INF
             lowest = INF
-            share = dataclasses.replace(self.sub, job=dataclasses.replace(self.sub.job, global_batch=b))
-            for sp in batch_splits(share):  # every (k, B, m) with k·B·m = b, k <= the group's GPUs
-                if time.perf_counter() > self.deadline:
-                    raise _OutOfTime
-                cb = self._structure(sp.k, sp.microbatch, sp.num_microbatches)
-                w = steady_weight(sp.num_microbatches)
-                lowest = min(lowest, dataclasses.replace(cb, weight=w, s_lb=0.0).value)
-            self._pb[b] = max(best, lowest)
+            for k in _divisors(b):  # every (k, B, m) with k·B·m = b, k <= the group's GPUs
+                if k > self.gpus or lowest <= best:
+                    break
+                for B in _divisors(b // k):
+                    m = b // (k * B)
+                    kmin = self._class(k)
+                    key = (kmin, B)
+                    if self._over.get(key, m + 1) <= m:
+                        continue
+                    v = dataclasses.replace(self._structure(key, kmin, B), weight=steady_weight(m), s_lb=0.0).value
+                    if v >= self.limit:
+                        self._over[key] = min(self._over.get(key, m), m)
+                    lowest = min(lowest, v)
+                    if lowest <= best:
+                        break  # the rate floor is the larger already
+            v = max(best, lowest)
+            self._pb[b] = INF if v >= self.limit else v
         return self._pb[b]
 
-    def _structure(self, k: int, B: int, m: int) -> CheapBounds:
-        key = (k, B)
+    def _class(self, k: int) -> int:
+        """The least k' whose per-cluster budgets N_c // k' are those of k. The split (k', B)'s cheap
+        bound holds for every plan of (k, B) [G2]: its pipelines fit the same budgets, and the only
+        other part that reads the pipeline count, the hand-overs' floor (``links.handover_lower_bound``:
+        all copies' bytes on an aggregate cap and on a node's NIC), grows with it (the tail, which also
+        reads it, is dropped here)."""
+        if k not in self._classes:
+            budgets = [n // k for n in self._sizes]
+            self._classes[k] = next(j for j in range(1, k + 1) if [n // j for n in self._sizes] == budgets)
+        return self._classes[k]
+
+    def _structure(self, key: tuple[int, int], k: int, B: int) -> CheapBounds:
         if key not in self._cheap:
-            self._cheap[key] = cheap_bounds(self.sub, self.tables, replicas=k, microbatch=B, num_microbatches=m,
+            if time.perf_counter() > self.deadline:
+                raise _OutOfTime
+            self._cheap[key] = cheap_bounds(self.sub, self.tables, replicas=k, microbatch=B, num_microbatches=1,
                                             links=self.links)
+            self.structures += 1
         return self._cheap[key]
 
-    def capacity(self, t: float) -> int:
-        """cap_S(t): the largest share b <= G whose bound PB_S(b) is <= t (0 when none): every share
-        from rate_S·t down is checked [G3]."""
-        top = min(self.G, math.floor(self.rate * t * (1 + 1e-12))) if math.isfinite(self.rate * t) else self.G
-        for b in range(top, 0, -1):
+    def capacity(self, t: float, need: int = 1) -> int:
+        """cap_S(t) when it is >= ``need``: the largest share b <= G − 1 whose bound PB_S(b) is <= t,
+        every share from rate_S·t down to ``need`` checked [G3]; 0 when none of them is (cap_S(t) <
+        need). Exact for t < ``limit``."""
+        top = self.G - 1
+        if math.isfinite(self.rate * t):
+            top = min(top, math.floor(self.rate * t * (1 + 1e-12)))
+        for b in range(top, max(need, 1) - 1, -1):
             if self.pipeline_bound(b) <= t:
                 return b
         return 0
 
-    def rate_capacity(self, t: float) -> float:
-        """An upper bound of cap_S(t) that costs nothing: rate_S·t."""
-        return self.rate * t
+    def rate_capacity(self, t: float) -> int:
+        """An upper bound of cap_S(t) that costs nothing: min(G − 1, rate_S·t)."""
+        if not math.isfinite(self.rate * t):
+            return self.G - 1
+        return min(self.G - 1, math.floor(self.rate * t * (1 + 1e-12)))
 
 
 def partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -304,15 +346,14 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         # not enumerated: the space stays k identical pipelines and grouped plans are named outside
         # (a rate floor over all partitions would be a bound, but far below any plan: it would void the gap)
         return GroupedBound(value=target, covered=False, complete=False, precisions=precs)
-    groups: dict[tuple[str, ...], GroupBounds] = {}
-    alike: dict[object, GroupBounds] = {}  # one-cluster groups that differ only by name share their bounds
     best, best_part, best_x = target, (), 0.0
     count = by_rate = 0
     complete = True
     todo = [p for p in partitions(names) if len(p) >= 2]
-    # cheapest first: the partitions whose rate floor is lowest are the ones that can set the bound
     memo: dict[tuple[str, ...], float] = {}
     fit: dict[tuple[str, ...], bool] = {}
+    xs: dict[tuple[tuple[str, ...], ...], float] = {}
+    ws: dict[tuple[tuple[str, ...], ...], float] = {}
 
     def part_floor(p: tuple[tuple[str, ...], ...]) -> float:
         # every group of a plan of p trains >= 1 sample, so every group must hold a model replica
@@ -325,9 +366,11 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         ws[p] = gradient_floor(instance, tables, p, cheapest)
         return max(floor_t + xs[p], ws[p])
 
-    xs: dict[tuple[tuple[str, ...], ...], float] = {}
-    ws: dict[tuple[tuple[str, ...], ...], float] = {}
+    # cheapest first: the partitions whose rate floor is lowest are the ones that can set the bound
     keyed = sorted(((part_floor(p), i, p) for i, p in enumerate(todo)))
+    # a group's pipeline time matters only below target − X of a partition it is in [G4]
+    limit = target - min(xs.values(), default=0.0)
+    tabs: dict[object, ShareTable] = {}  # per group, shared by every partition it is in (and by look-alikes)
     for floor_p, _, part in keyed:
         count += 1
         x, w = xs.get(part, 0.0), ws.get(part, 0.0)
@@ -339,24 +382,22 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
             best, best_part, best_x = floor_p, part, x  # sorted: the least floor left bounds the rest
             break
         for g in part:
-            if g not in groups:
-                key = _alike(instance, g)
-                if key not in alike:
-                    alike[key] = GroupBounds(instance, tables, g, links, deadline)
-                groups[g] = alike[key]
-        gb = [groups[g] for g in part]
+            key = _alike(instance, g)
+            if key not in tabs:
+                tabs[key] = ShareTable(instance, tables, g, links, limit=limit, deadline=deadline)
+        gt = [tabs[_alike(instance, g)] for g in part]
         try:
-            lo = _partition_bound(gb, G, floor_t, best - x)
+            lo = partition_time(gt, G, floor_t, best - x)
         except _OutOfTime as stop:
             complete = False
             lo = stop.args[0] if stop.args else floor_t
-            value = max(lo + x, w)
+            value = max(lo + x, w, floor_p)
+            # the rest keep their floors: the least of them (sorted) bounds them all
+            rest = keyed[count:]
+            if rest and rest[0][0] < value:
+                value, part, x = rest[0][0], rest[0][2], xs.get(rest[0][2], 0.0)
             if value < best:
                 best, best_part, best_x = value, part, x
-            # the rest keep their floors: the least of them (sorted) bounds them all
-            rest = [f for f, _, _ in keyed[count:]]
-            if rest and rest[0] < best:
-                best, best_part, best_x = rest[0], keyed[count][2], xs.get(keyed[count][2], 0.0)
             break
         value = max(lo + x, w)
         if value < best:
@@ -396,32 +437,36 @@ def _alike(instance: Instance, group: tuple[str, ...]) -> object:
     return dataclasses.replace(c, name="", region="", cost_per_gpu_hour=None, defaults=())
 
 
-def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> float:
-    """min { t : Σ cap_S(t) >= G } from below (the largest t found infeasible), or ``hi`` when t = hi
-    is infeasible already (the partition cannot go below the target). Raises _OutOfTime(lo) with the
-    largest infeasible t so far."""
+def partition_time(tabs: Sequence[ShareTable], G: int, lo: float, hi: float) -> float:
+    """[G3] min { t : Σ_S cap_S(t) >= G, every cap_S(t) >= 1 } from below, by bisection on t within
+    [lo, hi] (feasibility is monotone in t; the value kept is the largest t found infeasible, so it is
+    a bound), or ``hi`` when t = hi is infeasible already (the partition cannot go below it). Raises
+    _OutOfTime(lo) with the largest infeasible t so far."""
+
+    order = sorted(range(len(tabs)), key=lambda i: tabs[i].gpus)  # the cheapest tables first
 
     def feasible(t: float) -> bool:
-        # each group trains at least one sample and together they train G
-        rc = [g.rate_capacity(t) for g in gb]
-        if sum(rc) < G or min(rc) < 1:
+        # each group trains at least one sample and together they train G: a group's share must be at
+        # least G − what the others can train, so its scan stops there (the others at their exact
+        # capacity once known, else at their rate's)
+        caps = [tab.rate_capacity(t) for tab in tabs]
+        if sum(caps) < G or min(caps) < 1:
             return False
-        caps = [g.capacity(t) for g in gb]
-        return min(caps) >= 1 and sum(caps) >= G
+        for i in order:
+            need = max(1, G - (sum(caps) - caps[i]))
+            caps[i] = tabs[i].capacity(t, need)
+            if caps[i] < need:
+                return False
+        return True
 
-    if not math.isfinite(hi):
-        hi = max(lo * 4, 1e-9)
-        while True:
-            try:
-                if feasible(hi):
-                    break
-            except _OutOfTime:
-                raise _OutOfTime(lo) from None
-            lo, hi = hi, hi * 2
-            if hi > 1e9:
-                return INF
     try:
-        if not feasible(hi):
+        if not math.isfinite(hi):
+            hi = max(lo * 4, 1e-9)
+            while not feasible(hi):
+                lo, hi = hi, hi * 2
+                if hi > 1e9:
+                    return INF
+        elif not feasible(hi):
             return hi
         while hi > lo * BISECT_RATIO and hi - lo > 1e-9:
             mid = 0.5 * (lo + hi)
@@ -432,7 +477,6 @@ def _partition_bound(gb: list[GroupBounds], G: int, lo: float, hi: float) -> flo
     except _OutOfTime:
         raise _OutOfTime(lo) from None
     return lo
-
 
 
 def name_outside(res: PlanResult) -> PlanResult:
