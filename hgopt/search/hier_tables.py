@@ -152,24 +152,32 @@ def cluster_tables(
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
-    out = {}
+    out: dict[int, ClusterTable] = {}
+    W = len(ws)
+    cols = [np.full((W, L + 1), math.inf) for _ in range(3)] + [np.zeros((W, L + 1), dtype=int) for _ in range(4)]
     ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-    for w in ws:
-        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(4)))
-        if blk is not None and ok is not None:
-            j = np.where(ok, pipeline_time(max(w, 1), blk.bott, blk.fill) + blk.sync, math.inf)
-            if w == MOST_STAGES:  # the most local stages that fit, then the lowest objective at m
-                j = np.where(ok, -blk.s * 1e12 + pipeline_time(m, blk.bott, blk.fill) + blk.sync, math.inf)
-            pick = np.argmin(j, axis=0)
-            cols = np.arange(len(n))
-            feasible = np.isfinite(j[pick, cols])
-            for f, a in zip(_FIELDS, (blk.bott, blk.fill, blk.sync)):
-                getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
-            full.stages[n] = np.where(feasible, blk.s[pick, cols], 0)
-            full.tp[n] = np.where(feasible, blk.tp[pick, cols], 0)  # type: ignore[index]
-            full.dp[n] = np.where(feasible, blk.dp[pick, cols], 0)  # type: ignore[index]
-            full.recompute[n] = np.where(feasible, blk.rc[pick, cols], 0)  # type: ignore[index]
-        out[w] = full
+    # rows that fit at no layer count cannot be picked (the others keep their order: the same first
+    # best row); none left: nothing fits (infinite, as every row's objective would be)
+    rows = np.zeros(0, dtype=int) if ok is None else np.flatnonzero(ok.any(axis=1))
+    if blk is not None and ok is not None and len(rows):
+        if len(rows) < ok.shape[0]:
+            ok, bott, fill, sync, s = ok[rows], blk.bott[rows], blk.fill[rows], blk.sync[rows], blk.s[rows]
+        else:
+            bott, fill, sync, s = blk.bott, blk.fill, blk.sync, blk.s
+        # the most local stages that fit, then the lowest objective at m; else the objective at weight w
+        j = np.stack([np.where(ok, -s * 1e12 + pipeline_time(m, bott, fill) + sync, math.inf)
+                      if w == MOST_STAGES else
+                      np.where(ok, pipeline_time(max(w, 1), bott, fill) + sync, math.inf) for w in ws])
+        pick = np.argmin(j, axis=1)  # (weights, layer counts): the first best row, as one weight alone
+        at = (pick, np.arange(len(n))[None, :])
+        feasible = np.isfinite(j[np.arange(W)[:, None], *at])
+        for col, a in zip(cols, (bott, fill, sync)):
+            col[:, n] = np.where(feasible, a[at], math.inf)
+        at = (rows[pick], at[1])  # the same rows of the whole block
+        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):
+            col[:, n] = np.where(feasible, a[at], 0)
+    for i, w in enumerate(ws):
+        out[w] = ClusterTable(*(col[i] for col in cols))
     return out
 
 
@@ -328,8 +336,9 @@ def _config_estimates_uncached(
         ))
     sizes = [len(g) for g in grids]
     s = np.concatenate(grids)[:, None]
+    per_row = np.repeat(np.array(cols, dtype=float), sizes, axis=0)  # dp, mbs too: small integers, exact as floats
     (t_b, extra_t, special_t, send, p_b, pre_p, post_p, special_p, u_b, dp, mbs, a_b, a_pre, a_post,
-     big_first) = (np.repeat(np.array(v), sizes)[:, None] for v in zip(*cols))
+     big_first) = (per_row[:, j : j + 1] for j in range(per_row.shape[1]))
     nbc = np.maximum(nb, 0)[None, :]
     work = nbc * t_b + extra_t
     per_stage_blocks = np.ceil(nbc / s)
