@@ -145,6 +145,8 @@ def cluster_tables(
     m = num_microbatches
     ws = tuple(dict.fromkeys((m, *weights)))
     cache = {} if cache is None else cache
+    if cache.setdefault(("tables",), tables) is not tables:  # its keys name the cluster, not the cost tables
+        raise ValueError("cluster_tables: an estimate cache is shared only by searches on the same cost tables")
     # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
     key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
            gpu_budget, replicas, cluster.gpu_memory_bytes,  # memory: which layouts get recomputing estimates
