@@ -145,6 +145,8 @@ def cluster_tables(
     m = num_microbatches
     ws = tuple(dict.fromkeys((m, *weights)))
     cache = {} if cache is None else cache
+    if cache.setdefault(("tables",), tables) is not tables:  # its keys name the cluster, not the cost tables
+        raise ValueError("cluster_tables: an estimate cache is shared only by searches on the same cost tables")
     # clusters alike in everything the estimate reads (GPU type, node size, bandwidths) share it
     key = ("block", cluster.gpu, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node, role, microbatch, m,
            gpu_budget, replicas, cluster.gpu_memory_bytes,  # memory: which layouts get recomputing estimates
@@ -152,24 +154,32 @@ def cluster_tables(
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
-    out = {}
+    out: dict[int, ClusterTable] = {}
+    W = len(ws)
+    cols = [np.full((W, L + 1), math.inf) for _ in range(3)] + [np.zeros((W, L + 1), dtype=int) for _ in range(4)]
     ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-    for w in ws:
-        full = ClusterTable(*(np.full(L + 1, math.inf) for _ in range(3)), *(np.zeros(L + 1, dtype=int) for _ in range(4)))
-        if blk is not None and ok is not None:
-            j = np.where(ok, pipeline_time(max(w, 1), blk.bott, blk.fill) + blk.sync, math.inf)
-            if w == MOST_STAGES:  # the most local stages that fit, then the lowest objective at m
-                j = np.where(ok, -blk.s * 1e12 + pipeline_time(m, blk.bott, blk.fill) + blk.sync, math.inf)
-            pick = np.argmin(j, axis=0)
-            cols = np.arange(len(n))
-            feasible = np.isfinite(j[pick, cols])
-            for f, a in zip(_FIELDS, (blk.bott, blk.fill, blk.sync)):
-                getattr(full, f)[n] = np.where(feasible, a[pick, cols], math.inf)
-            full.stages[n] = np.where(feasible, blk.s[pick, cols], 0)
-            full.tp[n] = np.where(feasible, blk.tp[pick, cols], 0)  # type: ignore[index]
-            full.dp[n] = np.where(feasible, blk.dp[pick, cols], 0)  # type: ignore[index]
-            full.recompute[n] = np.where(feasible, blk.rc[pick, cols], 0)  # type: ignore[index]
-        out[w] = full
+    # rows that fit at no layer count cannot be picked (the others keep their order: the same first
+    # best row); none left: nothing fits (infinite, as every row's objective would be)
+    rows = np.zeros(0, dtype=int) if ok is None else np.flatnonzero(ok.any(axis=1))
+    if blk is not None and ok is not None and len(rows):
+        if len(rows) < ok.shape[0]:
+            ok, bott, fill, sync, s = ok[rows], blk.bott[rows], blk.fill[rows], blk.sync[rows], blk.s[rows]
+        else:
+            bott, fill, sync, s = blk.bott, blk.fill, blk.sync, blk.s
+        # the most local stages that fit, then the lowest objective at m; else the objective at weight w
+        j = np.stack([np.where(ok, -s * 1e12 + pipeline_time(m, bott, fill) + sync, math.inf)
+                      if w == MOST_STAGES else
+                      np.where(ok, pipeline_time(max(w, 1), bott, fill) + sync, math.inf) for w in ws])
+        pick = np.argmin(j, axis=1)  # (weights, layer counts): the first best row, as one weight alone
+        at = (pick, np.arange(len(n))[None, :])
+        feasible = np.isfinite(j[np.arange(W)[:, None], *at])
+        for col, a in zip(cols, (bott, fill, sync)):
+            col[:, n] = np.where(feasible, a[at], math.inf)
+        at = (rows[pick], at[1])  # the same rows of the whole block
+        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):
+            col[:, n] = np.where(feasible, a[at], 0)
+    for i, w in enumerate(ws):
+        out[w] = ClusterTable(*(col[i] for col in cols))
     return out
 
 
@@ -206,13 +216,13 @@ def _block(
     has_post = role in ("last", "only")
     nb = n - (layout.pre if has_pre else 0) - (layout.post if has_post else 0)
     valid = (nb >= 0) & (n >= 1)
-    parts = []
     ckey = ("configs", cluster.gpu, cluster.gpus_per_node, cluster.gpu_memory_bytes, microbatch,
             instance.job.global_batch)  # what local_configs reads of the cluster and the job
     if ckey not in cache:
         cache[ckey] = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
     configs: tuple[LocalConfig, ...] = cache[ckey]  # type: ignore[assignment]
     recompute_ok = any(cfg.recompute for cfg in configs)
+    layouts: list[tuple[int, int]] = []
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
             continue
@@ -221,20 +231,33 @@ def _block(
             # replicas beyond the profiled microbatch sizes gain nothing ([C2] is proportional there)
             if microbatch % dp or tp * dp > budget or microbatch // dp > top_mbs:
                 continue
-            plain: tuple[np.ndarray, ...] | None = None  # this layout's estimate without recomputation
-            for rc in (False, True) if recompute_ok else (False,):  # [I3r] with recomputation too (hfrec)
-                if rc and not any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs):
-                    continue
-                if rc and plain is not None and _fits_deepest(plain, m, cluster.gpu_memory_bytes):
-                    continue  # every estimate of this layout fits with m in flight: recomputation cannot help
-                est = _config_estimate(instance, tables, layout, cluster, tp, dp, microbatch // dp, m, budget,
-                                       replicas, nb, has_pre, has_post, cache, rc)
-                if not rc:
-                    plain = est
-                parts.append((*est, np.full(est[0].shape, tp), np.full(est[0].shape, dp), np.full(est[0].shape, int(rc))))
-    if not parts:
+            layouts.append((tp, dp))
+    if not layouts:
         return None
-    arrays = [np.concatenate([p[i] for p in parts]) for i in range(12)]
+
+    def estimates(which: list[tuple[int, int]], rc: bool) -> list[tuple[np.ndarray, ...]]:
+        return _config_estimates(instance, tables, layout, cluster, [(tp, dp, microbatch // dp) for tp, dp in which],
+                                 budget, replicas, nb, has_pre, has_post, cache, rc)
+
+    plain = estimates(layouts, False)  # each layout's estimate without recomputation
+    # [I3r] with recomputation too (hfrec), unless every estimate of the layout fits with m in flight:
+    # then recomputation cannot help
+    with_rc = [i for i, (tp, dp) in enumerate(layouts)
+               if recompute_ok and any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs)
+               and not _fits_deepest(plain[i], m, cluster.gpu_memory_bytes)]
+    rcs = dict(zip(with_rc, estimates([layouts[i] for i in with_rc], True)))
+    parts: list[tuple[np.ndarray, ...]] = []
+    labels: list[tuple[int, int, int, int]] = []  # (tp, dp, recompute, rows) per part
+    for i, (tp, dp) in enumerate(layouts):
+        for rc, est in ((0, plain[i]), (1, rcs.get(i))):
+            if est is not None:
+                parts.append(est)
+                labels.append((tp, dp, rc, est[0].shape[0]))
+    arrays = [np.concatenate([p[i] for p in parts]) for i in range(9)]
+    shape = arrays[0].shape
+    rows = [r for *_, r in labels]
+    for j in range(3):  # the config of every row: tp, dp, recompute
+        arrays.append(np.broadcast_to(np.repeat(np.array([lab[j] for lab in labels]), rows)[:, None], shape))
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
 
@@ -257,66 +280,90 @@ def _stage_grid(top: int) -> np.ndarray:
     return np.array(vals, dtype=np.int64)
 
 
-def _config_estimate(
-    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int, m: int,
+def _config_estimates(
+    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, specs: Sequence[tuple[int, int, int]],
     budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
     cache: dict[tuple[object, ...], object], recompute: bool = False,
-) -> tuple[np.ndarray, ...]:
-    """One (tp, dp) config's estimate for every (local stage count s, layer count n): rows s,
-    columns n; (bottleneck, fill, sync_opt, s, shape ok, first-stage memory base and activations
-    per microbatch in flight, trunk-stage memory base and activations per microbatch). With
-    ``recompute`` ([C2r]/[C6r]): each layer's backward repeats its forward, a microbatch in flight keeps
-    only each layer's input (the mean boundary bytes) and one layer's activations are rebuilt at a time."""
+) -> list[tuple[np.ndarray, ...]]:
+    """Per (tp, dp, mbs) config of ``specs``, its estimate for every (local stage count s, layer count
+    n): rows s, columns n; (bottleneck, fill, sync_opt, s, shape ok, first-stage memory base and
+    activations per microbatch in flight, trunk-stage memory base and activations per microbatch).
+    With ``recompute`` ([C2r]/[C6r]): each layer's backward repeats its forward, a microbatch in
+    flight keeps only each layer's input (the mean boundary bytes) and one layer's activations are
+    rebuilt at a time. The configs not memoised yet are computed together, stacked row-wise (every
+    element by the same operations as one config alone)."""
     L = tables.num_layers
     # the estimate reads neither m nor the budget beyond its stage grid: alike calls share one (replan speed)
-    memo = ("config", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node, tp, dp, mbs,
-            min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute, len(nb))
-    if memo not in cache:
-        cache[memo] = _config_estimate_uncached(instance, tables, layout, c, tp, dp, mbs, budget, replicas, nb,
-                                                has_pre, has_post, cache, recompute)
-    return cache[memo]  # type: ignore[return-value]
+    memos = [("config", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node, tp, dp, mbs,
+              min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute, len(nb)) for tp, dp, mbs in specs]
+    spec_of = dict(zip(memos, specs))
+    todo = [key for key in spec_of if key not in cache]
+    if todo:
+        got = _config_estimates_uncached(instance, tables, layout, c, [spec_of[key] for key in todo], budget,
+                                         replicas, nb, has_pre, has_post, cache, recompute)
+        cache.update(zip(todo, got))
+    return [cache[key] for key in memos]  # type: ignore[misc]
 
 
-def _config_estimate_uncached(
-    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, tp: int, dp: int, mbs: int,
+def _config_estimates_uncached(
+    instance: Instance, tables: CostTables, layout: BlockLayout, c: Cluster, specs: Sequence[tuple[int, int, int]],
     budget: int, replicas: int, nb: np.ndarray, has_pre: bool, has_post: bool,
     cache: dict[tuple[object, ...], object], recompute: bool,
-) -> tuple[np.ndarray, ...]:
-    key = ("parts", c.gpu, tp, mbs)
-    if key not in cache:
-        cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
-    P: _Parts = cache[key]  # type: ignore[assignment]
+) -> list[tuple[np.ndarray, ...]]:
     L = tables.num_layers
-    s = _stage_grid(min(budget // (tp * dp), L))[:, None]
+    if ("act_mean",) not in cache:  # the same for every config: one mean per cache (per tables, as "parts")
+        cache[("act_mean",)] = float(np.mean(tables.activation_bytes))
+    act_bytes: float = cache[("act_mean",)]  # type: ignore[assignment]
+    # per config, its scalars (Python floats, as for one config alone), then one row per local stage count
+    grids, cols = [], []
+    for tp, dp, mbs in specs:
+        key = ("parts", c.gpu, tp, mbs)
+        if key not in cache:
+            cache[key] = _parts(tables, layout, c.gpu, tp, mbs)
+        P: _Parts = cache[key]  # type: ignore[assignment]
+        t_b, t_pre, t_post = P.time
+        if recompute:
+            t_b, t_pre, t_post = (t + f for t, f in zip(P.time, P.fwd))
+        p_b, p_pre, p_post = P.params
+        pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
+        a_b, a_pre, a_post = P.act
+        grids.append(_stage_grid(min(budget // (tp * dp), L)))
+        cols.append((
+            t_b, (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0),  # block seconds, extra seconds
+            max(t_pre if has_pre else 0.0, t_post if has_post else 0.0),  # the heavier special layer
+            transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, replicas * dp, mbs) * act_bytes),  # NIC
+            p_b, pre_p, post_p, max(pre_p, post_p), P.update[0], dp, mbs,
+            a_b, a_pre if has_pre else 0.0, a_post if has_post else 0.0,
+            max(a_b, a_pre if has_pre else 0.0, a_post if has_post else 0.0),  # the largest layer rebuilt [C6r]
+        ))
+    sizes = [len(g) for g in grids]
+    s = np.concatenate(grids)[:, None]
+    per_row = np.repeat(np.array(cols, dtype=float), sizes, axis=0)  # dp, mbs too: small integers, exact as floats
+    (t_b, extra_t, special_t, send, p_b, pre_p, post_p, special_p, u_b, dp, mbs, a_b, a_pre, a_post,
+     big_first) = (per_row[:, j : j + 1] for j in range(per_row.shape[1]))
     nbc = np.maximum(nb, 0)[None, :]
-    t_b, t_pre, t_post = P.time
-    if recompute:
-        t_b, t_pre, t_post = (t + f for t, f in zip(P.time, P.fwd))
-    extra_t = (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0)
     work = nbc * t_b + extra_t
     per_stage_blocks = np.ceil(nbc / s)
     low_blocks = np.floor(nbc / s)
     # compute: the heaviest stage holds ceil(nb/s) blocks or a special layer with its share
-    bott = np.maximum(per_stage_blocks * t_b, max(t_pre if has_pre else 0.0, t_post if has_post else 0.0))
+    bott = np.maximum(per_stage_blocks * t_b, special_t)
     bott = np.maximum(bott, work / s)
-    if ("act_mean",) not in cache:  # the same for every config: one mean per cache (per tables, as "parts")
-        cache[("act_mean",)] = float(np.mean(tables.activation_bytes))
-    act_bytes: float = cache[("act_mean",)]  # type: ignore[assignment]
-    send = transfer_time(c.inter_node, node_samples(c.gpus_per_node, tp, replicas * dp, mbs) * act_bytes)  # links: NIC
     bott = np.where(s > 1, np.maximum(bott, send), bott)
     fill = stage_fill(work, (s - 1) * send, (s - 1) * send)
     # gradient sync + optimizer of the stage with most parameters [C5, C6]
-    p_b, p_pre, p_post = P.params
-    pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
-    stage_params = np.maximum(per_stage_blocks * p_b, low_blocks * p_b + max(pre_p, post_p))
+    stage_params = np.maximum(per_stage_blocks * p_b, low_blocks * p_b + special_p)
     stage_params = np.where(s == 1, nbc * p_b + pre_p + post_p, stage_params)
-    u_b = P.update[0]
-    stage_update = stage_params / p_b * u_b if p_b > 0 else np.zeros_like(stage_params)
-    ring = replicas * dp
-    bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, ring, tp, tp)  # links: NIC / tp rings
-    sync = allreduce_time_v(bw, gradient_bytes(stage_params, tables.dtype_bytes), ring) + optimizer_share(stage_update, dp)
+    stage_update = np.divide(stage_params, p_b, out=np.zeros(stage_params.shape), where=p_b > 0) * u_b
+    grad = gradient_bytes(stage_params, tables.dtype_bytes)
+    ring_s = np.empty(grad.shape)
+    row = 0
+    for (tp, dp_, mbs_), size in zip(specs, sizes):
+        ring = replicas * dp_
+        bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, ring, tp, tp)  # links: NIC / tp rings
+        ring_s[row : row + size] = allreduce_time_v(bw, grad[row : row + size], ring)
+        row += size
+    sync = ring_s + optimizer_share(stage_update, dp)
     # memory of the first local stage (most microbatches in flight) and of a trunk stage [C6]
-    a_b, a_pre, a_post = P.act
     ws = instance.job.workspace_bytes
 
     def base_mem(params: np.ndarray) -> np.ndarray:  # [C6] without activations
@@ -327,18 +374,18 @@ def _config_estimate_uncached(
     if recompute:  # [C6r] kept inputs per microbatch in flight; the largest layer rebuilt once (in the base)
         layers_first = np.where(s == 1, nbc + int(has_pre) * layout.pre + int(has_post) * layout.post,
                                 low_blocks + int(has_pre) * layout.pre)
-        big_first = max(a_b, a_pre if has_pre else 0.0, a_post if has_post else 0.0)
         first_act = mbs * layers_first * act_bytes
         trunk_act = mbs * per_stage_blocks * act_bytes
         first_base = base_mem(first_params) + mbs * big_first
         trunk_base = base_mem(per_stage_blocks * p_b) + mbs * a_b
     else:
-        first_act = mbs * np.where(s == 1, nbc * a_b + (a_pre if has_pre else 0.0) + (a_post if has_post else 0.0),
-                                   low_blocks * a_b + (a_pre if has_pre else 0.0))
+        first_act = mbs * np.where(s == 1, nbc * a_b + a_pre + a_post, low_blocks * a_b + a_pre)
         trunk_base = base_mem(per_stage_blocks * p_b)
         trunk_act = mbs * per_stage_blocks * a_b
         first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
     shape = np.broadcast_shapes(*(np.shape(a) for a in out))
-    return tuple(a if np.shape(a) == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
+    full = tuple(a if np.shape(a) == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
+    edges = np.cumsum([0, *sizes])
+    return [tuple(a[lo:hi] for a in full) for lo, hi in zip(edges[:-1], edges[1:])]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from hgopt.cost import evaluate
+from hgopt.cost.evaluate import Evaluation
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.hier_tables import ClusterTable
 from hgopt.search.hierarchical.objective import Scorer
 from hgopt.search.hierarchical.records import Estimated, HeuristicOptions
+from hgopt.plan import Plan
 from hgopt.search.intra import LocalPlan
 from hgopt.spec import Instance
 
@@ -50,9 +53,20 @@ class Ctx:
     """What first ended a phase early: 'work limit', 'time limit' or 'stop request' ('' = none)."""
     score: Scorer | None = None
     """[H10] How candidates compare (time, or $ per iteration) and the plans scored; set by the search."""
+    evaluated: dict[Plan, Evaluation] = field(default_factory=dict)
+    """``evaluate`` per plan on this search's instance and tables (the same plan is realised, checked
+    and polished several times)."""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+def evaluated(ctx: Ctx, plan: Plan) -> Evaluation:
+    """``evaluate(plan, ctx.instance, ctx.tables)``, once per plan and search."""
+    got = ctx.evaluated.get(plan)
+    if got is None:
+        got = ctx.evaluated[plan] = evaluate(plan, ctx.instance, ctx.tables)
+    return got
 
 
 def out_of_time(ctx: Ctx, options: HeuristicOptions) -> bool:

@@ -105,8 +105,17 @@ def combine(vals: Sequence[Cell], m: int, wan: Wan) -> float:
     return pipeline_time(m, bott, fill) + sync
 
 
-def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan) -> float:
-    """``combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops)."""
+def trip_depths(t: Sequence[Lists], m: int) -> list[int]:
+    """``trip_depth(c, m)`` for every stage count c a pipeline on the tables ``t`` can reach (read by
+    ``estimate_at`` in the split's loops instead of a call per cluster)."""
+    return [trip_depth(c, m) for c in range(sum(max(ti.stages) for ti in t) + 2)]
+
+
+def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, depth: Sequence[int] | None = None) -> float:
+    """``combine`` on the tables at the layer counts ``n`` (written out: it runs in the split's loops);
+    ``depth``: ``trip_depths(t, m)`` (built here when not given)."""
+    if depth is None:
+        depth = trip_depths(t, m)
     bott, fill, sync = wan.worst_s, wan.total_s, 0.0
     trip, count, head = 0.0, 0, -1.0
     per = wan.per_boundary_s
@@ -122,18 +131,18 @@ def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan) -> float
         link = per[i] if i < last else 0.0
         k = ti.stages[ni]
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / trip_depth(count + 1, m)
+            pace = (f / k + link + trip) / depth[count + 1]
             if pace > bott:
                 bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                pace = (f / k + link + head) / trip_depth(2, m)
+                pace = (f / k + link + head) / depth[2]
                 if pace > bott:
                     bott = pace
         head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:
-            pace = trip / trip_depth(count, m)
+            pace = trip / depth[count]
             if pace > bott:
                 bott = pace
     return pipeline_time(m, bott, fill) + sync

@@ -7,14 +7,13 @@ import math
 import time
 from typing import Sequence
 
-from hgopt.cost import evaluate
 from hgopt.cost.memory import stage_memory_parts
 from hgopt.cost.pipeline import in_flight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search.baselines._common import block_layout
 from hgopt.search.hier_tables import role_of
-from hgopt.search.hierarchical.context import Ctx
+from hgopt.search.hierarchical.context import Ctx, evaluated
 from hgopt.search.hierarchical.estimates import alt_tables, round_up
 from hgopt.search.hierarchical.records import INF, Realised, Skeleton
 from hgopt.search.intra import LocalPlan, best_local_plan, local_plan_costs
@@ -248,7 +247,7 @@ def decomposed(ctx: Ctx, sk: Skeleton, locals_: Sequence[LocalPlan]) -> float:
     """The iteration time of the k identical pipelines scored by ``evaluate`` itself (their WAN
     boundaries share the links [C4w]; their all-reduce rings span the k pipelines' replicas); inf when
     a stage is out of memory."""
-    ev = evaluate(assemble(ctx, sk, locals_), ctx.instance, ctx.tables)
+    ev = evaluated(ctx, assemble(ctx, sk, locals_))
     return ev.iteration_time_s if ev.feasible else INF
 
 

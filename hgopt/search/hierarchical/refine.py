@@ -7,10 +7,9 @@ import dataclasses
 import logging
 from typing import Sequence
 
-from hgopt.cost import evaluate
 from hgopt.plan import Plan
 from hgopt.search.hier_tables import MOST_STAGES
-from hgopt.search.hierarchical.context import Ctx, out_of_time
+from hgopt.search.hierarchical.context import Ctx, evaluated, out_of_time
 from hgopt.search.hierarchical.estimates import local_weights
 from hgopt.search.hierarchical.realise import (assemble, decomposed, dp_local, local_plans, realize_and_score,
                                               table_local)
@@ -88,7 +87,7 @@ def polish(ctx: Ctx, got: Realised, options: HeuristicOptions) -> Realised:
     if pick == base:
         return got
     plan = assemble(ctx, sk, pick)
-    ev = evaluate(plan, ctx.instance, ctx.tables)
+    ev = evaluated(ctx, plan)
     if ev.feasible and ev.iteration_time_s < got.time_s:
         return Realised(ev.iteration_time_s, sk, plan)
     return got
@@ -96,7 +95,7 @@ def polish(ctx: Ctx, got: Realised, options: HeuristicOptions) -> Realised:
 
 def checked(ctx: Ctx, got: Realised) -> Realised | None:
     """The realised plan scored by ``evaluate`` (None when it is infeasible there)."""
-    ev = evaluate(got.plan, ctx.instance, ctx.tables)
+    ev = evaluated(ctx, got.plan)
     if not ev.feasible:
         log.warning("heuristic: realised plan infeasible by evaluate: %s", "; ".join(ev.violations[:2]))
         return None

@@ -13,7 +13,7 @@ from hgopt.cost.pipeline import pipeline_time
 from hgopt.search.hier_tables import ClusterTable, role_of
 from hgopt.search.hierarchical.context import Ctx
 from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, choose_weights, estimate_at, real_table,
-                                                round_up)
+                                                round_up, trip_depths)
 from hgopt.search.hierarchical.links import Wan, block_cut, link_choice, wan_times
 from hgopt.search.hierarchical.order import cluster_order
 from hgopt.search.hierarchical.records import Estimated, Skeleton
@@ -126,8 +126,9 @@ def _descend(
     the ``near`` least loaded (each cluster's own (m − 1)·bottleneck + fill + sync): O(near² ·
     clusters) per sweep instead of O(clusters³); None: every pair."""
     n = list(n)
+    depth = trip_depths(t, m)
     while sum(n) > L:  # the cap start may overshoot: take layers back where that helps most
-        i = _cheapest_shrink(t, n, lo, m, wan, near)
+        i = _cheapest_shrink(t, n, lo, m, wan, depth, near)
         if i is None:
             return None
         n[i] -= 1
@@ -136,7 +137,7 @@ def _descend(
         if i is None:
             return None
         n[i] += 1
-    cur = estimate_at(t, n, m, wan)
+    cur = estimate_at(t, n, m, wan, depth)
     improved = True
     while improved and math.isfinite(cur):
         improved = False
@@ -146,7 +147,7 @@ def _descend(
                     continue
                 n[i] -= step
                 n[j] += step
-                est = estimate_at(t, n, m, wan)
+                est = estimate_at(t, n, m, wan, depth)
                 if est < cur - 1e-12:
                     cur, improved = est, True
                 else:
@@ -222,7 +223,8 @@ def _cap_start(t: Sequence[Lists], lo: Sequence[int], L: int) -> list[int]:
 
 
 def _cheapest_shrink(
-    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: Wan, near: int | None = None
+    t: Sequence[Lists], n: Sequence[int], lo: Sequence[int], m: int, wan: Wan, depth: Sequence[int],
+    near: int | None = None,
 ) -> int | None:
     """The cluster whose one layer less lowers the estimate most (``near``: among the ``near`` most
     loaded ones)."""
@@ -234,7 +236,7 @@ def _cheapest_shrink(
             continue
         trial = list(n)
         trial[i] -= 1
-        est = estimate_at(t, trial, m, wan)
+        est = estimate_at(t, trial, m, wan, depth)
         if best is None or est < best[0]:
             best = (est, i)
     return None if best is None else best[1]
