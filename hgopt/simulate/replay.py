@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hgopt.cost import build_tables, evaluate
-from hgopt.cost.evaluate import quantisation_time, segment_bucket_syncs, segment_gather
+from hgopt.cost.evaluate import SegmentSync, quantisation_time, segment_bucket_syncs, segment_gather
 from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
@@ -236,16 +236,11 @@ class _Replay:
             # segment's parameters are all-gathered after the optimizer step
             for (blo, bhi), seg in segment_bucket_syncs(inst, tables, stages, lo, hi, float(plan.grad_bucket_mb),
                                                         plan.grad_sync_precision):
-                names = seg.clusters
-                wan = self.net.ring(names)
-                c = _Collective(layers=(blo, bhi), members=members, intra_s=seg.intra, inter_s=seg.inter, wan=wan,
-                                wan_bytes=seg.wan_bytes, chunk=seg.wan_bytes / max(len(names), 1))
+                c = self._collective((blo, bhi), members, seg, gather=False)
                 for w in members:
                     per_worker[(w.pi, w.si, w.ri)].append(c)
             if (ag := segment_gather(inst, tables, stages, lo, hi)) is not None:  # zero1ov: ZeRO-1 all-gather
-                wan = self.net.ring(ag.clusters)
-                c = _Collective(layers=(lo, hi), members=members, intra_s=ag.intra, inter_s=ag.inter, wan=wan,
-                                wan_bytes=ag.wan_bytes, chunk=ag.wan_bytes / max(len(ag.clusters), 1), gather=True)
+                c = self._collective((lo, hi), members, ag, gather=True)
                 for w in members:
                     w.gathers.insert(0, c)  # segments run last layers first here; the runner gathers ascending
         for key, cs in per_worker.items():
@@ -257,6 +252,15 @@ class _Replay:
             w.buckets = cs
             w.bucket_frac = [tab.times(g.mbs, c.layers[0], st.end)[1] / total if overlap and total > 0 else 1.0
                              for c in cs]
+
+    def _collective(self, layers: tuple[int, int], members: list[_Worker], seg: SegmentSync,
+                    gather: bool) -> _Collective:
+        """One collective of ``members`` priced by the kernel's ``seg`` (a bucket's all-reduce or
+        reduce-scatter, or a segment's ZeRO-1 all-gather: both carry intra, inter, wan_bytes and the
+        clusters of the ring its WAN flow runs on)."""
+        return _Collective(layers=layers, members=members, intra_s=seg.intra, inter_s=seg.inter,
+                           wan=self.net.ring(seg.clusters), wan_bytes=seg.wan_bytes,
+                           chunk=seg.wan_bytes / max(len(seg.clusters), 1), gather=gather)
 
     # ---- event loop ----
     def push(self, t: float, fn: Any, *args: Any) -> None:
@@ -422,7 +426,10 @@ class _Replay:
         if self.now < w.ready_at[w.bptr]:  # previous bucket done before this one's layers are
             self.push(w.ready_at[w.bptr], self.bucket_ready, w)
             return
-        c = w.buckets[w.bptr]
+        self._member_ready(w.buckets[w.bptr])
+
+    def _member_ready(self, c: _Collective) -> None:
+        """One more member is ready for ``c``; the last one starts it (a collective waits for its slowest)."""
         c.ready += 1
         if c.ready == len(c.members):
             c.start = self.now
@@ -436,22 +443,20 @@ class _Replay:
         self.start_flow(c.chunk, c.inter_s * solo, c.wan, lambda t: self.bucket_end(c, t), counted=c.wan_bytes)
 
     def bucket_end(self, c: _Collective, t: float) -> None:
-        if c.gather:  # zero1ov: a ZeRO-1 all-gather ended
-            for w in c.members:
-                if w.ri == 0:
-                    self.events.append(Event(kind="gather", pipeline=w.pi, stage=w.si, replica=0, microbatch=-1,
-                                             start=c.start, end=t, layers=c.layers))
+        """``c`` ended at ``t``: each member moves on to its next bucket (or its optimizer step), or
+        after a ZeRO-1 all-gather (zero1ov) to its next all-gather."""
+        for w in c.members:
+            if w.ri == 0:
+                self.events.append(Event(kind="gather" if c.gather else "sync", pipeline=w.pi, stage=w.si,
+                                         replica=0, microbatch=-1, start=c.start, end=t, layers=c.layers))
+            if c.gather:
                 w.gptr += 1
                 w.end = t
                 self.push(t, self.gather_ready, w)
-            return
-        for w in c.members:
-            if w.ri == 0:
-                self.events.append(Event(kind="sync", pipeline=w.pi, stage=w.si, replica=0, microbatch=-1,
-                                         start=c.start, end=t, layers=c.layers))
-            w.bptr += 1
-            w.sync_end = t
-            self.push(t, self.bucket_ready, w)
+            else:
+                w.bptr += 1
+                w.sync_end = t
+                self.push(t, self.bucket_ready, w)
 
     def _optimizer(self, w: _Worker) -> None:
         w.end = self.now + w.optimizer_s
@@ -464,11 +469,7 @@ class _Replay:
     def gather_ready(self, w: _Worker) -> None:
         if w.gptr >= len(w.gathers):
             return
-        c = w.gathers[w.gptr]
-        c.ready += 1
-        if c.ready == len(c.members):
-            c.start = self.now
-            self.push(self.now + c.intra_s, self.bucket_inter, c)
+        self._member_ready(w.gathers[w.gptr])
 
     # ---- results ----
     def result(self) -> Simulation:
