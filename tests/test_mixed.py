@@ -208,3 +208,28 @@ def test_exact_names_mixed_stages_not_bounded_without_a_pool():
     assert res.plan is not None
     assert "not bounded: stages that mix replica groups of several clusters" in res.plan_space
     assert "no fast pool" in res.plan_space
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_runner_trains_a_mixed_stage_like_one_process(tmp_path, zero):
+    """Export and the PyTorch runner (CPU/gloo) carry a stage whose replicas sit on two clusters with
+    their own microbatch shares: after 3 steps every parameter equals single-process training."""
+    pytest.importorskip("torch")
+    from hgopt.export import ExportOptions, build_runner_plan
+    from hgopt.runner.checkpoint import load_full_state
+    from hgopt.runner.launch import run_forked
+    from hgopt.runner.reference import train_reference
+    from tests.runner_plans import G, runner_instance
+
+    inst = runner_instance()
+    plan = Plan(pipelines=(Pipeline(num_microbatches=2, stages=(
+        Stage(start=0, end=2, zero=zero, groups=(G("a", dp=2, mbs=2),)),
+        Stage(start=2, end=4, zero=zero, groups=(G("a", mbs=3), G("b", mbs=1))))),))
+    assert evaluate(plan, inst).feasible
+    rp = build_runner_plan(plan, inst, ExportOptions(dtype="float64"))
+    codes = run_forked(rp, tmp_path, timeout_s=120)
+    assert codes == {r: 0 for r in range(rp.world_size)}
+    ref, _ = train_reference(rp, 3)
+    got = load_full_state(tmp_path)
+    worst = max(float((p.detach() - got[n]).norm() / p.detach().norm()) for n, p in ref.named_parameters())
+    assert worst <= 1e-5
