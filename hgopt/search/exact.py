@@ -25,7 +25,7 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.blocks import LinkPolicy
-from hgopt.search.master import certify, grouped_bound, name_outside
+from hgopt.search.master import OUTSIDE_WHEN_OFF, certify, grouped_bound, name_outside
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import best_mixed_plan, compute_floor
@@ -182,6 +182,9 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
 MIXED_BOUNDED = ("; the bound is the compute floor, which holds for every plan of any planner, stages that mix "
                  "replica groups of several clusters included (every sample through every layer at the least "
                  "per-sample GPU-seconds, each cluster's GPUs busy at most the iteration time)")
+MIXED_MARGIN = 1e-9
+"""A mixed plan replaces the result only when faster by more than this share (a tie in evaluate's
+rounding keeps the k-identical result and its tighter bound)."""
 MIXED_NOT_BOUNDED = ("; not bounded: stages that mix replica groups of several clusters (the heuristic's "
                      "mixed-stage family [H11]: {found})")
 
@@ -189,8 +192,9 @@ MIXED_NOT_BOUNDED = ("; not bounded: stages that mix replica groups of several c
 def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float) -> PlanResult:
     """mixed: the certificate and the heuristic's mixed-stage family [H11]. That family is
     deterministic (no clock), so the heuristic returns no mixed plan faster than the one found here.
-    When it is faster than ``res``'s plan it becomes the result and the bound drops to
-    ``compute_floor`` (valid for every plan of any planner), status recomputed on it; otherwise the
+    When it is faster than ``res``'s plan it becomes the result and the bound is ``compute_floor``
+    (valid for every plan of any planner, so also above ``res``'s bound where that is lower), status
+    recomputed on it; otherwise the
     plan space names mixed-cluster stages as not bounded (``res``'s bound is below ``res``'s plan,
     hence below the family's plan, but not proven for every mixed plan)."""
     if res.plan is None or res.lower_bound_s is None or options.extra.get("mixed_stages", "auto") == "off":
@@ -198,16 +202,19 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     tables = build_tables(instance)
     late = time.perf_counter() - t0 >= options.time_limit_s
     mixed = None if late else best_mixed_plan(instance, tables)
-    if mixed is None or not mixed.iteration_time_s < res.iteration_time_s:
+    if mixed is None or not mixed.iteration_time_s < res.iteration_time_s * (1 - MIXED_MARGIN):
         found = ("not tried: the time limit ran out" if late else "no fast pool of clusters" if mixed is None
                  else f"its best, {mixed.iteration_time_s:.6g} s, is not faster")
-        space = res.plan_space + MIXED_NOT_BOUNDED.format(found=found)
+        note = MIXED_NOT_BOUNDED.format(found=found)
+        # before the grouped space's "outside" suffix, which ``master.certify`` strips when it covers them
+        space = (res.plan_space.removesuffix(OUTSIDE_WHEN_OFF) + note + OUTSIDE_WHEN_OFF
+                 if res.plan_space.endswith(OUTSIDE_WHEN_OFF) else res.plan_space + note)
         meta = dict(res.plan.meta)
         if "plan_space" in meta:
             meta["plan_space"] = space
         return dataclasses.replace(res, plan=dataclasses.replace(res.plan, meta=tuple(meta.items())), plan_space=space)
     floor = compute_floor(instance, tables)
-    lb = min(res.lower_bound_s, floor)
+    lb = floor  # valid for every plan, those of the space above included (its own bound only adds there)
     t = mixed.iteration_time_s
     g = max(0.0, (t - lb) / t)
     status = "optimal" if g <= options.gap + 1e-12 else "feasible"
