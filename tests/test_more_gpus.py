@@ -224,9 +224,10 @@ def test_plan_default_why_not_plans_use_the_idle_clusters() -> None:
 
 
 def test_plan_on_a_shipped_instance_with_partly_used_clusters() -> None:
-    """sailor-het-80+240: the heuristic leaves part of both clusters idle."""
-    doc = _cli_json("sailor-het-80+240", "--planner", "heuristic", "--time-limit", "30")
+    """sailor-geo-5x80: the heuristic leaves part of four clusters idle (64 of 80 GPUs each; on
+    sailor-het-80+240 its plan now mixes the clusters in a stage and uses all GPUs, mixed [H11])."""
+    doc = _cli_json("sailor-geo-5x80", "--planner", "heuristic", "--time-limit", "30")
     partly = [w for w in doc["explanation"]["why_not"] if 0 < w["gpus_used"] < w["gpus"]]
     assert partly, doc["explanation"]["why_not"]
     assert all(w["alternative_s"] is not None or w["note"].startswith("no plan uses more") for w in partly)
-    assert _check_why_not_lines("sailor-het-80+240", doc) >= 1
+    assert _check_why_not_lines("sailor-geo-5x80", doc) >= 1

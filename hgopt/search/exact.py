@@ -25,9 +25,10 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.blocks import LinkPolicy
-from hgopt.search.master import certify, grouped_bound, name_outside
+from hgopt.search.master import OUTSIDE_WHEN_OFF, certify, grouped_bound, name_outside
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
+from hgopt.search.mixed import best_mixed_plan, compute_floor
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
@@ -124,6 +125,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
+    res = _with_mixed_stages(instance, options, res, t0)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
 
 
@@ -174,6 +176,61 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
                        deadline=deadline)
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
+
+
+# ---- mixed: stages mixing replica groups of fast-linked clusters ([H11], hgopt.search.mixed) ----------
+MIXED_BOUNDED = ("; the bound is the compute floor, which holds for every plan of any planner, stages that mix "
+                 "replica groups of several clusters included (every sample through every layer at the least "
+                 "per-sample GPU-seconds, each cluster's GPUs busy at most the iteration time)")
+MIXED_MARGIN = 1e-9
+"""A mixed plan replaces the result only when faster by more than this share (a tie in evaluate's
+rounding keeps the k-identical result and its tighter bound)."""
+MIXED_NOT_BOUNDED = ("; not bounded: stages that mix replica groups of several clusters (the heuristic's "
+                     "mixed-stage family [H11]: {found})")
+
+
+def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float) -> PlanResult:
+    """mixed: the certificate and the heuristic's mixed-stage family [H11]. That family is
+    deterministic (no clock), so the heuristic returns no mixed plan faster than the one found here.
+    When it is faster than ``res``'s plan it becomes the result and the bound is ``compute_floor``
+    (valid for every plan of any planner, so also above ``res``'s bound where that is lower), status
+    recomputed on it; otherwise the
+    plan space names mixed-cluster stages as not bounded (``res``'s bound is below ``res``'s plan,
+    hence below the family's plan, but not proven for every mixed plan)."""
+    if res.plan is None or res.lower_bound_s is None or options.extra.get("mixed_stages", "auto") == "off":
+        return res
+    tables = build_tables(instance)
+    late = time.perf_counter() - t0 >= options.time_limit_s
+    mixed = None if late else best_mixed_plan(instance, tables)
+    if mixed is None or not mixed.iteration_time_s < res.iteration_time_s * (1 - MIXED_MARGIN):
+        found = ("not tried: the time limit ran out" if late else "no fast pool of clusters" if mixed is None
+                 else f"its best, {mixed.iteration_time_s:.6g} s, is not faster")
+        note = MIXED_NOT_BOUNDED.format(found=found)
+        # before the grouped space's "outside" suffix, which ``master.certify`` strips when it covers them
+        space = (res.plan_space.removesuffix(OUTSIDE_WHEN_OFF) + note + OUTSIDE_WHEN_OFF
+                 if res.plan_space.endswith(OUTSIDE_WHEN_OFF) else res.plan_space + note)
+        meta = dict(res.plan.meta)
+        if "plan_space" in meta:
+            meta["plan_space"] = space
+        return dataclasses.replace(res, plan=dataclasses.replace(res.plan, meta=tuple(meta.items())), plan_space=space)
+    floor = compute_floor(instance, tables)
+    lb = floor  # valid for every plan, those of the space above included (its own bound only adds there)
+    t = mixed.iteration_time_s
+    g = max(0.0, (t - lb) / t)
+    status = "optimal" if g <= options.gap + 1e-12 else "feasible"
+    solver = res.solver
+    if status != res.status and "certified the result" in solver:
+        solver = solver.split(" (")[0] + " (not run: the k-identical space's bounds certified it, the mixed-stage space's did not)"
+    space = res.plan_space + MIXED_BOUNDED
+    meta = dict(res.plan.meta)
+    meta.update(lower_bound_s=repr(lb), gap=f"{g:.6f}", status=status, plan_space=space, solver=solver,
+                lower_bound_before_mixed_s=repr(res.lower_bound_s), compute_floor_s=repr(floor),
+                mixed=dict(mixed.plan.meta).get("mixed", ""))
+    note = (f"the heuristic's plan with stages mixing clusters ({t:.6g} s by evaluate) is faster than the best plan "
+            f"of the space above ({res.iteration_time_s:.6g} s) and is the result; bound: the compute floor {floor:.6g} s")
+    return dataclasses.replace(res, plan=dataclasses.replace(mixed.plan, planner="milp", meta=tuple(meta.items())),
+                               iteration_time_s=t, lower_bound_s=lb, status=status, solver=solver, plan_space=space,
+                               notes=(*res.notes, note))
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:

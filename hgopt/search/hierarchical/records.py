@@ -55,6 +55,10 @@ class HeuristicOptions:
     """Realised skeletons besides the best whose stages are re-partitioned globally [H8]."""
     cross_cluster_dp: bool = True
     """Also try data parallelism across cluster groups [H9] (plans outside the exact planner's space)."""
+    mixed_stages: bool = True
+    """[H11] Also try one pipeline whose stages mix replica groups of clusters joined by fast links
+    (``hgopt.search.mixed``; outside the exact planner's space). Only where ``cross_cluster_dp`` is on,
+    under the time objective (mixed)."""
     require_clusters: tuple[str, ...] = ()
     """Only skeletons whose pipelines use every one of these clusters (the CLI's why-not lines:
     the best plan that uses an idle cluster); implies no [H9] groups. (cli-explain)"""

@@ -55,7 +55,8 @@ def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
     elapsed = time.perf_counter() - t0
     space = ("k identical pipelines over an ordered subset of clusters, one contiguous layer range per "
              "cluster, local pipelines by the intra-cluster DP; or data parallelism across cluster groups, "
-             "each group such pipelines" + ("; on every cluster's nodes or fewer (greedy descent from all nodes and "
+             "each group such pipelines; or one pipeline whose stages mix replica groups of clusters joined by fast "
+             "links [H11]" + ("; on every cluster's nodes or fewer (greedy descent from all nodes and "
                                              "from each cluster alone on 1, half or all its nodes)" if priced else ""))
     # [H10] the $ bound holds for every plan of any planner (hgopt.cost.money.cost_lower_bound)
     usd_bound = cost_lower_bound(instance, tables) if tables is not None and not unpriced_clusters(instance) else None

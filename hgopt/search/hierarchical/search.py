@@ -13,6 +13,7 @@ from hgopt.cost.tables import CostTables, build_tables
 from hgopt.plan import Plan
 from hgopt.search.baselines._common import block_layout
 from hgopt.search.groups import GroupedPlan, best_grouped_plan
+from hgopt.search.mixed import best_mixed_plan
 from hgopt.search.hierarchical.context import Ctx, out_of_time
 from hgopt.search.hierarchical.links import allowed_link_precisions, check_max_links
 from hgopt.search.hierarchical.objective import Scorer
@@ -111,7 +112,7 @@ def plan_heuristic(
         if grouped is not None:
             score.record(grouped.plan, grouped.iteration_time_s)
             if score.plain or score.better(Realised(grouped.iteration_time_s, sk, grouped.plan), best):
-                return _grouped_result(ctx, grouped, realized)
+                return _mixed_or(ctx, options, _grouped_result(ctx, grouped, realized))
     plan = Plan(pipelines=plan.pipelines, planner="heuristic", instance=instance.name,
                 meta=(("skeleton", describe(sk)),))
     if not score.within_budget(plan, t):  # [H10] the best ranks over the budget: so does every plan scored
@@ -120,8 +121,26 @@ def plan_heuristic(
                                work=ctx.work, stopped=ctx.stopped, candidates=tuple(score.seen),
                                note=f"no plan within the budget of ${options.budget_usd_per_hour:g}/hour"
                                     + ("" if cheapest is None else f" (the cheapest found costs ${cheapest:.4g}/hour)"))
-    return HeuristicResult(plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized,
-                           work=ctx.work, stopped=ctx.stopped, candidates=tuple(score.seen))
+    return _mixed_or(ctx, options, HeuristicResult(
+        plan=plan, skeleton=sk, iteration_time_s=t, search_time_s=ctx.elapsed(), realized=realized, work=ctx.work,
+        stopped=ctx.stopped, candidates=tuple(score.seen)))
+
+
+def _mixed_or(ctx: Ctx, options: HeuristicOptions, res: HeuristicResult) -> HeuristicResult:
+    """[H11] (mixed) ``res``, or the mixed-stage family's plan (``hgopt.search.mixed``) when it is faster
+    by ``evaluate``; tried with [H9] only, under the time objective, within the time limit."""
+    if not (options.mixed_stages and options.cross_cluster_dp and not options.require_clusters
+            and options.objective == "time" and options.budget_usd_per_hour is None and res.plan is not None
+            and not out_of_time(ctx, options)):
+        return res
+    mixed = best_mixed_plan(ctx.instance, ctx.tables)
+    if mixed is None or not mixed.iteration_time_s < res.iteration_time_s:
+        return res
+    if ctx.score is not None:
+        ctx.score.record(mixed.plan, mixed.iteration_time_s)
+    return dataclasses.replace(res, plan=mixed.plan, skeleton=None, iteration_time_s=mixed.iteration_time_s,
+                               groups=(), search_time_s=ctx.elapsed(),
+                               candidates=tuple(ctx.score.seen) if ctx.score is not None else res.candidates)
 
 
 def _context(instance: Instance, tables: CostTables | None, options: HeuristicOptions) -> Ctx:
