@@ -333,7 +333,6 @@ def test_auto_covers_grouped_plans_only_when_one_is_the_result() -> None:
 def _old_share_bound(inst: Instance, tables, group: tuple[str, ...], b: int, links) -> float:
     """The per-step scan's PB_S(b) before the share tables (round 5): max(b / rate_S, min over the
     splits (k, B, m) of b of the split's own cheap bound without its tail)."""
-    from hgopt.cost.pipeline import steady_weight
     from hgopt.search.blocks import cheap_bounds
 
     sub = sub_instance(inst, group, b)
@@ -342,7 +341,7 @@ def _old_share_bound(inst: Instance, tables, group: tuple[str, ...], b: int, lin
     for sp in batch_splits(sub):
         cb = cheap_bounds(sub, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
                           links=links)
-        lowest = min(lowest, dataclasses.replace(cb, weight=steady_weight(sp.num_microbatches), s_lb=0.0).value)
+        lowest = min(lowest, dataclasses.replace(cb, s_lb=0.0).value)  # the split's own weight
     return max(b / rate, lowest)
 
 
