@@ -334,7 +334,6 @@ def test_auto_covers_grouped_plans_only_when_one_is_the_result() -> None:
 def _old_share_bound(inst: Instance, tables, group: tuple[str, ...], b: int, links) -> float:
     """The per-step scan's PB_S(b) before the share tables (round 5): max(b / rate_S, min over the
     splits (k, B, m) of b of the split's own cheap bound without its tail)."""
-    from hgopt.cost.pipeline import steady_weight
     from hgopt.search.blocks import cheap_bounds
 
     sub = sub_instance(inst, group, b)
@@ -343,7 +342,7 @@ def _old_share_bound(inst: Instance, tables, group: tuple[str, ...], b: int, lin
     for sp in batch_splits(sub):
         cb = cheap_bounds(sub, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
                           links=links)
-        lowest = min(lowest, dataclasses.replace(cb, weight=steady_weight(sp.num_microbatches), s_lb=0.0).value)
+        lowest = min(lowest, dataclasses.replace(cb, s_lb=0.0).value)  # the split's own weight
     return max(b / rate, lowest)
 
 
@@ -435,3 +434,22 @@ def test_the_grouped_bound_is_at_least_the_old_scans(seed: int) -> None:
     new = grouped_bound(inst, tables, links)
     assert new.complete and math.isfinite(old)
     assert new.value >= old / master.BISECT_RATIO
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_bound_stopped_at_any_deadline_is_at_most_the_complete_one(seed: int) -> None:
+    """[G4] Whatever point the deadline stops the share tables at (mid-table, mid-bisection, between
+    partitions), the bound is <= the complete one (so <= every grouped plan): each visited partition
+    keeps its complete bound, the one stopped its largest infeasible t, the rest their rate floors. The
+    verdict does not depend on where it stops, only the strength does."""
+    import time
+
+    inst = _instance(seed)
+    tables = build_tables(inst)
+    links = link_policy(inst, {})
+    full = grouped_bound(inst, tables, links)
+    assert full.complete
+    for after in (0.0, 1e-4, 1e-3, 1e-2, 5e-2):
+        stopped = grouped_bound(inst, tables, links, deadline=time.perf_counter() + after)
+        assert stopped.value <= full.value * (1 + 1e-12), after
+        assert not stopped.complete or stopped.value == pytest.approx(full.value, rel=1e-12)

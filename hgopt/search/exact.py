@@ -45,7 +45,10 @@ named outside; "auto": "on" when the heuristic's grouped plan [H9] beats the k-i
 then is, else "off"). "auto" by default: the grouped bound [G2]-[G6] is valid but weak where its
 per-group phase does not finish (``default``: 2.69 s against a 5.62 s optimum over k identical
 pipelines), so it is applied where a grouped plan is the answer; elsewhere the plan space names
-grouped plans as not bounded."""
+grouped plans as not bounded. colgen3: "on" stays off by default because even the finished
+per-group phase (the share tables, ``master.ShareTable``) is weak there: 3.274 s on ``default``
+(partition a100 | v100 + gh, 3,406 cheap_bounds calls, ~26 s CPU), a 42 % gap; the per-group bound
+does not couple a group's pipeline time with its first stage's cross-group sync (bench/RESULTS.md)."""
 
 GROUPED_SHARE = 0.1
 """colgen: share of the time limit the grouped space's bound (``hgopt.search.master``) may take after

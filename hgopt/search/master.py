@@ -26,7 +26,8 @@ and fill rows do not depend on m (memory is checked at one microbatch in flight,
 so they are computed once per (group, k, B) and re-weighted with w = m − 1 for every share.
 PB_S(b) = min over the splits of b. And P >= b / rate_S (``groups.rate_bound``: the group's GPUs at
 their least GPU-seconds per sample). A group whose GPUs cannot hold one copy of the model's state
-(:func:`holds_a_replica`) trains nothing.
+(:func:`holds_a_replica`) trains nothing. PB_S is one memoised :class:`ShareTable` per group, shared by
+every partition and look-alike group, with budget classes of k sharing structures ([G2t], §9).
 
 [G3] Master. For a partition π of the clusters into n >= 2 groups (a plan that leaves clusters idle or
 uses fewer groups is a plan of the partition that merges those clusters into a group: a group's bound
@@ -172,7 +173,7 @@ class ShareTable:
     w = m − 1 for every m; the pipeline counts k with the same per-cluster budgets N_c // k share the
     structure of the least of them (``_class``). Only values below
     ``limit`` are needed (a partition whose pipelines need that long is settled [G4]): a bound >= it is
-    kept as "+inf (>= limit)", and a structure's bound being monotone in m, its larger m are skipped.
+    kept as "+inf (>= limit)".
     Raises _OutOfTime at ``deadline`` (what is memoised stays valid)."""
 
     def __init__(self, instance: Instance, tables: CostTables, group: tuple[str, ...], links: LinkPolicy, *,
@@ -187,7 +188,6 @@ class ShareTable:
         self.structures = 0
         """cheap_bounds calls made (the work of this table)."""
         self._cheap: dict[tuple[int, int], CheapBounds] = {}
-        self._over: dict[tuple[int, int], int] = {}  # a structure's least m whose bound is >= limit
         self._pb: dict[int, float] = {}
 
     def pipeline_bound(self, b: int) -> float:
@@ -202,13 +202,8 @@ class ShareTable:
                 for B in _divisors(b // k):
                     m = b // (k * B)
                     kmin = self._class(k)
-                    key = (kmin, B)
-                    if self._over.get(key, m + 1) <= m:
-                        continue
-                    v = dataclasses.replace(self._structure(key, kmin, B), weight=steady_weight(m), s_lb=0.0).value
-                    if v >= self.limit:
-                        self._over[key] = min(self._over.get(key, m), m)
-                    lowest = min(lowest, v)
+                    cb = self._structure((kmin, B), kmin, B)
+                    lowest = min(lowest, dataclasses.replace(cb, weight=steady_weight(m), s_lb=0.0).value)
                     if lowest <= best:
                         break  # the rate floor is the larger already
             v = max(best, lowest)
