@@ -5,13 +5,17 @@ for before/after comparisons: one warm-up run, then ``REPEATS`` timed runs on th
 estimates, less CPU; a run the limit or the work limit stopped would be reported). Prints the median and the least CPU seconds (contention inflates
 CPU time, never deflates it: the least is the steadier figure on a loaded machine) and the load.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/heuristic_speed.py [REPEATS] [LABEL]
+    PYTHONPATH=$PWD .venv/bin/python bench/heuristic_speed.py [REPEATS] [LABEL] [--profile N]
 
-Run it alternately in two trees (before, after) to compare them under the same load."""
+Run it alternately in two trees (before, after) to compare them under the same load. ``--profile N``:
+instead, one whole search after the warm-up under cProfile with a CPU-time clock (a loaded machine
+inflates wall-clock profiles unevenly), its N costliest functions by own time and by cumulative time."""
 
 from __future__ import annotations
 
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -26,12 +30,25 @@ from hgopt.search.hierarchical import HeuristicOptions, plan_heuristic  # noqa: 
 
 
 def main(argv: list[str]) -> None:
+    profile = 0
+    if "--profile" in argv:
+        i = argv.index("--profile")
+        profile, argv = int(argv[i + 1]), argv[:i] + argv[i + 2 :]
     repeats = int(argv[0]) if argv else 5
     label = argv[1] if len(argv) > 1 else "heuristic"
     inst = speed_instance()
     tables = build_tables(inst)
     whole = HeuristicOptions(time_limit_s=None)  # the whole search, however loaded the machine
     plan_heuristic(inst, tables=tables, options=whole)  # warm-up: imports, first-call caches
+    if profile:
+        prof = cProfile.Profile(time.process_time)
+        c0 = time.process_time()
+        prof.runcall(plan_heuristic, inst, tables=tables, options=whole)
+        print(f"{label}: one profiled search, CPU {time.process_time() - c0:.3f} s, load {os.getloadavg()[0]:.1f}")
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(profile)
+        stats.sort_stats("cumulative").print_stats(profile)
+        return
     cpus, stopped = [], set()
     for _ in range(repeats):
         c0 = time.process_time()

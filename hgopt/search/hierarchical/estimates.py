@@ -87,21 +87,30 @@ def combine(vals: Sequence[Cell], m: int, wan: Wan) -> float:
     exact pace of every window is ``evaluate``'s, [C3])."""
     bott, fill, sync = wan.worst_s, wan.total_s, 0.0
     trip, count, head = 0.0, 0, -1.0
-    for i in range(len(vals) - 1, -1, -1):
+    per = wan.per_boundary_s
+    for i in range(len(vals) - 1, -1, -1):  # maxima as comparisons (max() of two is slower; same value)
         b, f, s_, k = vals[i]
-        bott = max(bott, b)
+        if b > bott:
+            bott = b
         fill += f
-        sync = max(sync, s_)
-        link = wan.per_boundary_s[i] if i < len(wan.per_boundary_s) else 0.0
+        if s_ > sync:
+            sync = s_
+        link = per[i] if i < len(per) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            bott = max(bott, (f / k + link + trip) / trip_depth(1 + count, m))
+            pace = (f / k + link + trip) / trip_depth(1 + count, m)
+            if pace > bott:
+                bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                bott = max(bott, (f / k + link + head) / trip_depth(2, m))
+                pace = (f / k + link + head) / trip_depth(2, m)
+                if pace > bott:
+                    bott = pace
         head = f / k if k else -1.0
         trip += f + link
         count += k
         if count:
-            bott = max(bott, trip / trip_depth(count, m))
+            pace = trip / trip_depth(count, m)
+            if pace > bott:
+                bott = pace
     return pipeline_time(m, bott, fill) + sync
 
 
