@@ -47,7 +47,7 @@ per-group phase does not finish (``default``: 2.69 s against a 5.62 s optimum ov
 pipelines), so it is applied where a grouped plan is the answer; elsewhere the plan space names
 grouped plans as not bounded. colgen3: "on" stays off by default because even the finished
 per-group phase (the share tables, ``master.ShareTable``) is weak there: 3.274 s on ``default``
-(partition a100 | v100 + gh, 3,406 cheap_bounds calls, ~26 s CPU), a 42 % gap; the per-group bound
+(partition a100 | v100 + gh, 2,993 cheap_bounds calls, ~25 s CPU), a 42 % gap; the per-group bound
 does not couple a group's pipeline time with its first stage's cross-group sync (bench/RESULTS.md)."""
 
 GROUPED_SHARE = 0.1

@@ -189,6 +189,8 @@ class ShareTable:
         """cheap_bounds calls made (the work of this table)."""
         self._cheap: dict[tuple[int, int], CheapBounds] = {}
         self._pb: dict[int, float] = {}
+        self._lb: dict[int, float] = {}  # a lower bound of PB_S(b) where it is not known exactly
+        self._by_microbatch: dict[int, list[tuple[int, CheapBounds]]] = {}
 
     def pipeline_bound(self, b: int) -> float:
         """PB_S(b): a lower bound on the pipeline time of every plan of the group with share b (inf:
@@ -203,12 +205,47 @@ class ShareTable:
                     m = b // (k * B)
                     kmin = self._class(k)
                     cb = self._structure((kmin, B), kmin, B)
-                    lowest = min(lowest, dataclasses.replace(cb, weight=steady_weight(m), s_lb=0.0).value)
+                    lowest = min(lowest, self._value(cb, m))
                     if lowest <= best:
                         break  # the rate floor is the larger already
             v = max(best, lowest)
             self._pb[b] = INF if v >= self.limit else v
         return self._pb[b]
+
+    def at_most(self, b: int, t: float) -> bool:
+        """Whether PB_S(b) <= t, building only the structures that can decide it: a split's floor
+        from what is built is its own value, else the largest value of a built split (k', B, m) with
+        k' below its class (more GPUs per pipeline, hand-overs no slower: a relaxation of it, as the
+        classes are [G2t]); the splits are decided by floor, lowest first, until one is <= t."""
+        if b in self._pb:
+            return self._pb[b] <= t
+        if self.rate <= 0 or b / self.rate > t or self._lb.get(b, 0.0) > t:
+            return False
+        splits = []
+        for k in _divisors(b):
+            if k > self.gpus:
+                break
+            kmin = self._class(k)
+            splits.extend((kmin, B, b // (k * B)) for B in _divisors(b // k))
+        floors = sorted((self._floor(kmin, B, m), i, kmin, B, m) for i, (kmin, B, m) in enumerate(splits))
+        known = []
+        for f, _, kmin, B, m in floors:
+            if f <= t:
+                f = max(f, self._value(self._structure((kmin, B), kmin, B), m))
+                if f <= t:
+                    return True
+            known.append(f)
+        self._lb[b] = max(self._lb.get(b, 0.0), min(known, default=INF))
+        return False
+
+    def _floor(self, kmin: int, B: int, m: int) -> float:
+        if (kmin, B) in self._cheap:
+            return self._value(self._cheap[(kmin, B)], m)
+        return max((self._value(cb, m) for j, cb in self._by_microbatch.get(B, ()) if j < kmin), default=0.0)
+
+    @staticmethod
+    def _value(cb: CheapBounds, m: int) -> float:
+        return dataclasses.replace(cb, weight=steady_weight(m), s_lb=0.0).value
 
     def _class(self, k: int) -> int:
         """The least k' whose per-cluster budgets N_c // k' are those of k. The split (k', B)'s cheap
@@ -227,6 +264,7 @@ class ShareTable:
                 raise _OutOfTime
             self._cheap[key] = cheap_bounds(self.sub, self.tables, replicas=k, microbatch=B, num_microbatches=1,
                                             links=self.links)
+            self._by_microbatch.setdefault(B, []).append((k, self._cheap[key]))
             self.structures += 1
         return self._cheap[key]
 
@@ -238,7 +276,7 @@ class ShareTable:
         if math.isfinite(self.rate * t):
             top = min(top, math.floor(self.rate * t * (1 + 1e-12)))
         for b in range(top, max(need, 1) - 1, -1):
-            if self.pipeline_bound(b) <= t:
+            if self.at_most(b, t):
                 return b
         return 0
 
