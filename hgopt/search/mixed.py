@@ -44,6 +44,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import fill_time, in_flight, pipeline_time
 from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search.groups import per_sample_layer_seconds
 from hgopt.spec import Cluster, Instance
 
 __all__ = ["MixedOptions", "MixedPlan", "best_mixed_plan", "chunkings", "compute_floor", "fast_pools",
@@ -449,17 +450,11 @@ def best_mixed_plan(instance: Instance, tables: CostTables | None = None,
 
 # ---- a floor for every plan ----------------------------------------------------------------------
 def _per_sample_costs(instance: Instance, tables: CostTables) -> tuple[list[int], np.ndarray]:
-    """Per cluster its GPUs and per layer the least GPU-seconds one sample needs there: min over
-    profiled (tp, mbs) of tp·(f + b)/mbs ([C2] is linear between profiled sizes and proportional
-    outside them, so the least per-sample cost is at a profiled size; recomputation only adds)."""
+    """Per cluster its GPUs and per layer the least GPU-seconds one sample needs there
+    (``groups.per_sample_layer_seconds``; recomputation only adds)."""
     gpus, rows = [], []
     for c in instance.topology.clusters:
-        per = None
-        for tp in instance.model.tps(c.gpu):
-            t = tables.table(c.gpu, tp)
-            for j, mbs in enumerate(t.mbs):
-                cost = tp * (np.diff(t.fwd[j]) + np.diff(t.bwd[j])) / mbs
-                per = cost if per is None else np.minimum(per, cost)
+        per = per_sample_layer_seconds(instance, tables, c.name)
         if per is not None:
             gpus.append(c.num_gpus)
             rows.append(per)
