@@ -97,6 +97,8 @@ def plans() -> list[tuple[str, str, Plan]]:
     return [
         ("lan 2st m4", "lan", one(pipe([0, 3, 6], [g("a"), g("a")], 4))),
         ("lan 4st m4", "lan", one(pipe([0, 2, 3, 4, 6], [g("a")] * 4, 4))),
+        # cuts other than the balanced ones: the pipelined profile's run (0, 3, 6) is not this plan's partition
+        ("lan 2st uneven m4", "lan", one(pipe([0, 2, 6], [g("a"), g("a")], 4))),
         ("w200 2st a|b m4", "w200", one(pipe([0, 3, 6], [g("a"), g("b")], 4))),
         ("w200 4st aa|bb m4", "w200", one(pipe([0, 2, 3, 4, 6], [g("a"), g("a"), g("b"), g("b")], 4))),
         ("w200 2st a|b mbs2 m8", "w200", one(pipe([0, 3, 6], [g("a", mbs=2), g("b", mbs=2)], 8))),

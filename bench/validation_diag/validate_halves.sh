@@ -6,7 +6,7 @@
 PY=${PY:-python}; export PYTHONPATH=$PWD
 OUT=$1; shift
 A="lan 2st m4,lan 4st m4,w200 2st a|b m4,w200 4st aa|bb m4,w200 2st a|b mbs2 m8,w200 2st aa m4,w200 dp a+b,w200 2st dp2 a|b"
-B="w50 2st a|b m4,w50 2st a|b bf16 m4,w50 3st a|a|b gpipe,w1000+20ms 4st aa|bb,w100+50ms 2st a|b m4,w100+50ms 3st a|b|b m8"
+B="lan 2st uneven m4,w50 2st a|b m4,w50 2st a|b bf16 m4,w50 3st a|a|b gpipe,w1000+20ms 4st aa|bb,w100+50ms 2st a|b m4,w100+50ms 3st a|b|b m8"
 for h in a b; do
   if [ $h = a ]; then O="$A"; else O="$B"; fi
   echo "half $h start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
