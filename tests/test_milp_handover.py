@@ -114,3 +114,104 @@ def test_layout_floor_matters_on_these_instances(monkeypatch: pytest.MonkeyPatch
         assert res.lower_bound_s is not None and res.lower_bound_s <= expect * (1 + 1e-9)
         below += res.lower_bound_s < expect * (1 - 1e-4)
     assert below >= 1
+
+
+# ---- gaps2: the analytic hand-over floor ``links.handover_floor`` against ``stage_boundary_time`` ----
+def _floor_instance(seed: int) -> Instance:
+    """Two clusters of 1-6 nodes × 1, 2, 4 or 8 GPUs (so replicas per node, dp and copies tile the
+    nodes in every way), links per flow with or without an aggregate cap, constant or Sailor-shaped
+    curves (rising and falling), NICs of either kind."""
+    rng = random.Random(7000 + seed)
+
+    def bw() -> dict[str, object]:
+        if rng.random() < 0.5:
+            return {"gbit_s": rng.choice([1.0, 8.0, 40.0]), "latency_ms": rng.choice([0.0, 1.0])}
+        c0 = rng.uniform(-0.06, 0.003)
+        return {"curve": [c0, rng.uniform(0.04, 0.6), rng.uniform(0.2, 5.0)], "max_gbyte_s": rng.uniform(0.5, 7.0),
+                "latency_ms": rng.choice([0.0, 0.5])}
+
+    clusters = tuple((n, g, rng.choice([1, 2, 3, 6]), rng.choice([1, 2, 4, 8]), 80.0) for n, g in (("a", "A"), ("b", "B")))
+    topo = tiny_topology(clusters=clusters)
+    for c in topo["clusters"]:
+        c["inter_node"] = bw()
+    link: dict[str, object] = {"kind": "per_flow", "per_flow": bw()}
+    if rng.random() < 0.5:
+        link["aggregate"] = {"gbit_s": rng.choice([2.0, 16.0])}
+    topo["links"]["default"] = link
+    model = tiny_model(num_layers=4, gpus={"A": 0.01, "B": 0.02}, activation_bytes=rng.choice([3e5, 2e6, 4e7]),
+                       params=2e6)
+    return tiny_instance(global_batch=48, model=model, topology=topo)
+
+
+def test_least_time_from_is_the_least_over_larger_messages() -> None:
+    """``least_time_from(bw, x)`` is at most y / BW(y) for every y >= x on a dense grid (a bound), and
+    within 0.1 % of the grid's least (it is attained), on random curves including rising ones."""
+    from hgopt.cost.links import least_time_from
+    from hgopt.cost.tables import bandwidth_bytes_per_s
+    from hgopt.spec import Bandwidth
+
+    rng = random.Random(11)
+    for _ in range(300):
+        bw = Bandwidth(gbyte_s=rng.uniform(0.2, 8.0), latency_s=0.0,
+                       curve=(rng.uniform(-0.08, 0.08), rng.uniform(-0.2, 1.5), rng.uniform(-1.0, 5.0)))
+        x = 10 ** rng.uniform(2, 10)
+        grid = [x * 1.002**i for i in range(12000)]  # up to x · 2.6e10
+        best = min(y / bandwidth_bytes_per_s(bw, y) for y in grid)
+        got = least_time_from(bw, x)
+        assert got <= best * (1 + 1e-9)
+        assert got >= best * (1 - 1e-3)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_handover_floor_at_most_evaluate_on_every_layout_pair(seed: int) -> None:
+    """Brute force over every (tp, dp, mbs) pair of the two clusters, every copies count that fits and
+    both precisions: ``handover_floor`` of the one pair is at most ``stage_boundary_time`` less the
+    casts on its probe (forward and backward), the floor over all pairs at most the least of them, and
+    on some pairs equal to it (the first nodes' flow is the largest), so the test can tell a bound
+    that is too low from one that is wrong."""
+    from hgopt.cost.evaluate import boundary_cast_times, stage_boundary_time
+    from hgopt.cost.links import handover_floor, replicas_per_node
+    from hgopt.cost.tables import link_bytes_factor
+    from hgopt.search.blocks import _probe
+    from hgopt.search.intra import local_configs
+
+    inst = _floor_instance(seed)
+    tables = build_tables(inst)
+    shape = model_shape(inst)
+    topo = inst.topology
+    ca, cb = topo.cluster("a"), topo.cluster("b")
+    per_sample = float(tables.activation_bytes[shape.p])
+    equal = total = 0
+    for microbatch in (1, 4, 6, 12):
+        for copies in (1, 2, 3, 4):
+            cfgs = {c.name: [g for g in local_configs(inst, c.name, microbatch, tables)
+                             if g.gpus * copies <= c.num_gpus] for c in (ca, cb)}
+            for pair in (("native", "native"), ("fp8", "bf16")):
+                ff, fb = (link_bytes_factor(inst.model.dtype, x) for x in pair)
+                least = [math.inf, math.inf]
+                tiles: dict[str, list[tuple[int, int, int]]] = {"a": [], "b": []}
+                for ga in cfgs["a"]:
+                    for gb in cfgs["b"]:
+                        ka, kb = (ga.tp, ga.dp, ga.mbs), (gb.tp, gb.dp, gb.mbs)
+                        probe = _probe("a", "b", ka, kb, pair, shape)
+                        f, g = stage_boundary_time(inst, tables, probe, 0, copies=copies)
+                        qf, qb = boundary_cast_times(inst, tables, probe, 0)
+                        f, g = f - qf, g - qb
+                        la = (replicas_per_node(ca.gpus_per_node, ga.tp), ga.dp, ga.mbs)
+                        lb = (replicas_per_node(cb.gpus_per_node, gb.tp), gb.dp, gb.mbs)
+                        lo_f = handover_floor(topo.link_spec("a", "b"), ca.inter_node, cb.inter_node, per_sample * ff,
+                                              microbatch, [la], [lb], copies)
+                        lo_b = handover_floor(topo.link_spec("b", "a"), cb.inter_node, ca.inter_node, per_sample * fb,
+                                              microbatch, [lb], [la], copies)
+                        assert lo_f <= f * (1 + 1e-9) + 1e-15, (microbatch, copies, ka, kb, pair)
+                        assert lo_b <= g * (1 + 1e-9) + 1e-15, (microbatch, copies, ka, kb, pair)
+                        equal += (lo_f >= f * (1 - 1e-9)) + (lo_b >= g * (1 - 1e-9))
+                        total += 2
+                        least = [min(least[0], f), min(least[1], g)]
+                        tiles["a"].append(la), tiles["b"].append(lb)
+                if not tiles["a"] or not tiles["b"]:
+                    continue
+                lo_f = handover_floor(topo.link_spec("a", "b"), ca.inter_node, cb.inter_node, per_sample * ff,
+                                      microbatch, tiles["a"], tiles["b"], copies)
+                assert lo_f <= least[0] * (1 + 1e-9) + 1e-15
+    assert total > 0 and equal >= total // 4
