@@ -12,6 +12,7 @@ grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -240,17 +241,18 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
         return weighted_time(w, lo_t, at(INF))
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
     best_above = weighted_time(w, hi_t, at(INF))
-    intervals = [(lo_t, hi_t)]
-    result = best_above
-    while intervals:
-        a, b = intervals.pop()
-        val = weighted_time(w, a, at(b))
-        if val >= target or b <= a * ratio or time.perf_counter() > deadline:
-            result = min(result, val)
-            continue
+    # gaps2: best first (the lowest interval is refined next; a child is never below its parent, as
+    # bound_at does not rise with tau), so the result is the same as refining every interval below
+    # the target, and it is reached as soon as the lowest interval is too narrow; at the deadline the
+    # lowest interval's value is the bound so far
+    heap = [(weighted_time(w, lo_t, at(hi_t)), lo_t, hi_t)]
+    while True:
+        val, a, b = heapq.heappop(heap)
+        if val >= min(target, best_above) or b <= a * ratio or time.perf_counter() > deadline:
+            return min(val, best_above)
         mid = math.sqrt(a * b)
-        intervals.extend([(a, mid), (mid, b)])
-    return result
+        heapq.heappush(heap, (weighted_time(w, a, at(mid)), a, mid))
+        heapq.heappush(heap, (weighted_time(w, mid, at(b)), mid, b))
 
 
 def _tau_beyond(rs: RelaxedSplit, target: float) -> float:
