@@ -215,3 +215,128 @@ def test_handover_floor_at_most_evaluate_on_every_layout_pair(seed: int) -> None
                                       microbatch, tiles["a"], tiles["b"], copies)
                 assert lo_f <= least[0] * (1 + 1e-9) + 1e-15
     assert total > 0 and equal >= total // 4
+
+
+# ---- gaps2 [R1e]: the relaxation's first and last blocks hold the prefix and the suffix ----
+def _special_instance(seed: int) -> Instance:
+    """2-3 clusters of 1-2 nodes × 2 GPUs, 5 layers whose first (embedding-like: light) and last
+    (head-like: 1.5-3 blocks of compute, larger activations out) differ from the identical blocks
+    between them, so the model has a prefix and a suffix (``model_shape``: p, q > 0)."""
+    rng = random.Random(4000 + seed)
+    n_clusters = rng.choice([2, 3])
+    names = ["a", "b", "c"][:n_clusters]
+    gpus = dict(list({"A": 0.01, "B": 0.02, "C": 0.013}.items())[:n_clusters])
+    clusters = tuple((n, g, rng.choice([1, 2]), 2, rng.choice([1.2, 40.0])) for n, g in zip(names, gpus))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([2.0, 8.0, 50.0]), wan_latency_ms=rng.choice([1.0, 10.0]))
+    L = 5
+    model = tiny_model(num_layers=L, gpus=gpus, activation_bytes=rng.choice([1e6, 2e7]))
+    head = rng.choice([1.5, 2.0, 3.0])
+    model["layers"][0]["params"] = 3e6
+    model["layers"][-1]["params"] = 4e6
+    for t in model["timings"]:
+        for key in ("fwd", "bwd"):
+            t[key] = [t[key][0] * 0.2, *t[key][1:-1], t[key][-1] * head]
+    return tiny_instance(global_batch=rng.choice([4, 8]), model=model, topology=topo)
+
+
+def _split_optima(inst: Instance) -> dict[object, float]:
+    from tests.test_milp import _space
+
+    tables = build_tables(inst)
+    best: dict[object, float] = {}
+    for sp, pipe in _space(inst):
+        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
+        if ev.feasible:
+            best[sp] = min(best.get(sp, math.inf), ev.iteration_time_s)
+    return best
+
+
+SPECIAL_SEEDS = 5
+
+
+@pytest.mark.parametrize("seed", range(SPECIAL_SEEDS))
+def test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed: int) -> None:
+    """Per batch split, the relaxation bound [R4] with the prefix/suffix rows [R1e] is at most the
+    brute-force best plan of that split (every plan of the MILP's space scored by ``evaluate``); over
+    the seeds the rows raise some split's bound (next test)."""
+    import dataclasses
+
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import _best_single
+    from hgopt.search.relax import relax_split, split_bound
+
+    inst = _special_instance(seed)
+    shape = model_shape(inst)
+    assert shape.p > 0 and shape.q > 0
+    tables = build_tables(inst)
+    optima = _split_optima(inst)
+    assert optima
+    raised = 0
+    for sp, opt in optima.items():
+        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+        rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                         cheap=cb)
+        assert rs is not None and rs.TE and rs.TB
+        single = _best_single(inst, tables, sp)
+        with_rows = split_bound(rs, cb, target=2 * opt, single=single)
+        plain = split_bound(dataclasses.replace(rs, TE=(), FE=(), stages_end=(), TB=(), FB=(), stages_first=()), cb,
+                            target=2 * opt, single=single)
+        assert with_rows <= opt * (1 + 1e-9), (sp, with_rows, opt)
+        # not always above the bound without the rows: that one lets no block hold the prefix or the
+        # suffix alone (no trunk layer), which plans of the space may do
+        raised += with_rows > plain * (1 + 1e-3)
+    _RAISED[seed] = raised
+
+
+_RAISED: dict[int, int] = {}
+
+
+def test_prefix_and_suffix_rows_raise_some_bound() -> None:
+    """The cross-check above has teeth: on some seed the rows [R1e] raise a split's bound."""
+    for seed in range(SPECIAL_SEEDS):
+        if seed not in _RAISED:
+            test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed)
+    assert sum(_RAISED.values()) >= 1
+
+
+def test_best_first_refinement_equals_refining_every_interval() -> None:
+    """``relax._multi_bound`` refines the lowest interval first; its bound equals the plain bisection's
+    (every interval below the target refined to ``ratio``; what it did before gaps2), for targets
+    from below the bound to far above it."""
+    from hgopt.cost.pipeline import weighted_time
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import batch_splits
+    from hgopt.search.relax import _multi_bound, _tau_beyond, relax_split
+
+    def reference(rs: object, cb: object, target: float, ratio: float) -> float:
+        w = rs.weight  # type: ignore[attr-defined]
+        lo_t = max(cb.t_lb, float(rs.wan.min()))  # type: ignore[attr-defined]
+        hi_t = max(lo_t * 1.02, _tau_beyond(rs, target))  # type: ignore[arg-type]
+        result = weighted_time(w, hi_t, rs.bound_at(math.inf))  # type: ignore[attr-defined]
+        stack = [(lo_t, hi_t)]
+        while stack:
+            a, b = stack.pop()
+            val = weighted_time(w, a, rs.bound_at(b))  # type: ignore[attr-defined]
+            if val >= target or b <= a * ratio:
+                result = min(result, val)
+                continue
+            mid = math.sqrt(a * b)
+            stack.extend([(a, mid), (mid, b)])
+        return result
+
+    compared = 0
+    for seed in range(2):
+        inst = _special_instance(seed)
+        tables = build_tables(inst)
+        for sp in batch_splits(inst):
+            cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+            rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                             cheap=cb)
+            if rs is None or not math.isfinite(cb.t_lb) or sp.num_microbatches < 2:
+                continue
+            for target in (0.5 * cb.value, 1.2 * cb.value, 3.0 * cb.value):
+                for ratio in (1.1, 1.02):
+                    got = _multi_bound(rs, cb, target=target, deadline=math.inf, ratio=ratio)
+                    assert got == pytest.approx(reference(rs, cb, target, ratio), rel=1e-12, abs=1e-15)
+                    compared += 1
+    assert compared >= 20
