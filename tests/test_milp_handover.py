@@ -340,3 +340,34 @@ def test_best_first_refinement_equals_refining_every_interval() -> None:
                     assert got == pytest.approx(reference(rs, cb, target, ratio), rel=1e-12, abs=1e-15)
                     compared += 1
     assert compared >= 20
+
+
+def _head_elsewhere_instance() -> Instance:
+    """Two one-node clusters; the head runs 8× a block's time on GPU A and 0.2× on GPU B, blocks run
+    5× slower on B: the optimum puts every block on a and the head alone on b (a suffix-only block)."""
+    topo = tiny_topology(clusters=(("a", "A", 1, 2, 40.0), ("b", "B", 1, 2, 40.0)), wan_gbit_s=50.0, wan_latency_ms=1.0)
+    model = tiny_model(num_layers=5, gpus={"A": 0.01, "B": 0.05}, activation_bytes=1e6)
+    model["layers"][0]["params"] = 3e6
+    model["layers"][-1]["params"] = 4e6
+    for t in model["timings"]:
+        for key in ("fwd", "bwd"):
+            x = t[key]
+            t[key] = [x[0] * 0.2, *x[1:-1], x[-1] * (8.0 if t["gpu"] == "A" else 0.2)]
+    return tiny_instance(global_batch=4, model=model, topology=topo)
+
+
+def test_suffix_only_block_is_neither_pruned_nor_out_bounded() -> None:
+    """A plan whose last block holds the head alone (0 trunk layers) is the optimum here. Before
+    gaps2 the planner returned 0.25728 s as 'optimal' (bound 0.25728 s) against the brute force's
+    0.21132 s: the relaxation's trunk rows required every cluster of a multi-cluster plan to host a
+    trunk layer (its bound was 0.35 s on the optimum's split), and the cap loop's block options
+    dropped a cluster whose one trunk layer exceeds the cap also for its n = 0 (prefix- or
+    suffix-only) options, then bounded the split by the cap. Both with the warm start and the
+    relaxation on (the default) and off."""
+    inst = _head_elsewhere_instance()
+    expect = brute_force(inst)
+    for extra in ({}, {"warm_start": "none", "relaxation": "off"}):
+        res = plan_exact(inst, PlanOptions(time_limit_s=30, gap=1e-7, solver="highs", extra=extra))
+        assert res.plan is not None and res.lower_bound_s is not None
+        assert res.iteration_time_s == pytest.approx(expect, rel=1e-9), extra
+        assert res.lower_bound_s <= expect * (1 + 1e-9), extra

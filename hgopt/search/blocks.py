@@ -236,7 +236,7 @@ def _cluster_role_candidates(
         t1 = float(sm.compute(np.array([geo.t0]), np.array([geo.t0 + 1]))[0])
         per_stage = int(win.t_cap // t1) if t1 > 0 and math.isfinite(win.t_cap) else 10**9
         n_hi = min(n_range.stop - 1, (budget // cfg.gpus) * per_stage)
-        if per_stage < 1 or n_hi < n_range.start:
+        if n_hi < n_range.start:  # gaps2: a cap below one trunk layer still leaves n = 0 (prefix / suffix only)
             continue
         s_usd = _usd_stage_cap(win, cluster, replicas * cfg.gpus)  # costmilp: $ pruning [C4]
         if s_usd < 1:
