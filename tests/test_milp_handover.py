@@ -371,3 +371,24 @@ def test_suffix_only_block_is_neither_pruned_nor_out_bounded() -> None:
         assert res.plan is not None and res.lower_bound_s is not None
         assert res.iteration_time_s == pytest.approx(expect, rel=1e-9), extra
         assert res.lower_bound_s <= expect * (1 + 1e-9), extra
+
+
+def test_splits_left_without_a_cheap_bound_by_the_opening_still_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gaps2 scheduling: the relaxation phase takes the weakest split first, and a split the opening
+    left without a cheap bound (bounded by the compute floor until then) is the weakest, so it gets
+    its cheap and relaxation bounds there. With no opening at all (OPENING = 0) every split is bounded
+    and the planner still proves the brute-force optimum; before, such splits kept the floor and
+    no MILP ("time limit reached before the cheap bounds of ...")."""
+    import hgopt.search.milp as milp
+    from tests.test_milp import _instance as milp_instance
+
+    monkeypatch.setattr(milp, "OPENING", 0.0)
+    for seed in (0, 1):
+        inst = milp_instance(seed)
+        expect = brute_force(inst)
+        res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs"))
+        if not math.isfinite(expect):
+            continue
+        assert not any("cheap bounds of" in n for n in res.notes), res.notes
+        assert res.iteration_time_s == pytest.approx(expect, rel=1e-7)
+        assert res.lower_bound_s is not None and expect * (1 - 1e-6) <= res.lower_bound_s <= expect * (1 + 1e-9)

@@ -66,7 +66,8 @@ class RelaxedSplit:
     stages_end: tuple[np.ndarray, ...] = ()
     TB: tuple[np.ndarray, ...] = ()
     """gaps2 [R1e]: the same for a block that begins the pipeline: its first stage holds the prefix
-    layers and x >= 0 trunk layers (empty: no prefix, p = 0)."""
+    layers and x >= 0 trunk layers (empty: no prefix, p = 0; then no member of the subset DP is
+    the first block, and without a suffix the path has no fixed end)."""
     FB: tuple[np.ndarray, ...] = ()
     stages_first: tuple[np.ndarray, ...] = ()
 
@@ -128,7 +129,7 @@ def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | N
             continue
         # min-plus convolution prev ⊕ f1[c]
         A[X] = np.min(prev[None, :] + shifts[c], axis=1)
-    if ends is not None and firsts is not None:
+    if firsts is not None:
         # A1[X]: the same with one member of X the first block (>= 0 trunk layers by firsts)
         A1 = np.full((full, N + 1), INF)
         fshift = [_shift_matrix(firsts[c], N) for c in range(C)]
@@ -194,12 +195,10 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     shape = model_shape(instance)
     N, m = shape.trunk, num_microbatches
     geo, _ = role_geometry(shape, "middle")
-    geo_end = role_geometry(shape, "end")[0] if shape.q else None  # gaps2 [R1e]
+    L = shape.num_layers
     names = tuple(c.name for c in instance.topology.clusters)
     Ts, Fs, Ss, Ns = [], [], [], []
     TEs, FEs, NEs, TBs, FBs, NBs = [], [], [], [], [], []
-    # the prefix's rows only together with the suffix's (the subset DP takes both or the suffix alone)
-    geo_first = role_geometry(shape, "first")[0] if shape.p and shape.q else None
     extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
@@ -216,14 +215,15 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
-            if geo_end is not None:  # gaps2 [R1e]
-                ce = TrunkCosts(sm, geo_end, N)
-                te, fe = _end_rows(tc, ce.l_comp, ce.kmax("l"), min(budget // cfg.gpus, N + 1), m, 1)
+            xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
+            if shape.q:
+                lo, hi = L - shape.q - xs, np.full_like(xs, L)
+                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1)
                 ends_t.append(te), ends_f.append(fe), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
-                if geo_first is not None:
-                    cf = TrunkCosts(sm, geo_first, N)
-                    tb, fb = _end_rows(tc, cf.f_comp, cf.kmax("f"), min(budget // cfg.gpus, N + 1), m, 0)
-                    firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
+            if shape.p:
+                lo, hi = np.zeros_like(xs), shape.p + xs
+                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0)
+                firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
@@ -245,9 +245,9 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                     wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
-                        s_lb=cheap.s_lb, **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)}
-                                            if geo_end is not None else {}),
-                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs)} if geo_first is not None else {}))
+                        s_lb=cheap.s_lb,
+                        **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
+                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs)} if shape.p else {}))
 
 
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
