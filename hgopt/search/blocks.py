@@ -26,7 +26,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from hgopt.cost.evaluate import boundary_cast_times
-from hgopt.cost.links import handover_lower_bound, replicas_per_node
+from hgopt.cost.links import handover_floor, handover_lower_bound, replicas_per_node
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, stage_fill, steady_weight, weighted_time
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
@@ -236,7 +236,7 @@ def _cluster_role_candidates(
         t1 = float(sm.compute(np.array([geo.t0]), np.array([geo.t0 + 1]))[0])
         per_stage = int(win.t_cap // t1) if t1 > 0 and math.isfinite(win.t_cap) else 10**9
         n_hi = min(n_range.stop - 1, (budget // cfg.gpus) * per_stage)
-        if per_stage < 1 or n_hi < n_range.start:
+        if n_hi < n_range.start:  # gaps2: a cap below one trunk layer still leaves n = 0 (prefix / suffix only)
             continue
         s_usd = _usd_stage_cap(win, cluster, replicas * cfg.gpus)  # costmilp: $ pruning [C4]
         if s_usd < 1:
@@ -548,6 +548,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     t_lb = _fluid(rows, shape.trunk)
     wan = (INF, INF)
     if len(instance.topology.clusters) > 1:  # no layout floor here: every split gets this bound first
+        # (gaps2: with the analytic floor [M8f] no cheap bound of sailor-geo-5x32 moved, least 1.492796 s
+        # both ways, for 30 % more CPU: the least pace and fill over all arcs are the intra-region ones)
         arcs = [(e.pace(1.0), e.fill(1.0))
                 for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
                 for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
@@ -774,9 +776,9 @@ def handover_times(instance: Instance, tables: CostTables, a: str, b: str, ka: H
     return stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
 
 
-FLOOR_MAX_CLUSTERS = 5
+FLOOR_MAX_CLUSTERS = 8
 """Above this many clusters the arcs keep the layout-free ``handover_lower_bound`` only (the layout
-floor [M8f] costs |layouts|² probes per arc)."""
+floor [M8f] is |layouts|² arithmetic per arc and split: about 0.15 ms per arc on sailor-geo-5x32)."""
 
 
 def _layouts(instance: Instance, tables: CostTables, cluster: str, microbatch: int, pipelines: int) -> list[HandoverKey]:
@@ -796,24 +798,24 @@ def _layouts(instance: Instance, tables: CostTables, cluster: str, microbatch: i
 def layout_floor(instance: Instance, tables: CostTables, a: str, b: str, microbatch: int, pipelines: int,
                  pair: tuple[str, str], shape: ModelShape) -> tuple[float, float]:
     """[M8f] The least transfer seconds (forward, backward; casts excluded) of a hand-over a→b over
-    every pair of layouts the split allows at its two ends (``_layouts``), each by ``evaluate``'s own
-    ``stage_boundary_time`` less its ``boundary_cast_times`` on the probe. Every plan of the split
-    hands over between two such layouts, so this bounds its transfer from below; it is tighter than
-    ``handover_lower_bound`` (which lets the microbatch spread over nodes_a + nodes_b − 1 node-pair
-    flows, where a block's node tiles leave its largest flow at min of the two sides' node blocks:
-    3× on sailor-geo-5x32's WAN links). (inf, inf) when either side has no layout."""
-    from hgopt.cost.evaluate import boundary_cast_times, stage_boundary_time  # the kernel's own [C4], [C4q]
-
-    fwd = bwd = INF
-    to = _layouts(instance, tables, b, microbatch, pipelines)
-    for ka in _layouts(instance, tables, a, microbatch, pipelines):
-        for kb in to:
-            probe = _probe(a, b, ka, kb, pair, shape)
-            f, g = stage_boundary_time(instance, tables, probe, 0, copies=pipelines)
-            if pair != NATIVE_PAIR:
-                qf, qb = boundary_cast_times(instance, tables, probe, 0)
-                f, g = f - qf, g - qb
-            fwd, bwd = min(fwd, f), min(bwd, g)
+    every pair of layouts the split allows at its two ends (``_layouts``): ``links.handover_floor``
+    from each layout's node tiling (gaps2: analytic, at most ``stage_boundary_time`` less its
+    ``boundary_cast_times`` for every such pair; on the shipped five-zone instances equal to the
+    least of those over the pairs). Every plan of the split hands over between two such layouts, so
+    this bounds its transfer from below; it is tighter than ``handover_lower_bound`` (which lets the
+    microbatch spread over nodes_a + nodes_b − 1 node-pair flows, where a block's node tiles leave its
+    largest flow at the first nodes' overlap: 3× on sailor-geo-5x32's WAN links). (inf, inf) when
+    either side has no layout."""
+    topo = instance.topology
+    ca, cb = topo.cluster(a), topo.cluster(b)
+    tiles = {c.name: [(replicas_per_node(c.gpus_per_node, tp), dp, mbs)
+                      for tp, dp, mbs in _layouts(instance, tables, c.name, microbatch, pipelines)] for c in (ca, cb)}
+    per_sample = float(tables.activation_bytes[shape.p])
+    ff, fb = (link_bytes_factor(instance.model.dtype, x) for x in pair)
+    fwd = handover_floor(topo.link_spec(a, b), ca.inter_node, cb.inter_node, per_sample * ff, microbatch,
+                         tiles[a], tiles[b], pipelines)
+    bwd = handover_floor(topo.link_spec(b, a), cb.inter_node, ca.inter_node, per_sample * fb, microbatch,
+                         tiles[b], tiles[a], pipelines)
     return fwd, bwd
 
 
@@ -823,8 +825,8 @@ ArcTable = dict[tuple[str, str], tuple["ArcPrecision", ...]]
 def arc_table(instance: Instance, tables: CostTables, microbatch: int, pipelines: int,
               links: LinkPolicy | None = None, shape: ModelShape | None = None) -> ArcTable:
     """``arc_precisions`` of every ordered cluster pair of a split, with the layout floor [M8f] when
-    the instance has at most FLOOR_MAX_CLUSTERS clusters (computed once per split by the relaxation
-    and once by the MILP's cap loop; the cheap bound [B4], which every split gets first, does without)."""
+    the instance has at most FLOOR_MAX_CLUSTERS clusters (computed once per split for its relaxation
+    and its MILP; the cheap bound [B4], which every split gets first, does without)."""
     shape = shape or model_shape(instance)
     names = [c.name for c in instance.topology.clusters]
     use_floor = 1 < len(names) <= FLOOR_MAX_CLUSTERS
