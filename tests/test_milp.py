@@ -91,7 +91,9 @@ def test_milp_optimum_equals_brute_force(seed: int, backend: str) -> None:
     assert res.plan is not None, res
     ev = evaluate(res.plan, inst)
     assert ev.feasible
-    assert ev.iteration_time_s == pytest.approx(expect, rel=tol)
+    # no plan beats the brute force; "optimal" is proven within the gap asked (CP-SAT's two workers
+    # are not deterministic under load: it may stop at a plan 1.6e-4 above the optimum, inside 5e-3)
+    assert expect * (1 - tol) <= ev.iteration_time_s <= expect * (1 + max(gap, tol))
     assert res.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-12)
     assert res.lower_bound_s is not None and res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)
     assert res.lower_bound_s >= expect * (1 - max(gap, 10 * tol))
