@@ -542,3 +542,53 @@ def test_shared_nics_share_per_flow_as_the_simulator(gbit: float, m: int, layout
     if layout == ((2, 2), (1, 4), (4, 1), (2, 2)):
         equal = replay_shared_nics(stage_ops, "1f1b", *args, nics[0], nics[1], [e[:2] for e in nics[2]], [e[:2] for e in nics[3]])
         assert max(equal) != pytest.approx(sim.pipeline_time_s, rel=1e-6)
+
+
+# ---- [C3b] the linear forms every search bound is built on, against the exact replay ---------------------
+
+
+
+def test_linear_bound_forms_never_exceed_the_replay() -> None:
+    """[C3b] On random pipelines (stage times, slow boundaries with latency, m, S): every form of
+    ``pipeline.replay_floor`` and the search's relaxed form R_0 + bound_weight(m, S̄, ρ)·max_s t_s
+    (any S̄ ≥ S, ρ = the forward share) stay at or below the exact timeline [C3x]; and the relaxed form
+    with [C3]'s own weight m − 1 (what the bounds used before) is above it on some of them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from hgopt.cost.pipeline import bound_weight, fill_time, forward_share, replay_floor, replay_stage_ends
+
+    secs = hs.floats(0.01, 1.0)
+    over = []
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
+    def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
+        f = data.draw(hs.lists(secs, min_size=S, max_size=S))
+        b = [x * data.draw(hs.floats(0.0, 2.5)) for x in f]
+        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
+        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+        assert replay_floor(f, b, cf, cb, m, lat, lat) <= rep * (1 + 1e-12)
+        t = [x + y for x, y in zip(f, b)]
+        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
+        w = bound_weight(m, S + extra, forward_share(list(zip(f, b))))
+        assert r0 + w * max(t) <= rep * (1 + 1e-12)
+        over.append(r0 + (m - 1) * max(t) > rep * (1 + 1e-9))
+
+    check()
+    assert any(over)  # the old weight is not a bound of the replay: the test can tell
+
+
+def test_bound_weight_hand_computed() -> None:
+    """[C3b] Two stages, the first the slowest (f = 1, b = 2), m = 4, no sends: stage 0 runs F0 F1,
+    B0 is back at 1.9 before F1 ends, so stage 0 never idles and the replay ends at 4·3 = 12, while
+    [C3] says 3·3 + R_0 = 12.9; the bound R_0 + (3 − 1/3)·3 = 3.9 + 8 = 11.9."""
+    from hgopt.cost.pipeline import bound_weight, replay_stage_ends
+
+    f, b, z = [1.0, 0.3], [2.0, 0.6], [0.0, 0.0]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, z, z, 4))
+    assert rep == pytest.approx(12.0, rel=1e-12)
+    assert bound_weight(4, 2, 1.0 / 3.0) == pytest.approx(3.0 - 1.0 / 3.0, rel=1e-12)
+    assert 3.9 + bound_weight(4, 2, 1.0 / 3.0) * 3.0 <= rep

@@ -16,6 +16,12 @@ import numpy as np
 
 __all__ = [
     "ROUND_TRIP_WINDOWS",
+    "bound_weight",
+    "forward_share",
+    "replay_floor",
+    "warmup_cap",
+    "window_cycles",
+    "window_weight",
     "fill_time",
     "in_flight",
     "last_backward_ends",
@@ -289,6 +295,87 @@ def path_time(
                 if k + w + 1 <= m - 1:
                     tail = max(tail, f[s] + below[s] + b[s] + (m - 2 - k - w) * b[s])
                 best = max(best, ahead[s] + back[s] + head + q * trip + tail)
+    return best
+
+
+# ---- [C3b] linear lower bounds of the exact timeline [C3x] (what every search bound is built on) ---------
+def warmup_cap(max_stages: int, num_microbatches: int) -> int:
+    """[C3b] An upper bound of the warm-up forwards w_s = min(S − s − 1, m − 1) that a stage's own
+    form may hide under microbatch 0's trip, when the pipeline has at most ``max_stages`` stages:
+    min(S̄ − 1, m − 1) (0 for a single stage or microbatch)."""
+    return max(min(max_stages - 1, num_microbatches - 1), 0)
+
+
+def bound_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0) -> float:
+    """[C3b] A steady weight valid for the exact timeline: for every stage s of a 1F1B pipeline of at
+    most ``max_stages`` stages whose forward is at most ``fwd_share`` of its fwd + bwd (see
+    :func:`forward_share`), T ≥ R_0 + (m − 1)·t_s − w_s·f_s ≥ R_0 + this·t_s: microbatch 0 reaches
+    s, goes down and back (R_0 in all), then s runs its m − 1 other backwards and m − 1 − w_s other
+    forwards (its w_s warm-up forwards ran while microbatch 0 was below it). A boundary whose messages
+    occupy it o = send − latency each gives T ≥ R_0 + (m − 1)·o ≥ R_0 + this·o. Replaces
+    :func:`steady_weight` (m − 1) in every lower bound; equal to it for one stage."""
+    return float(num_microbatches - 1) - fwd_share * warmup_cap(max_stages, num_microbatches)
+
+
+def forward_share(pairs: Sequence[tuple[float, float]]) -> float:
+    """[C3b] The largest f / (f + b) over per-layer (forward, backward) seconds: every stage's forward
+    share is at most this (a ratio of sums is at most the largest ratio; interpolation between
+    profiled microbatch sizes and the max over a stage's replica groups keep it so). 1.0 without
+    data (always valid)."""
+    best = 0.0
+    for f, b in pairs:
+        if f + b > 0:
+            best = max(best, f / (f + b))
+    return best if pairs else 1.0
+
+
+def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:
+    """[C3b] Complete round trips q of a window of d stages s..j a dependency path can take in the
+    runner's 1F1B order when stage s has ``warmup`` (w_s, or an upper bound of it) warm-up forwards:
+    stage s's backward of k is followed by its forward of k + w_s + 1, so q = ⌊(m − 2 − w_s)/d⌋ + 1
+    (0 when m − 2 − w_s < 0). [C3]'s closed form counts (m − 1)/d instead."""
+    left = num_microbatches - 2 - warmup
+    return left // window_stages + 1 if left >= 0 else 0
+
+
+def window_weight(num_microbatches: int, window_stages: int, warmup: int) -> int:
+    """[C3b] d·q (``window_cycles``): T ≥ R_0 + d·q·(W(s, j)/d), the weight a window's pace W/d may
+    carry in a lower bound (≥ m − 1 − w_s whenever m − 2 − w_s ≥ 0; [C3] gives it m − 1)."""
+    return window_stages * window_cycles(num_microbatches, window_stages, warmup)
+
+
+def replay_floor(
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    latency_f: Sequence[float] | None = None,
+    latency_b: Sequence[float] | None = None,
+) -> float:
+    """[C3b] The largest of the linear forms the search's bounds instantiate, on one pipeline with
+    its exact stage positions (each ≤ :func:`replay_stage_ends`, ``tests/test_simulate.py``):
+    busy chain A_s + B_s + m·t_s; stage with its warm-up once R_0 + (m − 1)·t_s − w_s·f_s; boundary
+    R_0 + (m − 1)·o; window R_0 + q·W(s, j) (``window_cycles``). O(S²)."""
+    S, m = len(fwd), num_microbatches
+    lf = list(latency_f) if latency_f is not None else [0.0] * S
+    lb = list(latency_b) if latency_b is not None else [0.0] * S
+    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
+    t = [x + y for x, y in zip(fwd, bwd)]
+    fill = sum(t) + sum(cf) + sum(cb)
+    best = fill
+    ahead = 0.0
+    for s in range(S):
+        w = min(S - s - 1, m - 1)
+        back = sum(cb[i] + bwd[i] for i in range(s))
+        best = max(best, ahead + back + m * t[s], fill + (m - 1) * t[s] - w * fwd[s])
+        if s + 1 < S:
+            best = max(best, fill + (m - 1) * max(cf[s] - lf[s], cb[s] - lb[s]))
+        trip = 0.0
+        for j in range(s, S):
+            trip += t[j] + (cf[j - 1] + cb[j - 1] if j > s else 0.0)
+            best = max(best, fill + window_cycles(m, j - s + 1, min(S - s - 1, m)) * trip)
+        ahead += fwd[s] + cf[s]
     return best
 
 
