@@ -549,14 +549,22 @@ def test_shared_nics_share_per_flow_as_the_simulator(gbit: float, m: int, layout
 
 
 def test_linear_bound_forms_never_exceed_the_replay() -> None:
-    """[C3b] On random pipelines (stage times, slow boundaries with latency, m, S): every form of
-    ``pipeline.replay_floor`` and the search's relaxed form R_0 + bound_weight(m, S̄, ρ)·max_s t_s
-    (any S̄ ≥ S, ρ = the forward share) stay at or below the exact timeline [C3x]; and the relaxed form
-    with [C3]'s own weight m − 1 (what the bounds used before) is above it on some of them."""
+    """[C3b] On random pipelines (stages of 1-3 layers, slow boundaries with latency, m, S): every form
+    of ``pipeline.replay_floor`` and the search's relaxed form R_0 + bound_weight(m, S̄, ρ)·max_s t_s
+    − bound_offset(m, S̄, E) (any S̄ ≥ S, (ρ, E) = ``forward_share`` of the layers) stay at or below
+    the exact timeline [C3x]; the relaxed form with [C3]'s own weight m − 1 (what the bounds used
+    before) is above it on some of them."""
     from hypothesis import given, settings
     from hypothesis import strategies as hs
 
-    from hgopt.cost.pipeline import bound_weight, fill_time, forward_share, replay_floor, replay_stage_ends
+    from hgopt.cost.pipeline import (
+        bound_offset,
+        bound_weight,
+        fill_time,
+        forward_share,
+        replay_floor,
+        replay_stage_ends,
+    )
 
     secs = hs.floats(0.01, 1.0)
     over = []
@@ -564,8 +572,9 @@ def test_linear_bound_forms_never_exceed_the_replay() -> None:
     @settings(max_examples=400, deadline=None, derandomize=True)
     @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
     def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
-        f = data.draw(hs.lists(secs, min_size=S, max_size=S))
-        b = [x * data.draw(hs.floats(0.0, 2.5)) for x in f]
+        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
+        f = [sum(x for x, _ in st) for st in layers]
+        b = [sum(x * y for x, y in st) for st in layers]
         lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
         cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
         cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
@@ -573,8 +582,9 @@ def test_linear_bound_forms_never_exceed_the_replay() -> None:
         assert replay_floor(f, b, cf, cb, m, lat, lat) <= rep * (1 + 1e-12)
         t = [x + y for x, y in zip(f, b)]
         r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
-        w = bound_weight(m, S + extra, forward_share(list(zip(f, b))))
-        assert r0 + w * max(t) <= rep * (1 + 1e-12)
+        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
+        lb = r0 + bound_weight(m, S + extra, rho) * max(t) - bound_offset(m, S + extra, e)
+        assert lb <= rep * (1 + 1e-12)
         over.append(r0 + (m - 1) * max(t) > rep * (1 + 1e-9))
 
     check()

@@ -16,6 +16,7 @@ import numpy as np
 
 __all__ = [
     "ROUND_TRIP_WINDOWS",
+    "bound_offset",
     "bound_weight",
     "forward_share",
     "replay_floor",
@@ -308,25 +309,32 @@ def warmup_cap(max_stages: int, num_microbatches: int) -> int:
 
 def bound_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0) -> float:
     """[C3b] A steady weight valid for the exact timeline: for every stage s of a 1F1B pipeline of at
-    most ``max_stages`` stages whose forward is at most ``fwd_share`` of its fwd + bwd (see
-    :func:`forward_share`), T ≥ R_0 + (m − 1)·t_s − w_s·f_s ≥ R_0 + this·t_s: microbatch 0 reaches
-    s, goes down and back (R_0 in all), then s runs its m − 1 other backwards and m − 1 − w_s other
-    forwards (its w_s warm-up forwards ran while microbatch 0 was below it). A boundary whose messages
-    occupy it o = send − latency each gives T ≥ R_0 + (m − 1)·o ≥ R_0 + this·o. Replaces
+    most ``max_stages`` stages whose forward is f_s ≤ ``fwd_share``·t_s + E (``forward_share``),
+    T ≥ R_0 + (m − 1)·t_s − w_s·f_s ≥ R_0 + this·t_s − ``bound_offset``: microbatch 0 reaches s, goes
+    down and back (R_0 in all), then s runs its m − 1 other backwards and m − 1 − w_s other forwards
+    (its w_s warm-up forwards ran while microbatch 0 was below it). A boundary whose messages occupy
+    it o = send − latency each gives T ≥ R_0 + (m − 1)·o, above this·o. Replaces
     :func:`steady_weight` (m − 1) in every lower bound; equal to it for one stage."""
     return float(num_microbatches - 1) - fwd_share * warmup_cap(max_stages, num_microbatches)
 
 
-def forward_share(pairs: Sequence[tuple[float, float]]) -> float:
-    """[C3b] The largest f / (f + b) over per-layer (forward, backward) seconds: every stage's forward
-    share is at most this (a ratio of sums is at most the largest ratio; interpolation between
-    profiled microbatch sizes and the max over a stage's replica groups keep it so). 1.0 without
-    data (always valid)."""
-    best = 0.0
-    for f, b in pairs:
-        if f + b > 0:
-            best = max(best, f / (f + b))
-    return best if pairs else 1.0
+def bound_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
+    """[C3b] What a lower bound subtracts from its fill with :func:`bound_weight`: w̄·E, E the forward
+    seconds a stage may have beyond ``fwd_share``·t (``forward_share``)."""
+    return warmup_cap(max_stages, num_microbatches) * fwd_excess
+
+
+def forward_share(fwd: Sequence[float], bwd: Sequence[float], skip: int = 1) -> tuple[float, float]:
+    """[C3b] (ρ, E) with f ≤ ρ·(f + b) + E for every contiguous run of the per-layer (forward,
+    backward) seconds given: ρ the largest f / (f + b) of the layers but the first and last ``skip``
+    (embedding and head, whose forward dominates but is short), E the sum over all layers of the
+    excess (f_l − ρ·(f_l + b_l))⁺. Sums, nonnegative combinations (the microbatch interpolation) and
+    the max over a stage's replica groups keep the inequality (scaled E for scaled times)."""
+    n = len(fwd)
+    core = range(skip, n - skip) if n > 2 * skip else range(n)
+    rho = max((fwd[i] / (fwd[i] + bwd[i]) for i in core if fwd[i] + bwd[i] > 0), default=0.0)
+    excess = sum(max(f - rho * (f + b), 0.0) for f, b in zip(fwd, bwd))
+    return rho, excess
 
 
 def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:
