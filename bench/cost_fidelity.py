@@ -4,6 +4,7 @@ simulate, ratio) and the worst case.
 
     PYTHONPATH=$PWD .venv/bin/python bench/cost_fidelity.py [--time-limit 5] [--instances ...]
         [--planners ...] [--cache DIR] [--refresh] [--out bench/cost_fidelity.json]
+        [--evaluate default|closed|replay]
 
 Plans are cached in ``--cache`` (default ``bench/cost_fidelity_plans.json``, committed) keyed by
 instance, planner and time limit, so a re-run on a new cost model re-scores the same plans in about
@@ -95,9 +96,9 @@ def replay_pipe(inst: Instance, plan: Plan, ev: Any) -> tuple[float, float]:
     return rep, paths
 
 
-def score(inst: Instance, plan: Plan) -> dict[str, Any]:
+def score(inst: Instance, plan: Plan, pipeline: str | None = None) -> dict[str, Any]:
     tables = build_tables(inst)
-    ev = evaluate(plan, inst, tables)
+    ev = evaluate(plan, inst, tables, pipeline=pipeline) if pipeline else evaluate(plan, inst, tables)  # type: ignore[arg-type]
     t0 = time.process_time()
     sim = simulate(plan, inst, tables)
     allwin = all_windows_pipe(plan, ev)
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plans by instance, planner and time limit (JSON; planned and added when missing)")
     ap.add_argument("--refresh", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    ap.add_argument("--evaluate", choices=("default", "closed", "replay"), default="default",
+                    help="evaluate's 1F1B pipeline time: the kernel's default (pipeline.EVALUATE_1F1B), the closed "
+                         "form, or the exact replay [C3x]/[C3n] ([C3b])")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     names = args.instances or [e.name for e in list_instances()]
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.cache.write_text(json.dumps(cache, sort_keys=True, separators=(",", ":")) + "\n")
             row: dict[str, Any] = {"instance": name, "planner": planner, "note": note}
             if plan is not None:
-                row |= score(inst, plan)
+                row |= score(inst, plan, None if args.evaluate == "default" else args.evaluate)
             rows.append(row)
     allwin = any(r.get("allwin_ratio") for r in rows)
     c7o = any(r.get("c7o_ratio") and abs(r["evaluate_c7o_s"] - r["evaluate_s"]) > 1e-12 for r in rows)

@@ -15,6 +15,7 @@ from typing import Callable, Literal, Sequence, TypeVar
 import numpy as np
 
 __all__ = [
+    "EVALUATE_1F1B",
     "ROUND_TRIP_WINDOWS",
     "bound_offset",
     "bound_weight",
@@ -111,6 +112,15 @@ ROUND_TRIP_WINDOWS: Literal["suffix", "all"] = "all"
 (checked against the exact replay, ``tests/test_cost_kernel.py``); ``"suffix"`` (only windows ending
 at the last stage) is the model before the fix. ``evaluate``, the MILP rows [M15w] and the
 re-partition DP [H8] all read this constant, so the three stay one model."""
+
+
+EVALUATE_1F1B: Literal["closed", "replay"] = "closed"
+"""What ``evaluate`` takes as a 1F1B pipeline's time (a constant, not a setting): ``"closed"`` is
+max([C3], [C3p], [C3n] where NIC sharing can matter), the model every bound of the MILP [M15]/[M15w]
+is still built on; ``"replay"`` is the exact timeline ([C3n] where NIC sharing can matter, else
+[C3x]) with each stage's last backward from it. The cheap bounds, the relaxation and the grouped
+bound are valid for both ([C3b]); the MILP's own bound is valid only for ``"closed"``: switch when it
+is (``formulations/cost_model.md`` [C3b])."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,

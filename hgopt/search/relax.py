@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
+from hgopt.cost.pipeline import in_flight, stage_fill, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -28,8 +28,10 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 
 INF = math.inf
 MAX_CLUSTERS = 12
-LAMBDAS = (0.0, 0.5, 2.0, 8.0)
-"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]."""
+LAMBDAS = (0.0,)
+"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]: none
+since [C3b] (the condition is [C3]'s window pace; the exact timeline [C3x] does not obey it: a window
+of S >= m stages completes no round trip, ``pipeline.window_cycles``)."""
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
@@ -53,7 +55,10 @@ class RelaxedSplit:
     q: int = 0
     trunk: int
     weight: float
+    """[C3b] The cheap bound's weight (``pipeline.bound_weight``), valid for the exact timeline."""
     s_lb: float
+    offset: float = 0.0
+    """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
 
     def bound_at(self, tau: float) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
@@ -157,7 +162,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             sm = StageModel(instance, tables, c, cfg, replicas)
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
-            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m)
+            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m, c.inter_node.latency_s)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
@@ -172,16 +177,16 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         for j, b in enumerate(names):
             if a != b:
                 for k, e in enumerate(table[(a, b)]):
-                    wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
+                    wan[k, i, j], wan_fill[k, i, j] = e.occupancy(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
-                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
-                        s_lb=cheap.s_lb)
+                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
+                        s_lb=cheap.s_lb, offset=cheap.offset)
 
 
-def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
-    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail),
-    and the fill n·t1 + 2(s−1)·send."""
+    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
+    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
     N = tc.xmax
     km = tc.kmax("t")
     xs = np.arange(N + 1)
@@ -205,7 +210,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
         xm = np.minimum(xm, N)
         t = tc.t_comp[xm]
         if s >= 2:
-            t = np.maximum(t, tc.t_send)
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = np.where(ok, t, INF)
         F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
         S[si] = np.where(ok, tc.t_so[xm], INF)
@@ -219,7 +224,8 @@ def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: 
     [tau_i, tau_{i+1}) of w·tau_i + bound_at(tau_{i+1}); intervals are refined (bisection in log
     scale) only while their bound is below ``target`` and wider than ``ratio``. With ``above``, only
     plans whose bottleneck is >= above are bounded (the cap loop [M0])."""
-    return min(single, _multi_bound(rs, cheap, target=target, deadline=deadline, ratio=ratio, above=above))
+    return min(single, _multi_bound(rs, cheap, target=target + rs.offset, deadline=deadline, ratio=ratio,
+                                    above=above) - rs.offset)
 
 
 def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float,
