@@ -602,3 +602,54 @@ def test_bound_weight_hand_computed() -> None:
     assert rep == pytest.approx(12.0, rel=1e-12)
     assert bound_weight(4, 2, 1.0 / 3.0) == pytest.approx(3.0 - 1.0 / 3.0, rel=1e-12)
     assert 3.9 + bound_weight(4, 2, 1.0 / 3.0) * 3.0 <= rep
+
+
+@pytest.mark.parametrize("S,m", [(2, 4), (3, 2), (3, 6), (4, 8)])
+def test_evaluate_replay_mode_equals_simulate_on_one_replica_stages(S: int, m: int) -> None:
+    """[C3x] ``evaluate(pipeline="replay")``: where nothing contends (the per-flow instance above), its
+    pipeline time is the simulator's to 1e-9 and so is its iteration (each stage's last backward from
+    the replay feeds the overlapped sync [C7o]); the closed form is not on some of these."""
+    if not hasattr(__import__("hgopt.spec", fromlist=["Topology"]).Topology, "link_spec"):
+        pytest.skip("topology without per-flow links yet")
+    inst = _per_flow_instance(m)
+    k = 4 // S
+    plan = _plan(m, *[(i * k, (i + 1) * k if i < S - 1 else 4, "ab"[i % 2]) for i in range(S)])
+    ev = evaluate(plan, inst, pipeline="replay")
+    sim = simulate(plan, inst)
+    assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+    assert ev.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+
+
+_BOUNDED = [("default", p) for p in ("milp", "metis", "uniform", "heuristic")] + \
+    [("geo-3r-gpt1.3b", p) for p in ("milp", "heuristic", "uniform")] + \
+    [("sailor-het-16+16", p) for p in ("milp", "heuristic", "metis")]
+
+
+@pytest.mark.parametrize("name,planner", _BOUNDED)
+def test_search_bounds_stay_below_the_exact_replay_of_cached_plans(name: str, planner: str) -> None:
+    """[C3b] The cheap bound [B4], the relaxation bound [R4] (with its one-cluster part [R0]) of each
+    cached plan's batch split never exceed ``evaluate(pipeline="replay")`` of that plan, nor the
+    closed form's evaluate (the forms are below both)."""
+    import math
+    from pathlib import Path
+
+    from hgopt.cost import build_tables
+    from hgopt.instances import load_instance
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import BatchSplit, _relaxation_bound
+
+    cache = json.loads((Path(__file__).resolve().parents[1] / "bench" / "cost_fidelity_plans.json").read_text())
+    d = cache[f"{name} {planner} 5"]["plan"]
+    plan = Plan.from_dict(d)
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    p0 = plan.pipelines[0]
+    if any(p.num_microbatches != p0.num_microbatches or p.microbatch != p0.microbatch for p in plan.pipelines):
+        pytest.skip("pipelines of different splits")
+    sp = BatchSplit(k=len(plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
+    exact = evaluate(plan, inst, tables, pipeline="replay").iteration_time_s
+    closed = evaluate(plan, inst, tables, pipeline="closed").iteration_time_s
+    cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+    rb, _ = _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)
+    assert max(cb.value, rb) <= min(exact, closed) * (1 + 1e-9)
+    assert cb.value > 0
