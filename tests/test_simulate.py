@@ -653,3 +653,24 @@ def test_search_bounds_stay_below_the_exact_replay_of_cached_plans(name: str, pl
     rb, _ = _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)
     assert max(cb.value, rb) <= min(exact, closed) * (1 + 1e-9)
     assert cb.value > 0
+
+
+@pytest.mark.parametrize("seed", (0, 3))
+def test_with_the_replay_switched_on_the_milp_reports_no_bound_it_cannot_prove(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] With ``pipeline.EVALUATE_1F1B = "replay"`` evaluate is the exact timeline and the MILP's own
+    bound (a bound of [C3]) is not used, only the cheap and relaxation bounds [C3b]: the planner's lower
+    bound stays below evaluate's (now the replay's) time of the plan it returns."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost import build_tables
+    from hgopt.search import PlanOptions
+    from hgopt.search.milp import plan_milp
+    from tests.test_milp import _instance
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    inst = _instance(seed)
+    res = plan_milp(inst, PlanOptions(time_limit_s=20.0, gap=0.0))
+    assert res.plan is not None and res.lower_bound_s is not None
+    ev = evaluate(res.plan, inst, build_tables(inst))
+    assert ev.iteration_time_s == pytest.approx(evaluate(res.plan, inst, pipeline="replay").iteration_time_s, rel=1e-12)
+    assert res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)

@@ -26,8 +26,8 @@ from hgopt.cost.gradsync import (
     iteration_end,
 )
 from hgopt.cost.memory import stage_memory_terms
+import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
-    EVALUATE_1F1B,
     fill_time,
     in_flight,
     last_backward_ends,
@@ -173,7 +173,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
             nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
             pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics,
-                                                 exact=(pipeline or EVALUATE_1F1B) == "replay"))
+                                                 exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay"))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)

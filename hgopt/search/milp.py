@@ -22,6 +22,7 @@ import numpy as np
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
+import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
@@ -649,6 +650,8 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
+        if _pipeline.EVALUATE_1F1B == "replay":  # [C3b] the rows model [C3]: no bound of the exact timeline
+            milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
