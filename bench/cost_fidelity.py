@@ -99,6 +99,11 @@ def replay_pipe(inst: Instance, plan: Plan, ev: Any) -> tuple[float, float]:
 def score(inst: Instance, plan: Plan, pipeline: str | None = None) -> dict[str, Any]:
     tables = build_tables(inst)
     ev = evaluate(plan, inst, tables, pipeline=pipeline) if pipeline else evaluate(plan, inst, tables)  # type: ignore[arg-type]
+    cpu = {}
+    for mode in ("closed", "replay"):  # [C3b] what the exact replay costs evaluate
+        c0 = time.process_time()
+        evaluate(plan, inst, tables, pipeline=mode)  # type: ignore[arg-type]
+        cpu[mode] = time.process_time() - c0
     t0 = time.process_time()
     sim = simulate(plan, inst, tables)
     allwin = all_windows_pipe(plan, ev)
@@ -119,7 +124,7 @@ def score(inst: Instance, plan: Plan, pipeline: str | None = None) -> dict[str, 
         "stages": sum(len(p.stages) for p in plan.pipelines), "pipelines": len(plan.pipelines),
         "m": "/".join(sorted({str(p.num_microbatches) for p in plan.pipelines}, key=int)),
         "clusters": len(plan.gpus_by_cluster()), "sim_cpu_s": time.process_time() - t0,
-        "feasible": ev.feasible,
+        "feasible": ev.feasible, "eval_cpu_closed_s": cpu["closed"], "eval_cpu_replay_s": cpu["replay"],
     }
 
 
@@ -181,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{within}/{len(scored)} plans agree within 2 %; worst: {worst['instance']} {worst['planner']} "
               f"evaluate {worst['evaluate_s']:.4g} s, simulate {worst['simulate_s']:.4g} s (ratio {worst['ratio']:.3f}); "
               f"simulate CPU max {max(r['sim_cpu_s'] for r in scored):.2f} s; total {time.perf_counter() - t_start:.0f} s")
+        for mode in ("closed", "replay"):
+            cpus = [r[f"eval_cpu_{mode}_s"] for r in scored]
+            top = max(scored, key=lambda r: r[f"eval_cpu_{mode}_s"])
+            print(f"evaluate(pipeline={mode!r}) CPU: {sum(cpus):.2f} s on all {len(scored)} plans, at most "
+                  f"{max(cpus):.3f} s ({top['instance']} {top['planner']})")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

@@ -626,33 +626,43 @@ _BOUNDED = [("default", p) for p in ("milp", "metis", "uniform", "heuristic")] +
 
 
 @pytest.mark.parametrize("name,planner", _BOUNDED)
-def test_search_bounds_stay_below_the_exact_replay_of_cached_plans(name: str, planner: str) -> None:
-    """[C3b] The cheap bound [B4], the relaxation bound [R4] (with its one-cluster part [R0]) of each
-    cached plan's batch split never exceed ``evaluate(pipeline="replay")`` of that plan, nor the
-    closed form's evaluate (the forms are below both)."""
+def test_search_bounds_stay_below_the_exact_replay_of_cached_plans(name: str, planner: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] With the replay switched on (``pipeline.EVALUATE_1F1B = "replay"``) the cheap bound [B4]
+    and the relaxation bound [R4] (with its one-cluster part [R0]) of each cached plan's batch split
+    never exceed evaluate of that plan (now the exact replay) nor the closed form; with the closed form
+    (the default) they are [C3]'s and at least as high."""
     import math
     from pathlib import Path
 
+    import hgopt.cost.pipeline as pipeline_mod
     from hgopt.cost import build_tables
     from hgopt.instances import load_instance
     from hgopt.search.blocks import cheap_bounds
     from hgopt.search.milp import BatchSplit, _relaxation_bound
 
     cache = json.loads((Path(__file__).resolve().parents[1] / "bench" / "cost_fidelity_plans.json").read_text())
-    d = cache[f"{name} {planner} 5"]["plan"]
-    plan = Plan.from_dict(d)
+    plan = Plan.from_dict(cache[f"{name} {planner} 5"]["plan"])
     inst = load_instance(name)
     tables = build_tables(inst)
     p0 = plan.pipelines[0]
     if any(p.num_microbatches != p0.num_microbatches or p.microbatch != p0.microbatch for p in plan.pipelines):
         pytest.skip("pipelines of different splits")
     sp = BatchSplit(k=len(plan.pipelines), microbatch=p0.microbatch, num_microbatches=p0.num_microbatches)
-    exact = evaluate(plan, inst, tables, pipeline="replay").iteration_time_s
-    closed = evaluate(plan, inst, tables, pipeline="closed").iteration_time_s
-    cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
-    rb, _ = _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)
-    assert max(cb.value, rb) <= min(exact, closed) * (1 + 1e-9)
-    assert cb.value > 0
+
+    def bounds() -> tuple[float, float]:
+        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+        return cb.value, _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)[0]
+
+    closed_cb, closed_rb = bounds()
+    closed = evaluate(plan, inst, tables).iteration_time_s
+    assert max(closed_cb, closed_rb) <= closed * (1 + 1e-9)
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    cb, rb = bounds()
+    exact = evaluate(plan, inst, tables).iteration_time_s
+    assert exact == pytest.approx(evaluate(plan, inst, tables, pipeline="replay").iteration_time_s, rel=1e-12)
+    assert max(cb, rb) <= min(exact, closed) * (1 + 1e-9)
+    assert 0 < cb <= closed_cb * (1 + 1e-12) and rb <= closed_rb * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("seed", (0, 3))

@@ -19,6 +19,9 @@ __all__ = [
     "ROUND_TRIP_WINDOWS",
     "bound_offset",
     "bound_weight",
+    "replay_bounds",
+    "search_offset",
+    "search_weight",
     "forward_share",
     "replay_floor",
     "warmup_cap",
@@ -345,6 +348,25 @@ def forward_share(fwd: Sequence[float], bwd: Sequence[float], skip: int = 1) -> 
     rho = max((fwd[i] / (fwd[i] + bwd[i]) for i in core if fwd[i] + bwd[i] > 0), default=0.0)
     excess = sum(max(f - rho * (f + b), 0.0) for f, b in zip(fwd, bwd))
     return rho, excess
+
+
+def replay_bounds() -> bool:
+    """[C3b] Whether the search's bounds must hold for the exact timeline: ``EVALUATE_1F1B == "replay"``
+    (read at call time). With ``"closed"`` they keep [C3]'s weight m − 1 (valid for the closed form,
+    which is ≥ [C3]); the bound sites call this, :func:`search_weight` and :func:`search_offset`, so
+    the switch flips evaluate and every bound together."""
+    return EVALUATE_1F1B == "replay"
+
+
+def search_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0) -> float:
+    """[C3b] The steady weight of the search's lower bounds: :func:`bound_weight` under the replay,
+    :func:`steady_weight` (m − 1) under the closed form."""
+    return bound_weight(num_microbatches, max_stages, fwd_share) if replay_bounds() else steady_weight(num_microbatches)
+
+
+def search_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
+    """[C3b] :func:`bound_offset` under the replay, 0 under the closed form."""
+    return bound_offset(num_microbatches, max_stages, fwd_excess) if replay_bounds() else 0.0
 
 
 def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:

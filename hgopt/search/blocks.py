@@ -31,9 +31,10 @@ from hgopt.cost.links import handover_lower_bound, replicas_per_node
 from hgopt.cost.compute import forward_share_of
 from hgopt.cost.pipeline import (
     ROUND_TRIP_WINDOWS,
-    bound_offset,
-    bound_weight,
+    replay_bounds,
     round_trip_pace,
+    search_offset,
+    search_weight,
     stage_fill,
     steady_weight,
     weighted_time,
@@ -495,7 +496,8 @@ class CheapBounds:
     (``LocalPlan.sync_opt_s``), and the first stage holds at least layers [0, max(p, 1)): the least
     ``StageModel.first_tail`` of that range over the configs."""
     weight: float
-    """[C3b] ``pipeline.bound_weight``: the steady weight valid for the exact timeline [C3x]."""
+    """``pipeline.search_weight``: m − 1 under the closed form, [C3b]'s ``bound_weight`` (valid for the
+    exact timeline [C3x]) under the replay."""
     grid: tuple[float, ...]
     """Bottleneck values tau_0 = t_lb < tau_1 < ...; bound on plans with bottleneck in
     [tau_i, tau_{i+1}): weight·tau_i + fill_lb(tau_{i+1}) + s_lb."""
@@ -518,8 +520,8 @@ class CheapBounds:
         """The same structure for another m (weight and offset of [C3b]; grid and fills do not depend
         on m), for callers that re-use one (k, B) structure over several shares (``master``)."""
         rho, e = self.fwd_share
-        return dataclasses.replace(self, weight=bound_weight(num_microbatches, self.max_stages, rho),
-                                   offset=bound_offset(num_microbatches, self.max_stages, e))
+        return dataclasses.replace(self, weight=search_weight(num_microbatches, self.max_stages, rho),
+                                   offset=search_offset(num_microbatches, self.max_stages, e))
 
     def lb_above(self, t: float) -> float:
         """Lower bound on every plan whose bottleneck is >= t."""
@@ -572,7 +574,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     t_lb = _fluid(rows, shape.trunk)
     wan = (INF, INF)
     if len(instance.topology.clusters) > 1:  # no layout floor here: every split gets this bound first
-        arcs = [(e.occupancy(1.0), e.fill(1.0))  # [C3b] a hand-over's boundary term: its occupancy
+        arcs = [(e.bound_pace(1.0), e.fill(1.0))  # [C3b] under the replay a hand-over's term is its occupancy
                 for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
                 for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
         wan = (min(x for x, _ in arcs), min(y for _, y in arcs))
@@ -582,8 +584,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
     # [C3b] the weight and offset valid for the exact timeline (not [C3]'s m − 1)
-    s_lb, w = s_first, bound_weight(num_microbatches, max_stages, rho)
-    off = bound_offset(num_microbatches, max_stages, excess)
+    s_lb, w = s_first, search_weight(num_microbatches, max_stages, rho)
+    off = search_offset(num_microbatches, max_stages, excess)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
@@ -777,6 +779,11 @@ class ArcPrecision:
         """[C3b] Seconds per microbatch the slower direction occupies the boundary (pace less latency):
         what a lower bound of the exact timeline may weigh with ``pipeline.bound_weight``."""
         return max(self.fwd - self.lat_fwd + mu * self.q_fwd, self.bwd - self.lat_bwd + mu * self.q_bwd)
+
+    def bound_pace(self, mu: float) -> float:
+        """The pace the bounds weigh: :meth:`occupancy` under the replay, :meth:`pace` under the
+        closed form (``pipeline.replay_bounds``)."""
+        return self.occupancy(mu) if replay_bounds() else self.pace(mu)
 
 
 HandoverKey = tuple[int, int, int]

@@ -650,7 +650,7 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
-        if _pipeline.EVALUATE_1F1B == "replay":  # [C3b] the rows model [C3]: no bound of the exact timeline
+        if _pipeline.replay_bounds():  # [C3b] the rows model [C3]: no bound of the exact timeline
             milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
@@ -889,7 +889,8 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: 
     layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
     send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
     is >= w·B' + F + S − offset ([C3b]: w = ``cheap.weight``, B' = B less at most the largest NIC
-    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset."""
+    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset (under
+    the closed form, D* itself)."""
     from hgopt.search.intra import best_local_plan
 
     best = math.inf
@@ -898,6 +899,8 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: 
                              num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
         if lp is not None:
             best = min(best, lp.objective(sp.num_microbatches))
+    if not _pipeline.replay_bounds():
+        return best  # [C3]: D* bounds the closed form itself
     m = sp.num_microbatches
     kappa = cheap.weight / (m - 1) if m > 1 else 1.0
     lam = max(c.inter_node.latency_s for c in instance.topology.clusters)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, stage_fill, weighted_time
+from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -28,10 +28,10 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 
 INF = math.inf
 MAX_CLUSTERS = 12
-LAMBDAS = (0.0,)
-"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]: none
-since [C3b] (the condition is [C3]'s window pace; the exact timeline [C3x] does not obey it: a window
-of S >= m stages completes no round trip, ``pipeline.window_cycles``)."""
+LAMBDAS = (0.0, 0.5, 2.0, 8.0)
+"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
+when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
+[C3]'s window pace, and a window of S >= m stages completes no round trip there, ``window_cycles``)."""
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
@@ -55,7 +55,7 @@ class RelaxedSplit:
     q: int = 0
     trunk: int
     weight: float
-    """[C3b] The cheap bound's weight (``pipeline.bound_weight``), valid for the exact timeline."""
+    """The cheap bound's weight (``pipeline.search_weight``)."""
     s_lb: float
     offset: float = 0.0
     """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
@@ -71,7 +71,7 @@ class RelaxedSplit:
         N = self.trunk
         best = -INF
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if math.isfinite(tau) else (0.0,):
+        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
@@ -162,7 +162,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             sm = StageModel(instance, tables, c, cfg, replicas)
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
-            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m, c.inter_node.latency_s)
+            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m, c.inter_node.latency_s if replay_bounds() else 0.0)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
@@ -177,7 +177,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         for j, b in enumerate(names):
             if a != b:
                 for k, e in enumerate(table[(a, b)]):
-                    wan[k, i, j], wan_fill[k, i, j] = e.occupancy(1.0), e.fill(1.0)  # [C3b]
+                    wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
                         s_lb=cheap.s_lb, offset=cheap.offset)
