@@ -128,6 +128,33 @@ def score(inst: Instance, plan: Plan, pipeline: str | None = None) -> dict[str, 
     }
 
 
+def relaxation_bounds(name: str) -> dict[str, float]:
+    """[C3b] The bound the relaxations alone give (min over batch splits of max(cheap [B4], relaxation
+    [R4] with [R0]); no MILP, no time limit) under the closed form and under the replay
+    (``pipeline.EVALUATE_1F1B``): what the replay-valid forms cost the certificate, independent of the
+    host's speed."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import _relaxation_bound, batch_splits
+
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    out = {}
+    saved = pipeline_mod.EVALUATE_1F1B
+    try:
+        for mode in ("closed", "replay"):
+            pipeline_mod.EVALUATE_1F1B = mode  # type: ignore[assignment]
+            best = math.inf
+            for sp in batch_splits(inst):
+                cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+                rb = _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)[0]
+                best = min(best, max(cb.value, rb))
+            out[mode] = best
+    finally:
+        pipeline_mod.EVALUATE_1F1B = saved
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP / heuristic budget per plan (s)")
@@ -140,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluate", choices=("default", "closed", "replay"), default="default",
                     help="evaluate's 1F1B pipeline time: the kernel's default (pipeline.EVALUATE_1F1B), the closed "
                          "form, or the exact replay [C3x]/[C3n] ([C3b])")
+    ap.add_argument("--bounds", action="store_true",
+                    help="only print the relaxations' bound per instance under the closed form and the replay [C3b]")
     args = ap.parse_args(argv)
+    if args.bounds:
+        print("| instance | relaxation bound, closed form (s) | relaxation bound, replay-valid (s) | change |")
+        print("|---|---:|---:|---:|")
+        for name in args.instances or [e.name for e in list_instances()]:
+            b = relaxation_bounds(name)
+            print(f"| {name} | {b['closed']:.4g} | {b['replay']:.4g} | {b['replay'] / b['closed'] - 1:+.1%} |", flush=True)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     names = args.instances or [e.name for e in list_instances()]
     rows: list[dict[str, Any]] = []

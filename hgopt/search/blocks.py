@@ -507,6 +507,10 @@ class CheapBounds:
     """Least fill of any plan at all (fill_at of the largest grid point)."""
     offset: float = 0.0
     """[C3b] ``pipeline.bound_offset``: subtracted once (w̄·E, the forward seconds beyond ρ·t)."""
+    busy: float = 0.0
+    """[C3b] m under the replay (``pipeline.replay_bounds``): every plan also costs >= m·B + s_lb (a
+    stage's m microbatches back to back, T ≥ A_s + B_s + m·t_s; a boundary's T ≥ R_0 + (m − 1)·o ≥ m·o);
+    0 under the closed form (where m·B ≤ (m − 1)·B + fill adds nothing)."""
     max_stages: int = 1
     """Most stages a plan of the split can have (its GPUs over the fewest per stage; its layers)."""
     fwd_share: tuple[float, float] = (1.0, 0.0)
@@ -521,7 +525,8 @@ class CheapBounds:
         on m), for callers that re-use one (k, B) structure over several shares (``master``)."""
         rho, e = self.fwd_share
         return dataclasses.replace(self, weight=search_weight(num_microbatches, self.max_stages, rho),
-                                   offset=search_offset(num_microbatches, self.max_stages, e))
+                                   offset=search_offset(num_microbatches, self.max_stages, e),
+                                   busy=float(num_microbatches) if replay_bounds() else 0.0)
 
     def lb_above(self, t: float) -> float:
         """Lower bound on every plan whose bottleneck is >= t."""
@@ -531,7 +536,8 @@ class CheapBounds:
             if hi <= t:
                 continue
             f = self.fill_at[i + 1] if i + 1 < len(self.grid) else self.f_lb
-            best = min(best, weighted_time(self.weight, max(tau, t), f) + self.s_lb - self.offset)
+            x = max(tau, t)
+            best = min(best, max(weighted_time(self.weight, x, f) - self.offset, self.busy * x) + self.s_lb)
         return best
 
 
@@ -601,7 +607,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
         if len(fill) >= 2:
             best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb - off)
     return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor,
-                       offset=off, max_stages=max_stages, fwd_share=(rho, excess))
+                       offset=off, max_stages=max_stages, fwd_share=(rho, excess),
+                       busy=float(num_microbatches) if replay_bounds() else 0.0)
 
 
 def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:

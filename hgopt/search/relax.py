@@ -59,6 +59,8 @@ class RelaxedSplit:
     s_lb: float
     offset: float = 0.0
     """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
+    busy: float = 0.0
+    """[C3b] ``CheapBounds.busy``: every plan also costs >= busy·bottleneck + s_lb."""
 
     def bound_at(self, tau: float) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
@@ -180,7 +182,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                     wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
-                        s_lb=cheap.s_lb, offset=cheap.offset)
+                        s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy)
 
 
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,8 +226,7 @@ def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: 
     [tau_i, tau_{i+1}) of w·tau_i + bound_at(tau_{i+1}); intervals are refined (bisection in log
     scale) only while their bound is below ``target`` and wider than ``ratio``. With ``above``, only
     plans whose bottleneck is >= above are bounded (the cap loop [M0])."""
-    return min(single, _multi_bound(rs, cheap, target=target + rs.offset, deadline=deadline, ratio=ratio,
-                                    above=above) - rs.offset)
+    return min(single, _multi_bound(rs, cheap, target=target, deadline=deadline, ratio=ratio, above=above))
 
 
 def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadline: float, ratio: float,
@@ -242,15 +243,18 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
             memo[tau] = rs.bound_at(tau)
         return memo[tau]
 
+    def val_at(a: float, b: float) -> float:  # [C3b] offset, and the busy chain m·a + s_lb under the replay
+        return max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
+
     if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
-        return weighted_time(w, lo_t, at(INF))
+        return val_at(lo_t, INF)
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
-    best_above = weighted_time(w, hi_t, at(INF))
+    best_above = val_at(hi_t, INF)
     intervals = [(lo_t, hi_t)]
     result = best_above
     while intervals:
         a, b = intervals.pop()
-        val = weighted_time(w, a, at(b))
+        val = val_at(a, b)
         if val >= target or b <= a * ratio or time.perf_counter() > deadline:
             result = min(result, val)
             continue
@@ -263,4 +267,4 @@ def _tau_beyond(rs: RelaxedSplit, target: float) -> float:
     """A bottleneck above which no plan can cost less than ``target``."""
     if not math.isfinite(target):
         return INF
-    return max(target - rs.extra_fill - rs.s_lb, 0.0) / max(rs.weight, 1e-12)
+    return max(target - rs.extra_fill - rs.s_lb + rs.offset, 0.0) / max(rs.weight, 1e-12)
