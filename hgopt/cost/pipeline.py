@@ -121,9 +121,10 @@ EVALUATE_1F1B: Literal["closed", "replay"] = "closed"
 """What ``evaluate`` takes as a 1F1B pipeline's time (a constant, not a setting): ``"closed"`` is
 max([C3], [C3p], [C3n] where NIC sharing can matter), the model every bound of the MILP [M15]/[M15w]
 is still built on; ``"replay"`` is the exact timeline ([C3n] where NIC sharing can matter, else
-[C3x]) with each stage's last backward from it. The cheap bounds, the relaxation and the grouped
-bound are valid for both ([C3b]); the MILP's own bound is valid only for ``"closed"``: switch when it
-is (``formulations/cost_model.md`` [C3b])."""
+[C3x]) with each stage's last backward from it. The bound sites read it too (:func:`replay_bounds`):
+under ``"replay"`` the cheap bounds, the relaxation and the grouped bound take [C3b]'s forms and the
+MILP's own dual bound (a bound of [C3] only) is not reported, so the two flip together
+(``formulations/cost_model.md`` [C3b]; bench/RESULTS.md says what the bounds lose)."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
@@ -204,7 +205,7 @@ def replay_stage_ends(
 
     The longest path of the schedule's dependency graph: the reference [C3]'s closed form
     ``(m − 1)·pace + R_0`` approximates (``bench/cost_fidelity.py`` compares them). O(S·m) operations;
-    not used by ``evaluate`` (the planners' MILP rows and bounds are built on the closed form)."""
+    ``evaluate``'s pipeline time under ``EVALUATE_1F1B = "replay"`` (not the default)."""
     S, m = len(fwd), num_microbatches
     lf = latency_f if latency_f is not None else [0.0] * S
     lb = latency_b if latency_b is not None else [0.0] * S
