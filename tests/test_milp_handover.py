@@ -36,7 +36,7 @@ def _instance(seed: int) -> Instance:
     topo["links"]["default"] = {"kind": "per_flow", "per_flow": {"gbit_s": rng.choice([4.0, 16.0]), "latency_ms": 1.0}}
     model = tiny_model(num_layers=rng.choice([4, 5]), gpus=dict(list(gpus.items())[:n_clusters]),
                        activation_bytes=rng.choice([2e6, 2e7]), params=2e7)
-    return tiny_instance(global_batch=rng.choice([4, 8]), model=model, topology=topo)
+    return tiny_instance(global_batch=rng.choice([4, 8]), model=model, topology=topo, recompute="off")
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -236,7 +236,7 @@ def _special_instance(seed: int) -> Instance:
     for t in model["timings"]:
         for key in ("fwd", "bwd"):
             t[key] = [t[key][0] * 0.2, *t[key][1:-1], t[key][-1] * head]
-    return tiny_instance(global_batch=rng.choice([4, 8]), model=model, topology=topo)
+    return tiny_instance(global_batch=rng.choice([4, 8]), model=model, topology=topo, recompute="off")
 
 
 def _split_optima(inst: Instance) -> dict[object, float]:
@@ -277,7 +277,7 @@ def test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed: i
         rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
                          cheap=cb)
         assert rs is not None and rs.TE and rs.TB
-        single = _best_single(inst, tables, sp)
+        single = _best_single(inst, tables, sp, cb)
         with_rows = split_bound(rs, cb, target=2 * opt, single=single)
         plain = split_bound(dataclasses.replace(rs, TE=(), FE=(), stages_end=(), TB=(), FB=(), stages_first=()), cb,
                             target=2 * opt, single=single)
@@ -353,7 +353,7 @@ def _head_elsewhere_instance() -> Instance:
         for key in ("fwd", "bwd"):
             x = t[key]
             t[key] = [x[0] * 0.2, *x[1:-1], x[-1] * (8.0 if t["gpu"] == "A" else 0.2)]
-    return tiny_instance(global_batch=4, model=model, topology=topo)
+    return tiny_instance(global_batch=4, model=model, topology=topo, recompute="off")
 
 
 def test_suffix_only_block_is_neither_pruned_nor_out_bounded() -> None:
