@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgopt.cost import evaluate
-from hgopt.cost.evaluate import stage_boundary_time
+from hgopt.cost.evaluate import SyncMemo, stage_boundary_time
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, in_flight, stage_pace, trip_depth
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
@@ -73,7 +73,8 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
     if S < 2:
         return None
     costs = [_stage_costs(instance, tables, pipe, s, k) for s in range(S)]
-    base = evaluate(plan, instance, tables)
+    memo = SyncMemo(instance, tables)  # the candidates share most sync segments
+    base = evaluate(plan, instance, tables, memo)
     best_t = base.iteration_time_s if base.feasible else INF
     best_plan, seen = plan, {_bounds(pipe)}
     cur_steady = max(stage_pace(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
@@ -87,7 +88,7 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
                 continue
             seen.add(bounds)
             cand = _with_bounds(plan, pipe, bounds)
-            ev = evaluate(cand, instance, tables)
+            ev = evaluate(cand, instance, tables, memo)
             if ev.feasible and ev.iteration_time_s < best_t - 1e-12:
                 best_t, best_plan = ev.iteration_time_s, cand
     if not math.isfinite(best_t):
@@ -242,16 +243,19 @@ def _min_fill_windows(costs: list[_StageCosts], L: int, cap: float, tail_cap: fl
         c = costs[s]
         ok = (c.steady <= cap) & (c.tail <= tail_cap) & np.isfinite(c.fill)
         limit = cap * trip_depth(S - s, m) * (1 + tol)
+        h_cap = cap * tol
         cur: dict[int, list[tuple[float, float, int, int]]] = {}
         for a in range(L):
             cands = []
             for b, front in nxt.items():
                 if b <= a or not ok[a, b]:
                     continue
-                f, t = float(c.fill[a, b]), float(c.comp[a, b])
+                f = float(c.fill[a, b])
+                fc, tc = f - cap, float(c.comp[a, b]) - cap
                 for i, (r, h, _, _) in enumerate(front):
-                    rr, hh = f + r, max(t - cap, f - cap + h)
-                    if rr <= limit and hh <= cap * tol:
+                    rr, y = f + r, fc + h
+                    hh = y if y > tc else tc  # max(t - cap, f - cap + h), its tie and NaN rule
+                    if rr <= limit and hh <= h_cap:
                         cands.append((rr, hh, b, i))
             if cands:
                 cands.sort()
