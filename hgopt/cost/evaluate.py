@@ -50,7 +50,6 @@ __all__ = [
     "Evaluation",
     "PipelineReport",
     "SegmentSync",
-    "SyncMemo",
     "StageReport",
     "boundary_cast_times",
     "boundary_latency",
@@ -137,21 +136,17 @@ class Evaluation:
         return d
 
 
-def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None,
-             sync_memo: SyncMemo | None = None) -> Evaluation:
+def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -> Evaluation:
     """Iteration time, throughput, per-stage breakdown and memory of ``plan`` on ``instance``.
 
     A plan with structural violations is infeasible and gets an infinite iteration time; a plan that
-    only runs out of memory is costed fully and flagged infeasible. ``sync_memo``: the [C5]/[C7o]
-    sync pricing memo of ``instance`` and ``tables`` to reuse (one search's; a fresh one per call without).
+    only runs out of memory is costed fully and flagged infeasible.
     """
     violations = [str(v) for v in validate(plan, instance)]
     if violations:
         return _infeasible(plan, violations)
     tables = tables or build_tables(instance)
-    memo = SyncMemo(instance, tables) if sync_memo is None else sync_memo
-    memo.check(instance, tables)
-    sync = _stage_sync_times(plan, instance, tables, memo)
+    sync = _stage_sync_times(plan, instance, tables)
     wan = _wan_loads(instance, tables, plan.pipelines)
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
@@ -171,7 +166,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None,
             pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
-    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports, memo)
+    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
     # the headline: [C7o] with overlap (the runner's default), [C7] without
     t_iter = t_overlap if plan.overlap_grad_sync else t_pipe + max(s.sync_s + s.optimizer_s for s in stage_reports)
     t_tail = t_iter - t_pipe
@@ -599,13 +594,12 @@ def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
 
 
 # ---- gradient synchronisation [C5] ---------------------------------------------------------------
-def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables,
-                      memo: SyncMemo | None = None) -> dict[tuple[int, int], float]:
+def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tuple[int, int], float]:
     """All-reduce seconds per (pipeline, stage) [C5]. Layers are cut into segments at every stage
     boundary of every pipeline, so each segment has one fixed set of replicas that hold it. A stage
     all-reduces its segments one after another; their cross-cluster rings also share each WAN link
     with every other segment's ring over it, all running after the drain [C5w]."""
-    segs, load = _segments_and_loads(plan, inst, tables, memo)
+    segs, load = _segments_and_loads(plan, inst, tables)
     by_range = {}
     for p in set(plan.pipelines):
         for s in p.stages:
@@ -626,7 +620,7 @@ def _shared_sync(topo: Topology, mine: list[SegmentSync], load: dict[frozenset[s
 
 
 def _segments_and_loads(
-    plan: Plan, inst: Instance, tables: CostTables, memo: SyncMemo | None = None
+    plan: Plan, inst: Instance, tables: CostTables
 ) -> tuple[dict[tuple[int, int], SegmentSync], dict[frozenset[str], float]]:
     """[C5] Every sync segment's all-reduce and [C5w] the gradient bytes all-reduced over each
     unordered cluster pair (a ring over k clusters counted on each of its pairs)."""
@@ -636,7 +630,7 @@ def _segments_and_loads(
     load: dict[frozenset[str], float] = {}
     for lo, hi in zip(cuts, cuts[1:]):
         holders = [s for s in stages if s.start <= lo and hi <= s.end]
-        seg = segs[(lo, hi)] = segment_sync(inst, tables, holders, lo, hi, plan.grad_sync_precision, memo)
+        seg = segs[(lo, hi)] = segment_sync(inst, tables, holders, lo, hi, plan.grad_sync_precision)
         for pair in seg.pairs():
             load[pair] = load.get(pair, 0.0) + seg.wan_bytes
     return segs, load
@@ -682,73 +676,15 @@ class SegmentSync:
                            wan_bytes=self.wan_bytes + other.wan_bytes)
 
 
-class SyncMemo:
-    """[C5]/[C7o] The sync pricing of one instance and cost tables, memoised: each segment's (or
-    bucket's) all-reduce (``segment_allreduce``) and each segment's buckets (``segment_buckets``),
-    keyed on exactly what they read of the holders (per group its cluster, tp and dp, in holder order;
-    for the buckets each group's cluster and tp), the layer range and the precision / bucket size.
-    Owned by one evaluation or one search (``evaluate``'s ``sync_memo``); it refuses other instances
-    or tables (its keys name clusters, not their specs)."""
-
-    __slots__ = ("instance", "tables", "_allreduce", "_buckets", "_bucket_syncs")
-
-    def __init__(self, instance: Instance, tables: CostTables) -> None:
-        self.instance = instance
-        self.tables = tables
-        self._allreduce: dict[tuple[object, ...], SegmentSync] = {}
-        self._buckets: dict[tuple[object, ...], tuple[tuple[int, int], ...]] = {}
-        self._bucket_syncs: dict[tuple[object, ...], tuple[tuple[tuple[int, int], SegmentSync], ...]] = {}
-
-    def check(self, instance: Instance, tables: CostTables) -> None:
-        if instance is not self.instance or tables is not self.tables:
-            raise ValueError("SyncMemo: made for another instance or other cost tables")
-
-    def allreduce(self, holders: list[Stage], lo: int, hi: int, wan_precision: str) -> SegmentSync:
-        key = (tuple((g.cluster, g.tp, g.dp) for s in holders for g in s.groups), lo, hi, wan_precision)
-        got = self._allreduce.get(key)
-        if got is None:
-            got = self._allreduce[key] = _segment_allreduce(self.instance, self.tables, holders, lo, hi, wan_precision)
-        return got
-
-    def buckets(self, holders: list[Stage], lo: int, hi: int, bucket_mb: float) -> list[tuple[int, int]]:
-        key = (frozenset((g.cluster, g.tp) for s in holders for g in s.groups), lo, hi, bucket_mb)
-        got = self._buckets.get(key)
-        if got is None:
-            got = self._buckets[key] = tuple(_segment_buckets(self.instance, self.tables, holders, lo, hi, bucket_mb))
-        return list(got)
-
-    def bucket_syncs(self, holders: list[Stage], lo: int, hi: int, bucket_mb: float,
-                     wan_precision: str) -> list[tuple[tuple[int, int], SegmentSync]]:
-        """``segment_bucket_syncs``: what its buckets and all-reduces read, and the ZeRO-1 rule."""
-        key = (tuple((g.cluster, g.tp, g.dp) for s in holders for g in s.groups), segment_sharded(holders),
-               lo, hi, bucket_mb, wan_precision)
-        got = self._bucket_syncs.get(key)
-        if got is None:
-            got = self._bucket_syncs[key] = tuple(_segment_bucket_syncs(self.instance, self.tables, holders, lo, hi,
-                                                                        bucket_mb, wan_precision, self))
-        return list(got)
-
-
 def segment_allreduce(
-    inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str,
-    memo: SyncMemo | None = None,
+    inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str
 ) -> SegmentSync:
     """[C5] The all-reduce of layers ``[lo, hi)`` among every replica of ``holders`` (the stages of every
     pipeline that hold them): a ring inside each cluster (per tp shard; the slowest cluster's is
     ``intra``), then a ring across the clusters over the WAN carrying the whole gradient in
     ``wan_precision`` (``inter``: per flow on the slowest link between them, and the NICs at its
     ends). The scorer prices a sync segment with it and each gradient bucket of one [C7o]; the
-    simulator runs the same two phases (``hgopt.simulate``). ``memo``: a :class:`SyncMemo` of ``inst``
-    and ``tables`` (the same value, computed once per key)."""
-    if memo is not None:
-        memo.check(inst, tables)
-        return memo.allreduce(holders, lo, hi, wan_precision)
-    return _segment_allreduce(inst, tables, holders, lo, hi, wan_precision)
-
-
-def _segment_allreduce(
-    inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int, wan_precision: str
-) -> SegmentSync:
+    simulator runs the same two phases (``hgopt.simulate``)."""
     topo = inst.topology
     per_cluster: dict[str, list[tuple[int, int]]] = {}
     for s in holders:
@@ -778,19 +714,11 @@ def _segment_allreduce(
 
 # ---- bucketed gradient sync overlapped with the last backward [C7o] ------------------------------
 def segment_buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                    bucket_mb: float, memo: SyncMemo | None = None) -> list[tuple[int, int]]:
+                    bucket_mb: float) -> list[tuple[int, int]]:
     """[C7o] The gradient buckets of sync segment ``[lo, hi)`` held by ``holders``, in sync order (last
     layers first): layers packed into buckets of at most ``bucket_mb`` MiB of the largest per-rank
     gradient among the holders' (GPU, tp) shards (``gradsync.bucket_ranges``); a ZeRO-1 sharded
     segment (:func:`segment_sharded`) is cut the same way (each bucket reduce-scattered)."""
-    if memo is not None:
-        memo.check(inst, tables)
-        return memo.buckets(holders, lo, hi, bucket_mb)
-    return _segment_buckets(inst, tables, holders, lo, hi, bucket_mb)
-
-
-def _segment_buckets(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                     bucket_mb: float) -> list[tuple[int, int]]:
     per_layer = np.zeros(tables.num_layers)
     for gt in {(inst.topology.cluster(g.cluster).gpu, g.tp) for st in holders for g in st.groups}:
         per_layer = np.maximum(per_layer, gradient_bytes(np.diff(tables.table(*gt).params), tables.dtype_bytes))
@@ -798,48 +726,36 @@ def _segment_buckets(inst: Instance, tables: CostTables, holders: list[Stage], l
 
 
 def segment_bucket_syncs(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                         bucket_mb: float, wan_precision: str,
-                         memo: SyncMemo | None = None) -> list[tuple[tuple[int, int], SegmentSync]]:
+                         bucket_mb: float, wan_precision: str) -> list[tuple[tuple[int, int], SegmentSync]]:
     """[C7o] Each gradient bucket of sync segment ``[lo, hi)`` (``segment_buckets``, sync order) with its
     collective: the [C5] all-reduce of its layers, or in a ZeRO-1 sharded segment its reduce-scatter
     (``gradsync.ZERO_PHASE`` of that all-reduce). Evaluate and the simulator both price buckets so."""
-    if memo is not None:
-        memo.check(inst, tables)
-        return memo.bucket_syncs(holders, lo, hi, bucket_mb, wan_precision)
-    return _segment_bucket_syncs(inst, tables, holders, lo, hi, bucket_mb, wan_precision)
-
-
-def _segment_bucket_syncs(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                          bucket_mb: float, wan_precision: str,
-                          memo: SyncMemo | None = None) -> list[tuple[tuple[int, int], SegmentSync]]:
     f = ZERO_PHASE if segment_sharded(holders) else 1.0
-    return [((x, y), segment_allreduce(inst, tables, holders, x, y, wan_precision, memo).scaled(f))
-            for x, y in segment_buckets(inst, tables, holders, lo, hi, bucket_mb, memo)]
+    return [((x, y), segment_allreduce(inst, tables, holders, x, y, wan_precision).scaled(f))
+            for x, y in segment_buckets(inst, tables, holders, lo, hi, bucket_mb)]
 
 
-def segment_gather(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                   memo: SyncMemo | None = None) -> SegmentSync | None:
+def segment_gather(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int) -> SegmentSync | None:
     """[C7o] The all-gather of a ZeRO-1 sharded segment's updated parameters among its holders after
     their optimizer steps (``gradsync.ZERO_PHASE`` of the [C5] all-reduce of its bytes, in the native
     dtype: parameters are never narrowed); None for a segment that is not sharded."""
     if not segment_sharded(holders):
         return None
-    return segment_allreduce(inst, tables, holders, lo, hi, "native", memo).scaled(ZERO_PHASE)
+    return segment_allreduce(inst, tables, holders, lo, hi, "native").scaled(ZERO_PHASE)
 
 
 def segment_sync(inst: Instance, tables: CostTables, holders: list[Stage], lo: int, hi: int,
-                 wan_precision: str, memo: SyncMemo | None = None) -> SegmentSync:
+                 wan_precision: str) -> SegmentSync:
     """[C5] A sync segment's whole synchronisation in one piece: its all-reduce, or for a ZeRO-1
     sharded segment the reduce-scatter (in ``wan_precision``) plus the all-gather (native), each
     ``gradsync.ZERO_PHASE`` of an all-reduce, which is the all-reduce itself in native precision."""
-    seg = segment_allreduce(inst, tables, holders, lo, hi, wan_precision, memo)
-    gather = segment_gather(inst, tables, holders, lo, hi, memo)
+    seg = segment_allreduce(inst, tables, holders, lo, hi, wan_precision)
+    gather = segment_gather(inst, tables, holders, lo, hi)
     return seg if gather is None or wan_precision == "native" else seg.scaled(ZERO_PHASE).plus(gather)
 
 
 def _bucketed_sync(
-    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport],
-    memo: SyncMemo | None = None,
+    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport]
 ) -> tuple[list[StageReport], float]:
     """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
     gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
@@ -864,19 +780,19 @@ def _bucketed_sync(
                        key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
         slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
-    segs, load = _segments_and_loads(plan, inst, tables, memo)
+    segs, load = _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
     gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers
     sharded: set[tuple[int, int]] = set()
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
         holders = [st for st in every if st.start <= lo and hi <= st.end]
-        gather = segment_gather(inst, tables, holders, lo, hi, memo)
+        gather = segment_gather(inst, tables, holders, lo, hi)
         if gather is not None:
             gathers.insert(0, (gather.intra + gather.inter, keys))
             sharded.add((lo, hi))
         for (x, y), seg in segment_bucket_syncs(inst, tables, holders, lo, hi, plan.grad_bucket_mb,
-                                                plan.grad_sync_precision, memo):
+                                                plan.grad_sync_precision):
             ready = {}
             for k in keys:
                 st = where[k]

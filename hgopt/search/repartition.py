@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgopt.cost import evaluate
-from hgopt.cost.evaluate import SyncMemo, stage_boundary_time
+from hgopt.cost.evaluate import stage_boundary_time
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, in_flight, stage_pace, trip_depth
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Pipeline, Plan, Stage
@@ -73,8 +73,7 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
     if S < 2:
         return None
     costs = [_stage_costs(instance, tables, pipe, s, k) for s in range(S)]
-    memo = SyncMemo(instance, tables)  # the candidates share most sync segments
-    base = evaluate(plan, instance, tables, memo)
+    base = evaluate(plan, instance, tables)
     best_t = base.iteration_time_s if base.feasible else INF
     best_plan, seen = plan, {_bounds(pipe)}
     cur_steady = max(stage_pace(r.fwd_s + r.bwd_s, r.send_fwd_s, r.send_bwd_s) for r in base.stages) if base.feasible else INF
@@ -88,7 +87,7 @@ def repartition(plan: Plan, instance: Instance, tables: CostTables) -> Repartiti
                 continue
             seen.add(bounds)
             cand = _with_bounds(plan, pipe, bounds)
-            ev = evaluate(cand, instance, tables, memo)
+            ev = evaluate(cand, instance, tables)
             if ev.feasible and ev.iteration_time_s < best_t - 1e-12:
                 best_t, best_plan = ev.iteration_time_s, cand
     if not math.isfinite(best_t):

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from hgopt.cost import evaluate
-from hgopt.cost.evaluate import Evaluation, SyncMemo
+from hgopt.cost.evaluate import Evaluation
 from hgopt.cost.tables import CostTables
 from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.hier_tables import ClusterTable
@@ -56,8 +56,6 @@ class Ctx:
     evaluated: dict[Plan, Evaluation] = field(default_factory=dict)
     """``evaluate`` per plan on this search's instance and tables (the same plan is realised, checked
     and polished several times)."""
-    sync: SyncMemo | None = None
-    """[C5]/[C7o] sync pricing memo of this search's instance and tables (``evaluated`` makes it)."""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -67,9 +65,7 @@ def evaluated(ctx: Ctx, plan: Plan) -> Evaluation:
     """``evaluate(plan, ctx.instance, ctx.tables)``, once per plan and search."""
     got = ctx.evaluated.get(plan)
     if got is None:
-        if ctx.sync is None:
-            ctx.sync = SyncMemo(ctx.instance, ctx.tables)
-        got = ctx.evaluated[plan] = evaluate(plan, ctx.instance, ctx.tables, ctx.sync)
+        got = ctx.evaluated[plan] = evaluate(plan, ctx.instance, ctx.tables)
     return got
 
 
