@@ -242,16 +242,19 @@ def _min_fill_windows(costs: list[_StageCosts], L: int, cap: float, tail_cap: fl
         c = costs[s]
         ok = (c.steady <= cap) & (c.tail <= tail_cap) & np.isfinite(c.fill)
         limit = cap * trip_depth(S - s, m) * (1 + tol)
+        h_cap = cap * tol
         cur: dict[int, list[tuple[float, float, int, int]]] = {}
         for a in range(L):
             cands = []
             for b, front in nxt.items():
                 if b <= a or not ok[a, b]:
                     continue
-                f, t = float(c.fill[a, b]), float(c.comp[a, b])
+                f = float(c.fill[a, b])
+                fc, tc = f - cap, float(c.comp[a, b]) - cap
                 for i, (r, h, _, _) in enumerate(front):
-                    rr, hh = f + r, max(t - cap, f - cap + h)
-                    if rr <= limit and hh <= cap * tol:
+                    rr, y = f + r, fc + h
+                    hh = y if y > tc else tc  # max(t - cap, f - cap + h), its tie and NaN rule
+                    if rr <= limit and hh <= h_cap:
                         cands.append((rr, hh, b, i))
             if cands:
                 cands.sort()
