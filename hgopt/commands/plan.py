@@ -16,10 +16,10 @@ import json
 import math
 import signal
 import sys
-import time
 from collections import Counter
 from typing import Any
 
+from hgopt.commands._deadline import DEADLINE_GRACE_S, POST_RESERVE_S, Deadline, hard_limit, search_limit
 from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
@@ -135,8 +135,10 @@ def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: f
                  "(--why-not-time S gives them S seconds more)")
 
 
-def run(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()  # --time-limit bounds the whole command (why-not lines get what the search left)
+def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
+    # deadline: --time-limit bounds the whole command, measured from the process start (hgopt.commands._deadline);
+    # ``deadline`` is injectable (tests: a fake clock)
+    dl = deadline or Deadline.from_process_start(args.time_limit)
     inst = load_instance(args.instance)
     check_outputs(args, "-o/--output", "--timeline")
     if args.why_not_time is not None and not (args.why_not_time >= 0 and math.isfinite(args.why_not_time)):
@@ -152,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
         return plan_cost.run_cost(args, inst, opts)
     tables = build_tables(inst)
     progress = Progress(args.planner)
+    opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit))  # deadline: the search's share
     try:
-        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress, stop_at=dl.stop_at,
+                          stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)
     except SearchInterrupted as exc:  # a second signal: abort without a plan
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
@@ -164,28 +168,46 @@ def run(args: argparse.Namespace) -> int:
     interrupted = exit_code(progress)
     expl = None
     reasons: tuple[str, ...] = ()
+    skipped: list[str] = []  # deadline: post-search phases left out for want of time, named in the output
     if res.plan is not None and ev is not None and ev.feasible:
-        why_s, skipped = why_not_budget(args.time_limit, args.why_not_time, time.monotonic() - t0)
+        why_s, why_skip = why_not_budget(args.time_limit, args.why_not_time, dl.elapsed())
         why = () if interrupted or why_s == 0 else why_not(
             res.plan, inst, ev, time_limit_s=why_s, extra=dict(opts.extra), tables=tables)
         expl = explain(res.plan, inst, ev, tables, why)
-        if skipped and not interrupted and any(0 < c.gpus_used < c.gpus or c.gpus_used == 0 for c in expl.clusters):
-            expl = dataclasses.replace(expl, why_not_note=skipped)
+        if why_skip and not interrupted and any(0 < c.gpus_used < c.gpus or c.gpus_used == 0 for c in expl.clusters):
+            expl = dataclasses.replace(expl, why_not_note=why_skip)
+            skipped.append("why-not lines (no time left of --time-limit)")
     elif not interrupted:
-        reasons = infeasibility(inst, tables)
+        if dl.hard_left() > POST_RESERVE_S:
+            reasons = infeasibility(inst, tables)
+        else:
+            skipped.append("the infeasibility reasons (no time left of --time-limit)")
+    draw = bool(args.timeline and res.plan is not None and ev is not None and ev.stages)
+    if draw and dl.hard_left() < TIMELINE_MIN_S:
+        draw = False
+        skipped.append(f"the timeline {args.timeline} (under {TIMELINE_MIN_S:g} s left before the deadline of "
+                       f"{hard_limit(args.time_limit):g} s)")
     if args.json:
-        print(json.dumps(result_to_json(res, ev, expl, reasons), indent=2))
+        print(json.dumps({**result_to_json(res, ev, expl, reasons), "skipped": skipped}, indent=2))
     else:
         print(render_result(inst, res, ev, expl, reasons))
         if args.output and res.plan is not None:
             print(f"plan written to {args.output}")
-    if args.timeline and res.plan is not None and ev is not None and ev.stages:
+        for what in skipped:
+            print(f"skipped: {what}")
+    if draw:
         from hgopt.report import plot_timeline
 
+        assert res.plan is not None
         plot_timeline(res.plan, inst, args.timeline, tables=tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
     if interrupted:
         return interrupted
     return 0 if res.plan is not None else 1
+
+
+TIMELINE_MIN_S = 2.0
+"""deadline: seconds the timeline drawing needs (matplotlib's import and one figure); with less left
+before the hard deadline it is skipped and named."""
 
 
 def _timeline_kwargs(variant: str) -> dict[str, str]:
