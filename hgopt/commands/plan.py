@@ -120,8 +120,10 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
     return f"{planner}:{prec}" if prec and prec != "native" else planner
 
 
-WHY_NOT_MIN_S = 0.2
-"""Below this much of --time-limit left after the search, the default skips the why-not lines."""
+WHY_NOT_MIN_S = 1.0
+"""Below this much of --time-limit left after the search, the default skips the why-not lines
+(deadline: a heuristic run has a floor of work whatever its limit: given 0.5 s at 25 % of a core,
+sailor-geo-5x32's why-not line took about 2 s)."""
 
 
 def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: float) -> tuple[float, str]:
@@ -129,7 +131,7 @@ def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: f
     explicit ``--why-not-time`` is extra time; by default what is left of ``--time-limit``."""
     if why_not_time is not None:
         return why_not_time, ""
-    left = time_limit_s - elapsed_s
+    left = time_limit_s - elapsed_s - POST_RESERVE_S  # deadline: explain and the output come after them
     if left >= WHY_NOT_MIN_S:
         return left, ""
     return 0.0, (f"why-not lines skipped: the search used the whole --time-limit of {time_limit_s:g} s "
