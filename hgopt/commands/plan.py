@@ -5,6 +5,9 @@ share and MFU per cluster, dollars per iteration and per million tokens, and for
 the best plan found that uses it (for every partly used one, the best found that uses more of it). Without a plan it names the binding constraint. A heartbeat line
 goes to stderr at least every 2 s while the search runs (``-q`` silences it).
 
+``--time-limit T`` bounds the whole command (``hgopt.commands._deadline``): it returns within
+max(1.1 T, T + 2 s) of the process start; phases skipped for want of time are listed in ``skipped``.
+
 Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time limit), 2 bad input,
 130 / 143 interrupted by SIGINT / SIGTERM (the best plan so far is still printed and written)."""
 
@@ -46,7 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
     p.add_argument("--planner", default="milp", choices=planner_names(), help="planner (default: milp)")
     p.add_argument("--solver", default="highs", choices=backend_names(), help="MILP backend (default: highs)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget in seconds (default 60)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds the whole command may take, from the process start (default 60): the search "
+                        "gets S - 1 s (at least S/2), a search still running near max(1.1 S, S + 2 s) is stopped with its best plan "
+                        "and bound, and what does not fit after it (why-not lines, --timeline) is skipped, saying so; "
+                        "with --objective cost/--budget/--outer-steps it is the search's limit only")
     p.add_argument("--gap", type=float, default=0.01, metavar="G",
                    help="stop once the relative gap to the lower bound is <= G (default 0.01)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="solver threads (default 1)")
