@@ -133,3 +133,27 @@ def test_the_real_planner_past_its_deadline_returns_a_valid_plan_and_bound(
     assert grouped is not None
     if evaluate(grouped, inst).iteration_time_s < lb:
         assert "outside: data parallelism across cluster groups" in doc["plan_space"]
+
+
+def test_a_search_stopped_by_the_deadline_before_any_plan_still_returns_a_valid_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No incumbent when the deadline stops the search: the uniform baseline's plan (valid by
+    evaluate), the bound the search had, status ``feasible`` (a plan and a bound), both named."""
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        assert options.progress is not None
+        for _ in range(int(WAIT_S / 0.01)):
+            if options.progress.stop_requested():
+                break
+            import time
+
+            time.sleep(0.01)
+        return PlanResult(planner="fake", status="error", plan=None, lower_bound_s=0.01)
+
+    doc = _run(monkeypatch, capsys, Deadline(10.0, 0.0, FakeClock(1000.0)), planner)
+    plan = Plan.from_dict(doc["plan"])
+    ev = evaluate(plan, tiny_instance())
+    assert doc["rc"] == 0 and plan.planner == "uniform" and ev.feasible
+    assert doc["iteration_time_s"] == ev.iteration_time_s and doc["lower_bound_s"] == 0.01 <= ev.iteration_time_s
+    assert doc["status"] == "feasible" and any("uniform baseline" in n for n in doc["notes"])
+    assert "deadline" in doc["notes"][0]

@@ -89,14 +89,14 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                         log.warning("hgopt: the search did not return within %.1f s of the stop; using the "
                                     "incumbent it last reported", grace)
                         snap = _from_snapshot(name, instance, progress)
-                        return _at_deadline(snap, progress) if by_deadline and progress.signal is None else snap
+                        return _at_deadline(snap, progress, instance) if by_deadline and progress.signal is None else snap
     finally:
         _restore(saved)
     if "error" in box:
         raise box["error"]
     res: PlanResult = box["result"]
     if by_deadline and progress.signal is None:
-        return _at_deadline(res, progress)
+        return _at_deadline(res, progress, instance)
     if progress.stop_requested():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
@@ -119,10 +119,15 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     return res
 
 
-def _at_deadline(res: PlanResult, progress: Progress) -> PlanResult:
+def _at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResult:
     """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
     ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
     ``heuristic`` without; the solver words that claim a certificate are dropped."""
+    quick: tuple[str, ...] = ()
+    if res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
+        plan0, quick = quick_plan(instance)
+        if plan0 is not None:
+            res = dataclasses.replace(res, plan=plan0, iteration_time_s=evaluate(plan0, instance).iteration_time_s)
     status = res.status
     if res.plan is not None and status not in ("optimal",):
         status = "feasible" if res.lower_bound_s is not None else "heuristic"
@@ -135,7 +140,7 @@ def _at_deadline(res: PlanResult, progress: Progress) -> PlanResult:
     note = (f"stopped by the command's deadline after {progress.elapsed_s():.1f} s of search: the best plan found "
             "so far" + ("; the lower bound still holds" if res.lower_bound_s is not None else ""))
     notes = tuple(n.replace("interrupted by a stop request", "stopped by the deadline") for n in res.notes)
-    return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes))
+    return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes, *quick))
 
 
 def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:
