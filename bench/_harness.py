@@ -93,7 +93,7 @@ def run_plan(plan: Plan, inst: Instance, out: Path, *, model: ModelOpts, steps: 
     work (``python -m hgopt.profiler.paced --device-regions``). ``heartbeat_s``: the runner's heartbeat
     timeout (collectives get 4x), for a host whose other load can deschedule a rank for longer than
     the default 15 s. ``op_trace`` (paced only): every rank's operations timed from outside
-    (bench/_op_trace.py), one ``out/trace/ops-<pid>.json`` per rank."""
+    (hgopt/profiler/optrace.py), one ``out/trace/ops-<pid>.json`` per rank."""
     from hgopt.runner.launch import LaunchOptions, launch_local
 
     out.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ the MILP's objective and dual bound after the cap loop [M0], and ``evaluate`` of
 (with the per-stage send times), to tell a weak bound from a weak incumbent.
 
     PYTHONPATH=$PWD .venv/bin/python bench/exact_split.py sailor-geo-5x32 --split 1,64 --incumbent 2.357 --time-limit 45
+    PYTHONPATH=$PWD .venv/bin/python bench/exact_split.py sailor-geo-5x32 --floor-check
 """
 
 from __future__ import annotations
@@ -17,17 +18,25 @@ from hgopt.instances import load_instance
 from hgopt.search.blocks import cheap_bounds
 from hgopt.search.milp import _relaxation_bound, batch_splits, solve_split
 from hgopt.solvers import SolveOptions
+from hgopt.spec import Instance
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("instance")
-    ap.add_argument("--split", required=True, help="K,B: k pipelines of microbatch B")
+    ap.add_argument("--split", help="K,B: k pipelines of microbatch B")
+    ap.add_argument("--floor-check", action="store_true",
+                    help="gaps2: compare the analytic hand-over floor [M8f] with the least evaluate probe over the "
+                         "layout pairs on about 12 splits, every arc, and time both")
     ap.add_argument("--incumbent", type=float, default=math.inf, help="best plan's time (sets the first cap)")
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args(argv)
-    k, b = (int(x) for x in args.split.split(","))
     inst = load_instance(args.instance)
+    if args.floor_check:
+        return floor_check(inst)
+    if not args.split:
+        ap.error("--split K,B is required (or --floor-check)")
+    k, b = (int(x) for x in args.split.split(","))
     tables = build_tables(inst)
     sp = next(s for s in batch_splits(inst) if s.k == k and s.microbatch == b)
     t0 = time.perf_counter()
@@ -46,6 +55,40 @@ def main(argv: list[str] | None = None) -> int:
         for r in ev.stages[: len(out.plan.pipelines[0].stages)]:
             print(f"  stage {r.layers} {r.layout}: fwd+bwd {r.fwd_s + r.bwd_s:.4f} s, send {r.send_fwd_s:.4f}/"
                   f"{r.send_bwd_s:.4f} s, sync {r.sync_s:.4f} s")
+    return 0
+
+
+def floor_check(inst: Instance) -> int:
+    """[M8f] ``blocks.layout_floor`` (analytic, ``links.handover_floor``) against the least
+    ``stage_boundary_time`` less the casts over the split's layout pairs (the round-5 probe floor)."""
+    from hgopt.cost.evaluate import stage_boundary_time
+    from hgopt.search.blocks import NATIVE_PAIR, _layouts, _probe, layout_floor, model_shape
+
+    tables = build_tables(inst)
+    shape = model_shape(inst)
+    splits = batch_splits(inst)
+    worst, arcs, t_probe, t_floor = math.inf, 0, 0.0, 0.0
+    names = [c.name for c in inst.topology.clusters]
+    for sp in splits[:: max(1, len(splits) // 12)]:
+        for a in names:
+            for b in names:
+                if a == b:
+                    continue
+                t0 = time.perf_counter()
+                f, g = layout_floor(inst, tables, a, b, sp.microbatch, sp.k, NATIVE_PAIR, shape)
+                t_floor += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                pf = pg = math.inf
+                for ka in _layouts(inst, tables, a, sp.microbatch, sp.k):
+                    for kb in _layouts(inst, tables, b, sp.microbatch, sp.k):
+                        x, y = stage_boundary_time(inst, tables, _probe(a, b, ka, kb, NATIVE_PAIR, shape), 0, copies=sp.k)
+                        pf, pg = min(pf, x), min(pg, y)
+                t_probe += time.perf_counter() - t0
+                if f > pf * (1 + 1e-9) or g > pg * (1 + 1e-9):
+                    print(f"NOT A FLOOR: {sp} {a}->{b}: {f:.6g}/{g:.6g} > probe {pf:.6g}/{pg:.6g}")
+                    return 1
+                worst, arcs = min(worst, f / pf, g / pg), arcs + 1
+    print(f"{inst.name}: {arcs} arcs, worst floor / probe {worst:.4f}; floor {t_floor:.3f} s, probe {t_probe:.2f} s")
     return 0
 
 

@@ -97,6 +97,8 @@ def plans() -> list[tuple[str, str, Plan]]:
     return [
         ("lan 2st m4", "lan", one(pipe([0, 3, 6], [g("a"), g("a")], 4))),
         ("lan 4st m4", "lan", one(pipe([0, 2, 3, 4, 6], [g("a")] * 4, 4))),
+        # cuts other than the balanced ones: the pipelined profile's run (0, 3, 6) is not this plan's partition
+        ("lan 2st uneven m4", "lan", one(pipe([0, 2, 6], [g("a"), g("a")], 4))),
         ("w200 2st a|b m4", "w200", one(pipe([0, 3, 6], [g("a"), g("b")], 4))),
         ("w200 4st aa|bb m4", "w200", one(pipe([0, 2, 3, 4, 6], [g("a"), g("a"), g("b"), g("b")], 4))),
         ("w200 2st a|b mbs2 m8", "w200", one(pipe([0, 3, 6], [g("a", mbs=2), g("b", mbs=2)], 8))),
@@ -121,17 +123,28 @@ def _hgopt(args: list[str]) -> None:
 
 
 def profile_model(path: Path, pace: float, mbs: tuple[int, ...] = MBS, repeat: int = 10,
-                  tenants: int = 1, pipeline: int = 0) -> dict[str, Any]:
+                  tenants: int = 1, pipeline: tuple[int, int] | None = None) -> dict[str, Any]:
     """``hgopt profile --pace``, timed with ``tenants - 1`` paced co-tenants: as the ranks of a plan with
-    ``tenants`` ranks share the machine (hgopt/profiler/tenants.py); with ``pipeline`` N, then each stage's
-    layers rescaled to their device time in a short N-stage pipelined run of the runner
-    (hgopt/profiler/pipelined.py; the runs and the layer-by-layer profile kept next to ``path``)."""
+    ``tenants`` ranks share the machine (hgopt/profiler/tenants.py); with ``pipeline`` (N, D), then each
+    stage's layers rescaled to their device time in a short N-stage pipelined run of the runner, D replicas
+    per stage (hgopt/profiler/pipelined.py; the runs and the layer-by-layer profile kept next to ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    extra = ["--pipeline", str(pipeline), "--pipeline-dir", str(path.parent / "pipelined")] if pipeline else []
+    extra = (["--pipeline", str(pipeline[0]), "--pipeline-dp", str(pipeline[1]), "--pipeline-dir",
+              str(path.parent / "pipelined")] if pipeline else [])
     _hgopt(["profile", "--tenants", str(tenants), "--blocks", str(BLOCKS), "--hidden", str(MODEL.hidden), "--heads", str(MODEL.heads),
             "--vocab", str(MODEL.vocab), "--seq", str(MODEL.seq), "--mbs", ",".join(map(str, mbs)),
             "--pace", str(pace), "--warmup", "2", "--repeat", str(repeat), "-o", str(path), *extra])
     return json.loads(path.read_text())
+
+
+def pipeline_shape(plan: Plan, shape: str) -> tuple[int, int]:
+    """The profiling pipeline for ``plan``: ``ranks``: as many stages as the plan has ranks, one replica
+    each; ``plan``: the plan's deepest pipeline's stage count, and as many replicas per stage as make up
+    its ranks (its cuts, clusters, links and microbatch count are not used)."""
+    if shape == "ranks":
+        return plan.num_gpus(), 1
+    stages = max(len(p.stages) for p in plan.pipelines)
+    return stages, max(1, plan.num_gpus() // stages)
 
 
 def plan_mbs(plan: Plan) -> tuple[int, ...]:
@@ -343,6 +356,9 @@ def main() -> int:
                     help="each plan's fresh profile: the layers timed one by one, then each stage's layers rescaled "
                          "to their device time in a short pipelined run of the runner with as many stages as the "
                          "plan has ranks (hgopt profile --pipeline N; hgopt/profiler/pipelined.py)")
+    ap.add_argument("--pipeline-shape", choices=("plan", "ranks"), default="plan",
+                    help="--pipelined: the profiling pipeline has the plan's depth (stages of its deepest pipeline) "
+                         "and width (replicas per stage), or (ranks) as many stages as the plan has ranks")
     ap.add_argument("--calibrate-steps", default="2,3",
                     help="the steps (1-based; step 1 runs unpaced) whose operations calibrate the in-situ profile")
     ap.add_argument("--heartbeat", type=float, default=60.0, help="runner heartbeat timeout (s) on a busy host")
@@ -389,7 +405,8 @@ def main() -> int:
         folder = out / "runs" / name.replace(" ", "_").replace("|", "-").replace("+", "p")
         # the device as it is now: a fresh profile of the microbatch sizes the plan uses, just before its run
         fresh = profile_model(folder / "profile.json", args.pace, plan_mbs(plan), repeat=8 if args.pipelined else 15,
-                              tenants=tenants(plan), pipeline=plan.num_gpus() if args.pipelined else 0)
+                              tenants=tenants(plan),
+                              pipeline=pipeline_shape(plan, args.pipeline_shape) if args.pipelined else None)
         inst = instance(nets[net], fresh, links)
         ev = evaluate(plan, inst)
         layered = folder / "pipelined" / "profile-layers.json"
@@ -494,7 +511,8 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
         (f"in situ (profile calibrated on steps {args.calibrate_steps} of each run): evaluate median |error| "
          f"{statistics.median(situ):.1%}, max {max(situ):.1%}; simulate median {statistics.median(situ_sim):.1%}, "
          f"max {max(situ_sim):.1%}" if situ else "in situ: not run"),
-        (f"fresh profile: pipelined (hgopt profile --pipeline <ranks>); from its layer-by-layer timing alone "
+        (f"fresh profile: pipelined (hgopt profile --pipeline N --pipeline-dp D, shape {args.pipeline_shape}); "
+         f"from its layer-by-layer timing alone "
          f"evaluate median |error| {statistics.median(lay):.1%}, max {max(lay):.1%}" if lay
          else "fresh profile: layer by layer (--no-pipelined)"),
         f"rank agreement on {RANK_GROUP} ({len(group)} candidates, predicted from the start-up profile): "

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance, instance_from_dict
+
+if TYPE_CHECKING:
+    from hgopt.search.milp import BatchSplit
 
 
 def tiny_model(
@@ -55,13 +60,13 @@ def tiny_topology(
 
 def tiny_instance(global_batch: int = 8, model: dict[str, Any] | None = None,
                   topology: dict[str, Any] | None = None, name: str = "tiny",
-                  precision: str = "fp32") -> Instance:
+                  precision: str = "fp32", recompute: str = "auto") -> Instance:
     return instance_from_dict(
         {
             "name": name,
             "model": model or tiny_model(),
             "topology": topology or tiny_topology(),
-            "job": {"global_batch": global_batch, "seq_len": 128, "precision": precision},
+            "job": {"global_batch": global_batch, "seq_len": 128, "precision": precision, "recompute": recompute},
         }
     )
 
@@ -74,3 +79,77 @@ def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
         c = (0, *cuts, total)
         out.append(tuple(b - a for a, b in zip(c, c[1:])))
     return out
+
+
+Layout = tuple[ReplicaGroup, str]
+"""A local layout of one cluster's block: the replica group every stage of it uses and its recomputation."""
+
+
+def every_layout(inst: Instance, cluster: str, microbatch: int, recompute: str = "planner") -> list[Layout]:
+    """Every layout the exact planner's space holds for ``cluster`` at ``microbatch``, written out
+    independently of the planner: tp profiled for the cluster's GPU and dividing its node size, dp a
+    divisor of the microbatch, mbs = microbatch / dp, without recomputation; then (unless
+    ``job.recompute`` is off) the same layouts with full recomputation: ``recompute="all"`` every one,
+    ``"planner"`` those ``intra.local_configs`` offers (it leaves out a variant where memory cannot
+    bind: more compute, the same fit, never better — on tests/test_milp.py's ten instances "all"
+    finds the same optima, at 7x the enumeration), ``"none"`` none."""
+    from hgopt.search.intra import local_configs
+
+    c = inst.topology.cluster(cluster)
+    plain = [ReplicaGroup(cluster=cluster, tp=tp, dp=dp, mbs=microbatch // dp)
+             for tp in inst.model.tps(c.gpu) if c.gpus_per_node % tp == 0
+             for dp in range(1, microbatch + 1) if microbatch % dp == 0]
+    out: list[Layout] = [(g, "none") for g in plain]
+    if inst.job.recompute == "off" or recompute == "none":
+        return out
+    if recompute == "all":
+        return out + [(g, "full") for g in plain]
+    offered = {(cfg.tp, cfg.dp, cfg.mbs) for cfg in local_configs(inst, cluster, microbatch) if cfg.recompute}
+    return out + [(g, "full") for g in plain if (g.tp, g.dp, g.mbs) in offered]
+
+
+def local_pipelines(layouts: Iterable[Layout], lo: int, hi: int, budget: int) -> Iterator[tuple[Stage, ...]]:
+    """Every local pipeline of layers [lo, hi) with one of ``layouts`` for all its stages, any number
+    of stages that ``budget`` GPUs hold (at most one layer each at least), any partition."""
+    for g, rc in layouts:
+        for s in range(1, min(budget // g.gpus, hi - lo) + 1):
+            for cuts in itertools.combinations(range(lo + 1, hi), s - 1):
+                b = (lo, *cuts, hi)
+                yield tuple(Stage(start=x, end=y, groups=(g,), zero=1, recompute=rc) for x, y in zip(b, b[1:]))
+
+
+def chain_space(inst: Instance, layouts: Callable[[str, int], Iterable[Layout]] | None = None
+                ) -> Iterator[tuple[BatchSplit, Pipeline]]:
+    """(batch split, pipeline) for every plan of the exact planner's space with native links: k
+    identical pipelines (each cluster's GPUs shared evenly by the k copies), each an ordered chain of
+    distinct clusters with one contiguous block each, one layout per block (``layouts(cluster,
+    microbatch)``, by default :func:`every_layout`), any partition."""
+    from hgopt.search.milp import batch_splits
+
+    layouts = layouts or (lambda c, mb: every_layout(inst, c, mb))
+    L = inst.model.num_layers
+    names = [c.name for c in inst.topology.clusters]
+    for sp in batch_splits(inst):
+        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
+        lay = {c: list(layouts(c, sp.microbatch)) for c in names}
+        for r in range(1, len(names) + 1):
+            for chain in itertools.permutations(names, r):
+                for cuts in itertools.combinations(range(1, L), r - 1):
+                    b = (0, *cuts, L)
+                    blocks = [list(local_pipelines(lay[c], lo, hi, budgets[c])) for c, lo, hi in zip(chain, b, b[1:])]
+                    for combo in itertools.product(*blocks):
+                        yield sp, Pipeline(stages=tuple(st for blk in combo for st in blk),
+                                           num_microbatches=sp.num_microbatches)
+
+
+def chain_brute_force(inst: Instance, layouts: Callable[[str, int], Iterable[Layout]] | None = None) -> float:
+    """Best ``evaluate`` iteration time over :func:`chain_space` (inf: no plan fits)."""
+    from hgopt.cost import build_tables, evaluate
+
+    tables = build_tables(inst)
+    best = math.inf
+    for sp, pipe in chain_space(inst, layouts):
+        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
+        if ev.feasible:
+            best = min(best, ev.iteration_time_s)
+    return best

@@ -233,3 +233,22 @@ def test_runner_trains_a_mixed_stage_like_one_process(tmp_path, zero):
     got = load_full_state(tmp_path)
     worst = max(float((p.detach() - got[n]).norm() / p.detach().norm()) for n, p in ref.named_parameters())
     assert worst <= 1e-5
+
+
+def test_shipped_pool_plan_is_valid_and_shards_only_one_tp_stages():
+    """sailor-het-80+240 (A100 + V100 in one zone): the family's plan is feasible, has a stage on both
+    clusters, ZeRO-1 only where a stage's groups share one tp degree (what the export can shard), and
+    lies above the compute floor."""
+    from hgopt.instances import load_instance
+
+    inst = load_instance("sailor-het-80+240")
+    tables = build_tables(inst)
+    got = best_mixed_plan(inst, tables)
+    assert got is not None
+    ev = evaluate(got.plan, inst, tables)
+    assert ev.feasible and ev.iteration_time_s == got.iteration_time_s
+    stages = got.plan.pipelines[0].stages
+    assert any(len(s.clusters()) == 2 for s in stages)
+    assert all(s.zero == 0 for s in stages if len({g.tp for g in s.groups}) > 1)
+    assert got.iteration_time_s >= compute_floor(inst, tables)
+    assert got.plan.num_gpus() <= inst.topology.num_gpus()

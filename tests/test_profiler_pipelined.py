@@ -115,3 +115,16 @@ def test_a_pipelined_profile_adds_up_to_the_run_it_measured(tmp_path: Path) -> N
         for key in ("fwd", "bwd"):  # the layer-by-layer timing's shares inside the stage are kept
             ratios = [x / y for x, y in zip(after[key][a:b], before[key][a:b])]
             assert max(ratios) == pytest.approx(min(ratios), rel=1e-9)
+
+
+def test_the_cli_refuses_a_pipelined_profile_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from hgopt.cli import main
+
+    out = str(tmp_path / "p.json")
+    assert main(["profile", "--blocks", "1", "--pipeline", "2", "-o", out]) == 2  # no --pace
+    assert "--pipeline needs --pace" in capsys.readouterr().err
+    assert main(["profile", "--blocks", "1", "--pace", "0.5", "--pipeline", "4", "-o", out]) == 2  # 3 layers
+    assert "--pipeline 4" in capsys.readouterr().err
+    assert main(["profile", "--blocks", "1", "--pace", "0.5", "--pipeline", "2", "--tp", "1,2", "-o", out]) == 2
+    assert not Path(out).exists()

@@ -17,7 +17,7 @@ from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, get_planner
 from hgopt.search.intra import best_local_plan, local_configs, local_plan_costs
 from hgopt.spec import Instance, instance_from_dict
-from tests.factories import tiny_instance, tiny_model, tiny_topology
+from tests.factories import chain_brute_force, every_layout, tiny_instance, tiny_model, tiny_topology
 
 
 def _instance(mem_gb: float, recompute: str = "auto") -> Instance:
@@ -133,41 +133,9 @@ def _milp_instance(seed: int) -> Instance:
 def _brute_force(inst: Instance) -> float:
     """Best evaluate() over the exact planner's plan space (k identical pipelines, a chain of distinct
     clusters with one block each, one layout per block — with recomputation where local_configs offers
-    it — any partition), as tests/test_milp.py enumerates it without recomputation."""
-    import itertools
-    import math
-
-    from hgopt.search.milp import batch_splits
-
-    tables = build_tables(inst)
-    L = inst.model.num_layers
-    names = [c.name for c in inst.topology.clusters]
-    best = math.inf
-
-    def local(c: str, lo: int, hi: int, microbatch: int, budget: int) -> list[tuple[Stage, ...]]:
-        out = []
-        for cfg in local_configs(inst, c, microbatch, tables):
-            g = ReplicaGroup(cluster=c, tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs)
-            rc = "full" if cfg.recompute else "none"
-            for s in range(1, min(budget // cfg.gpus, hi - lo) + 1):
-                for cuts in itertools.combinations(range(lo + 1, hi), s - 1):
-                    b = (lo, *cuts, hi)
-                    out.append(tuple(Stage(start=x, end=y, groups=(g,), zero=1, recompute=rc) for x, y in zip(b, b[1:])))
-        return out
-
-    for sp in batch_splits(inst):
-        budgets = {c.name: c.num_gpus // sp.k for c in inst.topology.clusters}
-        for r in range(1, len(names) + 1):
-            for chain in itertools.permutations(names, r):
-                for cuts in itertools.combinations(range(1, L), r - 1):
-                    b = (0, *cuts, L)
-                    blocks = [local(c, lo, hi, sp.microbatch, budgets[c]) for c, lo, hi in zip(chain, b, b[1:])]
-                    for combo in itertools.product(*blocks):
-                        pipe = Pipeline(stages=tuple(st for blk in combo for st in blk), num_microbatches=sp.num_microbatches)
-                        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables)
-                        if ev.feasible:
-                            best = min(best, ev.iteration_time_s)
-    return best
+    it — any partition): ``factories.chain_brute_force``, the enumeration tests/test_milp.py runs
+    without recomputation."""
+    return chain_brute_force(inst, lambda c, mb: every_layout(inst, c, mb, recompute="planner"))
 
 
 @pytest.mark.parametrize("seed", [0, 5, 6, 7])

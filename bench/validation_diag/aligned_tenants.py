@@ -12,7 +12,6 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
-import sys
 import time
 
 PACE = 0.15

@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --pace: then run the model as an N-stage pipeline of N paced runner ranks (stages "
                         "balanced by the layer times, 5 steps) and rescale each stage's layers to the device time "
                         "they took there: stage times as inside a pipelined run (hgopt/profiler/pipelined.py)")
+    t.add_argument("--pipeline-dp", type=int, default=1, metavar="D",
+                   help="--pipeline: D data-parallel replicas of every stage (N x D paced ranks)")
     t.add_argument("--pipeline-dir", default="", metavar="DIR",
                    help="--pipeline: keep the profiling runs (plans, per-op traces) in DIR")
     t.add_argument("--no-pool-blocks", action="store_true",
@@ -147,7 +149,8 @@ def _run_model(args: argparse.Namespace) -> dict[str, Any]:
 
         if args.pace is None:
             raise ValueError("--pipeline needs --pace (the pipelined run's ranks are paced devices)")
-        pipeline = PipelineSettings(stages=args.pipeline, pace=args.pace, keep_dir=args.pipeline_dir)
+        pipeline = PipelineSettings(stages=args.pipeline, dp=args.pipeline_dp, pace=args.pace,
+                                    keep_dir=args.pipeline_dir)
     req = ModelRequest(model=cfg, names=names, mbss=_ints(args.mbs, "--mbs"), tps=_ints(args.tp, "--tp"),
                        timing=timing, pool_blocks=not args.no_pool_blocks, dtype=args.dtype, profile_name=name,
                        pipeline=pipeline)

@@ -24,7 +24,9 @@ __all__ = [
     "aggregate_rate",
     "flow_rate",
     "flows_time",
+    "handover_floor",
     "handover_lower_bound",
+    "least_time_from",
     "link_time_lower_bound",
     "max_rate_from",
     "nic_share",
@@ -157,6 +159,83 @@ def handover_lower_bound(link: Link, src_nic: Bandwidth, dst_nic: Bandwidth, bou
         if y > 0:
             t = max(t, nic.latency_s + y / max_rate_from(nic, y))
     return t
+
+
+def least_time_from(bw: Bandwidth, nbytes: float) -> float:
+    """The least ``y / BW(y)`` over every message size y >= ``nbytes`` (no latency): a lower bound of
+    the transfer seconds of any message of at least ``nbytes``, exact at ``nbytes`` wherever the curve
+    never rises faster than the message grows. On the clamped quadratic curve of
+    :func:`bandwidth_bytes_per_s` (in u = log2(bytes / 1e6)) the least lies at ``nbytes``, at the top
+    of the fitted range, at a clamp's corner or where d ln BW / du = ln 2 (a quadratic in u)."""
+    if nbytes <= 0:
+        return 0.0
+    best = nbytes / bandwidth_bytes_per_s(bw, nbytes)
+    if bw.curve is None:
+        return best
+    c0, c1, c2 = bw.curve
+    lo = max(_log2_mb(nbytes), _U_MIN)
+    us = [_U_MAX]
+    ln2 = math.log(2.0)
+    for a, b, c in ((-ln2 * c0, 2 * c0 - ln2 * c1, c1 - ln2 * c2),  # stationary: 2c0u + c1 = ln2·B(u)
+                    (c0, c1, c2 - bw.gbyte_s), (c0, c1, c2 - 0.01 * bw.gbyte_s)):  # the clamps' corners
+        us.extend(_roots(a, b, c))
+    for u in us:
+        if lo <= u <= _U_MAX:
+            y = 1e6 * 2.0**u
+            best = min(best, y / bandwidth_bytes_per_s(bw, y))
+    return best
+
+
+def _roots(a: float, b: float, c: float) -> list[float]:
+    if abs(a) < 1e-300:
+        return [-c / b] if abs(b) > 1e-300 else []
+    d = b * b - 4 * a * c
+    if d < 0:
+        return []
+    r = math.sqrt(d)
+    return [(-b - r) / (2 * a), (-b + r) / (2 * a)]
+
+
+NodeLayout = tuple[int, int, int]
+"""(replicas per node, dp, mbs) of a one-group stage: all its node tiling depends on [C4]."""
+
+
+def handover_floor(link: Link, src_nic: Bandwidth, dst_nic: Bandwidth, per_sample_bytes: float, samples: int,
+                   src: list[NodeLayout], dst: list[NodeLayout], copies: int = 1) -> float:
+    """[M8f] The least seconds (casts excluded) a hand-over of a microbatch of ``samples`` samples
+    (``per_sample_bytes`` each) of each of ``copies`` identical pipelines, from a one-group stage of
+    a layout in ``src`` on cluster a to one of a layout in ``dst`` on cluster b, takes as
+    ``stage_boundary_time`` prices it, over every such layout pair; inf when either list is empty.
+
+    From the node tiling: the replicas of every copy fill nodes one after another, ``ppn`` per node
+    (copy c's replica r is replica c·dp + r), so the first node holds min(copies·dp, ppn) replicas
+    (its NIC carries that many blocks of mbs samples), and of copy c it holds the rows [0, n_c·mbs),
+    n_c = clamp(ppn − c·dp, 0, dp): the flow between the two sides' first nodes carries
+    Σ_c min(n_c·mbs of a, n_c·mbs of b) samples, and the largest flow at least that; the link's
+    direction carries all copies' samples (its aggregate cap, [C4w]). Each term is one of the terms
+    ``stage_boundary_time`` takes the largest of (the flow's by :func:`least_time_from`, as the
+    largest flow may be larger), so the floor is at most its value for every layout pair."""
+    if not src or not dst:
+        return math.inf
+    total = copies * samples * per_sample_bytes
+
+    def side(nic: Bandwidth, layouts: list[NodeLayout]) -> dict[tuple[int, ...], float]:
+        out: dict[tuple[int, ...], float] = {}  # first node's rows per copy -> least NIC seconds there
+        for ppn, dp, mbs in layouts:
+            t = nic_time(nic, min(copies * dp, ppn) * mbs * per_sample_bytes)
+            rows = tuple(min(max(ppn - c * dp, 0), dp) * mbs for c in range(copies))
+            out[rows] = min(out.get(rows, math.inf), t)
+        return out
+
+    agg = total / bandwidth_bytes_per_s(link.aggregate, total) if link.aggregate is not None and total > 0 else 0.0
+    best = math.inf
+    a_side, b_side = side(src_nic, src), side(dst_nic, dst)
+    for ra, ta in a_side.items():
+        for rb, tb in b_side.items():
+            first = sum(min(x, y) for x, y in zip(ra, rb))
+            flow = link.bandwidth.latency_s + max(least_time_from(link.bandwidth, first * per_sample_bytes), agg)
+            best = min(best, max(ta, tb, flow))
+    return best
 
 
 def _log2_mb(nbytes: float) -> float:

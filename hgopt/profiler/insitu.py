@@ -15,7 +15,7 @@ times, transfers, round trips, gradient sync and optimizer — from the emulated
 context-dependent speed. (On a GPU a kernel's time barely depends on what ran before; this is a
 property of the CPU emulation.)
 
-The input is the per-operation trace written by ``bench/_op_trace.py`` (one list of steps per rank:
+The input is the per-operation trace written by :mod:`hgopt.profiler.optrace` (one list of steps per rank:
 ``{"rank", "stage", "pipeline", "ops": [{"kind": "F"|"B", "model_fwd", "backward", ...}], "opt"}``,
 CPU seconds of the rank's main thread); device seconds = CPU seconds / pace. Pure Python, no torch.
 """

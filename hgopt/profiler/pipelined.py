@@ -11,8 +11,8 @@ measures the stage times where they arise: in the runner itself.
 
 How: the layers are first timed one by one (:mod:`hgopt.profiler.timing`, which gives each layer's
 share of its stage). Then, for every microbatch size, the runner trains the model for ``steps`` steps as
-one pipeline of ``stages`` stages (contiguous layers balanced by their timed forward + backward, one
-cluster of ``stages`` paced ranks at ``pace``, device regions as in the validation, ``microbatches``
+one pipeline of ``stages`` stages of ``dp`` replicas each (contiguous layers balanced by their timed
+forward + backward, one cluster of ``stages * dp`` paced ranks at ``pace``, device regions as in the validation, ``microbatches``
 microbatches, 1F1B), each rank's operations timed from outside (:mod:`hgopt.profiler.optrace`); the
 first step runs unpaced (warm-up) and steps 2.. are used. Each stage's layers are rescaled so that
 they add up to the median device time of that stage's forwards, backwards and optimizer steps in the
@@ -47,7 +47,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineSettings:
     stages: int
-    """Stages (= paced ranks) of the profiling pipeline."""
+    """Stages of the profiling pipeline."""
+    dp: int = 1
+    """Data-parallel replicas of every stage (``stages * dp`` paced ranks; gradients synchronised among a
+    stage's replicas over loopback, as the runner does)."""
     pace: float
     """Each rank is a paced device of ``pace`` cores (the profile's unit)."""
     microbatches: int = 4
@@ -62,6 +65,8 @@ class PipelineSettings:
     def check(self, num_layers: int) -> None:
         if not 1 <= self.stages <= num_layers:
             raise ValueError(f"--pipeline {self.stages}: needs 1 <= stages <= the model's {num_layers} layers")
+        if self.dp < 1:
+            raise ValueError(f"--pipeline-dp must be >= 1, got {self.dp}")
         if not 0 < self.pace <= 1:
             raise ValueError(f"--pipeline needs --pace in (0, 1], got {self.pace}")
         if self.microbatches < 1:
@@ -164,10 +169,10 @@ def _run_once(profile: Mapping[str, Any], cfg: ModelConfig, gpu: str, mbs: int, 
         for f in (folder / sub).glob("*.json"):
             f.unlink()
     (folder / "metrics.jsonl").unlink(missing_ok=True)
-    stages = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster="p", dp=1, mbs=mbs),))
+    stages = tuple(Stage(start=a, end=b, groups=(ReplicaGroup(cluster="p", dp=s.dp, mbs=mbs),))
                    for a, b in zip(cuts, cuts[1:]))
     plan = Plan(pipelines=(Pipeline(stages=stages, num_microbatches=s.microbatches),))
-    inst = _instance(profile, gpu, s.stages, mbs * s.microbatches, cfg.seq)
+    inst = _instance(profile, gpu, s.stages * s.dp, mbs * s.dp * s.microbatches, cfg.seq)
     port = free_port()
     rp = build_runner_plan(plan, inst, ExportOptions(
         hidden=cfg.hidden, heads=cfg.heads, vocab=cfg.vocab, seq=cfg.seq, steps=s.steps, seed=seed,
@@ -178,8 +183,8 @@ def _run_once(profile: Mapping[str, Any], cfg: ModelConfig, gpu: str, mbs: int, 
     code = launch_local(rp, plan_path, LaunchOptions(out_dir=folder, threads=1, port=port, emulation="off",
                                                      python=_paced_python(folder, s.pace)))
     traces = [json.loads(f.read_text()) for f in sorted((folder / "trace").glob("ops-*.json"))]
-    if code != 0 or len(traces) != s.stages or any(len(t) < s.steps for t in traces):
-        raise RuntimeError(f"the pipelined profiling run failed (exit {code}; {len(traces)} of {s.stages} rank "
+    if code != 0 or len(traces) != s.stages * s.dp or any(len(t) < s.steps for t in traces):
+        raise RuntimeError(f"the pipelined profiling run failed (exit {code}; {len(traces)} of {s.stages * s.dp} rank "
                            f"traces) in {folder}")
     paces = [json.loads(f.read_text()) for f in (folder / "pace").glob("*.json")]
     lag = max((p["lag_s"] / max(p["device_s"], 1e-9) for p in paces), default=0.0)
@@ -219,7 +224,8 @@ def pipelined_profile(profile: Mapping[str, Any], cfg: ModelConfig, s: PipelineS
             notes.append(f"mbs {mbs}: cuts {','.join(map(str, cuts))}")
             log.info("pipelined profile, mbs %d, cuts %s: lag %.1f %%", mbs, cuts, 100 * lag)
     out = calibrate_profile(profile, measured, note=(
-        f"a {s.stages}-stage pipelined run of the runner, {s.microbatches} microbatches, {s.stages} paced ranks "
+        f"a {s.stages}-stage pipelined run of the runner" + (f" with {s.dp} replicas per stage" if s.dp > 1 else "")
+        + f", {s.microbatches} microbatches, {s.stages * s.dp} paced ranks "
         f"at {s.pace:g} core, steps {use[0]}-{use[-1]}; " + "; ".join(notes)))
     out["source"] = str(out["source"]).replace("calibrated in situ", "stage times measured in a pipelined run", 1)
     if pool:

@@ -43,8 +43,8 @@ from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s,
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
 
-__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "proportional_shares", "rate_bound", "share_unit",
-           "sub_instance"]
+__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "per_sample_layer_seconds", "proportional_shares",
+           "rate_bound", "share_unit", "sub_instance"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
@@ -157,11 +157,10 @@ def _largest_stage(tables: CostTables, plan: Plan) -> tuple[int, int]:
     return s.start, s.end
 
 
-def rate_bound(instance: Instance, tables: CostTables, cluster: str) -> float:
-    """Samples/s that no plan can exceed on ``cluster``: its GPUs times the reciprocal of the GPU-seconds
-    one sample needs, each layer at its cheapest profiled (tp, mbs) (per-sample cost tp·(f+b)(mbs)/mbs;
-    [C2] interpolates linearly between profiled sizes and proportionally outside them, so the cheapest
-    is at a profiled size). A pipeline's time is at least its samples times this cost over its GPUs."""
+def per_sample_layer_seconds(instance: Instance, tables: CostTables, cluster: str) -> np.ndarray | None:
+    """Per layer the least GPU-seconds one sample needs on ``cluster``'s GPU: min over profiled (tp, mbs)
+    of tp·(f+b)(mbs)/mbs ([C2] interpolates linearly between profiled sizes and proportionally outside
+    them, so the cheapest is at a profiled size); None when the GPU has no profile."""
     c = instance.topology.cluster(cluster)
     per_layer = None
     for tp in instance.model.tps(c.gpu):
@@ -169,9 +168,17 @@ def rate_bound(instance: Instance, tables: CostTables, cluster: str) -> float:
         for j, mbs in enumerate(t.mbs):
             cost = tp * (np.diff(t.fwd[j]) + np.diff(t.bwd[j])) / mbs
             per_layer = cost if per_layer is None else np.minimum(per_layer, cost)
+    return per_layer
+
+
+def rate_bound(instance: Instance, tables: CostTables, cluster: str) -> float:
+    """Samples/s that no plan can exceed on ``cluster``: its GPUs times the reciprocal of the GPU-seconds
+    one sample needs, each layer at its cheapest (:func:`per_sample_layer_seconds`). A pipeline's time
+    is at least its samples times this cost over its GPUs."""
+    per_layer = per_sample_layer_seconds(instance, tables, cluster)
     if per_layer is None or float(per_layer.sum()) <= 0:
         return INF
-    return c.num_gpus / float(per_layer.sum())
+    return instance.topology.cluster(cluster).num_gpus / float(per_layer.sum())
 
 
 def grad_precisions(instance: Instance, allowed: Sequence[str]) -> tuple[str, ...]:

@@ -88,7 +88,6 @@ import numpy as np
 from hgopt.cost.comm import gradient_bytes
 from hgopt.cost.gradsync import ZERO_PHASE
 from hgopt.cost.links import max_rate_from
-from hgopt.cost.pipeline import steady_weight
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.search import PlanResult
@@ -245,7 +244,7 @@ class ShareTable:
 
     @staticmethod
     def _value(cb: CheapBounds, m: int) -> float:
-        return dataclasses.replace(cb, weight=steady_weight(m), s_lb=0.0).value
+        return dataclasses.replace(cb.reweighted(m), s_lb=0.0).value
 
     def _class(self, k: int) -> int:
         """The least k' whose per-cluster budgets N_c // k' are those of k. The split (k', B)'s cheap

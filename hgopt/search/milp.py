@@ -22,6 +22,7 @@ import numpy as np
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
+import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
@@ -67,6 +68,11 @@ OutsideCheck = Callable[[Instance, CostTables, float, float], "tuple[float, str]
 faster plan outside this plan space, or None. Injected like ``WarmStart``."""
 OPENING = 0.2
 """Share of the time limit the cheap bounds of the splits may take before the warm start (twice it in all)."""
+RELAX_SHARE = 0.75
+"""gaps2: share of the time limit (from the start) until which the relaxation phase bounds the weakest
+split next, before the MILPs (was 0.5): on the five-zone instances a split's MILP rarely lifts the
+global bound (it is the weakest split's), its relaxation does, and a relaxation is cheap since the
+best-first refinement; every split's MILP still follows in the order of the bounds."""
 OUTSIDE_MIN_S = 0.5
 """Seconds that must be left for the outside-space check to run."""
 MAX_NONZEROS = 5_000_000
@@ -649,6 +655,8 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
+        if _pipeline.replay_bounds():  # [C3b] the rows model [C3]: no bound of the exact timeline
+            milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
@@ -676,7 +684,7 @@ def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
         if bounds.lb_above(tau) >= incumbent:
             return tau
     # beyond the grid lb_above(t) = w·t + f_lb + s_lb
-    t = (incumbent - bounds.f_lb - bounds.s_lb) / bounds.weight
+    t = (incumbent - bounds.f_lb - bounds.s_lb + bounds.offset) / bounds.weight
     return max(t, bounds.grid[-1] if bounds.grid else 0.0) if math.isfinite(t) else math.inf
 
 
@@ -713,8 +721,6 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     _cheap_until(instance, tables, splits, cheap, links, t_start + 2 * OPENING * options.time_limit_s, prog)
     lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     log.debug("cheap bounds of %d of %d splits after %.1f s", len(cheap), len(splits), time.perf_counter() - t_start)
-    unbounded = [sp for sp in splits if sp not in cheap]
-    order = sorted(cheap, key=lambda sp: (sp != first, cheap[sp].value))
     solver_name = ""
     sopts = SolveOptions(time_limit_s=options.time_limit_s, relative_gap=options.gap / 2, threads=options.threads,
                          seed=options.seed)
@@ -733,25 +739,37 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
 
     use_relax = options.extra.get("relaxation", "on") != "off"
     if use_relax:
-        # [R4] the relaxation bounds of the splits first, for up to half the budget: the global bound
+        # [R4] the relaxation bounds of the splits first, for up to RELAX_SHARE of the budget: the global bound
         # then holds them even when one split's MILP takes the rest of the time (with compressed links
-        # the first split's MILP can), and the MILPs are visited in the order of those bounds
-        half = t_start + 0.5 * options.time_limit_s
-        for i, sp in enumerate(order):
+        # the first split's MILP can), and the MILPs are visited in the order of those bounds.
+        # gaps2: the weakest split first (the global bound is the least split bound), a split the
+        # opening left without a cheap bound getting it here (it is bounded by `floor` until then)
+        half = t_start + RELAX_SHARE * options.time_limit_s
+        visited: set[BatchSplit] = set()
+        while time.perf_counter() < half:
+            target = (best.value if best else math.inf) * (1 - options.gap / 2)
+            todo = [sp for sp in splits if sp not in visited and lbs[sp] < target and math.isfinite(lbs[sp])]
+            if not todo:
+                break
             if prog:  # progress (cli-explain)
-                prog.report("relaxation bounds", done=i, total=len(order), bound_s=_global_lb(lbs, best),
-                            incumbent_s=best.value if best else None, plan=best.plan if best else None)
+                prog.report("relaxation bounds", done=len(visited), total=len(visited) + len(todo),
+                            bound_s=_global_lb(lbs, best), incumbent_s=best.value if best else None,
+                            plan=best.plan if best else None)
                 if prog.stop_requested():  # progress (cli-explain)
                     break
-            target = (best.value if best else math.inf) * (1 - options.gap / 2)
-            if lbs[sp] >= target or not math.isfinite(lbs[sp]):
+            sp = min(todo, key=lambda x: (lbs[x], splits.index(x)))
+            if sp not in cheap:  # the cheap bound first (it is the weakest: bounded by `floor`)
+                _cheap_until(instance, tables, [sp], cheap, links, deadline, prog)
+                if sp not in cheap:
+                    break
+                lbs[sp] = max(lbs[sp], cheap[sp].value)
                 continue
-            if time.perf_counter() >= half:
-                break
+            visited.add(sp)
             value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
                                                    arcs_for(sp))
             lbs[sp] = max(lbs[sp], value)
-        order = sorted(order, key=lambda sp: (sp != first, lbs[sp]))
+    unbounded = [sp for sp in splits if sp not in cheap]
+    order = sorted(cheap, key=lambda sp: (sp != first, lbs[sp]))
     for i, sp in enumerate(order):
         if prog:  # progress (cli-explain)
             prog.report("splits", done=i, total=len(order), bound_s=_global_lb(lbs, best),
@@ -873,7 +891,7 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
                      cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
-    single = _best_single(instance, tables, sp)
+    single = _best_single(instance, tables, sp, cheap)
 
     def above(t: float) -> float:
         return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
@@ -881,10 +899,13 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
     return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
-def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> float:
-    """[R0] A lower bound on every plan of the split on one cluster: the intra-cluster DP over all
-    layers ((m − 1)·bottleneck + fill + the first stage's sync + optimizer [C7o]; no WAN), exact
-    when the first stage's tail ends the iteration."""
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds) -> float:
+    """[R0] A lower bound on every plan of the split on one cluster: from the intra-cluster DP over all
+    layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
+    send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
+    is >= w·B' + F + S − offset ([C3b]: w = ``cheap.weight``, B' = B less at most the largest NIC
+    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset (under
+    the closed form, D* itself)."""
     from hgopt.search.intra import best_local_plan
 
     best = math.inf
@@ -893,7 +914,12 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> floa
                              num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
         if lp is not None:
             best = min(best, lp.objective(sp.num_microbatches))
-    return best
+    if not _pipeline.replay_bounds():
+        return best  # [C3]: D* bounds the closed form itself
+    m = sp.num_microbatches
+    kappa = cheap.weight / (m - 1) if m > 1 else 1.0
+    lam = max(c.inter_node.latency_s for c in instance.topology.clusters)
+    return kappa * best + (1.0 - kappa) * cheap.s_lb - cheap.weight * lam - cheap.offset
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,

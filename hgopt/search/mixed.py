@@ -18,7 +18,7 @@ takes as long as its slowest group, [C2]):
    cluster at most), within the largest profiled microbatch size.
 4. Layers: a min-max DP over contiguous ranges of the stages' [C2] compute, each range kept only where
    every group of the stage fits in memory with ZeRO-1 over the stage's replicas ([C6],
-   ``stage_memory``).
+   ``stage_memory``; unsharded where the stage's groups differ in tp, which the export cannot shard).
 5. The candidates are ranked by [C3]'s (m − 1)·bottleneck + fill on that compute, the leading
    ``finalists`` are scored by ``evaluate``, the best improved by single-layer boundary moves, and its
    gradient-sync fields chosen by ``choose_sync(..., zero=True)``.
@@ -44,6 +44,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import fill_time, in_flight, pipeline_time
 from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.search.groups import per_sample_layer_seconds
 from hgopt.spec import Cluster, Instance
 
 __all__ = ["MixedOptions", "MixedPlan", "best_mixed_plan", "chunkings", "compute_floor", "fast_pools",
@@ -351,7 +352,7 @@ def _candidate(inst: Instance, layers: _Layers, kinds: tuple[_Kind, ...], chunks
             return None
         groups = tuple((i, n, mbs) for i, parts in zip(idx, split) for n, mbs in parts)
         depth = int(in_flight(S, s, m, "1f1b"))
-        shards = sum(n for _, n, _ in groups)
+        shards = sum(n for _, n, _ in groups) if _one_tp(kinds, groups) else 1
         M = None
         for i, _, mbs in groups:
             t = layers.compute(i, kinds[i], mbs)
@@ -368,10 +369,17 @@ def _candidate(inst: Instance, layers: _Layers, kinds: tuple[_Kind, ...], chunks
     return _Candidate(estimate=est, microbatch=B, bounds=cuts, stages=tuple(stages))
 
 
+def _one_tp(kinds: tuple[_Kind, ...], groups: tuple[tuple[int, int, int], ...]) -> bool:
+    """Whether a stage's groups share one tp degree: only then is ZeRO-1 sharding planned (the export
+    keeps the full optimizer state on layers held at several tp degrees, ``export/build.py``
+    ``_zero_level``, so the plan says ``zero = 0`` there and its memory is checked unsharded)."""
+    return len({kinds[i].tp for i, _, _ in groups}) == 1
+
+
 def _plan(inst: Instance, kinds: tuple[_Kind, ...], cand: _Candidate, bounds: tuple[int, ...] | None = None) -> Plan:
     cuts = bounds or cand.bounds
     stages = tuple(
-        Stage(start=a, end=b, zero=1, groups=tuple(
+        Stage(start=a, end=b, zero=int(_one_tp(kinds, groups)), groups=tuple(
             ReplicaGroup(cluster=kinds[i].cluster.name, tp=kinds[i].tp, dp=n, mbs=mbs) for i, n, mbs in groups))
         for (a, b), groups in zip(zip(cuts, cuts[1:]), cand.stages))
     return Plan(pipelines=(Pipeline(stages=stages, num_microbatches=inst.job.global_batch // cand.microbatch),),
@@ -442,17 +450,11 @@ def best_mixed_plan(instance: Instance, tables: CostTables | None = None,
 
 # ---- a floor for every plan ----------------------------------------------------------------------
 def _per_sample_costs(instance: Instance, tables: CostTables) -> tuple[list[int], np.ndarray]:
-    """Per cluster its GPUs and per layer the least GPU-seconds one sample needs there: min over
-    profiled (tp, mbs) of tp·(f + b)/mbs ([C2] is linear between profiled sizes and proportional
-    outside them, so the least per-sample cost is at a profiled size; recomputation only adds)."""
+    """Per cluster its GPUs and per layer the least GPU-seconds one sample needs there
+    (``groups.per_sample_layer_seconds``; recomputation only adds)."""
     gpus, rows = [], []
     for c in instance.topology.clusters:
-        per = None
-        for tp in instance.model.tps(c.gpu):
-            t = tables.table(c.gpu, tp)
-            for j, mbs in enumerate(t.mbs):
-                cost = tp * (np.diff(t.fwd[j]) + np.diff(t.bwd[j])) / mbs
-                per = cost if per is None else np.minimum(per, cost)
+        per = per_sample_layer_seconds(instance, tables, c.name)
         if per is not None:
             gpus.append(c.num_gpus)
             rows.append(per)

@@ -12,13 +12,14 @@ grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
+from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -29,7 +30,9 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 INF = math.inf
 MAX_CLUSTERS = 12
 LAMBDAS = (0.0, 0.5, 2.0, 8.0)
-"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]."""
+"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
+when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
+[C3]'s window pace, and a window of S >= m stages completes no round trip there, ``window_cycles``)."""
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
@@ -53,7 +56,27 @@ class RelaxedSplit:
     q: int = 0
     trunk: int
     weight: float
+    """The cheap bound's weight (``pipeline.search_weight``)."""
     s_lb: float
+    TE: tuple[np.ndarray, ...] = ()
+    """gaps2 [R1e]: per cluster, rows (config, stage count) × trunk count n = 0..N of the least largest
+    stage of its block when that block ends the pipeline: its last stage holds the suffix layers
+    (the head) and x >= 0 trunk layers, so the suffix's compute counts against the bottleneck; empty:
+    no suffix (q = 0), every cluster's trunk rows only."""
+    FE: tuple[np.ndarray, ...] = ()
+    """gaps2 [R1e]: the fill of those rows (trunk layers and intra-cluster sends; the suffix's own
+    compute stays in ``extra_fill``)."""
+    stages_end: tuple[np.ndarray, ...] = ()
+    TB: tuple[np.ndarray, ...] = ()
+    """gaps2 [R1e]: the same for a block that begins the pipeline: its first stage holds the prefix
+    layers and x >= 0 trunk layers (empty: no prefix, p = 0; then no member of the subset DP is
+    the first block, and without a suffix the path has no fixed end)."""
+    FB: tuple[np.ndarray, ...] = ()
+    stages_first: tuple[np.ndarray, ...] = ()
+    offset: float = 0.0
+    """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
+    busy: float = 0.0
+    """[C3b] ``CheapBounds.busy``: every plan also costs >= busy·bottleneck + s_lb."""
 
     def bound_at(self, tau: float) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
@@ -66,12 +89,17 @@ class RelaxedSplit:
         N = self.trunk
         best = -INF
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if math.isfinite(tau) else (0.0,):
+        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
             arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF).min(axis=0)
-            g = _subset_dp(np.array(rows), arcs, N)
+            # gaps2 [R1e]: the blocks that begin and end the pipeline hold the prefix and the suffix too
+            ends, firsts = (None if not T else np.array([
+                (np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
+                 if len(t) else np.full(N + 1, INF)) for t, f, st in zip(T, F, St)])
+                for T, F, St in ((self.TE, self.FE, self.stages_end), (self.TB, self.FB, self.stages_first)))
+            g = _subset_dp(np.array(rows), arcs, N, ends, firsts)
             if not math.isfinite(g):
                 return INF
             g += (1.0 + lam) * self.extra_fill - (lam * tau * (int(self.p > 0) + int(self.q > 0)) if lam else 0.0)
@@ -86,9 +114,14 @@ class RelaxedSplit:
         return self.s_lb
 
 
-def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int) -> float:
+def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | None = None,
+               firsts: np.ndarray | None = None) -> float:
     """[R3] min over non-empty cluster sets X of (cheapest WAN path through X) + (least fill of N
-    trunk layers over X, every member hosting >= 1)."""
+    trunk layers over X, every member hosting >= 1). With ``ends`` (per cluster, fill of n = 0..N
+    trunk layers in a block that also holds the suffix [R1e]): one member e of X is the pipeline's
+    last block, hosting n >= 0 trunk layers by ``ends[e]``, and the path through X ends at e; with
+    ``firsts`` (the same for the prefix) another member is the first block, by ``firsts`` (the
+    path's start is not tied to it: a relaxation)."""
     C = fills.shape[0]
     full = 1 << C
     # A[X]: (N+1,) least fill of exactly n layers over the clusters of X, each >= 1 layer
@@ -103,6 +136,25 @@ def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int) -> float:
             continue
         # min-plus convolution prev ⊕ f1[c]
         A[X] = np.min(prev[None, :] + shifts[c], axis=1)
+    if firsts is not None:
+        # A1[X]: the same with one member of X the first block (>= 0 trunk layers by firsts)
+        A1 = np.full((full, N + 1), INF)
+        fshift = [_shift_matrix(firsts[c], N) for c in range(C)]
+        for X in range(1, full):
+            c = (X & -X).bit_length() - 1
+            Y = X ^ (1 << c)
+            A1[X] = np.minimum(np.min(A1[Y][None, :] + shifts[c], axis=1), np.min(A[Y][None, :] + fshift[c], axis=1))
+        A = A1
+    if ends is not None:
+        H = _paths_to(arcs, C)
+        xs, es = np.nonzero((np.arange(full)[:, None] >> np.arange(C)[None, :]) & 1)  # every (X, e in X)
+        # the others (X without e) host N − j trunk layers, e hosts j
+        per = H[xs, es] + np.min(A[xs ^ (1 << es)][:, ::-1] + ends[es], axis=1)
+        vals = np.full(full, INF)
+        np.minimum.at(vals, xs, per)
+        singles = [1 << c for c in range(C)]
+        vals[[0, *singles]] = INF
+        return float(vals.min())
     P = _paths(arcs, C)
     vals = P + A[:, N]
     singles = [1 << c for c in range(C)]
@@ -118,6 +170,11 @@ def _shift_matrix(f: np.ndarray, N: int) -> np.ndarray:
 
 def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
     """Held-Karp: P[X] = cheapest Hamiltonian path through the clusters of X (0 for one cluster)."""
+    return _paths_to(arcs, C).min(axis=1)
+
+
+def _paths_to(arcs: np.ndarray, C: int) -> np.ndarray:
+    """Held-Karp: H[X, e] = cheapest Hamiltonian path through the clusters of X that ends at e."""
     full = 1 << C
     H = np.full((full, C), INF)
     for c in range(C):
@@ -133,7 +190,7 @@ def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
             Y = X | (1 << u)
             if best < H[Y, u]:
                 H[Y, u] = best
-    return H.min(axis=1)
+    return H
 
 
 def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int, num_microbatches: int,
@@ -145,25 +202,46 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     shape = model_shape(instance)
     N, m = shape.trunk, num_microbatches
     geo, _ = role_geometry(shape, "middle")
+    L = shape.num_layers
     names = tuple(c.name for c in instance.topology.clusters)
     Ts, Fs, Ss, Ns = [], [], [], []
+    TEs, FEs, NEs, TBs, FBs, NBs = [], [], [], [], [], []
     extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows_t, rows_f, rows_s, rows_n = [], [], [], []
+        ends_t, ends_f, ends_n = [], [], []
+        firsts_t, firsts_f, firsts_n = [], [], []
         for cfg in local_configs(instance, c.name, microbatch, tables):  # with recomputation [I3r]
             if cfg.gpus > budget:
                 continue
             sm = StageModel(instance, tables, c, cfg, replicas)
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
-            t, f, s = _trunk_rows(TrunkCosts(sm, geo, N), min(budget // cfg.gpus, N), m)
+            tc = TrunkCosts(sm, geo, N)
+            lat = c.inter_node.latency_s if replay_bounds() else 0.0  # [C3b] a send by its occupancy
+            t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
+            xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
+            if shape.q:
+                lo, hi = L - shape.q - xs, np.full_like(xs, L)
+                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
+                ends_t.append(te), ends_f.append(fe), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
+            if shape.p:
+                lo, hi = np.zeros_like(xs), shape.p + xs
+                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
+                firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
+        TEs.append(np.concatenate(ends_t) if ends_t else np.zeros((0, N + 1)))
+        FEs.append(np.concatenate(ends_f) if ends_f else np.zeros((0, N + 1)))
+        NEs.append(np.concatenate(ends_n) if ends_n else np.zeros(0))
+        TBs.append(np.concatenate(firsts_t) if firsts_t else np.zeros((0, N + 1)))
+        FBs.append(np.concatenate(firsts_f) if firsts_f else np.zeros((0, N + 1)))
+        NBs.append(np.concatenate(firsts_n) if firsts_n else np.zeros(0))
     pol = links or LinkPolicy()
     table = arcs if arcs is not None else arc_table(instance, tables, microbatch, replicas, pol, shape)  # [M8f]
     wan = np.full((len(pol.pairs), len(names), len(names)), INF)
@@ -172,16 +250,18 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         for j, b in enumerate(names):
             if a != b:
                 for k, e in enumerate(table[(a, b)]):
-                    wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
+                    wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
-                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
-                        s_lb=cheap.s_lb)
+                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
+                        s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
+                        **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
+                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs)} if shape.p else {}))
 
 
-def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
-    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail),
-    and the fill n·t1 + 2(s−1)·send."""
+    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
+    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
     N = tc.xmax
     km = tc.kmax("t")
     xs = np.arange(N + 1)
@@ -205,11 +285,50 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
         xm = np.minimum(xm, N)
         t = tc.t_comp[xm]
         if s >= 2:
-            t = np.maximum(t, tc.t_send)
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = np.where(ok, t, INF)
         F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
         S[si] = np.where(ok, tc.t_so[xm], INF)
     return T, F, S
+
+
+def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int,
+              shift: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """gaps2 [R1e] For a block that ends (``shift`` 1) or begins (``shift`` 0) the pipeline, s =
+    1..s_max stages holding n = 0..N trunk layers: its special stage holds the suffix (prefix) and
+    x >= 0 trunk layers (compute ``comp[x]``, memory at 1 in-flight microbatch, the fewest any stage
+    keeps), the other s − 1 hold >= 1 trunk layer each with the memory caps of [R1]'s rows at
+    distances 1 + shift .. s − 1 + shift from the pipeline's end (the last block's are 2..s; the first
+    block's are at least 1..s − 1); the least largest stage (and the intra-cluster send for s >= 2),
+    and the fill of the n trunk layers and the 2(s − 1) sends, as [R1]. Every block that holds the
+    suffix (prefix) is one of these, so the rows bound it."""
+    N = tc.xmax
+    km = tc.kmax("t")
+    xs = np.arange(N + 1)
+    caps = []
+    for r in range(1, s_max + 1):
+        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
+        caps.append(int(bad[0]) if bad.size else N)
+    head = np.where(kmax >= in_flight(1, 0, m), comp, INF)  # (N + 1,) the special stage with x trunk layers
+    idx = xs[:, None] - xs[None, :]  # idx[n, x] = n − x: trunk layers left for the other stages
+    T = np.full((s_max, N + 1), INF)
+    F = np.full((s_max, N + 1), INF)
+    G = np.zeros(N + 1)
+    for si in range(s_max):
+        s = si + 1
+        if s == 1:
+            rest = np.where(xs == 0, 0.0, INF)
+        else:
+            G = G + np.minimum(caps[s - 2 + shift], xs)  # capacity of the trunk stages
+            xm = np.searchsorted(G, xs, side="left")
+            rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)
+        both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
+        t = both.min(axis=1)
+        if s >= 2:
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))  # [C3b] as [R1]'s rows
+        T[si] = t
+        F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
+    return T, F
 
 
 def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: float, deadline: float = INF,
@@ -236,25 +355,29 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
             memo[tau] = rs.bound_at(tau)
         return memo[tau]
 
+    def val_at(a: float, b: float) -> float:  # [C3b] offset, and the busy chain m·a + s_lb under the replay
+        return max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
+
     if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
-        return weighted_time(w, lo_t, at(INF))
+        return val_at(lo_t, INF)
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
-    best_above = weighted_time(w, hi_t, at(INF))
-    intervals = [(lo_t, hi_t)]
-    result = best_above
-    while intervals:
-        a, b = intervals.pop()
-        val = weighted_time(w, a, at(b))
-        if val >= target or b <= a * ratio or time.perf_counter() > deadline:
-            result = min(result, val)
-            continue
+    best_above = val_at(hi_t, INF)
+    # gaps2: best first (the lowest interval is refined next; a child is never below its parent, as
+    # bound_at does not rise with tau), so the result is the same as refining every interval below
+    # the target, and it is reached as soon as the lowest interval is too narrow; at the deadline the
+    # lowest interval's value is the bound so far
+    heap = [(val_at(lo_t, hi_t), lo_t, hi_t)]
+    while True:
+        val, a, b = heapq.heappop(heap)
+        if val >= min(target, best_above) or b <= a * ratio or time.perf_counter() > deadline:
+            return min(val, best_above)
         mid = math.sqrt(a * b)
-        intervals.extend([(a, mid), (mid, b)])
-    return result
+        heapq.heappush(heap, (val_at(a, mid), a, mid))
+        heapq.heappush(heap, (val_at(mid, b), mid, b))
 
 
 def _tau_beyond(rs: RelaxedSplit, target: float) -> float:
     """A bottleneck above which no plan can cost less than ``target``."""
     if not math.isfinite(target):
         return INF
-    return max(target - rs.extra_fill - rs.s_lb, 0.0) / max(rs.weight, 1e-12)
+    return max(target - rs.extra_fill - rs.s_lb + rs.offset, 0.0) / max(rs.weight, 1e-12)
