@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 
 from hgopt import __version__
 from hgopt.errors import PlanError, SpecError, truncate
@@ -49,8 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    if argv is None:  # deadline: the process's own command line: its limit counts from the process start
+        from hgopt.commands._deadline import process_elapsed_s
+
+        started -= process_elapsed_s()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started_at = started  # deadline: when a command's --time-limit started (time.monotonic)
     if args.verbose and args.quiet:
         parser.error("-v/--verbose and -q/--quiet exclude each other")
     logging.basicConfig(

@@ -179,7 +179,10 @@ def test_egress_is_priced_per_link_from_the_kernels_wan_bytes(monkeypatch: pytes
 def test_why_not_budget() -> None:
     from hgopt.commands.plan import WHY_NOT_MIN_S, why_not_budget
 
-    assert why_not_budget(10.0, None, 3.0) == (7.0, "")  # default: what the search left of the limit
+    from hgopt.commands._deadline import POST_RESERVE_S
+
+    # default: what the search left of the limit, less what explain and the output keep (deadline)
+    assert why_not_budget(10.0, None, 3.0) == (7.0 - POST_RESERVE_S, "")
     assert why_not_budget(10.0, 4.0, 50.0) == (4.0, "")  # explicit: extra time on top
     assert why_not_budget(10.0, 0.0, 1.0) == (0.0, "")  # explicit 0: left out, nothing said
     budget, note = why_not_budget(10.0, None, 10.0 - WHY_NOT_MIN_S / 2)
@@ -211,7 +214,10 @@ def test_why_not_lines_get_what_the_search_left_of_the_time_limit(tmp_path: Path
     start = time.monotonic()
     assert main(["plan", str(_tiny_file(tmp_path)), "--planner", "heuristic", "--time-limit", "30"]) == 0
     ((budget, at),) = calls
-    assert 30 - (at - start) <= budget <= 30  # the rest of the limit, measured from the command's start
+    from hgopt.commands._deadline import POST_RESERVE_S
+
+    # the rest of the limit, measured from the command's start, less what explain and the output keep (deadline)
+    assert 30 - (at - start) - POST_RESERVE_S <= budget <= 30
     assert main(["plan", str(_tiny_file(tmp_path)), "--planner", "heuristic", "--time-limit", "30",
                  "--why-not-time", "3"]) == 0
     assert calls[-1][0] == 3.0  # explicit: on top

@@ -16,6 +16,8 @@ import logging
 import math
 import signal
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from hgopt.cost import evaluate
@@ -45,10 +47,15 @@ def exit_code(progress: Progress) -> int | None:
 
 
 def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
-                *, grace_s: float = 5.0) -> PlanResult:
-    """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag)."""
+                *, grace_s: float = 5.0, stop_at: float | None = None, stop_grace_s: float = 1.0,
+                clock: Callable[[], float] = time.monotonic) -> PlanResult:
+    """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag).
+    deadline: at ``stop_at`` (a ``clock()`` reading) the search is asked to stop as a signal would, and
+    given ``stop_grace_s`` to return before its last reported incumbent is taken; the result keeps
+    its plan and bound, status ``feasible`` / ``heuristic`` (not ``interrupted``), with a note."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
+    by_deadline = False
 
     def work() -> None:
         try:
@@ -71,17 +78,25 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             waited_after_stop = 0.0
             while worker.is_alive():
                 worker.join(0.1)
+                if stop_at is not None and not progress.stop_requested() and clock() >= stop_at:  # deadline
+                    log.warning("hgopt: the command's deadline is near: stopping the search, keeping its best plan")
+                    progress.request_stop()
+                    by_deadline = True
                 if progress.stop_requested():
                     waited_after_stop += 0.1
-                    if waited_after_stop >= grace_s:
-                        log.warning("hgopt: the search did not return within %.0f s of the stop; using the "
-                                    "incumbent it last reported", grace_s)
-                        return _from_snapshot(name, instance, progress)
+                    grace = stop_grace_s if by_deadline and progress.signal is None else grace_s
+                    if waited_after_stop >= grace:
+                        log.warning("hgopt: the search did not return within %.1f s of the stop; using the "
+                                    "incumbent it last reported", grace)
+                        snap = _from_snapshot(name, instance, progress)
+                        return _at_deadline(snap, progress, instance) if by_deadline and progress.signal is None else snap
     finally:
         _restore(saved)
     if "error" in box:
         raise box["error"]
     res: PlanResult = box["result"]
+    if by_deadline and progress.signal is None:
+        return _at_deadline(res, progress, instance)
     if progress.stop_requested():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
@@ -102,6 +117,30 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             iteration_time_s=res.iteration_time_s if res.plan is not None or plan is None
             else evaluate(plan, instance).iteration_time_s)
     return res
+
+
+def _at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResult:
+    """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
+    ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
+    ``heuristic`` without; the solver words that claim a certificate are dropped."""
+    quick: tuple[str, ...] = ()
+    if res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
+        plan0, quick = quick_plan(instance)
+        if plan0 is not None:
+            res = dataclasses.replace(res, plan=plan0, iteration_time_s=evaluate(plan0, instance).iteration_time_s)
+    status = res.status
+    if res.plan is not None and status not in ("optimal",):
+        status = "feasible" if res.lower_bound_s is not None else "heuristic"
+    meta = res.plan.meta if res.plan is not None else ()
+    plan = res.plan and dataclasses.replace(res.plan, meta=(*((k, v) for k, v in meta if k != "status"),
+                                                             ("status", status)))
+    solver = res.solver
+    if "certified" in solver and status != "optimal":
+        solver = "none (stopped by the deadline before any MILP was solved)"
+    note = (f"stopped by the command's deadline after {progress.elapsed_s():.1f} s of search: the best plan found "
+            "so far" + ("; the lower bound still holds" if res.lower_bound_s is not None else ""))
+    notes = tuple(n.replace("interrupted by a stop request", "stopped by the deadline") for n in res.notes)
+    return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes, *quick))
 
 
 def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:

@@ -5,6 +5,9 @@ share and MFU per cluster, dollars per iteration and per million tokens, and for
 the best plan found that uses it (for every partly used one, the best found that uses more of it). Without a plan it names the binding constraint. A heartbeat line
 goes to stderr at least every 2 s while the search runs (``-q`` silences it).
 
+``--time-limit T`` bounds the whole command (``hgopt.commands._deadline``): it returns within
+max(1.1 T, T + 2 s) of the process start; phases skipped for want of time are listed in ``skipped``.
+
 Exit status: 0 a plan was found, 1 none (infeasible or no plan within the time limit), 2 bad input,
 130 / 143 interrupted by SIGINT / SIGTERM (the best plan so far is still printed and written)."""
 
@@ -20,6 +23,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from hgopt.commands._deadline import DEADLINE_GRACE_S, POST_RESERVE_S, Deadline, hard_limit, search_limit
 from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
@@ -45,7 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("instance", help="instance name (see `hgopt instances`) or path")
     p.add_argument("--planner", default="milp", choices=planner_names(), help="planner (default: milp)")
     p.add_argument("--solver", default="highs", choices=backend_names(), help="MILP backend (default: highs)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget in seconds (default 60)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds the whole command may take, from the process start (default 60): the search "
+                        "gets S - 1 s (at least S/2), a search still running near max(1.1 S, S + 2 s) is stopped with its best plan "
+                        "and bound, and what does not fit after it (why-not lines, --timeline) is skipped, saying so; "
+                        "with --objective cost/--budget/--outer-steps it is the search's limit only")
     p.add_argument("--gap", type=float, default=0.01, metavar="G",
                    help="stop once the relative gap to the lower bound is <= G (default 0.01)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="solver threads (default 1)")
@@ -119,8 +126,10 @@ def variant_name(planner: str, extra: dict[str, str] | Any) -> str:
     return f"{planner}:{prec}" if prec and prec != "native" else planner
 
 
-WHY_NOT_MIN_S = 0.2
-"""Below this much of --time-limit left after the search, the default skips the why-not lines."""
+WHY_NOT_MIN_S = 1.0
+"""Below this much of --time-limit left after the search, the default skips the why-not lines
+(deadline: a heuristic run has a floor of work whatever its limit: given 0.5 s at 25 % of a core,
+sailor-geo-5x32's why-not line took about 2 s)."""
 
 
 def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: float) -> tuple[float, str]:
@@ -128,15 +137,17 @@ def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: f
     explicit ``--why-not-time`` is extra time; by default what is left of ``--time-limit``."""
     if why_not_time is not None:
         return why_not_time, ""
-    left = time_limit_s - elapsed_s
+    left = time_limit_s - elapsed_s - POST_RESERVE_S  # deadline: explain and the output come after them
     if left >= WHY_NOT_MIN_S:
         return left, ""
     return 0.0, (f"why-not lines skipped: the search used the whole --time-limit of {time_limit_s:g} s "
                  "(--why-not-time S gives them S seconds more)")
 
 
-def run(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()  # --time-limit bounds the whole command (why-not lines get what the search left)
+def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
+    # deadline: --time-limit bounds the whole command, measured from the process start when run as `hgopt`
+    # (from ``main``'s start when called in-process; hgopt.commands._deadline); ``deadline``: tests' fake clock
+    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
     inst = load_instance(args.instance)
     check_outputs(args, "-o/--output", "--timeline")
     if args.why_not_time is not None and not (args.why_not_time >= 0 and math.isfinite(args.why_not_time)):
@@ -152,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
         return plan_cost.run_cost(args, inst, opts)
     tables = build_tables(inst)
     progress = Progress(args.planner)
+    opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit))  # deadline: the search's share
     try:
-        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress)
+        res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress, stop_at=dl.stop_at,
+                          stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)
     except SearchInterrupted as exc:  # a second signal: abort without a plan
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
@@ -164,28 +177,46 @@ def run(args: argparse.Namespace) -> int:
     interrupted = exit_code(progress)
     expl = None
     reasons: tuple[str, ...] = ()
+    skipped: list[str] = []  # deadline: post-search phases left out for want of time, named in the output
     if res.plan is not None and ev is not None and ev.feasible:
-        why_s, skipped = why_not_budget(args.time_limit, args.why_not_time, time.monotonic() - t0)
+        why_s, why_skip = why_not_budget(args.time_limit, args.why_not_time, dl.elapsed())
         why = () if interrupted or why_s == 0 else why_not(
             res.plan, inst, ev, time_limit_s=why_s, extra=dict(opts.extra), tables=tables)
         expl = explain(res.plan, inst, ev, tables, why)
-        if skipped and not interrupted and any(0 < c.gpus_used < c.gpus or c.gpus_used == 0 for c in expl.clusters):
-            expl = dataclasses.replace(expl, why_not_note=skipped)
+        if why_skip and not interrupted and any(0 < c.gpus_used < c.gpus or c.gpus_used == 0 for c in expl.clusters):
+            expl = dataclasses.replace(expl, why_not_note=why_skip)
+            skipped.append("why-not lines (no time left of --time-limit)")
     elif not interrupted:
-        reasons = infeasibility(inst, tables)
+        if dl.hard_left() > POST_RESERVE_S:
+            reasons = infeasibility(inst, tables)
+        else:
+            skipped.append("the infeasibility reasons (no time left of --time-limit)")
+    draw = bool(args.timeline and res.plan is not None and ev is not None and ev.stages)
+    if draw and dl.hard_left() < TIMELINE_MIN_S:
+        draw = False
+        skipped.append(f"the timeline {args.timeline} (under {TIMELINE_MIN_S:g} s left before the deadline of "
+                       f"{hard_limit(args.time_limit):g} s)")
     if args.json:
-        print(json.dumps(result_to_json(res, ev, expl, reasons), indent=2))
+        print(json.dumps({**result_to_json(res, ev, expl, reasons), "skipped": skipped}, indent=2))
     else:
         print(render_result(inst, res, ev, expl, reasons))
         if args.output and res.plan is not None:
             print(f"plan written to {args.output}")
-    if args.timeline and res.plan is not None and ev is not None and ev.stages:
+        for what in skipped:
+            print(f"skipped: {what}")
+    if draw:
         from hgopt.report import plot_timeline
 
+        assert res.plan is not None
         plot_timeline(res.plan, inst, args.timeline, tables=tables, **_timeline_kwargs(variant_name(args.planner, opts.extra)))
     if interrupted:
         return interrupted
     return 0 if res.plan is not None else 1
+
+
+TIMELINE_MIN_S = 2.0
+"""deadline: seconds the timeline drawing needs (matplotlib's import and one figure); with less left
+before the hard deadline it is skipped and named."""
 
 
 def _timeline_kwargs(variant: str) -> dict[str, str]:

@@ -1,0 +1,99 @@
+"""One deadline for a whole command (issue #11 item 4: ``--time-limit T`` returns within
+max(1.1 T, T + 2 s)), measured from the start of the process: the interpreter's start-up, the
+imports and loading the instance count against it.
+
+Every phase of ``hgopt plan`` takes its share of it:
+
+- the search gets ``search_limit(T)`` (``T - STARTUP_RESERVE_S``, at least half of T) as its
+  nominal ``--time-limit``: a fixed function of T, so that the same input and T give the same
+  warm start and plan whatever the machine's load (the work-limited phases scale with it);
+- a watchdog asks the search to stop at ``stop_at`` (the hard end less ``POST_RESERVE_S`` and the
+  grace the search gets to return its incumbent), so an overshooting search still leaves the
+  post-search phases their time;
+- post-search phases that are optional (the why-not lines, the timeline drawing) run only in what
+  is left; a skipped one is named in the output (``skipped``).
+
+``clock`` is injectable (tests pass a fake one: no wall-clock verdicts)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["DEADLINE_GRACE_S", "Deadline", "POST_RESERVE_S", "STARTUP_RESERVE_S", "hard_limit", "process_elapsed_s",
+           "search_limit"]
+
+STARTUP_RESERVE_S = 1.0
+"""Seconds of T kept from the search for the process start-up (Python, imports, instance load:
+0.8-1.6 s with warm .pyc files on the 2-core development machine at load 12-17)."""
+
+POST_RESERVE_S = 0.5
+"""Seconds kept after the search for what always runs: evaluate, explain, the JSON / text output."""
+
+DEADLINE_GRACE_S = 1.0
+"""Seconds the search gets, once asked to stop at the deadline, to return its incumbent before the
+command takes the incumbent it last reported (``_search.run_planner``'s grace)."""
+
+
+def hard_limit(time_limit_s: float) -> float:
+    """The contract's end: max(1.1 T, T + 2 s) from the process start."""
+    return max(1.1 * time_limit_s, time_limit_s + 2.0)
+
+
+def search_limit(time_limit_s: float) -> float:
+    """The search's nominal time limit for a command ``--time-limit`` of ``time_limit_s``."""
+    return max(time_limit_s - STARTUP_RESERVE_S, 0.5 * time_limit_s)
+
+
+def process_elapsed_s(clock: Callable[[], float] = time.monotonic) -> float:
+    """Seconds since this process started (Linux: /proc/self/stat's start time against
+    /proc/uptime); 0.0 where that cannot be read (the deadline is then measured from the command's
+    start)."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rpartition(")")[2].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """``time_limit_s`` measured from ``start`` (a ``clock()`` reading)."""
+
+    time_limit_s: float
+    start: float
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
+
+    @classmethod
+    def from_process_start(cls, time_limit_s: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        return cls(time_limit_s, clock() - process_elapsed_s(), clock)
+
+    @property
+    def soft(self) -> float:
+        """The clock reading at which ``--time-limit`` is used up."""
+        return self.start + self.time_limit_s
+
+    @property
+    def hard(self) -> float:
+        """The clock reading by which the command must have returned."""
+        return self.start + hard_limit(self.time_limit_s)
+
+    @property
+    def stop_at(self) -> float:
+        """When the watchdog asks the search to stop."""
+        return self.hard - POST_RESERVE_S - DEADLINE_GRACE_S
+
+    def left(self) -> float:
+        """Seconds left of ``--time-limit`` (negative once past it)."""
+        return self.soft - self.clock()
+
+    def hard_left(self) -> float:
+        return self.hard - self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
