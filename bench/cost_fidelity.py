@@ -4,6 +4,7 @@ simulate, ratio) and the worst case.
 
     PYTHONPATH=$PWD .venv/bin/python bench/cost_fidelity.py [--time-limit 5] [--instances ...]
         [--planners ...] [--cache DIR] [--refresh] [--out bench/cost_fidelity.json]
+        [--evaluate default|closed|replay]
 
 Plans are cached in ``--cache`` (default ``bench/cost_fidelity_plans.json``, committed) keyed by
 instance, planner and time limit, so a re-run on a new cost model re-scores the same plans in about
@@ -95,9 +96,14 @@ def replay_pipe(inst: Instance, plan: Plan, ev: Any) -> tuple[float, float]:
     return rep, paths
 
 
-def score(inst: Instance, plan: Plan) -> dict[str, Any]:
+def score(inst: Instance, plan: Plan, pipeline: str | None = None) -> dict[str, Any]:
     tables = build_tables(inst)
-    ev = evaluate(plan, inst, tables)
+    ev = evaluate(plan, inst, tables, pipeline=pipeline) if pipeline else evaluate(plan, inst, tables)  # type: ignore[arg-type]
+    cpu = {}
+    for mode in ("closed", "replay"):  # [C3b] what the exact replay costs evaluate
+        c0 = time.process_time()
+        evaluate(plan, inst, tables, pipeline=mode)  # type: ignore[arg-type]
+        cpu[mode] = time.process_time() - c0
     t0 = time.process_time()
     sim = simulate(plan, inst, tables)
     allwin = all_windows_pipe(plan, ev)
@@ -118,8 +124,35 @@ def score(inst: Instance, plan: Plan) -> dict[str, Any]:
         "stages": sum(len(p.stages) for p in plan.pipelines), "pipelines": len(plan.pipelines),
         "m": "/".join(sorted({str(p.num_microbatches) for p in plan.pipelines}, key=int)),
         "clusters": len(plan.gpus_by_cluster()), "sim_cpu_s": time.process_time() - t0,
-        "feasible": ev.feasible,
+        "feasible": ev.feasible, "eval_cpu_closed_s": cpu["closed"], "eval_cpu_replay_s": cpu["replay"],
     }
+
+
+def relaxation_bounds(name: str) -> dict[str, float]:
+    """[C3b] The bound the relaxations alone give (min over batch splits of max(cheap [B4], relaxation
+    [R4] with [R0]); no MILP, no time limit) under the closed form and under the replay
+    (``pipeline.EVALUATE_1F1B``): what the replay-valid forms cost the certificate, independent of the
+    host's speed."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import _relaxation_bound, batch_splits
+
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    out = {}
+    saved = pipeline_mod.EVALUATE_1F1B
+    try:
+        for mode in ("closed", "replay"):
+            pipeline_mod.EVALUATE_1F1B = mode  # type: ignore[assignment]
+            best = math.inf
+            for sp in batch_splits(inst):
+                cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+                rb = _relaxation_bound(inst, tables, sp, cb, target=math.inf, deadline=math.inf)[0]
+                best = min(best, max(cb.value, rb))
+            out[mode] = best
+    finally:
+        pipeline_mod.EVALUATE_1F1B = saved
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +164,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="plans by instance, planner and time limit (JSON; planned and added when missing)")
     ap.add_argument("--refresh", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    ap.add_argument("--evaluate", choices=("default", "closed", "replay"), default="default",
+                    help="evaluate's 1F1B pipeline time: the kernel's default (pipeline.EVALUATE_1F1B), the closed "
+                         "form, or the exact replay [C3x]/[C3n] ([C3b])")
+    ap.add_argument("--bounds", action="store_true",
+                    help="only print the relaxations' bound per instance under the closed form and the replay [C3b]")
     args = ap.parse_args(argv)
+    if args.bounds:
+        print("| instance | relaxation bound, closed form (s) | relaxation bound, replay-valid (s) | change |")
+        print("|---|---:|---:|---:|")
+        for name in args.instances or [e.name for e in list_instances()]:
+            b = relaxation_bounds(name)
+            print(f"| {name} | {b['closed']:.4g} | {b['replay']:.4g} | {b['replay'] / b['closed'] - 1:+.1%} |", flush=True)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     names = args.instances or [e.name for e in list_instances()]
     rows: list[dict[str, Any]] = []
@@ -146,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.cache.write_text(json.dumps(cache, sort_keys=True, separators=(",", ":")) + "\n")
             row: dict[str, Any] = {"instance": name, "planner": planner, "note": note}
             if plan is not None:
-                row |= score(inst, plan)
+                row |= score(inst, plan, None if args.evaluate == "default" else args.evaluate)
             rows.append(row)
     allwin = any(r.get("allwin_ratio") for r in rows)
     c7o = any(r.get("c7o_ratio") and abs(r["evaluate_c7o_s"] - r["evaluate_s"]) > 1e-12 for r in rows)
@@ -177,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{within}/{len(scored)} plans agree within 2 %; worst: {worst['instance']} {worst['planner']} "
               f"evaluate {worst['evaluate_s']:.4g} s, simulate {worst['simulate_s']:.4g} s (ratio {worst['ratio']:.3f}); "
               f"simulate CPU max {max(r['sim_cpu_s'] for r in scored):.2f} s; total {time.perf_counter() - t_start:.0f} s")
+        for mode in ("closed", "replay"):
+            cpus = [r[f"eval_cpu_{mode}_s"] for r in scored]
+            top = max(scored, key=lambda r: r[f"eval_cpu_{mode}_s"])
+            print(f"evaluate(pipeline={mode!r}) CPU: {sum(cpus):.2f} s on all {len(scored)} plans, at most "
+                  f"{max(cpus):.3f} s ({top['instance']} {top['planner']})")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

@@ -230,3 +230,26 @@ def test_a_zero1_stage_reduce_scatters_in_buckets_and_all_gathers_after_the_opti
     assert t[(0, 1e-6)] > t[(0, 1e6)]
     assert t[(1, 1e6)] - opt[1] == pytest.approx(t[(0, 1e6)] - opt[0], rel=1e-12)
     assert opt[1] == pytest.approx(opt[0] / 4)
+
+
+def test_forward_share_bounds_every_stage_forward() -> None:
+    """[C3b] ``compute.forward_share_of``: every stage range on every (GPU, tp) table at every
+    microbatch size up to the cap, with and without recomputation, has fwd <= ρ·(fwd + bwd) + E; and
+    ρ is a real share (well below 1 on a transformer: the embedding's share is in E, not in ρ)."""
+    import random
+
+    from hgopt.cost.compute import forward_share_of, stage_times
+    from hgopt.instances import load_instance
+
+    inst = load_instance("default")
+    tables = build_tables(inst)
+    rho, e = forward_share_of(tables, 8)
+    assert 0.0 < rho < 0.9
+    rng = random.Random(5)
+    L = tables.num_layers
+    for tab in tables.by_gpu_tp.values():
+        for _ in range(200):
+            lo = rng.randrange(L)
+            hi = rng.randrange(lo + 1, L + 1)
+            f, b = stage_times(tab, rng.randint(1, 8), lo, hi, rng.random() < 0.3)
+            assert f <= rho * (f + b) + e + 1e-15

@@ -277,7 +277,7 @@ def test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed: i
         rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
                          cheap=cb)
         assert rs is not None and rs.TE and rs.TB
-        single = _best_single(inst, tables, sp)
+        single = _best_single(inst, tables, sp, cb)
         with_rows = split_bound(rs, cb, target=2 * opt, single=single)
         plain = split_bound(dataclasses.replace(rs, TE=(), FE=(), stages_end=(), TB=(), FB=(), stages_first=()), cb,
                             target=2 * opt, single=single)

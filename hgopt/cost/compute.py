@@ -12,9 +12,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from hgopt.cost.tables import GpuTpTable
+from hgopt.cost.tables import CostTables, GpuTpTable
 
-__all__ = ["interp_rows", "optimizer_share", "optimizer_time", "stage_compute_v", "stage_times", "stage_times_v"]
+__all__ = ["forward_share_of", "interp_rows", "optimizer_share", "optimizer_time", "stage_compute_v", "stage_times", "stage_times_v"]
 
 Num = TypeVar("Num", float, np.ndarray)
 
@@ -63,3 +63,21 @@ def optimizer_share(update_s: Num, shards: Num | int = 1) -> Num:
 def optimizer_time(tab: GpuTpTable, lo: Num | int, hi: Num | int, shards: Num | int = 1) -> Num:
     """Optimizer-step seconds of layers [lo, hi), sharded over ``shards`` ZeRO-1 replicas [C6]."""
     return optimizer_share(tab.update[hi] - tab.update[lo], shards)  # type: ignore[return-value]
+
+
+def forward_share_of(tables: CostTables, max_mbs: int) -> tuple[float, float]:
+    """[C3b] (ρ, E) (``pipeline.forward_share``) valid for every stage ``evaluate`` can report with
+    replica groups of microbatch size at most ``max_mbs``: the largest ρ of any (GPU, tp) table's
+    profiled row, and E the largest excess of a row at those ρ scaled as ``GpuTpTable.times`` scales
+    the row to mbs ≤ ``max_mbs`` (recomputation only lengthens the backward [C2r])."""
+    from hgopt.cost.pipeline import forward_share
+
+    rows = [(np.diff(tab.fwd[k]), np.diff(tab.bwd[k]), float(tab.mbs[k]), tab)
+            for tab in tables.by_gpu_tp.values() for k in range(len(tab.mbs))]
+    rho = max((forward_share(f.tolist(), b.tolist())[0] for f, b, _, _ in rows), default=1.0)
+    excess = 0.0
+    for tab in tables.by_gpu_tp.values():
+        e = np.array([float(np.maximum(np.diff(tab.fwd[k]) - rho * (np.diff(tab.fwd[k]) + np.diff(tab.bwd[k])), 0.0).sum())
+                      for k in range(len(tab.mbs))])
+        excess = max(excess, max(float(interp_rows(tab.mbs, e, x)) for x in range(1, max(max_mbs, 1) + 1)))
+    return rho, excess

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -25,6 +26,7 @@ from hgopt.cost.gradsync import (
     iteration_end,
 )
 from hgopt.cost.memory import stage_memory_terms
+import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
     fill_time,
     in_flight,
@@ -33,6 +35,7 @@ from hgopt.cost.pipeline import (
     pipeline_bottleneck,
     pipeline_time,
     replay_shared_nics,
+    replay_stage_ends,
     round_trip_pace,
 )
 from hgopt.cost.tables import (
@@ -104,6 +107,9 @@ class PipelineReport:
     bottleneck_s: float
     fill_drain_s: float
     time_s: float
+    stage_ends: tuple[float, ...] = ()
+    """[C3x]/[C3n] Each stage's last backward end in the exact replay (``pipeline="replay"``); empty:
+    the closed form's ``pipeline.last_backward_ends``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,8 +142,11 @@ class Evaluation:
         return d
 
 
-def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -> Evaluation:
+def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *,
+             pipeline: Literal["closed", "replay"] | None = None) -> Evaluation:
     """Iteration time, throughput, per-stage breakdown and memory of ``plan`` on ``instance``.
+    ``pipeline``: a 1F1B pipeline's time by the closed form or the exact replay (default
+    ``pipeline.EVALUATE_1F1B``).
 
     A plan with structural violations is infeasible and gets an infinite iteration time; a plan that
     only runs out of memory is costed fully and flagged infeasible.
@@ -163,7 +172,8 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None) -
                        for si in range(len(pipe.stages))]
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
             nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
-            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics))
+            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics,
+                                                 exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay"))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
@@ -250,7 +260,7 @@ def _shared_nic_inputs(inst: Instance, tables: CostTables, pipe: Pipeline, st: l
 
 def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
                      latency: Sequence[tuple[float, float]] | None = None,
-                     nics: _NicInputs | None = None) -> PipelineReport:
+                     nics: _NicInputs | None = None, exact: bool = False) -> PipelineReport:
     """[C3] composition of one pipeline; for 1F1B the larger of it and the dependency-path form [C3p]
     (``pipeline.path_time``, a lower bound of the exact timeline [C3x]): [C3] alone is optimistic where a
     slow link queues the warm-up forwards and cool-down backwards (``bench/cost_fidelity.py``). The max
@@ -263,9 +273,14 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
     bottleneck = pipeline_bottleneck(pipe.schedule, fwd, bwd, send_f, send_b, m)
     fill = fill_time(t, send_f, send_b)
     time_s = pipeline_time(m, bottleneck, fill)
+    lat_f = [a for a, _ in latency] if latency is not None else None
+    lat_b = [b for _, b in latency] if latency is not None else None
+    if exact and pipe.schedule == "1f1b" and len(st) > 1:  # [C3x] / [C3n]: the exact timeline
+        ends = (replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics) if nics is not None
+                else replay_stage_ends(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, lat_f, lat_b))
+        return PipelineReport(index=index, num_microbatches=m, microbatch=pipe.microbatch, bottleneck_s=bottleneck,
+                              fill_drain_s=fill, time_s=max(ends), stage_ends=tuple(ends))
     if pipe.schedule == "1f1b" and len(st) > 1:
-        lat_f = [a for a, _ in latency] if latency is not None else None
-        lat_b = [b for _, b in latency] if latency is not None else None
         time_s = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
     if nics is not None:  # [C3n]: a stage's NIC carries both its boundaries' messages, per direction
         time_s = max(time_s, max(replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics)))
@@ -770,7 +785,8 @@ def _bucketed_sync(
         if first[plan.pipelines[pr.index]] != pr.index:
             continue
         st = [report[(pr.index, si)] for si in range(len(plan.pipelines[pr.index].stages))]
-        for r, e in zip(st, last_backward_ends(pr.time_s, [r.bwd_s for r in st], [r.send_bwd_s for r in st])):
+        ends_of = list(pr.stage_ends) or last_backward_ends(pr.time_s, [r.bwd_s for r in st], [r.send_bwd_s for r in st])
+        for r, e in zip(st, ends_of):
             ends[(r.pipeline, r.stage)] = e
     where = {(pi, si): st for pi in first.values() for si, st in enumerate(plan.pipelines[pi].stages)}
     every = [st for p in plan.pipelines for st in p.stages]

@@ -15,7 +15,18 @@ from typing import Callable, Literal, Sequence, TypeVar
 import numpy as np
 
 __all__ = [
+    "EVALUATE_1F1B",
     "ROUND_TRIP_WINDOWS",
+    "bound_offset",
+    "bound_weight",
+    "replay_bounds",
+    "search_offset",
+    "search_weight",
+    "forward_share",
+    "replay_floor",
+    "warmup_cap",
+    "window_cycles",
+    "window_weight",
     "fill_time",
     "in_flight",
     "last_backward_ends",
@@ -106,6 +117,16 @@ at the last stage) is the model before the fix. ``evaluate``, the MILP rows [M15
 re-partition DP [H8] all read this constant, so the three stay one model."""
 
 
+EVALUATE_1F1B: Literal["closed", "replay"] = "closed"
+"""What ``evaluate`` takes as a 1F1B pipeline's time (a constant, not a setting): ``"closed"`` is
+max([C3], [C3p], [C3n] where NIC sharing can matter), the model every bound of the MILP [M15]/[M15w]
+is still built on; ``"replay"`` is the exact timeline ([C3n] where NIC sharing can matter, else
+[C3x]) with each stage's last backward from it. The bound sites read it too (:func:`replay_bounds`):
+under ``"replay"`` the cheap bounds, the relaxation and the grouped bound take [C3b]'s forms and the
+MILP's own dual bound (a bound of [C3] only) is not reported, so the two flip together
+(``formulations/cost_model.md`` [C3b]; bench/RESULTS.md says what the bounds lose)."""
+
+
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
                     windows: Literal["suffix", "all"] = ROUND_TRIP_WINDOWS) -> float:
     """[C3] The least 1F1B pace that every contiguous window of stages s..j allows (``windows="all"``;
@@ -184,7 +205,7 @@ def replay_stage_ends(
 
     The longest path of the schedule's dependency graph: the reference [C3]'s closed form
     ``(m − 1)·pace + R_0`` approximates (``bench/cost_fidelity.py`` compares them). O(S·m) operations;
-    not used by ``evaluate`` (the planners' MILP rows and bounds are built on the closed form)."""
+    ``evaluate``'s pipeline time under ``EVALUATE_1F1B = "replay"`` (not the default)."""
     S, m = len(fwd), num_microbatches
     lf = latency_f if latency_f is not None else [0.0] * S
     lb = latency_b if latency_b is not None else [0.0] * S
@@ -289,6 +310,113 @@ def path_time(
                 if k + w + 1 <= m - 1:
                     tail = max(tail, f[s] + below[s] + b[s] + (m - 2 - k - w) * b[s])
                 best = max(best, ahead[s] + back[s] + head + q * trip + tail)
+    return best
+
+
+# ---- [C3b] linear lower bounds of the exact timeline [C3x] (what every search bound is built on) ---------
+def warmup_cap(max_stages: int, num_microbatches: int) -> int:
+    """[C3b] An upper bound of the warm-up forwards w_s = min(S − s − 1, m − 1) that a stage's own
+    form may hide under microbatch 0's trip, when the pipeline has at most ``max_stages`` stages:
+    min(S̄ − 1, m − 1) (0 for a single stage or microbatch)."""
+    return max(min(max_stages - 1, num_microbatches - 1), 0)
+
+
+def bound_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0) -> float:
+    """[C3b] A steady weight valid for the exact timeline: for every stage s of a 1F1B pipeline of at
+    most ``max_stages`` stages whose forward is f_s ≤ ``fwd_share``·t_s + E (``forward_share``),
+    T ≥ R_0 + (m − 1)·t_s − w_s·f_s ≥ R_0 + this·t_s − ``bound_offset``: microbatch 0 reaches s, goes
+    down and back (R_0 in all), then s runs its m − 1 other backwards and m − 1 − w_s other forwards
+    (its w_s warm-up forwards ran while microbatch 0 was below it). A boundary whose messages occupy
+    it o = send − latency each gives T ≥ R_0 + (m − 1)·o, above this·o. Replaces
+    :func:`steady_weight` (m − 1) in every lower bound; equal to it for one stage."""
+    return float(num_microbatches - 1) - fwd_share * warmup_cap(max_stages, num_microbatches)
+
+
+def bound_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
+    """[C3b] What a lower bound subtracts from its fill with :func:`bound_weight`: w̄·E, E the forward
+    seconds a stage may have beyond ``fwd_share``·t (``forward_share``)."""
+    return warmup_cap(max_stages, num_microbatches) * fwd_excess
+
+
+def forward_share(fwd: Sequence[float], bwd: Sequence[float], skip: int = 1) -> tuple[float, float]:
+    """[C3b] (ρ, E) with f ≤ ρ·(f + b) + E for every contiguous run of the per-layer (forward,
+    backward) seconds given: ρ the largest f / (f + b) of the layers but the first and last ``skip``
+    (embedding and head, whose forward dominates but is short), E the sum over all layers of the
+    excess (f_l − ρ·(f_l + b_l))⁺. Sums, nonnegative combinations (the microbatch interpolation) and
+    the max over a stage's replica groups keep the inequality (scaled E for scaled times)."""
+    n = len(fwd)
+    core = range(skip, n - skip) if n > 2 * skip else range(n)
+    rho = max((fwd[i] / (fwd[i] + bwd[i]) for i in core if fwd[i] + bwd[i] > 0), default=0.0)
+    excess = sum(max(f - rho * (f + b), 0.0) for f, b in zip(fwd, bwd))
+    return rho, excess
+
+
+def replay_bounds() -> bool:
+    """[C3b] Whether the search's bounds must hold for the exact timeline: ``EVALUATE_1F1B == "replay"``
+    (read at call time). With ``"closed"`` they keep [C3]'s weight m − 1 (valid for the closed form,
+    which is ≥ [C3]); the bound sites call this, :func:`search_weight` and :func:`search_offset`, so
+    the switch flips evaluate and every bound together."""
+    return EVALUATE_1F1B == "replay"
+
+
+def search_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0) -> float:
+    """[C3b] The steady weight of the search's lower bounds: :func:`bound_weight` under the replay,
+    :func:`steady_weight` (m − 1) under the closed form."""
+    return bound_weight(num_microbatches, max_stages, fwd_share) if replay_bounds() else steady_weight(num_microbatches)
+
+
+def search_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
+    """[C3b] :func:`bound_offset` under the replay, 0 under the closed form."""
+    return bound_offset(num_microbatches, max_stages, fwd_excess) if replay_bounds() else 0.0
+
+
+def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:
+    """[C3b] Complete round trips q of a window of d stages s..j a dependency path can take in the
+    runner's 1F1B order when stage s has ``warmup`` (w_s, or an upper bound of it) warm-up forwards:
+    stage s's backward of k is followed by its forward of k + w_s + 1, so q = ⌊(m − 2 − w_s)/d⌋ + 1
+    (0 when m − 2 − w_s < 0). [C3]'s closed form counts (m − 1)/d instead."""
+    left = num_microbatches - 2 - warmup
+    return left // window_stages + 1 if left >= 0 else 0
+
+
+def window_weight(num_microbatches: int, window_stages: int, warmup: int) -> int:
+    """[C3b] d·q (``window_cycles``): T ≥ R_0 + d·q·(W(s, j)/d), the weight a window's pace W/d may
+    carry in a lower bound (≥ m − 1 − w_s whenever m − 2 − w_s ≥ 0; [C3] gives it m − 1)."""
+    return window_stages * window_cycles(num_microbatches, window_stages, warmup)
+
+
+def replay_floor(
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send_f: Sequence[float],
+    send_b: Sequence[float],
+    num_microbatches: int,
+    latency_f: Sequence[float] | None = None,
+    latency_b: Sequence[float] | None = None,
+) -> float:
+    """[C3b] The largest of the linear forms the search's bounds instantiate, on one pipeline with
+    its exact stage positions (each ≤ :func:`replay_stage_ends`, ``tests/test_simulate.py``):
+    busy chain A_s + B_s + m·t_s; stage with its warm-up once R_0 + (m − 1)·t_s − w_s·f_s; boundary
+    R_0 + (m − 1)·o; window R_0 + q·W(s, j) (``window_cycles``). O(S²)."""
+    S, m = len(fwd), num_microbatches
+    lf = list(latency_f) if latency_f is not None else [0.0] * S
+    lb = list(latency_b) if latency_b is not None else [0.0] * S
+    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
+    t = [x + y for x, y in zip(fwd, bwd)]
+    fill = sum(t) + sum(cf) + sum(cb)
+    best = fill
+    ahead = 0.0
+    for s in range(S):
+        w = min(S - s - 1, m - 1)
+        back = sum(cb[i] + bwd[i] for i in range(s))
+        best = max(best, ahead + back + m * t[s], fill + (m - 1) * t[s] - w * fwd[s])
+        if s + 1 < S:
+            best = max(best, fill + (m - 1) * max(cf[s] - lf[s], cb[s] - lb[s]))
+        trip = 0.0
+        for j in range(s, S):
+            trip += t[j] + (cf[j - 1] + cb[j - 1] if j > s else 0.0)
+            best = max(best, fill + window_cycles(m, j - s + 1, min(S - s - 1, m)) * trip)
+        ahead += fwd[s] + cf[s]
     return best
 
 

@@ -17,6 +17,7 @@ sync_opt, local stages s, tolerated stages after) [B1]. Labels refer to formulat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -27,7 +28,17 @@ import numpy as np
 
 from hgopt.cost.evaluate import boundary_cast_times
 from hgopt.cost.links import handover_floor, handover_lower_bound, replicas_per_node
-from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, round_trip_pace, stage_fill, steady_weight, weighted_time
+from hgopt.cost.compute import forward_share_of
+from hgopt.cost.pipeline import (
+    ROUND_TRIP_WINDOWS,
+    replay_bounds,
+    round_trip_pace,
+    search_offset,
+    search_weight,
+    stage_fill,
+    steady_weight,
+    weighted_time,
+)
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Boundary, Pipeline, ReplicaGroup, Stage
 from hgopt.search.intra import (
@@ -485,6 +496,8 @@ class CheapBounds:
     (``LocalPlan.sync_opt_s``), and the first stage holds at least layers [0, max(p, 1)): the least
     ``StageModel.first_tail`` of that range over the configs."""
     weight: float
+    """``pipeline.search_weight``: m − 1 under the closed form, [C3b]'s ``bound_weight`` (valid for the
+    exact timeline [C3x]) under the replay."""
     grid: tuple[float, ...]
     """Bottleneck values tau_0 = t_lb < tau_1 < ...; bound on plans with bottleneck in
     [tau_i, tau_{i+1}): weight·tau_i + fill_lb(tau_{i+1}) + s_lb."""
@@ -492,10 +505,28 @@ class CheapBounds:
     """fill_lb(tau_i): least fill of any plan whose bottleneck is at most tau_i (inf: none)."""
     f_lb: float
     """Least fill of any plan at all (fill_at of the largest grid point)."""
+    offset: float = 0.0
+    """[C3b] ``pipeline.bound_offset``: subtracted once (w̄·E, the forward seconds beyond ρ·t)."""
+    busy: float = 0.0
+    """[C3b] m under the replay (``pipeline.replay_bounds``): every plan also costs >= m·B + s_lb (a
+    stage's m microbatches back to back, T ≥ A_s + B_s + m·t_s; a boundary's T ≥ R_0 + (m − 1)·o ≥ m·o);
+    0 under the closed form (where m·B ≤ (m − 1)·B + fill adds nothing)."""
+    max_stages: int = 1
+    """Most stages a plan of the split can have (its GPUs over the fewest per stage; its layers)."""
+    fwd_share: tuple[float, float] = (1.0, 0.0)
+    """(ρ, E) of ``compute.forward_share_of`` at the split's microbatch."""
 
     @property
     def value(self) -> float:
         return self.lb_above(self.t_lb)
+
+    def reweighted(self, num_microbatches: int) -> "CheapBounds":
+        """The same structure for another m (weight and offset of [C3b]; grid and fills do not depend
+        on m), for callers that re-use one (k, B) structure over several shares (``master``)."""
+        rho, e = self.fwd_share
+        return dataclasses.replace(self, weight=search_weight(num_microbatches, self.max_stages, rho),
+                                   offset=search_offset(num_microbatches, self.max_stages, e),
+                                   busy=float(num_microbatches) if replay_bounds() else 0.0)
 
     def lb_above(self, t: float) -> float:
         """Lower bound on every plan whose bottleneck is >= t."""
@@ -505,7 +536,8 @@ class CheapBounds:
             if hi <= t:
                 continue
             f = self.fill_at[i + 1] if i + 1 < len(self.grid) else self.f_lb
-            best = min(best, weighted_time(self.weight, max(tau, t), f) + self.s_lb)
+            x = max(tau, t)
+            best = min(best, max(weighted_time(self.weight, x, f) - self.offset, self.busy * x) + self.s_lb)
         return best
 
 
@@ -550,14 +582,18 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     if len(instance.topology.clusters) > 1:  # no layout floor here: every split gets this bound first
         # (gaps2: with the analytic floor [M8f] no cheap bound of sailor-geo-5x32 moved, least 1.492796 s
         # both ways, for 30 % more CPU: the least pace and fill over all arcs are the intra-region ones)
-        arcs = [(e.pace(1.0), e.fill(1.0))
+        arcs = [(e.bound_pace(1.0), e.fill(1.0))  # [C3b] under the replay a hand-over's term is its occupancy
                 for a in instance.topology.clusters for b in instance.topology.clusters if a.name != b.name
                 for e in arc_precisions(instance, tables, a.name, b.name, microbatch, replicas, links, shape)]
         wan = (min(x for x, _ in arcs), min(y for _, y in arcs))
     extra = sum(f_min[l] for l in special)
+    max_stages = min(sum(max((r.stages for r in rs), default=0) for rs in rows.values()), L)
+    rho, excess = forward_share_of(tables, microbatch)
     budgets = {c.name: c.num_gpus // replicas for c in instance.topology.clusters}
     full = _grid(t_lb, rows)
-    s_lb, w = s_first, steady_weight(num_microbatches)
+    # [C3b] the weight and offset valid for the exact timeline (not [C3]'s m − 1)
+    s_lb, w = s_first, search_weight(num_microbatches, max_stages, rho)
+    off = search_offset(num_microbatches, max_stages, excess)
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
@@ -566,13 +602,15 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     fill: list[float] = []
     best = INF
     for tau in full:  # stop once w·tau alone makes every later interval worse than the best one
-        if weighted_time(w, tau, floor) + s_lb >= best:
+        if weighted_time(w, tau, floor) + s_lb - off >= best:
             break
         grid.append(tau)
         fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
         if len(fill) >= 2:
-            best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb)
-    return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor)
+            best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb - off)
+    return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor,
+                       offset=off, max_stages=max_stages, fwd_share=(rho, excess),
+                       busy=float(num_microbatches) if replay_bounds() else 0.0)
 
 
 def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
@@ -729,6 +767,11 @@ class ArcPrecision:
     q_fwd: float = 0.0
     q_bwd: float = 0.0
     penalty: float = 0.0
+    lat_fwd: float = 0.0
+    lat_bwd: float = 0.0
+    """[C3b] The latency parts of ``fwd`` / ``bwd`` (``evaluate.boundary_latency`` of a hand-over a→b):
+    a message occupies its boundary only for the rest, so the exact timeline's boundary term is
+    (m − 1)·occupancy, not (m − 1)·pace."""
 
     @property
     def compressed(self) -> bool:
@@ -740,6 +783,16 @@ class ArcPrecision:
 
     def fill(self, mu: float) -> float:
         return self.fwd + self.bwd + mu * (self.q_fwd + self.q_bwd)
+
+    def occupancy(self, mu: float) -> float:
+        """[C3b] Seconds per microbatch the slower direction occupies the boundary (pace less latency):
+        what a lower bound of the exact timeline may weigh with ``pipeline.bound_weight``."""
+        return max(self.fwd - self.lat_fwd + mu * self.q_fwd, self.bwd - self.lat_bwd + mu * self.q_bwd)
+
+    def bound_pace(self, mu: float) -> float:
+        """The pace the bounds weigh: :meth:`occupancy` under the replay, :meth:`pace` under the
+        closed form (``pipeline.replay_bounds``)."""
+        return self.occupancy(mu) if replay_bounds() else self.pace(mu)
 
 
 HandoverKey = tuple[int, int, int]
@@ -841,11 +894,16 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
     ``arc_times`` with the byte factor (with ``floor``, at least the least transfer over the split's
     layout pairs, ``layout_floor`` [M8f]); the cast time per sample from ``evaluate``'s own boundary
     time (``boundary_cast_times`` of a one-sample probe)."""
+    from hgopt.cost.evaluate import boundary_latency  # the kernel's latency part of a send [C3x]
+
     pol = links or LinkPolicy()
     shape = shape or model_shape(instance)
     per_sample = float(tables.activation_bytes[shape.p])
     load = pipelines * (microbatch * per_sample * 1.0)
     cut, L = shape.p + 1, shape.num_layers
+    lat = boundary_latency(instance, Pipeline(stages=(Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=a),)),
+                                                      Stage(start=cut, end=L, groups=(ReplicaGroup(cluster=b),))),
+                                              num_microbatches=1), 0)
     out = []
     for pf, pb in pol.pairs:
         ff, fb = (link_bytes_factor(instance.model.dtype, p) for p in (pf, pb))
@@ -860,5 +918,6 @@ def arc_precisions(instance: Instance, tables: CostTables, a: str, b: str, micro
                                      Stage(start=cut, end=L, groups=(ReplicaGroup(cluster=b),))),
                              num_microbatches=1, boundaries=(Boundary(fwd=pf, bwd=pb),))  # type: ignore[arg-type]
             qf, qb = boundary_cast_times(instance, tables, probe, 0)  # links: the cast alone
-        out.append(ArcPrecision(pair=(pf, pb), fwd=fwd, bwd=bwd, q_fwd=qf, q_bwd=qb, penalty=pol.pair_penalty((pf, pb))))
+        out.append(ArcPrecision(pair=(pf, pb), fwd=fwd, bwd=bwd, q_fwd=qf, q_bwd=qb, penalty=pol.pair_penalty((pf, pb)),
+                                lat_fwd=min(lat[0], fwd), lat_bwd=min(lat[1], bwd)))
     return tuple(out)

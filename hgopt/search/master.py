@@ -87,7 +87,6 @@ import numpy as np
 from hgopt.cost.comm import gradient_bytes
 from hgopt.cost.gradsync import ZERO_PHASE
 from hgopt.cost.links import max_rate_from
-from hgopt.cost.pipeline import steady_weight
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.search import PlanResult
@@ -186,8 +185,8 @@ class GroupBounds:
                 if time.perf_counter() > self.deadline:
                     raise _OutOfTime
                 cb = self._structure(sp.k, sp.microbatch, sp.num_microbatches)
-                w = steady_weight(sp.num_microbatches)
-                lowest = min(lowest, dataclasses.replace(cb, weight=w, s_lb=0.0).value)
+                # [C3b] weight and offset of this share's m (valid for the exact timeline)
+                lowest = min(lowest, dataclasses.replace(cb.reweighted(sp.num_microbatches), s_lb=0.0).value)
             self._pb[b] = max(best, lowest)
         return self._pb[b]
 

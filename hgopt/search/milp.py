@@ -22,6 +22,7 @@ import numpy as np
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
+import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
@@ -654,6 +655,8 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
+        if _pipeline.replay_bounds():  # [C3b] the rows model [C3]: no bound of the exact timeline
+            milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
@@ -681,7 +684,7 @@ def _cap_for(bounds: CheapBounds, incumbent: float) -> float:
         if bounds.lb_above(tau) >= incumbent:
             return tau
     # beyond the grid lb_above(t) = w·t + f_lb + s_lb
-    t = (incumbent - bounds.f_lb - bounds.s_lb) / bounds.weight
+    t = (incumbent - bounds.f_lb - bounds.s_lb + bounds.offset) / bounds.weight
     return max(t, bounds.grid[-1] if bounds.grid else 0.0) if math.isfinite(t) else math.inf
 
 
@@ -888,7 +891,7 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
                      cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
-    single = _best_single(instance, tables, sp)
+    single = _best_single(instance, tables, sp, cheap)
 
     def above(t: float) -> float:
         return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
@@ -896,10 +899,13 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
     return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
-def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> float:
-    """[R0] A lower bound on every plan of the split on one cluster: the intra-cluster DP over all
-    layers ((m − 1)·bottleneck + fill + the first stage's sync + optimizer [C7o]; no WAN), exact
-    when the first stage's tail ends the iteration."""
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds) -> float:
+    """[R0] A lower bound on every plan of the split on one cluster: from the intra-cluster DP over all
+    layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
+    send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
+    is >= w·B' + F + S − offset ([C3b]: w = ``cheap.weight``, B' = B less at most the largest NIC
+    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset (under
+    the closed form, D* itself)."""
     from hgopt.search.intra import best_local_plan
 
     best = math.inf
@@ -908,7 +914,12 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit) -> floa
                              num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
         if lp is not None:
             best = min(best, lp.objective(sp.num_microbatches))
-    return best
+    if not _pipeline.replay_bounds():
+        return best  # [C3]: D* bounds the closed form itself
+    m = sp.num_microbatches
+    kappa = cheap.weight / (m - 1) if m > 1 else 1.0
+    lam = max(c.inter_node.latency_s for c in instance.topology.clusters)
+    return kappa * best + (1.0 - kappa) * cheap.s_lb - cheap.weight * lam - cheap.offset
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,

@@ -355,7 +355,8 @@ def _time_cap(cheap: CheapBounds, goal: CostGoal, split: BatchSplit, least_rate:
             return tau
     if cheap.weight <= 0 or not math.isfinite(need):
         return math.inf
-    return max((need - cheap.f_lb - cheap.s_lb) / cheap.weight, cheap.grid[-1] if cheap.grid else 0.0)
+    return max((need - cheap.f_lb - cheap.s_lb + cheap.offset) / cheap.weight,  # [C3b] offset (fidelity3)
+               cheap.grid[-1] if cheap.grid else 0.0)
 
 
 def _useful(o: BlockOption, cheap: CheapBounds, goal: CostGoal, split: BatchSplit, rate: float, incumbent: float) -> bool:

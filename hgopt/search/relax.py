@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, stage_fill, steady_weight, weighted_time
+from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -30,7 +30,9 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 INF = math.inf
 MAX_CLUSTERS = 12
 LAMBDAS = (0.0, 0.5, 2.0, 8.0)
-"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]."""
+"""Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
+when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
+[C3]'s window pace, and a window of S >= m stages completes no round trip there, ``window_cycles``)."""
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
@@ -54,6 +56,7 @@ class RelaxedSplit:
     q: int = 0
     trunk: int
     weight: float
+    """The cheap bound's weight (``pipeline.search_weight``)."""
     s_lb: float
     TE: tuple[np.ndarray, ...] = ()
     """gaps2 [R1e]: per cluster, rows (config, stage count) × trunk count n = 0..N of the least largest
@@ -70,6 +73,10 @@ class RelaxedSplit:
     the first block, and without a suffix the path has no fixed end)."""
     FB: tuple[np.ndarray, ...] = ()
     stages_first: tuple[np.ndarray, ...] = ()
+    offset: float = 0.0
+    """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
+    busy: float = 0.0
+    """[C3b] ``CheapBounds.busy``: every plan also costs >= busy·bottleneck + s_lb."""
 
     def bound_at(self, tau: float) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
@@ -82,7 +89,7 @@ class RelaxedSplit:
         N = self.trunk
         best = -INF
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if math.isfinite(tau) else (0.0,):
+        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
             rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
                      if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
@@ -212,17 +219,18 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
-            t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m)
+            lat = c.inter_node.latency_s if replay_bounds() else 0.0
+            t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
             xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
             if shape.q:
                 lo, hi = L - shape.q - xs, np.full_like(xs, L)
-                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1)
+                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
                 ends_t.append(te), ends_f.append(fe), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
             if shape.p:
                 lo, hi = np.zeros_like(xs), shape.p + xs
-                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0)
+                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
                 firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
@@ -242,18 +250,18 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         for j, b in enumerate(names):
             if a != b:
                 for k, e in enumerate(table[(a, b)]):
-                    wan[k, i, j], wan_fill[k, i, j] = e.pace(1.0), e.fill(1.0)
+                    wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
-                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=steady_weight(m),
-                        s_lb=cheap.s_lb,
+                        extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
+                        s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
                         **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
                         **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs)} if shape.p else {}))
 
 
-def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
-    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail),
-    and the fill n·t1 + 2(s−1)·send."""
+    distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
+    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
     N = tc.xmax
     km = tc.kmax("t")
     xs = np.arange(N + 1)
@@ -277,7 +285,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
         xm = np.minimum(xm, N)
         t = tc.t_comp[xm]
         if s >= 2:
-            t = np.maximum(t, tc.t_send)
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = np.where(ok, t, INF)
         F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
         S[si] = np.where(ok, tc.t_so[xm], INF)
@@ -285,7 +293,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int) -> tuple[np.ndarray, np.ndar
 
 
 def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int,
-              shift: int) -> tuple[np.ndarray, np.ndarray]:
+              shift: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """gaps2 [R1e] For a block that ends (``shift`` 1) or begins (``shift`` 0) the pipeline, s =
     1..s_max stages holding n = 0..N trunk layers: its special stage holds the suffix (prefix) and
     x >= 0 trunk layers (compute ``comp[x]``, memory at 1 in-flight microbatch, the fewest any stage
@@ -316,8 +324,8 @@ def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m:
             rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)
         both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
         t = both.min(axis=1)
-        if s >= 2:
-            t = np.maximum(t, tc.t_send)
+        if s >= 2:  # a send counts by its occupancy, less ``latency`` [C3b], as in [R1]
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = t
         F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
     return T, F
@@ -347,26 +355,29 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
             memo[tau] = rs.bound_at(tau)
         return memo[tau]
 
+    def val_at(a: float, b: float) -> float:  # [C3b] offset, and the busy chain m·a + s_lb under the replay
+        return max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
+
     if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
-        return weighted_time(w, lo_t, at(INF))
+        return val_at(lo_t, INF)
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
-    best_above = weighted_time(w, hi_t, at(INF))
+    best_above = val_at(hi_t, INF)
     # gaps2: best first (the lowest interval is refined next; a child is never below its parent, as
-    # bound_at does not rise with tau), so the result is the same as refining every interval below
-    # the target, and it is reached as soon as the lowest interval is too narrow; at the deadline the
-    # lowest interval's value is the bound so far
-    heap = [(weighted_time(w, lo_t, at(hi_t)), lo_t, hi_t)]
+    # val_at does not fall with a nor rise with b), so the result is the same as refining every interval
+    # below the target, and it is reached as soon as the lowest interval is too narrow; at the deadline
+    # the lowest interval's value is the bound so far
+    heap = [(val_at(lo_t, hi_t), lo_t, hi_t)]
     while True:
         val, a, b = heapq.heappop(heap)
         if val >= min(target, best_above) or b <= a * ratio or time.perf_counter() > deadline:
             return min(val, best_above)
         mid = math.sqrt(a * b)
-        heapq.heappush(heap, (weighted_time(w, a, at(mid)), a, mid))
-        heapq.heappush(heap, (weighted_time(w, mid, at(b)), mid, b))
+        heapq.heappush(heap, (val_at(a, mid), a, mid))
+        heapq.heappush(heap, (val_at(mid, b), mid, b))
 
 
 def _tau_beyond(rs: RelaxedSplit, target: float) -> float:
     """A bottleneck above which no plan can cost less than ``target``."""
     if not math.isfinite(target):
         return INF
-    return max(target - rs.extra_fill - rs.s_lb, 0.0) / max(rs.weight, 1e-12)
+    return max(target - rs.extra_fill - rs.s_lb + rs.offset, 0.0) / max(rs.weight, 1e-12)
