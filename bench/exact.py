@@ -26,14 +26,41 @@ HEADING = "## Exact planner (exact-planner helper)"
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
-def run_one(name: str, solver: str, limit: float, gap: float) -> dict[str, object]:
+def _trace() -> dict[str, list[tuple[float, float]]]:
+    """gaps2: wrap the planner's phases (``hgopt.search.milp``'s cheap bound, relaxation, arc table and
+    split MILP) to record (start, seconds) per call: where the time limit goes."""
+    import hgopt.search.milp as milp
+
+    calls: dict[str, list[tuple[float, float]]] = {}
+    for name in ("cheap_bounds", "_relaxation_bound", "arc_table", "solve_split"):
+        f = getattr(milp, name)
+
+        def timed(*a: object, _f: object = f, _n: str = name, **k: object) -> object:
+            s = time.perf_counter()
+            out = _f(*a, **k)  # type: ignore[operator]
+            calls.setdefault(_n, []).append((s, time.perf_counter() - s))
+            return out
+
+        setattr(milp, name, timed)
+    return calls
+
+
+def run_one(name: str, solver: str, limit: float, gap: float, trace: bool = False) -> dict[str, object]:
     inst = load_instance(name)
+    calls = _trace() if trace else None
     t0 = time.perf_counter()
     try:
         res = plan_exact(inst, PlanOptions(time_limit_s=limit, gap=gap, solver=solver))
     except ValueError as exc:
         return {"instance": name, "solver": solver, "status": f"n/a ({exc})"}
     wall = time.perf_counter() - t0
+    if calls is not None:
+        import hgopt.search.milp as milp
+
+        print(f"{name}: {len(milp.batch_splits(inst))} batch splits", flush=True)
+        for phase, xs in calls.items():
+            print(f"  {phase}: {len(xs)} calls, {sum(d for _, d in xs):.2f} s, from {xs[0][0] - t0:.1f} s to "
+                  f"{xs[-1][0] + xs[-1][1] - t0:.1f} s", flush=True)
     it = evaluate(res.plan, inst).iteration_time_s if res.plan is not None else math.inf
     size = next((n for n in res.notes if "variables" in n), "")
     return {
@@ -82,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solvers", default=",".join(available_backends()))
     ap.add_argument("--instances", default="", help="comma-separated (default: every shipped instance)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    ap.add_argument("--trace", action="store_true", help="print per phase (cheap bound, relaxation, arc table, "
+                    "split MILP) how many calls and seconds (one instance and solver per process: it wraps them)")
     args = ap.parse_args(argv)
     names = [n for n in args.instances.split(",") if n] or [e.name for e in list_instances()]
     lines = []
     for name in names:
         for solver in [s for s in args.solvers.split(",") if s]:
-            row = run_one(name, solver, args.time_limit, args.gap)
+            row = run_one(name, solver, args.time_limit, args.gap, args.trace)
             lines.append(fmt(row))
             print(lines[-1], flush=True)
     if not args.no_write:

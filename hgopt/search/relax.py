@@ -219,7 +219,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
-            lat = c.inter_node.latency_s if replay_bounds() else 0.0  # [C3b] a send by its occupancy
+            lat = c.inter_node.latency_s if replay_bounds() else 0.0
             t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
             rows_t.append(t), rows_f.append(f), rows_s.append(s)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
@@ -324,8 +324,8 @@ def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m:
             rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)
         both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
         t = both.min(axis=1)
-        if s >= 2:
-            t = np.maximum(t, max(tc.t_send - latency, 0.0))  # [C3b] as [R1]'s rows
+        if s >= 2:  # a send counts by its occupancy, less ``latency`` [C3b], as in [R1]
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = t
         F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
     return T, F
@@ -363,9 +363,9 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
     # plans with bottleneck >= hi_t cost at least w·hi_t + (their fill and tail, >= the value at inf)
     best_above = val_at(hi_t, INF)
     # gaps2: best first (the lowest interval is refined next; a child is never below its parent, as
-    # bound_at does not rise with tau), so the result is the same as refining every interval below
-    # the target, and it is reached as soon as the lowest interval is too narrow; at the deadline the
-    # lowest interval's value is the bound so far
+    # val_at does not fall with a nor rise with b), so the result is the same as refining every interval
+    # below the target, and it is reached as soon as the lowest interval is too narrow; at the deadline
+    # the lowest interval's value is the bound so far
     heap = [(val_at(lo_t, hi_t), lo_t, hi_t)]
     while True:
         val, a, b = heapq.heappop(heap)
