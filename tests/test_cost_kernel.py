@@ -253,3 +253,21 @@ def test_forward_share_bounds_every_stage_forward() -> None:
             hi = rng.randrange(lo + 1, L + 1)
             f, b = stage_times(tab, rng.randint(1, 8), lo, hi, rng.random() < 0.3)
             assert f <= rho * (f + b) + e + 1e-15
+
+
+def test_reweighted_bound_restates_a_closed_form_bound_for_a_smaller_weight() -> None:
+    """[C3b] pipeline.reweighted_bound: the closed form's (m − 1)·B + F restated for weight w ≤ m − 1 is
+    at most w·B + F whenever F ≥ the floor, equals it at w = m − 1, and is exact at F = floor."""
+    from hgopt.cost.pipeline import reweighted_bound
+
+    rng = random.Random(7)
+    for _ in range(500):
+        m = rng.randint(1, 64)
+        B, floor = rng.uniform(0.0, 2.0), rng.uniform(0.0, 1.0)
+        F = floor + rng.uniform(0.0, 3.0)
+        w = rng.uniform(0.0, m - 1)
+        closed = (m - 1) * B + F
+        assert reweighted_bound(closed, w, m, floor) <= w * B + F + 1e-12
+        assert reweighted_bound(closed, float(m - 1), m, floor) == pytest.approx(closed, rel=1e-12)
+        if m > 1:
+            assert reweighted_bound((m - 1) * B + floor, w, m, floor) == pytest.approx(w * B + floor, rel=1e-9, abs=1e-12)

@@ -35,6 +35,7 @@ __all__ = [
     "pipeline_time",
     "replay_shared_nics",
     "replay_stage_ends",
+    "reweighted_bound",
     "round_trip_pace",
     "stage_pace",
     "stages_that_matter",
@@ -363,6 +364,14 @@ def search_weight(num_microbatches: int, max_stages: int, fwd_share: float = 1.0
     """[C3b] The steady weight of the search's lower bounds: :func:`bound_weight` under the replay,
     :func:`steady_weight` (m − 1) under the closed form."""
     return bound_weight(num_microbatches, max_stages, fwd_share) if replay_bounds() else steady_weight(num_microbatches)
+
+
+def reweighted_bound(closed: float, weight: float, num_microbatches: int, floor: float) -> float:
+    """[C3b] A lower bound ``closed`` ≤ (m − 1)·B + F of the closed form restated for a steady weight
+    ``weight`` ≤ m − 1: with κ = weight / (m − 1), κ·closed + (1 − κ)·floor ≤ weight·B + F whenever
+    F ≥ ``floor`` (every plan's fill-and-tail is at least the floor)."""
+    kappa = weight / steady_weight(num_microbatches) if num_microbatches > 1 else 1.0
+    return kappa * closed + (1.0 - kappa) * floor
 
 
 def search_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:

@@ -916,10 +916,9 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: 
             best = min(best, lp.objective(sp.num_microbatches))
     if not _pipeline.replay_bounds():
         return best  # [C3]: D* bounds the closed form itself
-    m = sp.num_microbatches
-    kappa = cheap.weight / (m - 1) if m > 1 else 1.0
     lam = max(c.inter_node.latency_s for c in instance.topology.clusters)
-    return kappa * best + (1.0 - kappa) * cheap.s_lb - cheap.weight * lam - cheap.offset
+    return (_pipeline.reweighted_bound(best, cheap.weight, sp.num_microbatches, cheap.s_lb)
+            - cheap.weight * lam - cheap.offset)
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,
