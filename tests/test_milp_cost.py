@@ -50,7 +50,7 @@ def _priced(seed: int) -> Instance:
         if t["tp"] == 2:
             t["fwd"] = [x * 1.2 for x in t["fwd"]]
             t["bwd"] = [x * 1.2 for x in t["bwd"]]
-    return tiny_instance(global_batch=rng.choice([2, 4]), model=model, topology=topo)
+    return tiny_instance(global_batch=rng.choice([2, 4]), model=model, topology=topo, recompute="off")
 
 
 def _priced_space(inst: Instance) -> Iterator[tuple[BatchSplit, float, float]]:
@@ -217,7 +217,7 @@ def _egress_instance(egress_usd_per_gb: float) -> Instance:
     topo["links"]["pairs"] = [{"src": a, "dst": b, "directed": True, "gbit_s": 20.0, "latency_ms": 1.0,
                                "egress_usd_per_gb": egress_usd_per_gb} for a, b in itertools.permutations("ab", 2)]
     return tiny_instance(global_batch=4, model=tiny_model(num_layers=4, gpus={"A": 0.01, "B": 0.02},
-                                                          activation_bytes=1e6), topology=topo)
+                                                          activation_bytes=1e6), topology=topo, recompute="off")
 
 
 def _egress_plans(inst: Instance) -> list[tuple[float, float, float, float]]:
