@@ -405,12 +405,14 @@ _SAMPLE = [("default", "metis"), ("geo-8r-llama70b", "milp"), ("sailor-het-80+24
 def test_shipped_plans_agree_within_two_percent(name: str, planner: str) -> None:
     """Cached plans of bench/cost_fidelity.py (multi-cluster pipelines, several pipelines with
     different cuts, ZeRO-1 with mixed tp degrees): simulate within 2 % of evaluate's bucketed,
-    overlapped sync figure [C7o]. The plans that still disagree are listed in bench/RESULTS.md."""
+    overlapped sync figure [C7o]. The plans that still disagree are listed in bench/RESULTS.md.
+    The sample is frozen from round 5's cache (tests/cost_fidelity_plans_round5.json, the plans this
+    test was written for) so that re-planning the bench cache does not change what it checks."""
     from pathlib import Path
 
     from hgopt.instances import load_instance
 
-    cache = json.loads((Path(__file__).resolve().parents[1] / "bench" / "cost_fidelity_plans.json").read_text())
+    cache = json.loads((Path(__file__).resolve().parent / "cost_fidelity_plans_round5.json").read_text())
     plan = Plan.from_dict(cache[f"{name} {planner} 5"]["plan"])
     inst = load_instance(name)
     ev = evaluate(plan, inst)
