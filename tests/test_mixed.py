@@ -252,3 +252,27 @@ def test_shipped_pool_plan_is_valid_and_shards_only_one_tp_stages():
     assert all(s.zero == 0 for s in stages if len({g.tp for g in s.groups}) > 1)
     assert got.iteration_time_s >= compute_floor(inst, tables)
     assert got.plan.num_gpus() <= inst.topology.num_gpus()
+
+
+def test_exact_adopts_the_mixed_plan_even_when_the_milp_uses_the_whole_limit(brute, monkeypatch):
+    """The mixed-stage family runs before the MILP (it is deterministic and cheap), so a MILP that runs
+    to the limit does not leave it untried: a MILP stand-in that returns the real result only after
+    the whole limit has passed still ends with the mixed plan and the compute floor (before, the
+    plan space said "not tried: the time limit ran out" and the MILP's slower plan was the answer)."""
+    import time
+
+    import hgopt.search.exact as exact
+
+    inst, tables, best_any, _, _ = brute
+    real, limit = exact.plan_milp, 1.5
+
+    def slow_milp(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(*args, **kwargs)
+        time.sleep(limit)  # past the limit however fast the real search was
+        return out
+
+    monkeypatch.setattr(exact, "plan_milp", slow_milp)
+    res = plan_exact(inst, PlanOptions(time_limit_s=limit))
+    assert res.plan is not None and "not tried" not in res.plan_space
+    assert res.iteration_time_s == pytest.approx(best_any, rel=1e-9)
+    assert res.lower_bound_s == compute_floor(inst, tables)

@@ -91,6 +91,9 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     if goal is not None:
         return plan_milp_cost(instance, options, goal, warm_start=_priced_warm_start(dataclasses.replace(
             options, objective=goal.objective, budget_usd_per_hour=goal.budget_usd_per_hour)))
+    # mixed: the mixed-stage family first (deterministic, ~0.1-0.3 s where a fast pool exists), so a MILP
+    # that runs to the limit does not leave it untried; its time comes out of the MILP's share
+    early = _mixed_family(instance, options)
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
     if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
@@ -129,7 +132,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
-    res = _with_mixed_stages(instance, options, res, t0)
+    res = _with_mixed_stages(instance, options, res, t0, early)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
 
 
@@ -193,7 +196,20 @@ MIXED_NOT_BOUNDED = ("; not bounded: stages that mix replica groups of several c
                      "mixed-stage family [H11]: {found})")
 
 
-def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float) -> PlanResult:
+_NOT_RUN = object()
+
+
+def _mixed_family(instance: Instance, options: PlanOptions) -> object:
+    """The mixed-stage family's best plan (``best_mixed_plan``; None: no pool or nothing fits), searched
+    before the MILP when the limit allows a second or more; else ``_NOT_RUN`` (tried after the MILP if
+    time is left)."""
+    if options.extra.get("mixed_stages", "auto") == "off" or options.time_limit_s < 1.0:
+        return _NOT_RUN
+    return best_mixed_plan(instance, build_tables(instance))
+
+
+def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float,
+                       early: object = _NOT_RUN) -> PlanResult:
     """mixed: the certificate and the heuristic's mixed-stage family [H11]. That family is
     deterministic (no clock), so the heuristic returns no mixed plan faster than the one found here.
     When it is faster than ``res``'s plan it becomes the result and the bound is ``compute_floor``
@@ -204,8 +220,8 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     if res.plan is None or res.lower_bound_s is None or options.extra.get("mixed_stages", "auto") == "off":
         return res
     tables = build_tables(instance)
-    late = time.perf_counter() - t0 >= options.time_limit_s
-    mixed = None if late else best_mixed_plan(instance, tables)
+    late = early is _NOT_RUN and time.perf_counter() - t0 >= options.time_limit_s
+    mixed = early if early is not _NOT_RUN else None if late else best_mixed_plan(instance, tables)
     # against the result as the registry returns it (its sync fields by choose_sync, like the mixed plan's)
     own = None if mixed is None else evaluate(choose_sync(res.plan, instance, tables, zero=True), instance, tables)
     own_s = min(res.iteration_time_s, own.iteration_time_s) if own is not None and own.feasible else res.iteration_time_s
