@@ -29,11 +29,11 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 
 INF = math.inf
 MAX_CLUSTERS = 12
+"""Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 LAMBDAS = (0.0, 0.5, 2.0, 8.0)
 """Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
 when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
 [C3]'s window pace, and a window of S >= m stages completes no round trip there, ``window_cycles``)."""
-"""Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
