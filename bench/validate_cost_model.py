@@ -228,9 +228,9 @@ class Row:
     insitu_s: float = float("nan")
     """``evaluate`` on the plan's profile calibrated in situ (its run's warm-up steps)."""
     insitu_sim_s: float = float("nan")
+    """``simulate`` on the same."""
     layers_s: float = float("nan")
     """evaluate from the fresh profile's layer-by-layer timing alone (before its pipelined run)."""
-    """``simulate`` on the same."""
 
     @property
     def error(self) -> float:

@@ -241,6 +241,19 @@ def replay_stage_ends(
     return clock
 
 
+def _chain(fwd: Sequence[float], bwd: Sequence[float], send_f: Sequence[float], send_b: Sequence[float],
+           latency_f: Sequence[float] | None, latency_b: Sequence[float] | None
+           ) -> tuple[list[float], list[float], list[float], list[float], list[float], float]:
+    """One pipeline's per-stage inputs as [C3p] and [C3b] read them: latencies (0 by default), sends
+    with a 0 after the last stage, t = f + b, and R_0."""
+    S = len(fwd)
+    lf = list(latency_f) if latency_f is not None else [0.0] * S
+    lb = list(latency_b) if latency_b is not None else [0.0] * S
+    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
+    t = [x + y for x, y in zip(fwd, bwd)]
+    return lf, lb, cf, cb, t, sum(t) + sum(cf) + sum(cb)
+
+
 def path_time(
     fwd: Sequence[float],
     bwd: Sequence[float],
@@ -273,10 +286,7 @@ def path_time(
     edges of the dependency graph, so the result never exceeds [C3x]. O(S²)."""
     S, m = len(fwd), num_microbatches
     f, b = list(fwd), list(bwd)
-    lf = list(latency_f) if latency_f is not None else [0.0] * S
-    lb = list(latency_b) if latency_b is not None else [0.0] * S
-    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
-    t = [x + y for x, y in zip(f, b)]
+    lf, lb, cf, cb, t, fill = _chain(fwd, bwd, send_f, send_b, latency_f, latency_b)
     of = [c - x for c, x in zip(cf, lf)]
     ob = [c - x for c, x in zip(cb, lb)]
     ahead, back, below = [0.0] * S, [0.0] * S, [0.0] * S
@@ -285,7 +295,6 @@ def path_time(
         back[s] = back[s - 1] + cb[s - 1] + b[s - 1]
     for s in range(S - 2, -1, -1):
         below[s] = below[s + 1] + t[s + 1] + cf[s] + cb[s]
-    fill = sum(t) + sum(cf) + sum(cb)
     best = max([fill + steady_weight(m) * max(of[i], ob[i]) for i in range(S - 1)], default=0.0)
     for s in range(S):
         w = min(S - s - 1, m)
@@ -408,16 +417,11 @@ def replay_floor(
     busy chain A_s + B_s + m·t_s; stage with its warm-up once R_0 + (m − 1)·t_s − w_s·f_s; boundary
     R_0 + (m − 1)·o; window R_0 + q·W(s, j) (``window_cycles``). O(S²)."""
     S, m = len(fwd), num_microbatches
-    lf = list(latency_f) if latency_f is not None else [0.0] * S
-    lb = list(latency_b) if latency_b is not None else [0.0] * S
-    cf, cb = list(send_f[: S - 1]) + [0.0], list(send_b[: S - 1]) + [0.0]
-    t = [x + y for x, y in zip(fwd, bwd)]
-    fill = sum(t) + sum(cf) + sum(cb)
+    lf, lb, cf, cb, t, fill = _chain(fwd, bwd, send_f, send_b, latency_f, latency_b)
     best = fill
-    ahead = 0.0
+    ahead = back = 0.0
     for s in range(S):
         w = min(S - s - 1, m - 1)
-        back = sum(cb[i] + bwd[i] for i in range(s))
         best = max(best, ahead + back + m * t[s], fill + (m - 1) * t[s] - w * fwd[s])
         if s + 1 < S:
             best = max(best, fill + (m - 1) * max(cf[s] - lf[s], cb[s] - lb[s]))
@@ -426,6 +430,7 @@ def replay_floor(
             trip += t[j] + (cf[j - 1] + cb[j - 1] if j > s else 0.0)
             best = max(best, fill + window_cycles(m, j - s + 1, min(S - s - 1, m)) * trip)
         ahead += fwd[s] + cf[s]
+        back += cb[s] + bwd[s]
     return best
 
 
