@@ -14,7 +14,10 @@ Search (all plans scored by ``evaluate`` on the whole instance):
    one-group case is the main search). A grouping is skipped when a lower bound — the batch over the
    clusters' compute rate bounds (:func:`rate_bound`) plus one ring of the model's gradients between
    the two closest groups, which share that link ([C5w]; a bound when those groups are single
-   clusters, an estimate otherwise) — already reaches the best plan known.
+   clusters, an estimate otherwise) — already reaches the best plan known. A grouping is not rated
+   either when no subset of its groups can have an estimate (step 3) below the realisation threshold
+   whatever the ratings (:func:`subsets_cannot_reach`: compute rate bounds and the capped links' rings
+   of the whole gradient): the result is then the same without its searches.
 2. Rates: each group plans one rating share (G over the power of two nearest the cluster count) with
    the hierarchical search (no grouping inside); its pipeline rate r_g = share / pipeline time. Alike
    single clusters share one search (:func:`_signature`).
@@ -38,13 +41,13 @@ import numpy as np
 
 from hgopt.cost import evaluate
 from hgopt.cost.comm import gradient_bytes
-from hgopt.cost.links import ring_time
+from hgopt.cost.links import max_rate_from, ring_time
 from hgopt.cost.tables import CostTables, allreduce_time, bandwidth_bytes_per_s, link_bytes_factor
 from hgopt.plan import Plan
 from hgopt.spec import DTYPE_BYTES, Bandwidth, Instance, Topology
 
-__all__ = ["GroupedPlan", "best_grouped_plan", "groupings", "per_sample_layer_seconds", "proportional_shares",
-           "rate_bound", "share_unit", "sub_instance"]
+__all__ = ["GroupedPlan", "best_grouped_plan", "group_rate_bound", "groupings", "per_sample_layer_seconds",
+           "proportional_shares", "rate_bound", "share_unit", "sub_instance", "subset_estimate", "subsets_cannot_reach"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
@@ -248,6 +251,10 @@ def best_grouped_plan(
         if floor >= min(incumbent, best.iteration_time_s if best else INF):
             log.debug("grouping %s: compute bound + WAN all-reduce %.3g s, skipped", part, floor)
             continue
+        if subsets_cannot_reach(instance, tables, part, cheapest,
+                                1.05 * min(incumbent, best.iteration_time_s if best else INF)):
+            log.debug("grouping %s: no subset's estimate can reach the realisation threshold, not rated", part)
+            continue
         unit = share_unit(G, len(part))
         share = rating  # one rating share for every grouping: the ratings are reused across them
         rated = []
@@ -272,24 +279,103 @@ def best_grouped_plan(
     return best
 
 
+def group_rate_bound(instance: Instance, tables: CostTables, group: Sequence[str]) -> float:
+    """Samples/s that no plan on ``group``'s clusters alone can exceed: their GPUs over the GPU-seconds
+    one sample needs with each layer on the cheapest of them (:func:`per_sample_layer_seconds`; every
+    stage's GPUs work at least its samples times its layers' cost, summed over stages). One cluster:
+    :func:`rate_bound`."""
+    per_layer = None
+    for c in group:
+        got = per_sample_layer_seconds(instance, tables, c)
+        if got is None:
+            return INF
+        per_layer = got if per_layer is None else np.minimum(per_layer, got)
+    if per_layer is None or float(per_layer.sum()) <= 0:
+        return INF
+    return sum(instance.topology.cluster(c).num_gpus for c in group) / float(per_layer.sum())
+
+
+def subsets_cannot_reach(
+    instance: Instance, tables: CostTables, part: Sequence[tuple[str, ...]], precision: str, threshold: float,
+) -> bool:
+    """[H9] Whether :func:`_greedy_subsets`' estimate of EVERY subset of at least two of ``part``'s
+    groups is at least ``threshold`` whatever the groups' rating plans, so that none of them would be
+    realised (``best_grouped_plan`` realises only estimates below it) and rating the groups — one
+    hierarchical search each — cannot change the result.
+
+    The estimate (:func:`subset_estimate`) of a subset S of j groups over the clusters C (|C| = k >= j)
+    is G / Σ rate + max tail + max over ordered pairs of C of ``ring_time`` (``wan_ring_time``). Each part
+    is bounded from below: a group's rating rate share / pipeline time is at most
+    :func:`group_rate_bound`, so G / Σ rate >= G / (the j largest bounds); tails >= 0; ``ring_time``
+    >= the aggregate cap's ring of the subset's whole gradient (at least the least ``_grad_bytes`` of
+    any cluster's GPU), which is at least ``allreduce_time`` at the cap's best rate for any message of
+    at least bytes / n (``links.max_rate_from``: the ring's chunk is bytes / k) among j (no curve left:
+    increasing in the ring size). Every cluster c of C has at least j − 1 partners in C in other
+    groups, so the max over C's pairs is at least, for some c, the (j − 1)-th smallest of c's terms.
+    The bound of j groups, A_j + B_j, has B_j non-decreasing in j: the loop stops at the first j
+    whose bound is below the threshold (False) or whose B_j alone reaches it (True)."""
+    if len(part) < 2 or not math.isfinite(threshold):
+        return False
+    G, topo = instance.job.global_batch, instance.topology
+    rates = sorted((group_rate_bound(instance, tables, g) for g in part), reverse=True)
+    names = [c for g in part for c in g]
+    n = len(topo.clusters)
+    total = min(_grad_bytes(instance, tables, [c], precision) for c in names)
+    group_of = {c: gi for gi, g in enumerate(part) for c in g}
+    caps: dict[str, list[tuple[Bandwidth, ...]]] = {}  # per cluster, per partner in another group: both caps
+    for a in names:
+        row = []
+        for b in names:
+            if group_of[b] == group_of[a]:
+                continue
+            both = tuple(_relaxed(l.aggregate, total / n) for l in (topo.link_spec(a, b), topo.link_spec(b, a))
+                         if l.aggregate is not None)
+            row.append(both)
+        caps[a] = row
+    for j in range(2, len(part) + 1):
+        rate = sum(rates[:j])
+        a_j = G / rate if rate > 0 else INF
+        b_j = INF
+        for row in caps.values():
+            terms = sorted(max((allreduce_time(bw, total, j) for bw in both), default=0.0) for both in row)
+            b_j = min(b_j, terms[j - 2])
+        if (a_j + b_j) * (1.0 - 1e-9) < threshold:  # float safety: the estimate sums the same terms otherwise
+            return False
+        if b_j * (1.0 - 1e-9) >= threshold:
+            return True
+    return True
+
+
+def _relaxed(bw: Bandwidth, nbytes: float) -> Bandwidth:
+    """``bw`` at its best rate for any message of at least ``nbytes`` (``links.max_rate_from``), no curve."""
+    return Bandwidth(gbyte_s=max_rate_from(bw, nbytes) / 1e9, latency_s=bw.latency_s)
+
+
+def subset_estimate(
+    instance: Instance, tables: CostTables, head: Sequence[tuple[float, float, tuple[str, ...]]], precision: str,
+    widest: dict[tuple[str, ...], tuple[int, int]] | None = None,
+) -> float:
+    """[H9] The estimate of one subset ``head`` of rated groups (rate, tail, group): G / Σ rate + slowest
+    tail + WAN all-reduce over their clusters (``wan_ring_time``: the largest stage of the groups' rating
+    plans per flow, every layer through a capped link; ``widest`` omitted: the whole model per flow)."""
+    clusters = [c for _, _, g in head for c in g]
+    total = _grad_bytes(instance, tables, clusters, precision)
+    own = total if not widest else max(_grad_bytes(instance, tables, clusters, precision, *widest[g])
+                                       for _, _, g in head)
+    return (instance.job.global_batch / sum(r for r, _, _ in head) + max(t for _, t, _ in head)
+            + wan_ring_time(instance, clusters, own, total))
+
+
 def _greedy_subsets(
     instance: Instance, tables: CostTables, rated: list[tuple[float, float, tuple[str, ...]]], precision: str,
     widest: dict[tuple[str, ...], tuple[int, int]] | None = None,
 ) -> list[tuple[float, list[tuple[float, float, tuple[str, ...]]]]]:
-    """[H9] Subsets of rated groups (rate, tail, group) with their estimates G / Σ rate + slowest
-    tail + WAN all-reduce over their clusters (links: the largest stage of the groups' rating plans
-    per flow, every layer through a capped link; ``widest`` omitted: the whole model per flow): the
-    best pair, then greedily the group whose addition lowers the estimate most, every subset on the
+    """[H9] Subsets of rated groups (rate, tail, group) with their estimates (:func:`subset_estimate`):
+    the best pair, then greedily the group whose addition lowers the estimate most, every subset on the
     way kept."""
-    G = instance.job.global_batch
 
     def est(head: list[tuple[float, float, tuple[str, ...]]]) -> float:
-        clusters = [c for _, _, g in head for c in g]
-        total = _grad_bytes(instance, tables, clusters, precision)
-        own = total if not widest else max(_grad_bytes(instance, tables, clusters, precision, *widest[g])
-                                           for _, _, g in head)
-        return (G / sum(r for r, _, _ in head) + max(t for _, t, _ in head)
-                + wan_ring_time(instance, clusters, own, total))
+        return subset_estimate(instance, tables, head, precision, widest)
 
     if len(rated) < 2:
         return []
