@@ -25,7 +25,7 @@ from hgopt.plan import Plan
 from hgopt.progress import Progress
 from hgopt.search import Planner, PlanOptions, PlanResult
 
-__all__ = ["EXIT_CODES", "QUICK_PLANNER", "SearchInterrupted", "exit_code", "quick_plan", "run_planner"]
+__all__ = ["EXIT_CODES", "QUICK_PLANNER", "SearchInterrupted", "at_deadline", "exit_code", "quick_plan", "run_planner"]
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,14 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                         log.warning("hgopt: the search did not return within %.1f s of the stop; using the "
                                     "incumbent it last reported", grace)
                         snap = _from_snapshot(name, instance, progress)
-                        return _at_deadline(snap, progress, instance) if by_deadline and progress.signal is None else snap
+                        return at_deadline(snap, progress, instance) if by_deadline and progress.signal is None else snap
     finally:
         _restore(saved)
     if "error" in box:
         raise box["error"]
     res: PlanResult = box["result"]
     if by_deadline and progress.signal is None:
-        return _at_deadline(res, progress, instance)
+        return at_deadline(res, progress, instance)
     if progress.stop_requested():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
@@ -119,7 +119,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     return res
 
 
-def _at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResult:
+def at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResult:
     """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
     ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
     ``heuristic`` without; the solver words that claim a certificate are dropped."""
