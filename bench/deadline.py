@@ -1,5 +1,5 @@
 """Every command under its ``--time-limit`` (issue #11 item 4, deadline2): whole-process wall time,
-CPU seconds and peak RSS (``/usr/bin/time -v``) of
+CPU seconds and peak RSS of the child (``os.wait4``'s rusage: ``ru_maxrss``, user + system time) of
 
 - ``hgopt plan I --json --time-limit T`` (the milp planner) for T in ``--limits`` on every shipped instance,
 - ``hgopt plan I --objective cost --json --time-limit 10`` on the priced instances, plus
@@ -8,8 +8,9 @@ CPU seconds and peak RSS (``/usr/bin/time -v``) of
 - ``hgopt compare I --json --time-limit 10`` (every default planner) on every shipped instance,
 
 with the status, bound and contract verdict (wall <= max(1.1 T, T + 2 s)) per run and the load average
-before each run (a shared machine inflates wall times). A child still running at 3 T + 30 s is killed
-and recorded as such. One JSON line per run goes to ``--out`` (appended), a Markdown table to stdout.
+before each run (a shared machine inflates wall times). A child still running at 3 T + 30 s gets
+SIGABRT (it runs with ``-X faulthandler``: its threads' stacks are kept in the row) and is recorded as
+killed. ``--nice N`` runs the children under ``nice -n N`` (default 0). One JSON line per run goes to ``--out`` (appended), a Markdown table to stdout.
 
     PYTHONPATH=$PWD .venv/bin/python bench/deadline.py [--limits 5,10,30] [--commands plan,cost,compare]
         [--out bench/deadline_runs.jsonl] [instance ...]
@@ -20,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,25 +41,38 @@ STAND_IN_USD_PER_GPU_HOUR = 1.0
 PRICED_STAND_IN = ("scale-16r-4096-gpt175b",)
 
 
-def _time_v(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+def _time_v(cmd: list[str], timeout_s: float, nice: int = 0) -> dict[str, Any]:
+    """Run ``cmd`` (stdout/stderr to files), its own rusage from ``os.wait4``: wall (monotonic),
+    user + system CPU seconds and peak RSS (``ru_maxrss``, KiB on Linux). Past ``timeout_s`` the
+    child gets SIGABRT (``-X faulthandler`` dumps every thread's stack to its stderr) and, 5 s later,
+    SIGKILL; the stack dump is kept in the row."""
     load = os.getloadavg()[0]
-    full = ["/usr/bin/time", "-v", *cmd]
-    try:
-        p = subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired as exc:
-        return {"rc": None, "killed_after_s": timeout_s, "load": round(load, 2),
-                "stdout": (exc.stdout or b"")[-2000:].decode() if isinstance(exc.stdout, bytes) else ""}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.monotonic()
+        full = (["nice", "-n", str(nice)] if nice else []) + [cmd[0], "-X", "faulthandler", *cmd[1:]]  # nice execs
+        p = subprocess.Popen(full, stdout=out, stderr=err, text=True)
+        killed: list[float] = []
 
-    def field(label: str) -> str:
-        m = re.search(rf"{re.escape(label)}: (.+)", err)
-        return m.group(1).strip() if m else ""
+        def abort() -> None:
+            killed.append(time.monotonic() - t0)
+            p.send_signal(signal.SIGABRT)
+            threading.Timer(5.0, lambda: p.poll() is None and p.kill()).start()
 
-    h, mnt, sec = ([0.0] + [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")])[-3:]
-    return {"rc": rc, "wall_s": round(h * 3600 + mnt * 60 + sec, 2),
-            "cpu_s": round(float(field("User time (seconds)") or 0) + float(field("System time (seconds)") or 0), 2),
-            "peak_rss_mb": round(int(field("Maximum resident set size (kbytes)") or 0) / 1024, 1),
-            "load": round(load, 2), "stdout": out, "stderr_tail": err[-600:]}
+        timer = threading.Timer(timeout_s, abort)
+        timer.start()
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t0
+        timer.cancel()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    row: dict[str, Any] = {"rc": p.returncode, "wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+                           "peak_rss_mb": round(ru.ru_maxrss / 1024, 1), "load": round(load, 2),
+                           "stdout": stdout, "stderr_tail": stderr[-600:]}
+    if killed:
+        row.update(rc=None, killed_after_s=round(killed[0], 1), stack_dump=stderr[-4000:])
+    return row
 
 
 def _summary(kind: str, doc: Any) -> dict[str, Any]:
@@ -72,17 +88,20 @@ def _summary(kind: str, doc: Any) -> dict[str, Any]:
     return {"rows": [(r["planner"], r["status"], r["iteration_time_s"]) for r in doc]}
 
 
-def run_one(kind: str, instance: str, limit: float, source: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "hgopt", "-q"]
+def run_one(kind: str, instance: str, limit: float, source: str, nice: int = 0) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "hgopt", "-q"]  # (-X faulthandler is added by _time_v)
     if kind == "compare":
         cmd += ["compare", source, "--json", "--time-limit", f"{limit:g}"]
     else:
         cmd += ["plan", source, "--json", "--time-limit", f"{limit:g}"]
         if kind == "cost":
             cmd += ["--objective", "cost"]
-    res = _time_v(cmd, 3 * limit + 30)
-    row: dict[str, Any] = {"command": kind, "instance": instance, "T": limit, "contract_s": hard_limit(limit)}
+    res = _time_v(cmd, 3 * limit + 30, nice)
+    row: dict[str, Any] = {"command": kind, "instance": instance, "T": limit, "contract_s": hard_limit(limit),
+                           "nice": nice}
     row.update({k: v for k, v in res.items() if k not in ("stdout", "stderr_tail")})
+    if row.get("rc") not in (0, None):
+        row["stderr_tail"] = res.get("stderr_tail")
     try:
         row.update(_summary(kind, json.loads(res.get("stdout") or "null") or {}))
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
@@ -107,6 +126,7 @@ def main() -> None:
     ap.add_argument("--limits", default="5,10,30")
     ap.add_argument("--commands", default="plan,cost,compare")
     ap.add_argument("--out", default="bench/deadline_runs.jsonl")
+    ap.add_argument("--nice", type=int, default=0, help="run the children under nice -n N")
     args = ap.parse_args()
     names = args.instances or [i.name for i in list_instances()]
     limits = [float(x) for x in args.limits.split(",")]
@@ -126,7 +146,7 @@ def main() -> None:
         if "compare" in kinds:
             jobs += [("compare", n, 10.0, n) for n in names]
         for kind, name, t, src in jobs:
-            row = run_one(kind, name, t, src)
+            row = run_one(kind, name, t, src, args.nice)
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             fh.flush()

@@ -266,3 +266,35 @@ def test_replan_with_time_left_is_not_stopped(monkeypatch: pytest.MonkeyPatch, c
     rc = replan_cmd.run(args, deadline=Deadline(10.0, 0.0, FakeClock(0.0)))
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["planner_status"] == "optimal" and not any("deadline" in n for n in doc["planner_notes"])
+
+
+# --- the watchdog parks a search it gave up on --------------------------------------------------------------
+
+def test_a_search_the_watchdog_gave_up_on_is_parked_at_its_next_check() -> None:
+    """A planner that ignores the stop but keeps checking the flag: once the command takes its last
+    reported incumbent, the planner's thread blocks at its next check (it stops competing with the
+    command's remaining phases for the interpreter), and the command's own calls still work."""
+    from hgopt.commands._search import run_planner
+    from hgopt.progress import Progress
+
+    count = [0]
+    inst = tiny_instance()
+
+    def ignores_the_stop(instance: Instance, options: PlanOptions) -> PlanResult:
+        assert options.progress is not None
+        options.progress.report("busy", plan=_plan(), bound_s=0.01)
+        for _ in range(10**9):
+            count[0] += 1
+            options.progress.stop_requested()
+            time.sleep(0.001)
+        raise AssertionError("never reached")
+
+    progress = Progress("x", heartbeat=False)
+    res = run_planner("x", ignores_the_stop, inst, PlanOptions(time_limit_s=1.0), progress, stop_at=0.0,
+                      stop_grace_s=0.3, clock=FakeClock(1.0))
+    assert res.plan is not None and evaluate(res.plan, inst).feasible and res.lower_bound_s == 0.01
+    assert res.status == "feasible" and "deadline" in res.notes[0]
+    before = count[0]
+    time.sleep(0.3)
+    assert count[0] - before <= 1  # parked (a free-running loop would have counted ~300 more)
+    assert progress.stop_requested()  # the main thread is not parked
