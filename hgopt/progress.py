@@ -70,12 +70,15 @@ class Progress:
         self._signal: int | None = None
         self._t0 = time.monotonic()
         self._thread: threading.Thread | None = None
+        self._parked: threading.Thread | None = None  # deadline2: see park()
+        self._never = threading.Event()
 
     # ---- the search side -------------------------------------------------------------------
     def report(self, phase: str | None = None, *, done: int | None = None, total: int | None = None,
                incumbent_s: float | None = None, bound_s: float | None = None, plan: Any = None) -> None:
         """Update the state; arguments left None keep their previous value (a new phase resets
         done/total)."""
+        self._park_here()
         with self._lock:
             s = self._state
             if phase is not None and phase != s.phase:
@@ -86,7 +89,12 @@ class Progress:
 
     def stop_requested(self) -> bool:
         """True once :meth:`request_stop` was called: the search should return its incumbent."""
+        self._park_here()
         return self._stop.is_set()
+
+    def _park_here(self) -> None:
+        if self._parked is not None and threading.current_thread() is self._parked:
+            self._never.wait()  # deadline2: a search the command gave up on waits here until the process ends
 
     # ---- the command side --------------------------------------------------------------------
     def request_stop(self, signum: int | None = None) -> None:
@@ -94,6 +102,13 @@ class Progress:
         if signum is not None and self._signal is None:
             self._signal = signum
         self._stop.set()
+
+    def park(self, thread: threading.Thread) -> None:
+        """deadline2: the command gave up waiting for ``thread`` (a search that did not return within
+        its grace after a stop): from now on that thread blocks at its next :meth:`report` or
+        :meth:`stop_requested` (never while holding this object's lock), so it no longer takes the
+        interpreter from the command's remaining phases (a daemon thread: it ends with the process)."""
+        self._parked = thread
 
     @property
     def signal(self) -> int | None:

@@ -9,7 +9,16 @@ the least bound of the milp rows (``milp``, ``milp:auto``; the column header nam
 it is; it holds for their plan spaces, so a plan outside them — a Metis stage mixing GPU types — can
 beat it: the gap is then negative), search time and GPUs used. Every planner's heartbeat on stderr is
 prefixed with its name. Exit status 0 when at least one planner found a plan; 130 / 143 after
-SIGINT / SIGTERM (the running planner's incumbent is kept, the planners after it are not run)."""
+SIGINT / SIGTERM (the running planner's incumbent is kept, the planners after it are not run).
+
+deadline2: ``--time-limit T`` bounds the whole command (``hgopt.commands._deadline``): it returns
+within max(1.1 T, T + 2 s) of the process start. Each of the n planners gets ``search_limit(T) / n``
+as its nominal limit (a fixed function of T: the same input and T give the same rows whatever the
+load) and a watchdog at the end of its slot (the time up to the search's stop, split in n equal
+slots, at least ``MIN_SLOT_S`` from its start), which stops it with its best plan and bound (status
+``feasible`` / ``heuristic``, note "stopped by the command's deadline"); a planner that would start
+after the search's stop is not run (status ``not run``, note saying so); ``--plot`` / ``--timeline``
+are skipped, naming themselves, with under ``TIMELINE_MIN_S`` left."""
 
 from __future__ import annotations
 
@@ -22,8 +31,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from hgopt.commands._deadline import DEADLINE_GRACE_S, STARTUP_RESERVE_S, Deadline, search_limit
 from hgopt.commands._search import EXIT_CODES, SearchInterrupted, run_planner
-from hgopt.commands.plan import check_outputs
+from hgopt.commands.plan import TIMELINE_MIN_S, check_outputs
 from hgopt.cost import build_tables, evaluate
 from hgopt.instances import load_instance
 from hgopt.plan import Plan
@@ -75,7 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="at most N compressed inter-cluster boundaries per pipeline")
     p.add_argument("--link-penalty", default=None, metavar="P=S[,P=S]",
                    help="seconds added to the objective per boundary compressed to precision P (default 0)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="search budget per planner (seconds)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="seconds the whole command may take, from the process start (default 60): the n planners get "
+                        "(S - 1 s) / n each, a planner still running at the end of its slot is stopped with its best "
+                        "plan and bound, and --plot/--timeline are skipped, saying so, when no time is left")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of the throughputs")
     p.add_argument("--timeline", metavar="FILE.png", help="1F1B timeline picture of the best plan")
@@ -112,28 +125,58 @@ def _options(name: str, time_limit_s: float, extra: dict[str, str]) -> tuple[str
     return base, PlanOptions(time_limit_s=time_limit_s, extra=ex)
 
 
+MIN_SLOT_S = 0.5
+"""deadline2: the least time a planner that is started gets before its watchdog (a planner whose
+slot earlier ones used up still gets this much, if the search's stop is not reached)."""
+
+NOT_RUN_DEADLINE = "not run: no time left of --time-limit"
+
+
+def planner_slots(deadline: Deadline, n: int) -> tuple[float, tuple[float, ...]]:
+    """deadline2: (each planner's nominal time limit, the clock readings at which the n slots end):
+    ``search_limit(T) / n``, and the time from the start-up reserve to the deadline's ``stop_at``
+    in n equal slots."""
+    first = deadline.start + STARTUP_RESERVE_S
+    width = max(deadline.stop_at - first, 0.0) / max(n, 1)
+    return search_limit(deadline.time_limit_s) / max(n, 1), tuple(first + (i + 1) * width for i in range(n))
+
+
 def compare(
     instance: Instance, planners: list[str], time_limit_s: float, extra: dict[str, str] | None = None,
-    *, heartbeat: bool = True,
+    *, heartbeat: bool = True, deadline: Deadline | None = None,
 ) -> list[CompareRow]:
     """Run ``planners`` (registry names, optionally NAME:VARIANT) and score every plan with
     ``evaluate``. ``extra``: PlanOptions.extra for every planner (a variant overrides its key).
     ``heartbeat``: progress lines on stderr, prefixed with the planner's name. After SIGINT/SIGTERM
-    the running planner returns its incumbent and the later ones are reported as not run."""
+    the running planner returns its incumbent and the later ones are reported as not run.
+    ``time_limit_s``: each planner's limit; with ``deadline`` (the command's, whose ``time_limit_s``
+    is the whole command's) the planners share it (``planner_slots``; the module text)."""
     if time_limit_s <= 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {time_limit_s}")
     tables = build_tables(instance)
     results: list[tuple[str, PlanResult | None, str, float]] = []
     stopped_by: int | None = None
-    for name in planners:
+    share, ends = planner_slots(deadline, len(planners)) if deadline is not None else (time_limit_s, ())
+    for i, name in enumerate(planners):
         if stopped_by is not None:
             results.append((name, None, "not run: interrupted", 0.0))
             continue
+        stop_at = None
+        if deadline is not None:
+            now = deadline.clock()
+            if now >= deadline.stop_at:
+                results.append((name, None, NOT_RUN_DEADLINE, 0.0))
+                continue
+            stop_at = min(deadline.stop_at, max(ends[i], now + MIN_SLOT_S))
         t0 = time.perf_counter()
-        base, opts = _options(name, time_limit_s, extra or {})
+        base, opts = _options(name, share, extra or {})
         progress = Progress(name, heartbeat=heartbeat)
         try:
-            res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress)
+            if deadline is not None:
+                res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress, stop_at=stop_at,
+                                                     stop_grace_s=DEADLINE_GRACE_S, clock=deadline.clock)
+            else:
+                res = run_planner(name, get_planner(base), instance, opts, progress)
             note = ""
         except ValueError as exc:  # a planner that cannot handle this instance says why
             res, note = None, str(exc)
@@ -165,7 +208,7 @@ def compare(
             bound_from=bound_from if bound is not None and math.isfinite(t) else None,
             signal=stopped_by if res is not None and res.status == "interrupted" else None,
             planner=name,
-            status=res.status if res else ("not run" if note == "not run: interrupted" else "error"),
+            status=res.status if res else ("not run" if note in ("not run: interrupted", NOT_RUN_DEADLINE) else "error"),
             iteration_time_s=t,
             throughput_samples_per_s=instance.job.global_batch / t if math.isfinite(t) else 0.0,
             vs_best=best / t if math.isfinite(t) else 0.0,
@@ -180,7 +223,10 @@ def compare(
     return rows
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
+    # deadline2: --time-limit bounds the whole command (from the process start when run as `hgopt`);
+    # ``deadline``: tests' fake clock
+    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
     inst = load_instance(args.instance)
     check_outputs(args, "--plot", "--timeline")
     extra = {}
@@ -194,21 +240,31 @@ def run(args: argparse.Namespace) -> int:
         link_penalties({"link_penalty": args.link_penalty})  # bad input fails here, naming the option
         extra["link_penalty"] = args.link_penalty
     try:
-        rows = compare(inst, _planner_list(args.planners), args.time_limit, extra)
+        rows = compare(inst, _planner_list(args.planners), args.time_limit, extra, deadline=dl)
     except SearchInterrupted as exc:  # a second signal: abort without a table
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     sig = next((r.signal for r in rows if r.signal is not None), None)
+    found = [r for r in rows if r.plan is not None and math.isfinite(r.iteration_time_s)]
+    skipped = []  # deadline2: drawings left out for want of time, named (stderr too: the JSON is the row list)
+    for opt in ("plot", "timeline"):
+        path = getattr(args, opt)
+        if path and (opt == "plot" or found) and dl.hard_left() < TIMELINE_MIN_S:
+            setattr(args, opt, None)
+            skipped.append(f"--{opt} {path} (under {TIMELINE_MIN_S:g} s left before the deadline)")
     if args.json:
         print(json.dumps([_row_dict(r) for r in rows], indent=2))
     else:
         print(render(inst, rows))
+        for what in skipped:
+            print(f"skipped: {what}")
+    for what in skipped:
+        log.warning("hgopt: skipped %s", what)
     if args.plot:
         from hgopt.report import plot_comparison
 
         plot_comparison(inst.name, [(r.planner, r.throughput_samples_per_s) for r in rows], args.plot)
         log.info("bar chart written to %s", args.plot)
-    found = [r for r in rows if r.plan is not None and math.isfinite(r.iteration_time_s)]
     if args.timeline and found:
         from hgopt.report import plot_timeline
 

@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds the whole command may take, from the process start (default 60): the search "
                         "gets S - 1 s (at least S/2), a search still running near max(1.1 S, S + 2 s) is stopped with its best plan "
                         "and bound, and what does not fit after it (why-not lines, --timeline) is skipped, saying so; "
-                        "with --objective cost/--budget/--outer-steps it is the search's limit only")
+                        "with --objective cost/--budget/--pareto the cluster subsets share the search's part; with "
+                        "--outer-steps it is the search's limit only")
     p.add_argument("--gap", type=float, default=0.01, metavar="G",
                    help="stop once the relative gap to the lower bound is <= G (default 0.01)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="solver threads (default 1)")
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     from hgopt.commands import plan_cost  # issue #14 (cli): cost as an objective
 
     if plan_cost.wanted(args):
-        return plan_cost.run_cost(args, inst, opts)
+        return plan_cost.run_cost(args, inst, opts, deadline=dl)
     tables = build_tables(inst)
     progress = Progress(args.planner)
     opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit))  # deadline: the search's share

@@ -8,13 +8,14 @@ import json
 import math
 from typing import Any
 
+from hgopt.commands._deadline import DEADLINE_GRACE_S, Deadline, search_limit
 from hgopt.cost import build_tables, evaluate
 from hgopt.search import PlanOptions, get_planner
 from hgopt.search.by_cost import CostSearch, pareto, plan_by_cost
 from hgopt.spec import Instance
 from hgopt.table import fmt_seconds, format_table
 
-__all__ = ["add_arguments", "render", "run_cost", "to_json", "wanted"]
+__all__ = ["add_arguments", "render", "run_cost", "stopped_words", "to_json", "wanted"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,37 +35,61 @@ def wanted(args: argparse.Namespace) -> bool:
         or bool(getattr(args, "pareto", False))
 
 
-def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int:
+def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, deadline: Deadline | None = None) -> int:
     """The cost search under the usual heartbeat and SIGINT/SIGTERM handling (``_search.run_planner``):
-    a signal stops it after the running planner returns, keeping the candidates found so far."""
+    a signal stops it after the running planner returns, keeping the candidates found so far.
+
+    deadline2: ``--time-limit T`` bounds the whole command as for ``hgopt plan``
+    (``hgopt.commands._deadline``): the search gets ``search_limit(T)``, the watchdog stops it near
+    max(1.1 T, T + 2 s) and the candidates priced by then are the result (the subsets not searched
+    are counted); when not even the whole instance's run has returned, the incumbent its planner last
+    reported (or the uniform baseline's plan) is the one candidate. ``deadline``: tests' fake clock."""
+    import dataclasses
     import signal
     import sys
+    import time
 
-    from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
+    from hgopt.commands._search import EXIT_CODES, SearchInterrupted, at_deadline, exit_code, run_planner
     from hgopt.commands.plan import render_result, result_to_json
     from hgopt.explain import explain
     from hgopt.progress import Progress
     from hgopt.search import PlanResult
+    from hgopt.search.by_cost import single_result_search
 
+    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
     tables = build_tables(inst)
     box: dict[str, CostSearch] = {}
 
     def search_all(instance: Instance, options: PlanOptions) -> PlanResult:
         box["search"] = s = plan_by_cost(instance, get_planner(args.planner), options, objective=args.objective,
-                                         budget_usd_per_hour=args.budget, tables=tables)
+                                         budget_usd_per_hour=args.budget, tables=tables,
+                                         on_update=lambda part: box.__setitem__("partial", part))
         return s.best.result if s.best is not None else PlanResult(planner=args.planner, status="infeasible", plan=None)
 
     progress = Progress(args.planner)
+    opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit))  # deadline2: the search's share
     try:
-        run_planner(args.planner, search_all, inst, opts, progress)
+        res = run_planner(args.planner, search_all, inst, opts, progress, stop_at=dl.stop_at,
+                          stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)
     except SearchInterrupted as exc:  # a second signal
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     stopped = exit_code(progress)
-    if "search" not in box:  # stopped inside a planner that did not return within the grace time
+    by_deadline = progress.stop_requested() and progress.signal is None
+    search = box.get("search") or box.get("partial")
+    if search is not None and by_deadline and search.best is not None and search.best.stopped:
+        # deadline2: the chosen plan's run was cut short by the deadline: its words say so
+        cut = dataclasses.replace(search.best, result=at_deadline(search.best.result, progress, inst))
+        search = dataclasses.replace(search, best=cut, candidates=tuple(cut if c is search.best else c
+                                                                        for c in search.candidates))
+    if search is None and res.plan is not None:
+        # deadline2: stopped inside the whole instance's run: res is its last reported incumbent (or the
+        # uniform baseline's plan), with the words of what stopped it
+        search = single_result_search(inst, res, objective=args.objective, budget_usd_per_hour=args.budget,
+                                      tables=tables)
+    if search is None:  # stopped inside a planner that did not return within the grace time, no plan at all
         print("hgopt: interrupted before the cost search had priced any plan; no plan written", file=sys.stderr)
         return stopped or 1
-    search = box["search"]
     best = search.best
     if args.output and best is not None and best.result.plan is not None:
         with open(args.output, "w") as fh:
@@ -73,15 +98,19 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int
     expl = explain(best.result.plan, inst, ev, tables) if ev is not None and best is not None and best.result.plan else None
     why_stopped = (f"interrupted by {signal.Signals(progress.signal).name}: {len(search.candidates)} cluster subset(s) "
                    "searched, the rest not" if stopped and progress.signal is not None else "")
+    deadline_note = stopped_words(search, dl.elapsed()) if by_deadline or search.unsearched else ""
     if args.json:
         doc = to_json(search)
         doc["interrupted"] = why_stopped or None
+        doc["stopped_by_deadline"] = deadline_note or None
         doc["chosen"] = result_to_json(best.result, ev, expl) if best is not None else None
         print(json.dumps(doc, indent=2))
     else:
         print(render(inst, search, pareto_only=bool(args.pareto)))
         if why_stopped:
             print(why_stopped)
+        if deadline_note:
+            print(deadline_note)
         if best is not None:
             print()
             print(render_result(inst, best.result, ev, expl))
@@ -90,6 +119,14 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int
     if stopped:
         return stopped
     return 0 if best is not None else 1
+
+
+def stopped_words(search: CostSearch, elapsed_s: float) -> str:
+    """deadline2: what the time limit left out of the cost search, in words."""
+    left = (f"{search.unsearched} cluster subset(s) not searched" if search.unsearched
+            else "every cluster subset searched")
+    return (f"time limit: {left} ({len(search.candidates)} candidate(s) priced after {elapsed_s:.1f} s); "
+            "the best of those is chosen and the lower bound still holds for every plan")
 
 
 def _usd(v: float | None) -> str:
@@ -136,6 +173,7 @@ def to_json(s: CostSearch) -> dict[str, Any]:
     return {
         "objective": s.objective, "budget_usd_per_hour": s.budget_usd_per_hour,
         "lower_bound": num(s.lower_bound), "gap": s.gap, "bound_note": s.bound_note, "note": s.note or None,
+        "unsearched_subsets": s.unsearched,
         "candidates": [{"clusters": list(c.clusters), "nodes": c.nodes, "source": c.source, "status": c.result.status,
                         "iteration_time_s": num(c.iteration_time_s), "usd_per_iteration": c.usd_per_iteration,
                         "usd_per_hour": c.usd_per_hour, "usd_per_million_tokens": c.usd_per_million_tokens,

@@ -7,7 +7,13 @@ resources and the old plan repaired (same layer ranges) where that is valid (``h
 Prints the changes, the throughput before and after, every candidate, what moves where and how long
 the move takes, and the exact planner's lower bound for the new resources (``--planner milp``).
 
-Exit status: 0 a plan was found, 1 none, 2 bad input (a malformed or impossible change names itself)."""
+Exit status: 0 a plan was found, 1 none, 2 bad input (a malformed or impossible change names itself).
+
+deadline2: ``--time-limit T`` (default 1 s for the heuristic, 60 s otherwise) bounds the whole
+command as for ``hgopt plan`` (``hgopt.commands._deadline``): the planner gets ``search_limit(T)``
+and a watchdog near max(1.1 T, T + 2 s) stops it with its best plan and bound (the planner's status
+``feasible`` / ``heuristic``, its note saying so); the repaired old plans and the migration pricing
+come after it (``POST_RESERVE_S``)."""
 
 from __future__ import annotations
 
@@ -15,15 +21,21 @@ import argparse
 import dataclasses
 import json
 import math
+import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from hgopt.changes import apply_changes, describe_change, parse_change
+from hgopt.commands._deadline import DEADLINE_GRACE_S, Deadline, search_limit
 from hgopt.commands._paths import check_output_file
+from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
 from hgopt.export.elastic import instance_to_dict
 from hgopt.instances import load_instance
 from hgopt.plan import load_plan, validate
-from hgopt.search import PlanOptions, get_planner, planner_names
+from hgopt.progress import Progress
+from hgopt.search import PlanOptions, PlanResult, get_planner, planner_names
 from hgopt.search.replan import ReplanResult, replan
 from hgopt.solvers import backend_names
 from hgopt.spec import Instance
@@ -48,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="planner for the new resources (default heuristic; milp also gives the lower bound)")
     p.add_argument("--solver", default="highs", choices=backend_names(), help="MILP backend (default: highs)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="planner budget in seconds (default: 1 for heuristic, 60 otherwise)")
+                   help="seconds the whole command may take, from the process start (default: 1 for heuristic, 60 "
+                        "otherwise); the planner gets S - 1 s (at least S/2) and is stopped with its best plan near "
+                        "max(1.1 S, S + 2 s)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the chosen plan as JSON to FILE")
     p.add_argument("--instance-out", metavar="FILE",
                    help="write the changed instance as JSON to FILE (for `hgopt export --instance FILE`)")
@@ -79,7 +93,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Instance, Instance, list[str]]
     return plan, old, new, lines
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
+    # deadline2: ``deadline``: tests' fake clock; else from the process start (``hgopt.cli.main``)
+    started = getattr(args, "started_at", None) or time.monotonic()
     if args.time_limit is not None and not args.time_limit > 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {args.time_limit}")
     if args.horizon_steps < 1:
@@ -88,8 +104,20 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.instance_out, "--instance-out")
     plan, old, new, lines = _load(args)
     limit = args.time_limit if args.time_limit is not None else (1.0 if args.planner == "heuristic" else 60.0)
-    opts = PlanOptions(time_limit_s=limit, solver=args.solver)
-    res = replan(plan, old, new, args.planner, get_planner(args.planner), opts, args.horizon_steps)
+    dl = deadline or Deadline(limit, started)
+    opts = PlanOptions(time_limit_s=search_limit(limit), solver=args.solver)
+    progress = Progress(args.planner)
+    inner = get_planner(args.planner)
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:  # deadline2: under the watchdog
+        return run_planner(args.planner, inner, instance, options, progress, stop_at=dl.stop_at,
+                           stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)
+
+    try:
+        res = replan(plan, old, new, args.planner, planner, opts, args.horizon_steps)
+    except SearchInterrupted as exc:  # a second signal: abort without a plan
+        print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
+        return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     if args.output and res.chosen is not None:  # the plan names the instance it was made for (the written one)
         named = dataclasses.replace(res.chosen.plan, instance=str(args.instance_out) if args.instance_out else new.name)
         Path(args.output).write_text(named.to_json() + "\n")
@@ -101,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
         print(render(res, old, new, lines))
         if args.output and res.chosen is not None:
             print(f"plan written to {args.output}")
+    interrupted = exit_code(progress)
+    if interrupted:
+        return interrupted
     return 0 if res.chosen is not None else 1
 
 
@@ -134,6 +165,7 @@ def result_to_json(res: ReplanResult, changes: list[str], new: Instance) -> dict
         "rejected": [{"name": n, "why": w} for n, w in res.rejected],
         "planner": res.planner.planner,
         "planner_status": res.planner.status,
+        "planner_notes": list(res.planner.notes),
         "lower_bound_s": _num(lb),
         "horizon_lower_bound_s": _num(lb * res.horizon_steps) if lb is not None else None,
         "plan_space": res.planner.plan_space,
@@ -196,6 +228,9 @@ def render(res: ReplanResult, old: Instance, new: Instance, changes: list[str]) 
                    f"(plan space: {res.planner.plan_space})")
     else:
         out.append(f"lower bound: none (the {res.planner.planner} planner proves none; use --planner milp)")
+    stop = next((n for n in res.planner.notes if "deadline" in n), None)  # deadline2: the watchdog's words
+    if stop:
+        out.append(f"note ({res.planner.planner}): {stop}")
     out.append(f"replan time {res.search_time_s:.2f} s")
     return "\n".join(out)
 

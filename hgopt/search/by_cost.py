@@ -43,7 +43,8 @@ from hgopt.plan import Plan
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.spec import Instance
 
-__all__ = ["Candidate", "CostSearch", "cost_lower_bound", "pareto", "plan_by_cost", "plan_usd"]
+__all__ = ["Candidate", "CostSearch", "cost_lower_bound", "pareto", "plan_by_cost", "plan_usd", "single_result_search",
+           "subset_shares"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class Candidate:
     usd_per_million_tokens: float | None
     source: str = "planner"
     """``planner``: the planner's plan on ``clusters``; ``searched``: a plan it scored on the way."""
+    stopped: bool = False
+    """deadline2: the planner returned it after a stop was requested (its search was cut short)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +85,8 @@ class CostSearch:
     bound_note: str
     note: str = ""
     """Why no candidate was chosen (e.g. the cheapest $/hour found, over the budget)."""
+    unsearched: int = 0
+    """deadline2: cluster subsets left out because the time limit (or a stop) came first."""
 
 
 def plan_usd(plan: Plan, instance: Instance, tables: CostTables) -> tuple[float, float | None]:
@@ -129,12 +134,41 @@ def _restricted(instance: Instance, subset: tuple[str, ...], nodes: int | None) 
         sub.topology, clusters=(dataclasses.replace(c, nodes=nodes),)))
 
 
+def _candidate(instance: Instance, tables: CostTables, subset: tuple[str, ...], nodes: int | None, res: PlanResult,
+               source: str = "planner", stopped: bool = False) -> Candidate:
+    """``res`` scored by ``evaluate`` on the whole instance and priced."""
+    if res.plan is None:
+        return Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=math.inf, stopped=stopped,
+                         usd_per_iteration=None, usd_per_hour=None, usd_per_million_tokens=None, source=source)
+    tokens = instance.job.global_batch * instance.job.seq_len
+    t, usd = plan_usd(res.plan, instance, tables)
+    return Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
+                     usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
+                     usd_per_million_tokens=None if usd is None else usd / tokens * 1e6, source=source,
+                     stopped=stopped)
+
+
+def subset_shares(time_limit_s: float, subsets: int) -> tuple[float, ...]:
+    """deadline2: the nominal time limit of each cluster subset's planner run, a fixed function of
+    ``--time-limit`` (the same input and limit give the same runs whatever the machine's load): the
+    whole instance half of it (all of it when it is the only subset), the other subsets the other
+    half in equal parts; at least 0.1 s each."""
+    if subsets <= 1:
+        return (max(time_limit_s, 0.1),)
+    rest = max(0.5 * time_limit_s / (subsets - 1), 0.1)
+    return (max(0.5 * time_limit_s, 0.1),) + (rest,) * (subsets - 1)
+
+
 def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], PlanResult], options: PlanOptions,
                  *, objective: str = "cost", budget_usd_per_hour: float | None = None,
-                 tables: CostTables | None = None) -> CostSearch:
+                 tables: CostTables | None = None,
+                 on_update: Callable[[CostSearch], None] | None = None) -> CostSearch:
     """Run ``planner`` on the cluster subsets (the whole instance first; ``options.time_limit_s``
-    shared among them) and pick the cheapest (``cost``) or fastest (``time``) plan whose $/hour is
-    within ``budget_usd_per_hour``; with the bound of the chosen objective."""
+    shared among them by ``subset_shares``; subsets not started by then are left out and counted in
+    ``unsearched``) and pick the cheapest (``cost``) or fastest (``time``) plan whose $/hour is
+    within ``budget_usd_per_hour``; with the bound of the chosen objective. ``on_update``: called
+    with the search so far after every planner run (a command's deadline takes the last one when
+    the search does not return in time)."""
     from hgopt.cost.money import unpriced_clusters
 
     if objective not in ("cost", "time"):
@@ -150,15 +184,21 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     tables = tables or build_tables(instance)
     names = tuple(c.name for c in instance.topology.clusters)
     subsets = _subsets(instance)
+    shares = subset_shares(options.time_limit_s, len(subsets))
     deadline = time.monotonic() + options.time_limit_s
-    tokens = instance.job.global_batch * instance.job.seq_len
     out: list[Candidate] = []
     whole_bound: float | None = None
     planner_usd_bound: float | None = None
     seen: set[str] = set()
     points: set[tuple[float, float | None, tuple[tuple[str, int], ...]]] = set()
+    usd_floor = cost_lower_bound(instance, tables) if objective == "cost" else None
 
-    def add(subset: tuple[str, ...], nodes: int | None, res: PlanResult, source: str = "planner") -> None:
+    def summary(unsearched: int) -> CostSearch:
+        return _summarise(instance, tables, objective, budget_usd_per_hour, out, whole_bound, planner_usd_bound,
+                          usd_floor, unsearched)
+
+    def add(subset: tuple[str, ...], nodes: int | None, res: PlanResult, source: str = "planner",
+            cut: bool = False) -> None:
         if res.plan is not None:  # the same plan once (its label fields aside)
             doc = res.plan.to_dict()
             for label in ("meta", "planner", "instance"):
@@ -167,18 +207,13 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
             if text in seen:
                 return
             seen.add(text)
-        if res.plan is None:
-            out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=math.inf,
-                                 usd_per_iteration=None, usd_per_hour=None, usd_per_million_tokens=None, source=source))
-            return
-        t, usd = plan_usd(res.plan, instance, tables)
-        point = (t, usd, tuple(sorted(res.plan.gpus_by_cluster().items())))
-        if source == "searched" and point in points:  # the same point of the listing (e.g. another mbs x m)
-            return
-        points.add(point)
-        out.append(Candidate(clusters=subset, nodes=nodes, result=res, iteration_time_s=t, usd_per_iteration=usd,
-                             usd_per_hour=None if usd is None or not math.isfinite(t) else usd / t * 3600.0,
-                             usd_per_million_tokens=None if usd is None else usd / tokens * 1e6, source=source))
+        cand = _candidate(instance, tables, subset, nodes, res, source, cut)
+        if res.plan is not None:
+            point = (cand.iteration_time_s, cand.usd_per_iteration, tuple(sorted(res.plan.gpus_by_cluster().items())))
+            if source == "searched" and point in points:  # the same point of the listing (e.g. another mbs x m)
+                return
+            points.add(point)
+        out.append(cand)
 
     def searched(res: PlanResult) -> None:
         for plan, _ in res.candidates:
@@ -190,46 +225,68 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                            seed=options.seed, extra=options.extra, progress=options.progress,
                            objective=obj, budget_usd_per_hour=budget)  # type: ignore[arg-type]
 
+    def stopped() -> bool:
+        return options.progress is not None and options.progress.stop_requested()
+
+    unsearched = 0
     for i, (subset, nodes) in enumerate(subsets):
-        left = deadline - time.monotonic()
         if i == 1 and any(c.result.candidates for c in out):  # the planner searched the plan space itself
-            if objective == "time":  # the cheap end of the plan space too (for the listing)
+            if objective == "time" and not stopped():  # the cheap end of the plan space too (for the listing)
                 try:
-                    cheap = planner(instance, options_for(max(left, 0.1), "cost", None))
+                    cheap = planner(instance, options_for(shares[0], "cost", None))
                 except ValueError as exc:
                     cheap = PlanResult(planner="", status="error", plan=None, notes=(str(exc),))
-                add(names, None, cheap)
+                add(names, None, cheap, cut=stopped())
                 searched(cheap)
             break
-        if i and left <= 0:
+        if i and (time.monotonic() >= deadline or stopped()):
             log.info("cost search: time limit reached after %d of %d cluster subsets", i, len(subsets))
+            unsearched = len(subsets) - i
             break
-        share = max(left / (len(subsets) - i), 0.1) if i else max(left / 2 if len(subsets) > 1 else left, 0.1)
         sub = _restricted(instance, subset, nodes)
         log.info("cost search: %s%s (%d of %d cluster subsets, %.1f s)", "+".join(subset),
-                 "" if nodes is None else f" on {nodes} nodes", i + 1, len(subsets), share)
+                 "" if nodes is None else f" on {nodes} nodes", i + 1, len(subsets), shares[i])
         try:
-            res = planner(sub, options_for(share, objective, budget_usd_per_hour))
+            res = planner(sub, options_for(shares[i], objective, budget_usd_per_hour))
         except ValueError as exc:  # e.g. a subset the planner declines; the others still count
             res = PlanResult(planner="", status="error", plan=None, notes=(str(exc),))
         if len(subset) == len(names) and nodes is None:
             whole_bound = res.lower_bound_s if res.objective == "time" else None
             planner_usd_bound = res.usd_lower_bound
-        add(subset, nodes, res)
+        add(subset, nodes, res, cut=stopped())
         searched(res)
-        if options.progress is not None and options.progress.stop_requested():
-            break
+        if on_update is not None:
+            on_update(summary(len(subsets) - i - 1))
+    return summary(unsearched)
+
+
+def single_result_search(instance: Instance, res: PlanResult, *, objective: str, budget_usd_per_hour: float | None,
+                         tables: CostTables, unsearched: int | None = None) -> CostSearch:
+    """deadline2: the search made of one whole-instance result (a command's deadline stopped the
+    cost search before it had priced any plan: the incumbent its planner last reported), with the
+    bound of the objective that holds for every plan."""
+    names = tuple(c.name for c in instance.topology.clusters)
+    out = [_candidate(instance, tables, names, None, res, stopped=True)]
+    whole = res.lower_bound_s if objective == "time" and res.objective == "time" else None
+    usd_floor = cost_lower_bound(instance, tables) if objective == "cost" else None
+    left = len(_subsets(instance)) - 1 if unsearched is None else unsearched
+    return _summarise(instance, tables, objective, budget_usd_per_hour, out, whole, None, usd_floor, left)
+
+
+def _summarise(instance: Instance, tables: CostTables, objective: str, budget_usd_per_hour: float | None,
+               out: list[Candidate], whole_bound: float | None, planner_usd_bound: float | None,
+               usd_floor: float | None, unsearched: int) -> CostSearch:
     ok = [c for c in out if c.usd_per_iteration is not None and math.isfinite(c.iteration_time_s)
           and (budget_usd_per_hour is None or (c.usd_per_hour or 0.0) <= budget_usd_per_hour)]
     key = (lambda c: (c.usd_per_iteration, c.iteration_time_s)) if objective == "cost" else \
         (lambda c: (c.iteration_time_s, c.usd_per_iteration))
     best = min(ok, key=key) if ok else None  # type: ignore[arg-type]
     if objective == "cost":
-        lb: float | None = cost_lower_bound(instance, tables)
+        lb: float | None = usd_floor if usd_floor is not None else cost_lower_bound(instance, tables)
         note = ("$ per iteration: global batch x per layer the cheapest GPU-seconds of forward + backward over "
                 "every cluster, tp and profiled microbatch size, + per layer the cheapest optimizer step "
                 "(any plan of any planner; egress only adds)")
-        if planner_usd_bound is not None and planner_usd_bound > lb:  # e.g. the exact planner's cost MILP
+        if planner_usd_bound is not None and lb is not None and planner_usd_bound > lb:  # e.g. the cost MILP
             note += (f"; the planner's own bound over its plan space is higher: ${planner_usd_bound:.4g} per "
                      "iteration (not used here: it need not hold for plans outside that space)")
         val = best.usd_per_iteration if best else None
@@ -244,7 +301,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
         rates = [c.usd_per_hour for c in out if c.usd_per_hour is not None]
         why = budget_note(budget_usd_per_hour, min(rates) if rates else None, usd_per_hour_floor(instance, tables))
     return CostSearch(objective=objective, budget_usd_per_hour=budget_usd_per_hour, candidates=tuple(out), best=best,
-                      lower_bound=lb, gap=gap, bound_note=note, note=why)
+                      lower_bound=lb, gap=gap, bound_note=note, note=why, unsearched=unsearched)
 
 
 def pareto(candidates: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
