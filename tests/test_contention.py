@@ -1,0 +1,75 @@
+"""A stage's gradient sync and the pipeline's last backward sends sharing a capped link (#10 item 2).
+
+Hand case (``_contended``): clusters a and b of 2-GPU nodes, A GPUs on both (forward 0.01 s per layer
+and sample, backward 0.02 s); the link between them 8 Gbit/s = 1 GB/s per flow and as the aggregate
+cap of each direction, 10 ms latency; 1e7 activation bytes per sample, 1e7 fp32 parameters (40 MB)
+and 1 ms of optimizer step per layer. One microbatch of 2 samples; stage 0 = layer 0 on two
+replicas in a, stage 1 = layers 1-3 on one replica in a (row 0) and one in b (row 1); one bucket per
+segment (``grad_bucket_mb`` 1000).
+
+Forward: stage 0 ends at 0.01 s; row 1 crosses a -> b: 1e7 / 1e9 = 10 ms + 10 ms latency, so stage
+1's b replica starts at 0.03 s and ends its backward (3 layers: 0.03 + 0.06 s) at E_1 = 0.12 s. Its
+backward message (10 MB, one flow) leaves for stage 0's replica 1 over b -> a at 0.12 s, exactly when
+stage 1's one bucket starts (both holders ready; one replica per cluster, so no ring inside a
+cluster): the WAN ring over {a, b} of 120 MB, alone 2·(1/2)·120e6 / 1e9 + 2·10 ms = 0.140 s [C5].
+Both flows cross the b -> a cap and share it by processor sharing (0.5 GB/s each): the message's
+10 MB are through at 0.14 s (arrives 0.15 s), the ring has done 10 MB-seconds' worth and does its
+remaining 0.130 s alone: the sync ends at 0.12 + 0.020 + 0.130 = 0.270 s, 10 ms (the message's
+cap-seconds) after it would alone (0.260 s); stage 1's optimizer step (3 ms) ends the iteration at
+0.273 s. Stage 0's replica 1 runs its backward 0.15 -> 0.17 s, its sync inside a takes < 1 ms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hgopt.cost import evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.simulate import simulate
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+E1 = 0.12
+RING = 0.120 + 0.020
+MSG = 0.010
+
+
+def _contended_instance(cap: bool = True) -> Instance:
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    link: dict[str, object] = {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}
+    if cap:
+        link["aggregate"] = {"gbit_s": 8.0}
+    topo["links"] = {"default": link}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e7)
+    return tiny_instance(global_batch=2, model=model, topology=topo)
+
+
+def _contended_plan() -> Plan:
+    return Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),)),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1))),
+    ), num_microbatches=1),), grad_bucket_mb=1000.0)
+
+
+def test_simulator_shares_the_cap_between_the_sync_and_the_last_backward_send() -> None:
+    inst, plan = _contended_instance(), _contended_plan()
+    sim = simulate(plan, inst)
+    s1 = next(s for s in sim.stages if s.stage == 1)
+    assert s1.compute_end_s == pytest.approx(E1, rel=1e-12)
+    sync = [e for e in sim.events if e.kind == "sync" and e.stage == 1]
+    assert len(sync) == 1 and sync[0].start == pytest.approx(E1, rel=1e-12)
+    assert sync[0].end == pytest.approx(E1 + 2 * MSG + (RING - MSG), rel=1e-12)  # = E1 + RING + MSG
+    send = next(e for e in sim.events if e.kind == "sendB" and e.stage == 1 and e.replica == 1)
+    assert send.start == pytest.approx(E1, rel=1e-12)
+    assert send.end == pytest.approx(E1 + 2 * MSG + 0.010, rel=1e-12)  # half the cap, then the latency
+    b0 = next(e for e in sim.events if e.kind == "B" and e.stage == 0 and e.replica == 1)
+    assert b0.start == pytest.approx(E1 + 2 * MSG + 0.010, rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(E1 + RING + MSG + 0.003, rel=1e-12)
+
+
+def test_without_the_cap_the_sync_runs_alone() -> None:
+    """No aggregate cap: the ring and the message run between different node pairs and do not share."""
+    sim = simulate(_contended_plan(), _contended_instance(cap=False))
+    sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
+    assert sync.end == pytest.approx(E1 + RING, rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
