@@ -73,3 +73,41 @@ def test_without_the_cap_the_sync_runs_alone() -> None:
     sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
     assert sync.end == pytest.approx(E1 + RING, rel=1e-12)
     assert sim.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
+
+
+# ---- the kernel [C7c] ------------------------------------------------------------------------------
+def test_evaluate_prices_the_shared_cap_as_the_hand_case() -> None:
+    inst, plan = _contended_instance(), _contended_plan()
+    ev = evaluate(plan, inst)
+    s1 = next(s for s in ev.stages if s.stage == 1)
+    assert s1.last_backward_end_s == pytest.approx(E1, rel=1e-12)
+    assert s1.sync_end_s == pytest.approx(E1 + RING + MSG, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(E1 + RING + MSG + 0.003, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(simulate(plan, inst).iteration_time_s, rel=1e-12)
+
+
+def test_evaluate_without_the_cap_prices_the_sync_alone() -> None:
+    ev = evaluate(_contended_plan(), _contended_instance(cap=False))
+    assert next(s for s in ev.stages if s.stage == 1).sync_end_s == pytest.approx(E1 + RING, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
+
+
+def test_delay_by_hand() -> None:
+    from hgopt.cost.gradsync import LinkMessage, sync_contention_delay
+
+    ring = [(1.0, 3.0)]  # the ring alone on the link from 1 s to 3 s
+    # a message of 16 small flows, 0.5 s of the cap, from 1 s: the ring waits for all of it
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=1.0, busy_s=0.5, flows=16)]) == pytest.approx(0.5)
+    # started at 0.8 s: 0.2 s of it ran alone before the ring phase
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.8, busy_s=0.5, flows=16)]) == pytest.approx(0.3)
+    # one flow of 5 s from 2.5 s: the ring (0.5 s left) shares half the cap with it: 0.5 s more
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=2.5, busy_s=5.0, flows=1)]) == pytest.approx(0.5)
+    # after the ring's end, or before its phase and done by then: nothing
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=3.0, busy_s=1.0)]) == 0.0
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.0, busy_s=0.9)]) == 0.0
+    # a second message that starts after the end alone but before the delayed end still counts
+    two = [LinkMessage(start_s=2.0, busy_s=1.5, flows=4), LinkMessage(start_s=3.2, busy_s=0.1, flows=4)]
+    assert sync_contention_delay(ring, 3.0, two) == pytest.approx(1.6)
+    # two phases with a gap: a message inside the gap runs alone until the second phase
+    gap = [(1.0, 2.0), (3.0, 4.0)]
+    assert sync_contention_delay(gap, 4.0, [LinkMessage(start_s=2.5, busy_s=1.0, flows=8)]) == pytest.approx(0.5)

@@ -22,8 +22,11 @@ from hgopt.cost.gradsync import (
     Bucket,
     bucket_ranges,
     bucket_ready_time,
+    LinkMessage,
     bucket_schedule_starts,
+    bucket_start_times,
     iteration_end,
+    sync_contention_delay,
 )
 from hgopt.cost.memory import stage_memory_terms
 import hgopt.cost.pipeline as _pipeline
@@ -42,6 +45,7 @@ from hgopt.cost.tables import (
     CostTables,
     GpuTpTable,
     allreduce_time,
+    bandwidth_bytes_per_s,
     build_tables,
     link_bytes_factor,
 )
@@ -798,6 +802,7 @@ def _bucketed_sync(
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     segs, load = _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
+    rings: list[tuple[float, float, tuple[str, ...]]] = []  # per bucket: intra, inter, ring clusters [C7c]
     gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers
     sharded: set[tuple[int, int]] = set()
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
@@ -816,7 +821,9 @@ def _bucketed_sync(
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
             buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
+            rings.append((seg.intra, seg.inter, seg.clusters))
     sync_end, first_start = bucket_schedule_starts(buckets, ends)
+    _contended_sync(plan, inst, tables, first, ends, buckets, rings, sync_end)
     # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
     # it uses have crossed it (all taken to run together), counted from its first bucket's start
     # (a stage whose segments are all ZeRO-1 sharded: their reduce-scatter phase, ZERO_PHASE of it)
@@ -829,6 +836,75 @@ def _bucketed_sync(
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
     return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end}, gathers)
+
+
+# ---- [C7c] a stage's sync and the pipeline's last backward sends on one capped link ------------------
+def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[Pipeline, int],
+                    ends: dict[tuple[int, int], float], buckets: list[Bucket],
+                    rings: list[tuple[float, float, tuple[str, ...]]], sync_end: dict[tuple[int, int], float]) -> None:
+    """[C7c] Raise ``sync_end`` (in place) where a stage's cross-cluster rings use a direction of a link
+    with an aggregate cap that the last microbatch's backward messages of any pipeline also cross
+    (``_last_backward_messages``): the two share the cap (``gradsync.sync_contention_delay``). The ring
+    phase of a bucket runs from its start + its clusters' rings (``intra``) for ``inter`` seconds
+    (``gradsync.bucket_start_times``, the one schedule); a stage's delay is its most contended
+    direction's, added to its bucket schedule's end (before the [C5w] floor of every segment's rings
+    together, which is taken as it was: it already counts the cap busy with other rings). Only raises:
+    every bound built on [C7o] without it stays one."""
+    topo = inst.topology
+    capped = [[(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
+              for _, _, cl in rings]
+    if not any(capped):
+        return
+    msgs: dict[tuple[str, str], list[LinkMessage]] = {}
+    copies = Counter(plan.pipelines)
+    for pipe, pi in first.items():
+        for j in range(len(pipe.stages) - 1):
+            for d, msg in _last_backward_messages(inst, tables, pipe, j, copies[pipe], ends[(pi, j + 1)]):
+                msgs.setdefault(d, []).append(msg)
+    if not msgs:
+        return
+    phases: dict[tuple[tuple[int, int], tuple[str, str]], list[tuple[float, float]]] = {}
+    for bk, t0, (intra, inter, _), dirs in zip(buckets, bucket_start_times(buckets), rings, capped):
+        for d in dirs:
+            if d in msgs and inter > 0:
+                for k in bk.ready:
+                    phases.setdefault((k, d), []).append((t0 + intra, t0 + intra + inter))
+    delay: dict[tuple[int, int], float] = {}
+    for (k, d), wan in phases.items():
+        delay[k] = max(delay.get(k, 0.0), sync_contention_delay(sorted(wan), sync_end[k], msgs[d]))
+    for k, x in delay.items():
+        sync_end[k] += x
+
+
+def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int,
+                            start: float) -> list[tuple[tuple[str, str], LinkMessage]]:
+    """[C7c] The backward message of the last microbatch over boundary si (stage si + 1 to si, sent when
+    stage si + 1's last backward ends at ``start``) of ``copies`` identical pipelines, per direction of
+    a link with an aggregate cap: its bytes at the cap's rate, and its flows (one per replica pair whose
+    rows overlap, the runner's pieces)."""
+    topo = inst.topology
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
+    nbytes = flows.per_sample * link_bytes_factor(inst.model.dtype, pipe.boundary(si).bwd)
+    pairs: Counter[tuple[str, str]] = Counter()
+    pa, pb = _replica_nodes(topo, pipe.stages[si], 0), _replica_nodes(topo, pipe.stages[si + 1], 0)
+    i = j = 0
+    while i < len(pa) and j < len(pb):
+        (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+        if min(ahi, bhi) > max(alo, blo) and ka[0] != kb[0]:
+            pairs[(kb[0], ka[0])] += 1
+        if ahi <= bhi:
+            i += 1
+        else:
+            j += 1
+    out = []
+    for (a, b), n in flows.cross.items():
+        link = topo.link_spec(b, a)
+        if link.aggregate is None:
+            continue
+        total = copies * n * nbytes
+        busy = total / bandwidth_bytes_per_s(link.aggregate, total) if total > 0 else 0.0
+        out.append(((b, a), LinkMessage(start_s=start, busy_s=busy, flows=copies * max(pairs[(b, a)], 1))))
+    return out
 
 
 # ---- WAN traffic per iteration (for egress prices) --------------------------------------------------
