@@ -26,6 +26,7 @@ from hgopt.cost.gradsync import (
     bucket_schedule_starts,
     bucket_start_times,
     iteration_end,
+    message_contention_delay,
     sync_contention_delay,
 )
 from hgopt.cost.memory import stage_memory_terms
@@ -822,8 +823,7 @@ def _bucketed_sync(
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
             buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
             rings.append((seg.intra, seg.inter, seg.clusters))
-    sync_end, first_start = bucket_schedule_starts(buckets, ends)
-    _contended_sync(plan, inst, tables, first, ends, buckets, rings, sync_end)
+    ends, sync_end, first_start = _contended_sync(plan, inst, tables, first, ends, buckets, rings)
     # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
     # it uses have crossed it (all taken to run together), counted from its first bucket's start
     # (a stage whose segments are all ZeRO-1 sharded: their reduce-scatter phase, ZERO_PHASE of it)
@@ -841,46 +841,82 @@ def _bucketed_sync(
 # ---- [C7c] a stage's sync and the pipeline's last backward sends on one capped link ------------------
 def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[Pipeline, int],
                     ends: dict[tuple[int, int], float], buckets: list[Bucket],
-                    rings: list[tuple[float, float, tuple[str, ...]]], sync_end: dict[tuple[int, int], float]) -> None:
-    """[C7c] Raise ``sync_end`` (in place) where a stage's cross-cluster rings use a direction of a link
-    with an aggregate cap that the last microbatch's backward messages of any pipeline also cross
-    (``_last_backward_messages``): the two share the cap (``gradsync.sync_contention_delay``). The ring
-    phase of a bucket runs from its start + its clusters' rings (``intra``) for ``inter`` seconds
-    (``gradsync.bucket_start_times``, the one schedule); a stage's delay is its most contended
-    direction's, added to its bucket schedule's end (before the [C5w] floor of every segment's rings
-    together, which is taken as it was: it already counts the cap busy with other rings). Only raises:
-    every bound built on [C7o] without it stays one."""
+                    rings: list[tuple[float, float, tuple[str, ...]]]
+                    ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """[C7c] The bucket schedule (``gradsync.bucket_schedule_starts``: each stage's sync end and first
+    bucket start) and each stage's last backward end, where the cross-cluster rings of the gradient
+    buckets share a direction of a link with an aggregate cap with the last microbatch's backward
+    messages of any pipeline (``_last_backward_messages``): under processor sharing both wait for each
+    other. First each message is delayed by the rings it meets (``gradsync.message_contention_delay``),
+    which moves the last backward of every stage it feeds, and of the stages before them, later (a
+    stage's delay is the sum of the delays of the messages on the boundaries after it, the latest of
+    a message's directions); the buckets are scheduled again from the moved backward ends; then each
+    stage's sync ends later by its most contended direction's ``gradsync.sync_contention_delay``. A
+    bucket's ring runs from its start + its clusters' rings (``intra``) for ``inter`` seconds
+    (``gradsync.bucket_start_times``, the one schedule); the buckets of one holder set are one ring
+    flow. Everything is computed once from the uncontended schedule (first order). Without a capped
+    link under any cross-cluster ring nothing changes. Only raises: every bound built on [C7o]
+    without it stays one. Returns (ends, sync_end, first_start)."""
+    sync_end, first_start = bucket_schedule_starts(buckets, ends)
     topo = inst.topology
     capped = [[(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
               for _, _, cl in rings]
     if not any(capped):
-        return
-    msgs: dict[tuple[str, str], list[LinkMessage]] = {}
+        return ends, sync_end, first_start
     copies = Counter(plan.pipelines)
-    for pipe, pi in first.items():
-        for j in range(len(pipe.stages) - 1):
-            for d, msg in _last_backward_messages(inst, tables, pipe, j, copies[pipe], ends[(pi, j + 1)]):
-                msgs.setdefault(d, []).append(msg)
-    if not msgs:
-        return
-    phases: dict[tuple[tuple[int, int], tuple[str, str]], list[tuple[float, float]]] = {}
-    for bk, t0, (intra, inter, _), dirs in zip(buckets, bucket_start_times(buckets), rings, capped):
-        for d in dirs:
-            if d in msgs and inter > 0:
-                for k in bk.ready:
-                    phases.setdefault((k, d), []).append((t0 + intra, t0 + intra + inter))
+    by_pipe = {pi: [(j, _last_backward_messages(inst, tables, pipe, j, copies[pipe]))
+                    for j in reversed(range(len(pipe.stages) - 1))] for pipe, pi in first.items()}
+    used = {d for dirs in capped for d in dirs}
+    if not any(d in used for parts in by_pipe.values() for _, ms in parts for d, _ in ms):
+        return ends, sync_end, first_start
+
+    def wan_phases(bks: list[Bucket]) -> dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]]:
+        out: dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]] = {}
+        for bk, t0, (intra, inter, _), dirs in zip(bks, bucket_start_times(bks), rings, capped):
+            for d in dirs:
+                if inter > 0:
+                    out.setdefault(d, {}).setdefault(frozenset(bk.ready), []).append((t0 + intra, t0 + intra + inter))
+        return out
+
+    phases = wan_phases(buckets)
+    shift: dict[tuple[int, int], float] = {}
+    for pi, parts in by_pipe.items():
+        acc = 0.0
+        for j, ms in parts:  # from the last boundary back: stage j waits for boundary j's message
+            tau = ends[(pi, j + 1)] + acc
+            acc += max((message_contention_delay(LinkMessage(start_s=tau, busy_s=busy, flows=n),
+                                                 [sorted(w) for w in phases.get(d, {}).values()])
+                        for d, (busy, n) in ms), default=0.0)
+            if acc > 0:
+                shift[(pi, j)] = acc
+    if shift:
+        ends = {k: e + shift.get(k, 0.0) for k, e in ends.items()}
+        buckets = [replace(bk, ready={k: r + shift.get(k, 0.0) for k, r in bk.ready.items()})  # type: ignore[misc]
+                   for bk in buckets]
+        sync_end, first_start = bucket_schedule_starts(buckets, ends)
+        phases = wan_phases(buckets)
+    msgs: dict[tuple[str, str], list[LinkMessage]] = {}
+    for pi, parts in by_pipe.items():
+        for j, ms in parts:
+            for d, (busy, n) in ms:
+                msgs.setdefault(d, []).append(LinkMessage(start_s=ends[(pi, j + 1)], busy_s=busy, flows=n))
     delay: dict[tuple[int, int], float] = {}
-    for (k, d), wan in phases.items():
-        delay[k] = max(delay.get(k, 0.0), sync_contention_delay(sorted(wan), sync_end[k], msgs[d]))
+    for d, chains in phases.items():
+        for holders, wan in chains.items():
+            if d in msgs:
+                for k in holders:
+                    x = sync_contention_delay(sorted(wan), sync_end[k], msgs[d])  # type: ignore[index]
+                    delay[k] = max(delay.get(k, 0.0), x)  # type: ignore[index]
     for k, x in delay.items():
         sync_end[k] += x
+    return ends, sync_end, first_start
 
 
-def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int, copies: int,
-                            start: float) -> list[tuple[tuple[str, str], LinkMessage]]:
+def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
+                            copies: int) -> list[tuple[tuple[str, str], tuple[float, int]]]:
     """[C7c] The backward message of the last microbatch over boundary si (stage si + 1 to si, sent when
-    stage si + 1's last backward ends at ``start``) of ``copies`` identical pipelines, per direction of
-    a link with an aggregate cap: its bytes at the cap's rate, and its flows (one per replica pair whose
+    stage si + 1's last backward ends) of ``copies`` identical pipelines, per direction of a link with
+    an aggregate cap: its bytes at the cap's rate (seconds) and its flows (one per replica pair whose
     rows overlap, the runner's pieces)."""
     topo = inst.topology
     flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
@@ -903,7 +939,7 @@ def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, 
             continue
         total = copies * n * nbytes
         busy = total / bandwidth_bytes_per_s(link.aggregate, total) if total > 0 else 0.0
-        out.append(((b, a), LinkMessage(start_s=start, busy_s=busy, flows=copies * max(pairs[(b, a)], 1))))
+        out.append(((b, a), (busy, copies * max(pairs[(b, a)], 1))))
     return out
 
 

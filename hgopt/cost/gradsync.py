@@ -28,8 +28,8 @@ import numpy as np
 Num = TypeVar("Num", float, np.ndarray)
 
 __all__ = ["ZERO_PHASE", "Bucket", "LinkMessage", "bucket_ranges", "bucket_ready_time", "bucket_schedule",
-           "bucket_schedule_starts", "bucket_start_times", "exposed_sync_floor", "iteration_end", "step_ends",
-           "sync_contention_delay"]
+           "bucket_schedule_starts", "bucket_start_times", "exposed_sync_floor", "iteration_end",
+           "message_contention_delay", "step_ends", "sync_contention_delay"]
 
 MIB = float(2**20)
 """``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
@@ -141,6 +141,26 @@ def sync_contention_delay(wan: Sequence[tuple[float, float]], end_s: float, mess
         nxt = next((a if a > tau else tau for a, b in wan if b > tau), tau)
         remaining = sum(b - max(a, tau) for a, b in wan if b > tau) + delay
         delay += max(0.0, min(msg.busy_s - (nxt - tau), msg.flows * remaining))
+    return delay
+
+
+def message_contention_delay(msg: LinkMessage, rings: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """[C7c] How much later a pipeline message's bytes are through because it shares one direction of a
+    capped link with gradient rings (the other side of :func:`sync_contention_delay`): ``rings``, per
+    ring flow (one chain of buckets that run one after another), its WAN phases on that direction as
+    scheduled alone, in time order. Under processor sharing each of the message's equal flows waits
+    for each ring flow at most as long as that ring's remaining work, and at most its own remaining
+    cap-seconds (what is left of the message's ``busy_s`` when the ring's next phase starts, over its
+    flows): the sum over the rings of min(those two)."""
+    tau = msg.start_s
+    delay = 0.0
+    for wan in rings:
+        nxt = next((a if a > tau else tau for a, b in wan if b > tau), None)
+        if nxt is None:
+            continue
+        remaining = sum(b - max(a, tau) for a, b in wan if b > tau)
+        per_flow = max(0.0, msg.busy_s - (nxt - tau)) / max(msg.flows, 1)
+        delay += min(per_flow, remaining)
     return delay
 
 
