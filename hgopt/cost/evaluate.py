@@ -96,9 +96,11 @@ class StageReport:
     peak_memory_bytes: float
     """Peak per GPU of the replica group closest to its memory limit."""
     last_backward_end_s: float = 0.0
-    """[C7o] When the backward of the last microbatch ends on this stage (closed form)."""
+    """[C7o] When the backward of the last microbatch ends on this stage (the pipeline's closed form or
+    replay; later by [C7c] where a backward message it waits for shares a capped link with a ring)."""
     sync_end_s: float = 0.0
-    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting."""
+    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting ([C5w],
+    [C7c] included)."""
     memory_capacity_bytes: float
     """Memory per GPU of that group's cluster."""
     oom: bool
