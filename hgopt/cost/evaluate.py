@@ -861,10 +861,13 @@ def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[
     without it stays one. Returns (ends, sync_end, first_start)."""
     sync_end, first_start = bucket_schedule_starts(buckets, ends)
     topo = inst.topology
-    capped = [[(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
-              for _, _, cl in rings]
-    if not any(capped):
+    per_set: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    for _, _, cl in rings:
+        if cl not in per_set:
+            per_set[cl] = [(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
+    if not any(per_set.values()):
         return ends, sync_end, first_start
+    capped = [per_set[cl] for _, _, cl in rings]
     copies = Counter(plan.pipelines)
     by_pipe = {pi: [(j, _last_backward_messages(inst, tables, pipe, j, copies[pipe]))
                     for j in reversed(range(len(pipe.stages) - 1))] for pipe, pi in first.items()}
