@@ -22,8 +22,12 @@ from hgopt.cost.gradsync import (
     Bucket,
     bucket_ranges,
     bucket_ready_time,
+    LinkMessage,
     bucket_schedule_starts,
+    bucket_start_times,
     iteration_end,
+    message_contention_delay,
+    sync_contention_delay,
 )
 from hgopt.cost.memory import stage_memory_terms
 import hgopt.cost.pipeline as _pipeline
@@ -42,6 +46,7 @@ from hgopt.cost.tables import (
     CostTables,
     GpuTpTable,
     allreduce_time,
+    bandwidth_bytes_per_s,
     build_tables,
     link_bytes_factor,
 )
@@ -91,9 +96,11 @@ class StageReport:
     peak_memory_bytes: float
     """Peak per GPU of the replica group closest to its memory limit."""
     last_backward_end_s: float = 0.0
-    """[C7o] When the backward of the last microbatch ends on this stage (closed form)."""
+    """[C7o] When the backward of the last microbatch ends on this stage (the pipeline's closed form or
+    replay; later by [C7c] where a backward message it waits for shares a capped link with a ring)."""
     sync_end_s: float = 0.0
-    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting."""
+    """[C7o] When this stage's last gradient bucket ends under the plan's gradient-sync setting ([C5w],
+    [C7c] included)."""
     memory_capacity_bytes: float
     """Memory per GPU of that group's cluster."""
     oom: bool
@@ -798,6 +805,7 @@ def _bucketed_sync(
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     segs, load = _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
+    rings: list[tuple[float, float, tuple[str, ...]]] = []  # per bucket: intra, inter, ring clusters [C7c]
     gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers
     sharded: set[tuple[int, int]] = set()
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
@@ -816,7 +824,8 @@ def _bucketed_sync(
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
             buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
-    sync_end, first_start = bucket_schedule_starts(buckets, ends)
+            rings.append((seg.intra, seg.inter, seg.clusters))
+    ends, sync_end, first_start = _contended_sync(plan, inst, tables, first, ends, buckets, rings)
     # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
     # it uses have crossed it (all taken to run together), counted from its first bucket's start
     # (a stage whose segments are all ZeRO-1 sharded: their reduce-scatter phase, ZERO_PHASE of it)
@@ -829,6 +838,114 @@ def _bucketed_sync(
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
     return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end}, gathers)
+
+
+# ---- [C7c] a stage's sync and the pipeline's last backward sends on one capped link ------------------
+def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[Pipeline, int],
+                    ends: dict[tuple[int, int], float], buckets: list[Bucket],
+                    rings: list[tuple[float, float, tuple[str, ...]]]
+                    ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """[C7c] The bucket schedule (``gradsync.bucket_schedule_starts``: each stage's sync end and first
+    bucket start) and each stage's last backward end, where the cross-cluster rings of the gradient
+    buckets share a direction of a link with an aggregate cap with the last microbatch's backward
+    messages of any pipeline (``_last_backward_messages``): under processor sharing both wait for each
+    other. First each message is delayed by the rings it meets (``gradsync.message_contention_delay``),
+    which moves the last backward of every stage it feeds, and of the stages before them, later (a
+    stage's delay is the sum of the delays of the messages on the boundaries after it, the latest of
+    a message's directions); the buckets are scheduled again from the moved backward ends; then each
+    stage's sync ends later by its most contended direction's ``gradsync.sync_contention_delay``. A
+    bucket's ring runs from its start + its clusters' rings (``intra``) for ``inter`` seconds
+    (``gradsync.bucket_start_times``, the one schedule); the buckets of one holder set are one ring
+    flow. Everything is computed once from the uncontended schedule (first order). Without a capped
+    link under any cross-cluster ring nothing changes. Only raises: every bound built on [C7o]
+    without it stays one. Returns (ends, sync_end, first_start)."""
+    sync_end, first_start = bucket_schedule_starts(buckets, ends)
+    topo = inst.topology
+    per_set: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    for _, _, cl in rings:
+        if cl not in per_set:
+            per_set[cl] = [(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
+    if not any(per_set.values()):
+        return ends, sync_end, first_start
+    capped = [per_set[cl] for _, _, cl in rings]
+    copies = Counter(plan.pipelines)
+    by_pipe = {pi: [(j, _last_backward_messages(inst, tables, pipe, j, copies[pipe]))
+                    for j in reversed(range(len(pipe.stages) - 1))] for pipe, pi in first.items()}
+    used = {d for dirs in capped for d in dirs}
+    if not any(d in used for parts in by_pipe.values() for _, ms in parts for d, _ in ms):
+        return ends, sync_end, first_start
+
+    def wan_phases(bks: list[Bucket]) -> dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]]:
+        out: dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]] = {}
+        for bk, t0, (intra, inter, _), dirs in zip(bks, bucket_start_times(bks), rings, capped):
+            for d in dirs:
+                if inter > 0:
+                    out.setdefault(d, {}).setdefault(frozenset(bk.ready), []).append((t0 + intra, t0 + intra + inter))
+        return out
+
+    phases = wan_phases(buckets)
+    shift: dict[tuple[int, int], float] = {}
+    for pi, parts in by_pipe.items():
+        acc = 0.0
+        for j, ms in parts:  # from the last boundary back: stage j waits for boundary j's message
+            tau = ends[(pi, j + 1)] + acc
+            acc += max((message_contention_delay(LinkMessage(start_s=tau, busy_s=busy, flows=n),
+                                                 [sorted(w) for w in phases.get(d, {}).values()])
+                        for d, (busy, n) in ms), default=0.0)
+            if acc > 0:
+                shift[(pi, j)] = acc
+    if shift:
+        ends = {k: e + shift.get(k, 0.0) for k, e in ends.items()}
+        buckets = [replace(bk, ready={k: r + shift.get(k, 0.0) for k, r in bk.ready.items()})  # type: ignore[misc]
+                   for bk in buckets]
+        sync_end, first_start = bucket_schedule_starts(buckets, ends)
+        phases = wan_phases(buckets)
+    msgs: dict[tuple[str, str], list[LinkMessage]] = {}
+    for pi, parts in by_pipe.items():
+        for j, ms in parts:
+            for d, (busy, n) in ms:
+                msgs.setdefault(d, []).append(LinkMessage(start_s=ends[(pi, j + 1)], busy_s=busy, flows=n))
+    delay: dict[tuple[int, int], float] = {}
+    for d, chains in phases.items():
+        for holders, wan in chains.items():
+            if d in msgs:
+                for k in holders:
+                    x = sync_contention_delay(sorted(wan), sync_end[k], msgs[d])  # type: ignore[index]
+                    delay[k] = max(delay.get(k, 0.0), x)  # type: ignore[index]
+    for k, x in delay.items():
+        sync_end[k] += x
+    return ends, sync_end, first_start
+
+
+def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
+                            copies: int) -> list[tuple[tuple[str, str], tuple[float, int]]]:
+    """[C7c] The backward message of the last microbatch over boundary si (stage si + 1 to si, sent when
+    stage si + 1's last backward ends) of ``copies`` identical pipelines, per direction of a link with
+    an aggregate cap: its bytes at the cap's rate (seconds) and its flows (one per replica pair whose
+    rows overlap, the runner's pieces)."""
+    topo = inst.topology
+    flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
+    nbytes = flows.per_sample * link_bytes_factor(inst.model.dtype, pipe.boundary(si).bwd)
+    pairs: Counter[tuple[str, str]] = Counter()
+    pa, pb = _replica_nodes(topo, pipe.stages[si], 0), _replica_nodes(topo, pipe.stages[si + 1], 0)
+    i = j = 0
+    while i < len(pa) and j < len(pb):
+        (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+        if min(ahi, bhi) > max(alo, blo) and ka[0] != kb[0]:
+            pairs[(kb[0], ka[0])] += 1
+        if ahi <= bhi:
+            i += 1
+        else:
+            j += 1
+    out = []
+    for (a, b), n in flows.cross.items():
+        link = topo.link_spec(b, a)
+        if link.aggregate is None:
+            continue
+        total = copies * n * nbytes
+        busy = total / bandwidth_bytes_per_s(link.aggregate, total) if total > 0 else 0.0
+        out.append(((b, a), (busy, copies * max(pairs[(b, a)], 1))))
+    return out
 
 
 # ---- WAN traffic per iteration (for egress prices) --------------------------------------------------

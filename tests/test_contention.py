@@ -1,0 +1,239 @@
+"""A stage's gradient sync and the pipeline's last backward sends sharing a capped link (#10 item 2).
+
+Hand case (``_contended``): clusters a and b of 2-GPU nodes, A GPUs on both (forward 0.01 s per layer
+and sample, backward 0.02 s); the link between them 8 Gbit/s = 1 GB/s per flow and as the aggregate
+cap of each direction, 10 ms latency; 1e7 activation bytes per sample, 1e7 fp32 parameters (40 MB)
+and 1 ms of optimizer step per layer. One microbatch of 2 samples; stage 0 = layer 0 on two
+replicas in a, stage 1 = layers 1-3 on one replica in a (row 0) and one in b (row 1); one bucket per
+segment (``grad_bucket_mb`` 1000).
+
+Forward: stage 0 ends at 0.01 s; row 1 crosses a -> b: 1e7 / 1e9 = 10 ms + 10 ms latency, so stage
+1's b replica starts at 0.03 s and ends its backward (3 layers: 0.03 + 0.06 s) at E_1 = 0.12 s. Its
+backward message (10 MB, one flow) leaves for stage 0's replica 1 over b -> a at 0.12 s, exactly when
+stage 1's one bucket starts (both holders ready; one replica per cluster, so no ring inside a
+cluster): the WAN ring over {a, b} of 120 MB, alone 2·(1/2)·120e6 / 1e9 + 2·10 ms = 0.140 s [C5].
+Both flows cross the b -> a cap and share it by processor sharing (0.5 GB/s each): the message's
+10 MB are through at 0.14 s (arrives 0.15 s), the ring has done 10 MB-seconds' worth and does its
+remaining 0.130 s alone: the sync ends at 0.12 + 0.020 + 0.130 = 0.270 s, 10 ms (the message's
+cap-seconds) after it would alone (0.260 s); stage 1's optimizer step (3 ms) ends the iteration at
+0.273 s. Stage 0's replica 1 runs its backward 0.15 -> 0.17 s, its sync inside a takes < 1 ms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hgopt.cost import evaluate
+from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
+from hgopt.simulate import simulate
+from hgopt.spec import Instance
+from tests.factories import tiny_instance, tiny_model, tiny_topology
+
+E1 = 0.12
+RING = 0.120 + 0.020
+MSG = 0.010
+
+
+def _contended_instance(cap: bool = True) -> Instance:
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    link: dict[str, object] = {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0}}
+    if cap:
+        link["aggregate"] = {"gbit_s": 8.0}
+    topo["links"] = {"default": link}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e7)
+    return tiny_instance(global_batch=2, model=model, topology=topo)
+
+
+def _contended_plan() -> Plan:
+    return Plan(pipelines=(Pipeline(stages=(
+        Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=2, mbs=1),)),
+        Stage(start=1, end=4, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1))),
+    ), num_microbatches=1),), grad_bucket_mb=1000.0)
+
+
+def test_simulator_shares_the_cap_between_the_sync_and_the_last_backward_send() -> None:
+    inst, plan = _contended_instance(), _contended_plan()
+    sim = simulate(plan, inst)
+    s1 = next(s for s in sim.stages if s.stage == 1)
+    assert s1.compute_end_s == pytest.approx(E1, rel=1e-12)
+    sync = [e for e in sim.events if e.kind == "sync" and e.stage == 1]
+    assert len(sync) == 1 and sync[0].start == pytest.approx(E1, rel=1e-12)
+    assert sync[0].end == pytest.approx(E1 + 2 * MSG + (RING - MSG), rel=1e-12)  # = E1 + RING + MSG
+    send = next(e for e in sim.events if e.kind == "sendB" and e.stage == 1 and e.replica == 1)
+    assert send.start == pytest.approx(E1, rel=1e-12)
+    assert send.end == pytest.approx(E1 + 2 * MSG + 0.010, rel=1e-12)  # half the cap, then the latency
+    b0 = next(e for e in sim.events if e.kind == "B" and e.stage == 0 and e.replica == 1)
+    assert b0.start == pytest.approx(E1 + 2 * MSG + 0.010, rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(E1 + RING + MSG + 0.003, rel=1e-12)
+
+
+def test_without_the_cap_the_sync_runs_alone() -> None:
+    """No aggregate cap: the ring and the message run between different node pairs and do not share."""
+    sim = simulate(_contended_plan(), _contended_instance(cap=False))
+    sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
+    assert sync.end == pytest.approx(E1 + RING, rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
+
+
+# ---- the kernel [C7c] ------------------------------------------------------------------------------
+def test_evaluate_prices_the_shared_cap_as_the_hand_case() -> None:
+    inst, plan = _contended_instance(), _contended_plan()
+    ev = evaluate(plan, inst)
+    s1 = next(s for s in ev.stages if s.stage == 1)
+    assert s1.last_backward_end_s == pytest.approx(E1, rel=1e-12)
+    assert s1.sync_end_s == pytest.approx(E1 + RING + MSG, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(E1 + RING + MSG + 0.003, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(simulate(plan, inst).iteration_time_s, rel=1e-12)
+
+
+def test_evaluate_without_the_cap_prices_the_sync_alone() -> None:
+    ev = evaluate(_contended_plan(), _contended_instance(cap=False))
+    assert next(s for s in ev.stages if s.stage == 1).sync_end_s == pytest.approx(E1 + RING, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
+
+
+def test_delay_by_hand() -> None:
+    from hgopt.cost.gradsync import LinkMessage, sync_contention_delay
+
+    ring = [(1.0, 3.0)]  # the ring alone on the link from 1 s to 3 s
+    # a message of 16 small flows, 0.5 s of the cap, from 1 s: the ring waits for all of it
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=1.0, busy_s=0.5, flows=16)]) == pytest.approx(0.5)
+    # started at 0.8 s: 0.2 s of it ran alone before the ring phase
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.8, busy_s=0.5, flows=16)]) == pytest.approx(0.3)
+    # one flow of 5 s from 2.5 s: the ring (0.5 s left) shares half the cap with it: 0.5 s more
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=2.5, busy_s=5.0, flows=1)]) == pytest.approx(0.5)
+    # after the ring's end, or before its phase and done by then: nothing
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=3.0, busy_s=1.0)]) == 0.0
+    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.0, busy_s=0.9)]) == 0.0
+    # a second message that starts after the end alone but before the delayed end still counts
+    two = [LinkMessage(start_s=2.0, busy_s=1.5, flows=4), LinkMessage(start_s=3.2, busy_s=0.1, flows=4)]
+    assert sync_contention_delay(ring, 3.0, two) == pytest.approx(1.6)
+    # two phases with a gap: a message inside the gap runs alone until the second phase
+    gap = [(1.0, 2.0), (3.0, 4.0)]
+    assert sync_contention_delay(gap, 4.0, [LinkMessage(start_s=2.5, busy_s=1.0, flows=8)]) == pytest.approx(0.5)
+
+
+def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
+    """The hand case with 3e8 activation bytes per sample: the message is 0.3 s of the cap, one flow,
+    longer than the ring's 0.140 s. Forward: stage 1's b replica starts at 0.01 + 0.3 + 0.01 s and
+    ends its backward at E_1 = 0.41 s. Both flows share the cap at half each until the ring's work is
+    done, 2 · 0.140 s later: the sync ends at 0.41 + 0.280 = 0.69 s (0.140 s late, min(message,
+    ring)); the message has 0.160 s left, alone: through at 0.85 s, arrives 0.86 s, 0.140 s late,
+    which stage 0's replica 1 waits for: its backward ends at 0.88 s, then its sync inside a (one node:
+    the intra-node ring of 40 MB among 2) and its optimizer step (1 ms) end the iteration."""
+    from hgopt.cost.tables import allreduce_time
+
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=3e8)
+    inst = tiny_instance(global_batch=2, model=model, topology=topo)
+    plan = _contended_plan()
+    e1, late = 0.41, RING
+    end = 0.88 + allreduce_time(inst.topology.cluster("a").intra_node, 4e7, 2) + 0.001
+    sim = simulate(plan, inst)
+    sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
+    assert (sync.start, sync.end) == pytest.approx((e1, e1 + RING + late), rel=1e-12)
+    assert next(s for s in sim.stages if s.stage == 0).compute_end_s == pytest.approx(0.74 + late, rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(end, rel=1e-12)
+    ev = evaluate(plan, inst)
+    by = {s.stage: s for s in ev.stages}
+    assert by[1].last_backward_end_s == pytest.approx(e1, rel=1e-12)
+    assert by[1].sync_end_s == pytest.approx(e1 + RING + late, rel=1e-12)
+    assert by[0].last_backward_end_s == pytest.approx(0.74 + late, rel=1e-12)
+    assert ev.pipeline_time_s == pytest.approx(0.74, rel=1e-12)  # the pipeline alone, as [C3] prices it
+    assert ev.iteration_time_s == pytest.approx(end, rel=1e-12)
+
+
+def test_message_delay_by_hand() -> None:
+    from hgopt.cost.gradsync import LinkMessage, message_contention_delay
+
+    ring = [[(1.0, 3.0)]]
+    # 16 flows, 0.5 s of the cap from 1 s: each flow waits for the ring as long as itself, 0.5 / 16
+    assert message_contention_delay(LinkMessage(start_s=1.0, busy_s=0.5, flows=16), ring) == pytest.approx(0.5 / 16)
+    # one flow of 5 s from 2.5 s: the ring has 0.5 s left
+    assert message_contention_delay(LinkMessage(start_s=2.5, busy_s=5.0), ring) == pytest.approx(0.5)
+    # from 0.8 s: 0.2 s ran alone; two ring flows each take their share
+    two = [[(1.0, 3.0)], [(1.0, 1.1)]]
+    assert message_contention_delay(LinkMessage(start_s=0.8, busy_s=0.5), two) == pytest.approx(0.3 + 0.1)
+    assert message_contention_delay(LinkMessage(start_s=3.0, busy_s=1.0), ring) == 0.0
+
+
+def _without_contention(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from hgopt.cost.gradsync import bucket_schedule_starts
+
+    mod = importlib.import_module("hgopt.cost.evaluate")
+    monkeypatch.setattr(mod, "_contended_sync",
+                        lambda plan, inst, tables, first, ends, buckets, rings: (ends, *bucket_schedule_starts(buckets, ends)))
+
+
+def _mixed_plans() -> list[Plan]:
+    """Two-stage plans whose stages span a and b in either order, 1-4 microbatches, one bucket or 5 MiB ones."""
+    out = []
+    for m in (1, 2, 4):
+        for cut in (1, 2, 3):
+            for order in (("a", "b"), ("b", "a")):
+                for bucket in (5.0, 1000.0):
+                    s0 = Stage(start=0, end=cut, groups=(ReplicaGroup(cluster=order[0], dp=1, mbs=1),
+                                                         ReplicaGroup(cluster=order[1], dp=1, mbs=1)))
+                    s1 = Stage(start=cut, end=4, groups=(ReplicaGroup(cluster=order[1], dp=1, mbs=1),
+                                                         ReplicaGroup(cluster=order[0], dp=1, mbs=1)))
+                    out.append(Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=m),), grad_bucket_mb=bucket))
+    return out
+
+
+@pytest.mark.parametrize("activation_bytes", [1e6, 1e7, 1e8])
+def test_contention_only_raises_evaluate(activation_bytes: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C7c] never lowers a stage's last backward end, sync end or the iteration (so every lower bound
+    of the uncontended [C7o] stays one), and it moves something on these plans."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=activation_bytes)
+    moved = 0
+    plans = _mixed_plans()
+    with_c = {}
+    for plan in plans:
+        inst = tiny_instance(global_batch=2 * plan.pipelines[0].num_microbatches, model=model, topology=topo)
+        with_c[plan] = (inst, evaluate(plan, inst))
+    _without_contention(monkeypatch)
+    for plan in plans:
+        inst, ev = with_c[plan]
+        base = evaluate(plan, inst)
+        assert ev.iteration_time_s >= base.iteration_time_s - 1e-12
+        assert ev.pipeline_time_s == base.pipeline_time_s
+        for s, b in zip(ev.stages, base.stages):
+            assert s.last_backward_end_s >= b.last_backward_end_s - 1e-12
+            assert s.sync_end_s >= b.sync_end_s - 1e-12
+        moved += ev.iteration_time_s > base.iteration_time_s + 1e-9
+    assert moved > 0
+
+
+GEO3R_UNIFORM = {  # bench/cost_fidelity_plans.json "geo-3r-gpt1.3b uniform 5" (round 6), frozen here
+    "grad_bucket_mb": 2706.0, "grad_sync_precision": "native", "instance": "geo-3r-gpt1.3b", "overlap_grad_sync": True,
+    "planner": "uniform", "version": 1,
+    "pipelines": [{"boundaries": [], "num_microbatches": 2, "schedule": "1f1b", "stages": [
+        {"groups": [{"cluster": "us-east-h100-80", "dp": 16, "mbs": 8, "tp": 1},
+                    {"cluster": "eu-west-a100-80", "dp": 16, "mbs": 8, "tp": 1}], "layers": [0, 13], "zero": 0},
+        {"groups": [{"cluster": "eu-west-a100-80", "dp": 16, "mbs": 8, "tp": 1},
+                    {"cluster": "ap-northeast-a100-40", "dp": 16, "mbs": 8, "tp": 1}], "layers": [13, 26], "zero": 0}]}]}
+
+
+def test_geo3r_uniform_sync_is_priced_with_the_send_it_shares_the_link_with() -> None:
+    """The round-6 case (bench/RESULTS.md, cost fidelity): stage 1's ring over eu-west <-> ap-northeast
+    (2 Gbit/s, aggregate = per flow) shares the pair with the last backward message (16 flows, 4.3 s);
+    simulate 19.52 s, evaluate 17.04 s before [C7c]. With the exact pipeline replay under it, evaluate
+    is within 0.5 % of the simulator; stage 1's sync runs > 9 s past its last backward in both."""
+    from hgopt.instances import load_instance
+
+    inst = load_instance("geo-3r-gpt1.3b")
+    plan = Plan.from_dict(GEO3R_UNIFORM)
+    sim = simulate(plan, inst)
+    ev = evaluate(plan, inst, pipeline="replay")
+    assert sim.iteration_time_s / ev.iteration_time_s == pytest.approx(1.0, abs=0.005)
+    s1 = next(s for s in ev.stages if s.stage == 1)
+    assert s1.sync_end_s - s1.last_backward_end_s > 9.0
+    sim1 = next(s for s in sim.stages if s.stage == 1)
+    assert sim1.sync_end_s - sim1.compute_end_s > 9.0
