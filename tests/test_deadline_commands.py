@@ -298,3 +298,23 @@ def test_a_search_the_watchdog_gave_up_on_is_parked_at_its_next_check() -> None:
     time.sleep(0.3)
     assert count[0] - before <= 1  # parked (a free-running loop would have counted ~300 more)
     assert progress.stop_requested()  # the main thread is not parked
+
+
+# --- honest words: the cost search's status is its own -------------------------------------------------------
+
+def test_the_chosen_plans_status_is_the_cost_searchs_not_its_subset_planners(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A planner that calls every subset's plan ``optimal`` (optimal for that subset): the command's
+    status is ``optimal`` only if the cost search's own gap is within --gap; here it is not."""
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        plan = _plan(instance.topology.clusters[0].name)
+        return PlanResult(planner="fake", status="optimal", plan=plan, lower_bound_s=0.001,
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+
+    doc = _run_cost(monkeypatch, capsys, Deadline(10.0, 0.0, FakeClock(0.0)), planner, "--objective", "cost", "--json")
+    assert doc["rc"] == 0 and doc["gap"] > 0.01  # the setting: the search's gap is over --gap (default 0.01)
+    chosen = doc["chosen"]
+    assert chosen["status"] == "feasible" and dict(Plan.from_dict(chosen["plan"]).meta)["status"] == "feasible"
+    assert "the planner said optimal" in chosen["notes"][0]
+    assert [c["status"] for c in doc["candidates"] if c["chosen"]] == ["feasible"]
