@@ -98,7 +98,7 @@ def run_one(kind: str, instance: str, limit: float, source: str, nice: int = 0) 
             cmd += ["--objective", "cost"]
     res = _time_v(cmd, 3 * limit + 30, nice)
     row: dict[str, Any] = {"command": kind, "instance": instance, "T": limit, "contract_s": hard_limit(limit),
-                           "nice": nice}
+                           "nice": nice, "utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": _commit()}
     row.update({k: v for k, v in res.items() if k not in ("stdout", "stderr_tail")})
     if row.get("rc") not in (0, None):
         row["stderr_tail"] = res.get("stderr_tail")
@@ -108,6 +108,14 @@ def run_one(kind: str, instance: str, limit: float, source: str, nice: int = 0) 
         row["error"] = res.get("stderr_tail", "")[-300:]
     row["within"] = row.get("wall_s") is not None and row["wall_s"] <= row["contract_s"]
     return row
+
+
+def _commit() -> str:
+    """The checkout's HEAD (``+dirty`` with uncommitted changes to tracked files): what the run imported."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
 
 
 def _stand_in_priced(name: str, tmp: Path) -> str:

@@ -318,3 +318,34 @@ def test_the_chosen_plans_status_is_the_cost_searchs_not_its_subset_planners(
     assert chosen["status"] == "feasible" and dict(Plan.from_dict(chosen["plan"]).meta)["status"] == "feasible"
     assert "the planner said optimal" in chosen["notes"][0]
     assert [c["status"] for c in doc["candidates"] if c["chosen"]] == ["feasible"]
+
+
+def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planner stuck past its slot without an incumbent: its row says so (no uniform stand-in plan
+    under its name) and the next planner still gets its share."""
+    clock = FakeClock(0.0)
+    dl = Deadline(10.0, 0.0, clock)
+    share, ends = compare_cmd.planner_slots(dl, 2)
+    release = threading.Event()
+    seen: list[float] = []
+
+    def stuck(instance: Instance, options: PlanOptions) -> PlanResult:
+        clock.now = ends[0]
+        release.wait(WAIT_S)
+        raise AssertionError("released: the command did not wait for this")
+
+    def quick(instance: Instance, options: PlanOptions) -> PlanResult:
+        seen.append(options.time_limit_s)
+        plan = _plan()
+        return PlanResult(planner="q", status="heuristic", plan=plan,
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+
+    monkeypatch.setattr(compare_cmd, "get_planner", lambda n: stuck if n == "milp" else quick)
+    try:
+        rows = {r.planner: r for r in compare_cmd.compare(tiny_instance(), ["milp", "uniform"], 10.0,
+                                                          heartbeat=False, deadline=dl)}
+    finally:
+        release.set()
+    assert rows["milp"].status == compare_cmd.NOT_FOUND and rows["milp"].plan is None
+    assert "deadline" in rows["milp"].note and rows["milp"].vs_best == 0.0
+    assert rows["uniform"].status == "heuristic" and seen == [share]

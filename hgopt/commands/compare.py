@@ -15,14 +15,16 @@ deadline2: ``--time-limit T`` bounds the whole command (``hgopt.commands._deadli
 within max(1.1 T, T + 2 s) of the process start. Each of the n planners gets ``search_limit(T) / n``
 as its nominal limit (a fixed function of T: the same input and T give the same rows whatever the
 load) and a watchdog at the end of its slot (the time up to the search's stop, split in n equal
-slots, at least ``MIN_SLOT_S`` from its start), which stops it with its best plan and bound (status
-``feasible`` / ``heuristic``, note "stopped by the command's deadline"); a planner that would start
+slots, at least ``MIN_SLOT_S`` from its start; the grace it gets to return is inside the slot), which
+stops it with its best plan and bound (status ``feasible`` / ``heuristic``, note "stopped by the
+command's deadline"; without any plan yet: status ``NOT_FOUND``, no stand-in plan); a planner that would start
 after the search's stop is not run (status ``not run``, note saying so); ``--plot`` / ``--timeline``
 are skipped, naming themselves, with under ``TIMELINE_MIN_S`` left."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -131,6 +133,10 @@ slot earlier ones used up still gets this much, if the search's stop is not reac
 
 NOT_RUN_DEADLINE = "not run: no time left of --time-limit"
 
+NOT_FOUND = "no plan in its slot"
+"""deadline2: the row status of a planner its slot's watchdog stopped before it had any plan (compare
+gives it no stand-in plan: the uniform row is there)."""
+
 
 def planner_slots(deadline: Deadline, n: int) -> tuple[float, tuple[float, ...]]:
     """deadline2: (each planner's nominal time limit, the clock readings at which the n slots end):
@@ -167,14 +173,18 @@ def compare(
             if now >= deadline.stop_at:
                 results.append((name, None, NOT_RUN_DEADLINE, 0.0))
                 continue
-            stop_at = min(deadline.stop_at, max(ends[i], now + MIN_SLOT_S))
+            end = min(deadline.stop_at, max(ends[i], now + MIN_SLOT_S))
+            grace = min(DEADLINE_GRACE_S, 0.25 * (end - now))  # the grace inside the slot: the next starts on time
+            stop_at = end - grace
         t0 = time.perf_counter()
         base, opts = _options(name, share, extra or {})
         progress = Progress(name, heartbeat=heartbeat)
         try:
             if deadline is not None:
                 res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress, stop_at=stop_at,
-                                                     stop_grace_s=DEADLINE_GRACE_S, clock=deadline.clock)
+                                                     stop_grace_s=grace, clock=deadline.clock, fallback=False)
+                if res.plan is None and res.notes and "deadline" in res.notes[0]:  # stopped before it had a plan
+                    res = dataclasses.replace(res, status=NOT_FOUND)  # type: ignore[arg-type]
             else:
                 res = run_planner(name, get_planner(base), instance, opts, progress)
             note = ""
