@@ -349,3 +349,19 @@ def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch
     assert rows["milp"].status == compare_cmd.NOT_FOUND and rows["milp"].plan is None
     assert "deadline" in rows["milp"].note and rows["milp"].vs_best == 0.0
     assert rows["uniform"].status == "heuristic" and seen == [share]
+
+
+# --- a slow machine keeps a longer post-search reserve ---------------------------------------------------------
+
+def test_a_slow_machine_keeps_a_longer_post_search_reserve() -> None:
+    """The watchdog fires earlier by the process's slowdown (wall over CPU seconds, in
+    [1, MAX_SLOWDOWN]) times POST_RESERVE_S; the search's nominal limit does not change (determinism)."""
+    from hgopt.commands._deadline import DEADLINE_GRACE_S, MAX_SLOWDOWN, POST_RESERVE_S, hard_limit, slowdown
+
+    assert slowdown(3.0, 1.5) == 2.0
+    assert slowdown(1.0, 2.0) == 1.0 and slowdown(0.0, 1.0) == 1.0 and slowdown(100.0, 1.0) == MAX_SLOWDOWN
+    fast, slow = Deadline(5.0, 0.0), Deadline(5.0, 0.0, slowdown=3.0)
+    assert fast.stop_at == pytest.approx(hard_limit(5.0) - POST_RESERVE_S - DEADLINE_GRACE_S)
+    assert slow.stop_at == pytest.approx(fast.stop_at - 2 * POST_RESERVE_S) and slow.hard == fast.hard
+    d = Deadline.for_command(5.0, None)
+    assert 1.0 <= d.slowdown <= MAX_SLOWDOWN and d.time_limit_s == 5.0

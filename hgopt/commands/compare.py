@@ -236,7 +236,7 @@ def compare(
 def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     # deadline2: --time-limit bounds the whole command (from the process start when run as `hgopt`);
     # ``deadline``: tests' fake clock
-    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
+    dl = deadline or Deadline.for_command(args.time_limit, getattr(args, "started_at", None))
     inst = load_instance(args.instance)
     check_outputs(args, "--plot", "--timeline")
     extra = {}

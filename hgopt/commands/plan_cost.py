@@ -47,7 +47,6 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     import dataclasses
     import signal
     import sys
-    import time
 
     from hgopt.commands._search import EXIT_CODES, SearchInterrupted, at_deadline, exit_code, run_planner
     from hgopt.commands.plan import render_result, result_to_json
@@ -56,7 +55,7 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     from hgopt.search import PlanResult
     from hgopt.search.by_cost import single_result_search
 
-    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
+    dl = deadline or Deadline.for_command(args.time_limit, getattr(args, "started_at", None))
     tables = build_tables(inst)
     box: dict[str, CostSearch] = {}
 
