@@ -165,7 +165,7 @@ def _compare_registry(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ends: l
                       seen: dict[str, float]) -> None:
     """Four planners: p0 and p2 overrun their slots (they move the clock past the ends of theirs, to
     the search's stop for p2) and wait to be stopped; p1 returns at once; p3 would start after the
-    search's stop."""
+    search's stop."""  # (ends[-1] is the search's stop)
 
     def overrun(name: str, to: float):  # type: ignore[no-untyped-def]
         def planner(instance: Instance, options: PlanOptions) -> PlanResult:
@@ -184,7 +184,7 @@ def _compare_registry(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ends: l
                           iteration_time_s=evaluate(plan, instance).iteration_time_s)
 
     fakes = {"p0": lambda: overrun("p0", ends[0] + 0.1), "p1": lambda: quick,
-             "p2": lambda: overrun("p2", ends[-1] + 5.0), "p3": lambda: quick}
+             "p2": lambda: overrun("p2", ends[-1]), "p3": lambda: quick}
     monkeypatch.setattr(compare_cmd, "get_planner", lambda n: fakes[n]())
     monkeypatch.setattr(compare_cmd, "planner_names", lambda: tuple(fakes))
 
@@ -321,8 +321,11 @@ def test_the_chosen_plans_status_is_the_cost_searchs_not_its_subset_planners(
 
 
 def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A planner stuck past its slot without an incumbent: its row says so (no uniform stand-in plan
-    under its name) and the next planner still gets its share."""
+    """A planner stuck without an incumbent while the clock runs past the command's stop and its
+    grace: the command gives up on it, its row says so (no uniform stand-in plan under its name) and
+    the next planner is not run (no time left)."""
+    from hgopt.commands._deadline import DEADLINE_GRACE_S
+
     clock = FakeClock(0.0)
     dl = Deadline(10.0, 0.0, clock)
     share, ends = compare_cmd.planner_slots(dl, 2)
@@ -330,7 +333,9 @@ def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch
     seen: list[float] = []
 
     def stuck(instance: Instance, options: PlanOptions) -> PlanResult:
-        clock.now = ends[0]
+        clock.now = ends[0]  # past its slot: asked to stop, ignores it
+        _wait_for_stop(options)
+        clock.now = dl.stop_at + DEADLINE_GRACE_S  # past the command's stop and grace: given up
         release.wait(WAIT_S)
         raise AssertionError("released: the command did not wait for this")
 
@@ -348,7 +353,7 @@ def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch
         release.set()
     assert rows["milp"].status == compare_cmd.NOT_FOUND and rows["milp"].plan is None
     assert "deadline" in rows["milp"].note and rows["milp"].vs_best == 0.0
-    assert rows["uniform"].status == "heuristic" and seen == [share]
+    assert rows["uniform"].status == "not run" and rows["uniform"].note == compare_cmd.NOT_RUN_DEADLINE and seen == []
 
 
 # --- a slow machine keeps a longer post-search reserve ---------------------------------------------------------

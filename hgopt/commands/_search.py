@@ -48,13 +48,17 @@ def exit_code(progress: Progress) -> int | None:
 
 def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
                 *, grace_s: float = 5.0, stop_at: float | None = None, stop_grace_s: float = 1.0,
-                clock: Callable[[], float] = time.monotonic, fallback: bool = True) -> PlanResult:
+                clock: Callable[[], float] = time.monotonic, fallback: bool = True,
+                give_up_at: float | None = None) -> PlanResult:
     """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag).
     deadline: at ``stop_at`` (a ``clock()`` reading) the search is asked to stop as a signal would, and
     given ``stop_grace_s`` to return before its last reported incumbent is taken; the result keeps
     its plan and bound, status ``feasible`` / ``heuristic`` (not ``interrupted``), with a note.
     ``fallback``: a search stopped by the deadline before any plan returns the uniform baseline's
-    (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan."""
+    (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan.
+    ``give_up_at`` (deadline2, a ``clock()`` reading): after a deadline stop, wait for the search until
+    then instead of ``stop_grace_s`` (compare: a planner stopped at the end of its slot may finish
+    in the time of the later ones, up to the command's own stop)."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
     by_deadline = False
@@ -87,7 +91,12 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                 if progress.stop_requested():
                     waited_after_stop += 0.1
                     grace = stop_grace_s if by_deadline and progress.signal is None else grace_s
-                    if waited_after_stop >= grace:
+                    if by_deadline and progress.signal is None and give_up_at is not None:
+                        grace = max(give_up_at - stop_at, 0.0) if stop_at is not None else grace
+                        over = clock() >= give_up_at
+                    else:
+                        over = waited_after_stop >= grace
+                    if over:
                         log.warning("hgopt: the search did not return within %.1f s of the stop; using the "
                                     "incumbent it last reported", grace)
                         progress.park(worker)  # deadline2: it stops competing for the interpreter

@@ -15,9 +15,11 @@ deadline2: ``--time-limit T`` bounds the whole command (``hgopt.commands._deadli
 within max(1.1 T, T + 2 s) of the process start. Each of the n planners gets ``search_limit(T) / n``
 as its nominal limit (a fixed function of T: the same input and T give the same rows whatever the
 load) and a watchdog at the end of its slot (the time up to the search's stop, split in n equal
-slots, at least ``MIN_SLOT_S`` from its start; the grace it gets to return is inside the slot), which
-stops it with its best plan and bound (status ``feasible`` / ``heuristic``, note "stopped by the
-command's deadline"; without any plan yet: status ``NOT_FOUND``, no stand-in plan); a planner that would start
+slots, at least ``MIN_SLOT_S`` from its start), which asks it to stop: a search that checks the flag
+returns its best plan and bound (status ``feasible`` / ``heuristic``, note "stopped by the command's
+deadline"); one that does not (the baselines) may finish in the later planners' time, up to the
+command's own stop plus ``DEADLINE_GRACE_S``, when its last reported incumbent is taken (none: status
+``NOT_FOUND``, no stand-in plan under its name); a planner that would start
 after the search's stop is not run (status ``not run``, note saying so); ``--plot`` / ``--timeline``
 are skipped, naming themselves, with under ``TIMELINE_MIN_S`` left."""
 
@@ -173,16 +175,15 @@ def compare(
             if now >= deadline.stop_at:
                 results.append((name, None, NOT_RUN_DEADLINE, 0.0))
                 continue
-            end = min(deadline.stop_at, max(ends[i], now + MIN_SLOT_S))
-            grace = min(DEADLINE_GRACE_S, 0.25 * (end - now))  # the grace inside the slot: the next starts on time
-            stop_at = end - grace
+            stop_at = min(deadline.stop_at, max(ends[i], now + MIN_SLOT_S))
         t0 = time.perf_counter()
         base, opts = _options(name, share, extra or {})
         progress = Progress(name, heartbeat=heartbeat)
         try:
             if deadline is not None:
                 res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress, stop_at=stop_at,
-                                                     stop_grace_s=grace, clock=deadline.clock, fallback=False)
+                                                     clock=deadline.clock, fallback=False,
+                                                     give_up_at=deadline.stop_at + DEADLINE_GRACE_S)
                 if res.plan is None and res.notes and "deadline" in res.notes[0]:  # stopped before it had a plan
                     res = dataclasses.replace(res, status=NOT_FOUND)  # type: ignore[arg-type]
             else:
