@@ -13,7 +13,8 @@ SIGABRT (it runs with ``-X faulthandler``: its threads' stacks are kept in the r
 killed. ``--nice N`` runs the children under ``nice -n N`` (default 0). One JSON line per run goes to ``--out`` (appended), a Markdown table to stdout.
 
     PYTHONPATH=$PWD .venv/bin/python bench/deadline.py [--limits 5,10,30] [--commands plan,cost,compare]
-        [--out bench/deadline_runs.jsonl] [instance ...]
+        [--out bench/deadline_runs.jsonl] [--nice N] [instance ...]
+    PYTHONPATH=$PWD .venv/bin/python bench/deadline.py --table bench/deadline_runs.jsonl   # the table again
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def run_one(kind: str, instance: str, limit: float, source: str, nice: int = 0) 
             cmd += ["--objective", "cost"]
     res = _time_v(cmd, 3 * limit + 30, nice)
     row: dict[str, Any] = {"command": kind, "instance": instance, "T": limit, "contract_s": hard_limit(limit),
-                           "nice": nice}
+                           "nice": nice, "utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": _commit()}
     row.update({k: v for k, v in res.items() if k not in ("stdout", "stderr_tail")})
     if row.get("rc") not in (0, None):
         row["stderr_tail"] = res.get("stderr_tail")
@@ -108,6 +109,14 @@ def run_one(kind: str, instance: str, limit: float, source: str, nice: int = 0) 
         row["error"] = res.get("stderr_tail", "")[-300:]
     row["within"] = row.get("wall_s") is not None and row["wall_s"] <= row["contract_s"]
     return row
+
+
+def _commit() -> str:
+    """The checkout's HEAD (``+dirty`` with uncommitted changes to tracked files): what the run imported."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
 
 
 def _stand_in_priced(name: str, tmp: Path) -> str:
@@ -120,6 +129,24 @@ def _stand_in_priced(name: str, tmp: Path) -> str:
     return str(path)
 
 
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The Markdown table of ``rows`` (one per run) on stdout."""
+    print("| command | instance | T | wall s (contract) | CPU s | peak RSS MB | load | status | bound / gap |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        wall = "killed" if r.get("rc") is None else f"{r['wall_s']:.2f}"
+        mark = "" if r["within"] else " **over**"
+        if r["command"] == "compare":
+            st = ", ".join(f"{p}:{s}" for p, s, _ in r.get("rows", []))
+            bound = ""
+        else:
+            st = str(r.get("status"))
+            lb = r.get("lower_bound_s", r.get("lower_bound"))
+            bound = f"{lb:.4g} / {100 * r['gap']:.1f} %" if lb is not None and r.get("gap") is not None else "none"
+        print(f"| {r['command']} | {r['instance']} | {r['T']:g} | {wall} ({r['contract_s']:g}){mark} | {r.get('cpu_s', '-')} "
+              f"| {r.get('peak_rss_mb', '-')} | {r['load']} | {st} | {bound} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("instances", nargs="*")
@@ -127,7 +154,11 @@ def main() -> None:
     ap.add_argument("--commands", default="plan,cost,compare")
     ap.add_argument("--out", default="bench/deadline_runs.jsonl")
     ap.add_argument("--nice", type=int, default=0, help="run the children under nice -n N")
+    ap.add_argument("--table", metavar="JSONL", help="only print the table of the runs recorded in JSONL")
     args = ap.parse_args()
+    if args.table:
+        print_table([json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()])
+        return
     names = args.instances or [i.name for i in list_instances()]
     limits = [float(x) for x in args.limits.split(",")]
     kinds = args.commands.split(",")
@@ -151,20 +182,7 @@ def main() -> None:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             print(json.dumps(row), file=sys.stderr)
-    print("| command | instance | T | wall s (contract) | CPU s | peak RSS MB | load | status | bound / gap |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        wall = "killed" if r.get("rc") is None else f"{r['wall_s']:.2f}"
-        mark = "" if r["within"] else " **over**"
-        if r["command"] == "compare":
-            st = ", ".join(f"{p}:{s}" for p, s, _ in r.get("rows", []))
-            bound = ""
-        else:
-            st = str(r.get("status"))
-            lb = r.get("lower_bound_s", r.get("lower_bound"))
-            bound = f"{lb:.4g} / {100 * r['gap']:.1f} %" if lb is not None and r.get("gap") is not None else "none"
-        print(f"| {r['command']} | {r['instance']} | {r['T']:g} | {wall} ({r['contract_s']:g}){mark} | {r.get('cpu_s', '-')} "
-              f"| {r.get('peak_rss_mb', '-')} | {r['load']} | {st} | {bound} |")
+    print_table(rows)
 
 
 if __name__ == "__main__":

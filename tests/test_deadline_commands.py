@@ -165,7 +165,7 @@ def _compare_registry(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ends: l
                       seen: dict[str, float]) -> None:
     """Four planners: p0 and p2 overrun their slots (they move the clock past the ends of theirs, to
     the search's stop for p2) and wait to be stopped; p1 returns at once; p3 would start after the
-    search's stop."""
+    search's stop."""  # (ends[-1] is the search's stop)
 
     def overrun(name: str, to: float):  # type: ignore[no-untyped-def]
         def planner(instance: Instance, options: PlanOptions) -> PlanResult:
@@ -184,7 +184,7 @@ def _compare_registry(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ends: l
                           iteration_time_s=evaluate(plan, instance).iteration_time_s)
 
     fakes = {"p0": lambda: overrun("p0", ends[0] + 0.1), "p1": lambda: quick,
-             "p2": lambda: overrun("p2", ends[-1] + 5.0), "p3": lambda: quick}
+             "p2": lambda: overrun("p2", ends[-1]), "p3": lambda: quick}
     monkeypatch.setattr(compare_cmd, "get_planner", lambda n: fakes[n]())
     monkeypatch.setattr(compare_cmd, "planner_names", lambda: tuple(fakes))
 
@@ -298,3 +298,75 @@ def test_a_search_the_watchdog_gave_up_on_is_parked_at_its_next_check() -> None:
     time.sleep(0.3)
     assert count[0] - before <= 1  # parked (a free-running loop would have counted ~300 more)
     assert progress.stop_requested()  # the main thread is not parked
+
+
+# --- honest words: the cost search's status is its own -------------------------------------------------------
+
+def test_the_chosen_plans_status_is_the_cost_searchs_not_its_subset_planners(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A planner that calls every subset's plan ``optimal`` (optimal for that subset): the command's
+    status is ``optimal`` only if the cost search's own gap is within --gap; here it is not."""
+
+    def planner(instance: Instance, options: PlanOptions) -> PlanResult:
+        plan = _plan(instance.topology.clusters[0].name)
+        return PlanResult(planner="fake", status="optimal", plan=plan, lower_bound_s=0.001,
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+
+    doc = _run_cost(monkeypatch, capsys, Deadline(10.0, 0.0, FakeClock(0.0)), planner, "--objective", "cost", "--json")
+    assert doc["rc"] == 0 and doc["gap"] > 0.01  # the setting: the search's gap is over --gap (default 0.01)
+    chosen = doc["chosen"]
+    assert chosen["status"] == "feasible" and dict(Plan.from_dict(chosen["plan"]).meta)["status"] == "feasible"
+    assert "the planner said optimal" in chosen["notes"][0]
+    assert [c["status"] for c in doc["candidates"] if c["chosen"]] == ["feasible"]
+
+
+def test_compare_gives_a_planner_stopped_before_any_plan_no_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planner stuck without an incumbent while the clock runs past the command's stop and its
+    grace: the command gives up on it, its row says so (no uniform stand-in plan under its name) and
+    the next planner is not run (no time left)."""
+    from hgopt.commands._deadline import DEADLINE_GRACE_S
+
+    clock = FakeClock(0.0)
+    dl = Deadline(10.0, 0.0, clock)
+    share, ends = compare_cmd.planner_slots(dl, 2)
+    release = threading.Event()
+    seen: list[float] = []
+
+    def stuck(instance: Instance, options: PlanOptions) -> PlanResult:
+        clock.now = ends[0]  # past its slot: asked to stop, ignores it
+        _wait_for_stop(options)
+        clock.now = dl.stop_at + DEADLINE_GRACE_S  # past the command's stop and grace: given up
+        release.wait(WAIT_S)
+        raise AssertionError("released: the command did not wait for this")
+
+    def quick(instance: Instance, options: PlanOptions) -> PlanResult:
+        seen.append(options.time_limit_s)
+        plan = _plan()
+        return PlanResult(planner="q", status="heuristic", plan=plan,
+                          iteration_time_s=evaluate(plan, instance).iteration_time_s)
+
+    monkeypatch.setattr(compare_cmd, "get_planner", lambda n: stuck if n == "milp" else quick)
+    try:
+        rows = {r.planner: r for r in compare_cmd.compare(tiny_instance(), ["milp", "uniform"], 10.0,
+                                                          heartbeat=False, deadline=dl)}
+    finally:
+        release.set()
+    assert rows["milp"].status == compare_cmd.NOT_FOUND and rows["milp"].plan is None
+    assert "deadline" in rows["milp"].note and rows["milp"].vs_best == 0.0
+    assert rows["uniform"].status == "not run" and rows["uniform"].note == compare_cmd.NOT_RUN_DEADLINE and seen == []
+
+
+# --- a slow machine keeps a longer post-search reserve ---------------------------------------------------------
+
+def test_a_slow_machine_keeps_a_longer_post_search_reserve() -> None:
+    """The watchdog fires earlier by the process's slowdown (wall over CPU seconds, in
+    [1, MAX_SLOWDOWN]) times POST_RESERVE_S; the search's nominal limit does not change (determinism)."""
+    from hgopt.commands._deadline import DEADLINE_GRACE_S, MAX_SLOWDOWN, POST_RESERVE_S, hard_limit, slowdown
+
+    assert slowdown(3.0, 1.5) == 2.0
+    assert slowdown(1.0, 2.0) == 1.0 and slowdown(0.0, 1.0) == 1.0 and slowdown(100.0, 1.0) == MAX_SLOWDOWN
+    fast, slow = Deadline(5.0, 0.0), Deadline(5.0, 0.0, slowdown=3.0)
+    assert fast.stop_at == pytest.approx(hard_limit(5.0) - POST_RESERVE_S - DEADLINE_GRACE_S)
+    assert slow.stop_at == pytest.approx(fast.stop_at - 2 * POST_RESERVE_S) and slow.hard == fast.hard
+    d = Deadline.for_command(5.0, None)
+    assert 1.0 <= d.slowdown <= MAX_SLOWDOWN and d.time_limit_s == 5.0

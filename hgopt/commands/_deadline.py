@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["DEADLINE_GRACE_S", "Deadline", "POST_RESERVE_S", "STARTUP_RESERVE_S", "hard_limit", "process_elapsed_s",
-           "search_limit"]
+__all__ = ["DEADLINE_GRACE_S", "Deadline", "MAX_SLOWDOWN", "POST_RESERVE_S", "STARTUP_RESERVE_S", "hard_limit",
+           "process_elapsed_s", "search_limit", "slowdown"]
 
 STARTUP_RESERVE_S = 1.0
 """Seconds of T kept from the search for the process start-up (Python, imports, instance load:
@@ -35,6 +35,22 @@ POST_RESERVE_S = 0.5
 DEADLINE_GRACE_S = 1.0
 """Seconds the search gets, once asked to stop at the deadline, to return its incumbent before the
 command takes the incumbent it last reported (``_search.run_planner``'s grace)."""
+
+
+MAX_SLOWDOWN = 4.0
+"""deadline2: the most ``slowdown`` stretches ``POST_RESERVE_S`` (so a loaded machine still leaves the
+search part of T: at T = 5 the watchdog then fires 3 s, not 1.5 s, before the hard end)."""
+
+
+def slowdown(wall_s: float, cpu_s: float) -> float:
+    """deadline2: how much slower than its CPU work this process runs on this machine now: its wall
+    seconds since the start over its CPU seconds (the start-up is single-threaded work), in
+    [1, ``MAX_SLOWDOWN``]; 1 where either is unknown. On the 2-core development machine at load
+    13-15 under ``nice``: about 4 (1.4 CPU s in 5.5 s of wall); idle: about 1.1. The post-search
+    phases (evaluate, explain, the output, a stand-in plan) are CPU work, so their reserve scales with it."""
+    if not (wall_s > 0 and cpu_s > 0):
+        return 1.0
+    return min(max(wall_s / cpu_s, 1.0), MAX_SLOWDOWN)
 
 
 def hard_limit(time_limit_s: float) -> float:
@@ -68,10 +84,22 @@ class Deadline:
     time_limit_s: float
     start: float
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
+    slowdown: float = 1.0
+    """deadline2: ``slowdown()`` of this process when the command started: ``POST_RESERVE_S`` is kept
+    that many times (a loaded machine needs longer for the same post-search work)."""
 
     @classmethod
     def from_process_start(cls, time_limit_s: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
         return cls(time_limit_s, clock() - process_elapsed_s(), clock)
+
+    @classmethod
+    def for_command(cls, time_limit_s: float, started: float | None) -> Deadline:
+        """deadline2: the deadline of a command started at ``started`` (``hgopt.cli.main``'s
+        ``args.started_at``, a ``time.monotonic`` reading; None: now), with the process's slowdown
+        measured now (its wall and CPU seconds so far)."""
+        now = time.monotonic()
+        return cls(time_limit_s, started if started is not None else now,
+                   slowdown=slowdown(process_elapsed_s(), time.process_time()))
 
     @property
     def soft(self) -> float:
@@ -85,8 +113,8 @@ class Deadline:
 
     @property
     def stop_at(self) -> float:
-        """When the watchdog asks the search to stop."""
-        return self.hard - POST_RESERVE_S - DEADLINE_GRACE_S
+        """When the watchdog asks the search to stop (the post-search reserve stretched by ``slowdown``)."""
+        return self.hard - POST_RESERVE_S * self.slowdown - DEADLINE_GRACE_S
 
     def left(self) -> float:
         """Seconds left of ``--time-limit`` (negative once past it)."""

@@ -48,11 +48,17 @@ def exit_code(progress: Progress) -> int | None:
 
 def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
                 *, grace_s: float = 5.0, stop_at: float | None = None, stop_grace_s: float = 1.0,
-                clock: Callable[[], float] = time.monotonic) -> PlanResult:
+                clock: Callable[[], float] = time.monotonic, fallback: bool = True,
+                give_up_at: float | None = None) -> PlanResult:
     """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag).
     deadline: at ``stop_at`` (a ``clock()`` reading) the search is asked to stop as a signal would, and
     given ``stop_grace_s`` to return before its last reported incumbent is taken; the result keeps
-    its plan and bound, status ``feasible`` / ``heuristic`` (not ``interrupted``), with a note."""
+    its plan and bound, status ``feasible`` / ``heuristic`` (not ``interrupted``), with a note.
+    ``fallback``: a search stopped by the deadline before any plan returns the uniform baseline's
+    (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan.
+    ``give_up_at`` (deadline2, a ``clock()`` reading): after a deadline stop, wait for the search until
+    then instead of ``stop_grace_s`` (compare: a planner stopped at the end of its slot may finish
+    in the time of the later ones, up to the command's own stop)."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
     by_deadline = False
@@ -85,19 +91,25 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                 if progress.stop_requested():
                     waited_after_stop += 0.1
                     grace = stop_grace_s if by_deadline and progress.signal is None else grace_s
-                    if waited_after_stop >= grace:
+                    if by_deadline and progress.signal is None and give_up_at is not None:
+                        grace = max(give_up_at - stop_at, 0.0) if stop_at is not None else grace
+                        over = clock() >= give_up_at
+                    else:
+                        over = waited_after_stop >= grace
+                    if over:
                         log.warning("hgopt: the search did not return within %.1f s of the stop; using the "
                                     "incumbent it last reported", grace)
                         progress.park(worker)  # deadline2: it stops competing for the interpreter
-                        snap = _from_snapshot(name, instance, progress)
-                        return at_deadline(snap, progress, instance) if by_deadline and progress.signal is None else snap
+                        deadline_stop = by_deadline and progress.signal is None
+                        snap = _from_snapshot(name, instance, progress, fallback or not deadline_stop)
+                        return at_deadline(snap, progress, instance, fallback) if deadline_stop else snap
     finally:
         _restore(saved)
     if "error" in box:
         raise box["error"]
     res: PlanResult = box["result"]
     if by_deadline and progress.signal is None:
-        return at_deadline(res, progress, instance)
+        return at_deadline(res, progress, instance, fallback)
     if progress.stop_requested():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
@@ -120,12 +132,12 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     return res
 
 
-def at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResult:
+def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bool = True) -> PlanResult:
     """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
     ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
     ``heuristic`` without; the solver words that claim a certificate are dropped."""
     quick: tuple[str, ...] = ()
-    if res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
+    if fallback and res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
         plan0, quick = quick_plan(instance)
         if plan0 is not None:
             res = dataclasses.replace(res, plan=plan0, iteration_time_s=evaluate(plan0, instance).iteration_time_s)
@@ -144,7 +156,7 @@ def at_deadline(res: PlanResult, progress: Progress, instance: Any) -> PlanResul
     return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes, *quick))
 
 
-def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:
+def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool = True) -> PlanResult:
     st = progress.state()
     plan = st.plan if isinstance(st.plan, Plan) else None
     notes: tuple[str, ...] = ()
@@ -152,7 +164,7 @@ def _from_snapshot(name: str, instance: Any, progress: Progress) -> PlanResult:
         plan = dataclasses.replace(plan, planner=name.partition(":")[0], instance=instance.name,
                                    meta=(*plan.meta, ("status", "interrupted")))
     else:
-        plan, notes = quick_plan(instance)
+        plan, notes = quick_plan(instance) if fallback else (None, ())
     sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
     bound = st.bound_s if st.bound_s is not None and math.isfinite(st.bound_s) else None
     t = evaluate(plan, instance).iteration_time_s if plan is not None else math.inf

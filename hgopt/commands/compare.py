@@ -15,14 +15,18 @@ deadline2: ``--time-limit T`` bounds the whole command (``hgopt.commands._deadli
 within max(1.1 T, T + 2 s) of the process start. Each of the n planners gets ``search_limit(T) / n``
 as its nominal limit (a fixed function of T: the same input and T give the same rows whatever the
 load) and a watchdog at the end of its slot (the time up to the search's stop, split in n equal
-slots, at least ``MIN_SLOT_S`` from its start), which stops it with its best plan and bound (status
-``feasible`` / ``heuristic``, note "stopped by the command's deadline"); a planner that would start
+slots, at least ``MIN_SLOT_S`` from its start), which asks it to stop: a search that checks the flag
+returns its best plan and bound (status ``feasible`` / ``heuristic``, note "stopped by the command's
+deadline"); one that does not (the baselines) may finish in the later planners' time, up to the
+command's own stop plus ``DEADLINE_GRACE_S``, when its last reported incumbent is taken (none: status
+``NOT_FOUND``, no stand-in plan under its name); a planner that would start
 after the search's stop is not run (status ``not run``, note saying so); ``--plot`` / ``--timeline``
 are skipped, naming themselves, with under ``TIMELINE_MIN_S`` left."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -131,6 +135,10 @@ slot earlier ones used up still gets this much, if the search's stop is not reac
 
 NOT_RUN_DEADLINE = "not run: no time left of --time-limit"
 
+NOT_FOUND = "no plan in its slot"
+"""deadline2: the row status of a planner its slot's watchdog stopped before it had any plan (compare
+gives it no stand-in plan: the uniform row is there)."""
+
 
 def planner_slots(deadline: Deadline, n: int) -> tuple[float, tuple[float, ...]]:
     """deadline2: (each planner's nominal time limit, the clock readings at which the n slots end):
@@ -174,7 +182,10 @@ def compare(
         try:
             if deadline is not None:
                 res: PlanResult | None = run_planner(name, get_planner(base), instance, opts, progress, stop_at=stop_at,
-                                                     stop_grace_s=DEADLINE_GRACE_S, clock=deadline.clock)
+                                                     clock=deadline.clock, fallback=False,
+                                                     give_up_at=deadline.stop_at + DEADLINE_GRACE_S)
+                if res.plan is None and res.notes and "deadline" in res.notes[0]:  # stopped before it had a plan
+                    res = dataclasses.replace(res, status=NOT_FOUND)  # type: ignore[arg-type]
             else:
                 res = run_planner(name, get_planner(base), instance, opts, progress)
             note = ""
@@ -226,7 +237,7 @@ def compare(
 def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     # deadline2: --time-limit bounds the whole command (from the process start when run as `hgopt`);
     # ``deadline``: tests' fake clock
-    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
+    dl = deadline or Deadline.for_command(args.time_limit, getattr(args, "started_at", None))
     inst = load_instance(args.instance)
     check_outputs(args, "--plot", "--timeline")
     extra = {}

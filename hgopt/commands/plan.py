@@ -19,7 +19,6 @@ import json
 import math
 import signal
 import sys
-import time
 from collections import Counter
 from typing import Any
 
@@ -148,7 +147,7 @@ def why_not_budget(time_limit_s: float, why_not_time: float | None, elapsed_s: f
 def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     # deadline: --time-limit bounds the whole command, measured from the process start when run as `hgopt`
     # (from ``main``'s start when called in-process; hgopt.commands._deadline); ``deadline``: tests' fake clock
-    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
+    dl = deadline or Deadline.for_command(args.time_limit, getattr(args, "started_at", None))
     inst = load_instance(args.instance)
     check_outputs(args, "-o/--output", "--timeline")
     if args.why_not_time is not None and not (args.why_not_time >= 0 and math.isfinite(args.why_not_time)):

@@ -15,7 +15,7 @@ from hgopt.search.by_cost import CostSearch, pareto, plan_by_cost
 from hgopt.spec import Instance
 from hgopt.table import fmt_seconds, format_table
 
-__all__ = ["add_arguments", "render", "run_cost", "stopped_words", "to_json", "wanted"]
+__all__ = ["add_arguments", "honest_status", "render", "run_cost", "stopped_words", "to_json", "wanted"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,6 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     import dataclasses
     import signal
     import sys
-    import time
 
     from hgopt.commands._search import EXIT_CODES, SearchInterrupted, at_deadline, exit_code, run_planner
     from hgopt.commands.plan import render_result, result_to_json
@@ -56,7 +55,7 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     from hgopt.search import PlanResult
     from hgopt.search.by_cost import single_result_search
 
-    dl = deadline or Deadline(args.time_limit, getattr(args, "started_at", None) or time.monotonic())
+    dl = deadline or Deadline.for_command(args.time_limit, getattr(args, "started_at", None))
     tables = build_tables(inst)
     box: dict[str, CostSearch] = {}
 
@@ -90,6 +89,7 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     if search is None:  # stopped inside a planner that did not return within the grace time, no plan at all
         print("hgopt: interrupted before the cost search had priced any plan; no plan written", file=sys.stderr)
         return stopped or 1
+    search = honest_status(search, args.gap)
     best = search.best
     if args.output and best is not None and best.result.plan is not None:
         with open(args.output, "w") as fh:
@@ -119,6 +119,33 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
     if stopped:
         return stopped
     return 0 if best is not None else 1
+
+
+def honest_status(search: CostSearch, gap: float) -> CostSearch:
+    """deadline2 (issue #11 item 5): the chosen plan's status is the cost search's, not the status its
+    planner gave it on its cluster subset (``optimal`` there is optimal for that subset only):
+    ``optimal`` only when the search's own gap against its bound (valid for every plan) is within
+    ``gap``, else ``feasible`` with a bound, ``heuristic`` without; a changed status is named in a note.
+    ``interrupted`` stays."""
+    best = search.best
+    if best is None or best.result.plan is None or best.result.status == "interrupted":
+        return search
+    status = ("optimal" if search.gap is not None and search.gap <= gap + 1e-12 else
+              "feasible" if search.lower_bound is not None else "heuristic")
+    if status == best.result.status:
+        return search
+    import dataclasses
+
+    res = best.result
+    plan = res.plan
+    assert plan is not None
+    where = "+".join(best.clusters) + ("" if best.nodes is None else f" on {best.nodes} nodes")
+    gap_words = "no bound" if search.gap is None else f"its gap {100 * search.gap:.2f} %"
+    note = (f"status {status}: the {search.objective} search's, {gap_words} against the bound that holds for "
+            f"every plan (the planner said {res.status} for its run on {where})")
+    plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"), ("status", status)))
+    cut = dataclasses.replace(best, result=dataclasses.replace(res, status=status, plan=plan, notes=(note, *res.notes)))
+    return dataclasses.replace(search, best=cut, candidates=tuple(cut if c is best else c for c in search.candidates))
 
 
 def stopped_words(search: CostSearch, elapsed_s: float) -> str:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     check_output_file(args.instance_out, "--instance-out")
     plan, old, new, lines = _load(args)
     limit = args.time_limit if args.time_limit is not None else (1.0 if args.planner == "heuristic" else 60.0)
-    dl = deadline or Deadline(limit, started)
+    dl = deadline or Deadline.for_command(limit, started)
     opts = PlanOptions(time_limit_s=search_limit(limit), solver=args.solver)
     progress = Progress(args.planner)
     inner = get_planner(args.planner)
