@@ -93,30 +93,35 @@ class RelaxedSplit:
         (plans on one cluster are bounded exactly, see ``split_bound``). Besides every stage and
         WAN send within tau, the 1F1B round trip of the first stage needs fill <= tau·min(S, m),
         so fill − tau·S <= 0 with S the stage count [C3]; it enters by Lagrangian weights lambda:
-        fill >= (1 + lambda)·fill − lambda·tau·S >= the subset DP on those weights [R6]. The trunk
-        rows count only stages holding trunk layers, so S may be up to 2 larger (a stage of the
-        prefix or the suffix alone): that is subtracted."""
+        fill >= (1 + lambda)·fill − lambda·tau·S >= the subset DP on those weights [R6]. The DP's
+        stage count must be at least S: the trunk rows count only stages holding trunk layers, but
+        the [R1e] rows of the first and last blocks count all of theirs (a stage of the prefix or
+        the suffix alone too), so S is counted exactly; only without them (p or q = 0 rows) is 1
+        per missing side subtracted (gaps3; before, 2 always). The first block's rows also carry its
+        first stage's tail [R5t] (``_first_tails``), unweighted."""
         N = self.trunk
         best = -INF
+        # gaps3 [R5t]: the first block's rows carry its first stage's tail (never weighted by lambda)
+        tails = self._first_tails(tau) if self.TB and self.first_tail else [None] * len(self.TB)
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
         for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
-            rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
-                     if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
+            rows = [(_weighted(t, f, st, tau, lam) if len(t) else np.full(N, INF))
+                    for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
             arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF).min(axis=0)
-            # gaps2 [R1e]: the blocks that begin and end the pipeline hold the prefix and the suffix too;
-            # gaps3 [R5t]: the first block's rows carry its first stage's tail (not weighted by lambda)
-            tails = self._first_tails(tau) if self.TB and self.first_tail else None
-            ends, firsts = (None if not T else np.array([
-                (np.where(t <= tau, ((1.0 + lam) * f - lam * tau * st[:, None] if lam else f)
-                          + (tl[i] if tl is not None else 0.0), INF).min(axis=0)
-                 if len(t) else np.full(N + 1, INF)) for i, (t, f, st) in enumerate(zip(T, F, St))])
-                for T, F, St, tl in ((self.TE, self.FE, self.stages_end, None),
-                                     (self.TB, self.FB, self.stages_first, tails)))
+            # gaps2 [R1e]: the blocks that begin and end the pipeline hold the prefix and the suffix too
+            ends = None if not self.TE else np.array([
+                _weighted(t, f, st, tau, lam) if len(t) else np.full(N + 1, INF)
+                for t, f, st in zip(self.TE, self.FE, self.stages_end)])
+            firsts = None if not self.TB else np.array([
+                _weighted(t, f, st, tau, lam, tl) if len(t) else np.full(N + 1, INF)
+                for t, f, st, tl in zip(self.TB, self.FB, self.stages_first, tails)])
             g = _subset_dp(np.array(rows), arcs, N, ends, firsts)
             if not math.isfinite(g):
                 return INF
-            g += (1.0 + lam) * self.extra_fill - (lam * tau * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE)) if lam else 0.0)
+            g += (1.0 + lam) * self.extra_fill
+            if lam:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
+                g -= lam * tau * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
         return best + self._tail_lb(tau)
 
@@ -148,6 +153,16 @@ class RelaxedSplit:
             x = np.clip(n[None, :] - held[:, None], 0, N)
             out.append(np.take_along_axis(tl, x, axis=1))
         return out
+
+
+def _weighted(t: np.ndarray, f: np.ndarray, st: np.ndarray, tau: float, lam: float,
+              tail: np.ndarray | None = None) -> np.ndarray:
+    """Per trunk count, the least over rows whose largest stage fits ``tau`` of (1 + lam)·fill −
+    lam·tau·stages [R6] (+ ``tail``, per row, [R5t])."""
+    v = (1.0 + lam) * f - lam * tau * st[:, None] if lam else f
+    if tail is not None:
+        v = v + tail
+    return np.where(t <= tau, v, INF).min(axis=0)
 
 
 def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | None = None,
