@@ -6,7 +6,8 @@ trunk-only local pipeline whose stages all run within tau (memory checked with t
 microbatches any position allows); every real block costs at least that plus its special layers.
 The clusters of a pipeline must then cover the trunk (a min-plus convolution over subsets) and be
 chained by WAN links no slower than tau (a Held-Karp path over the same subsets). The tail is bounded
-separately by the least tail of the pipeline's first stage [C7o] (the cheap bound's s_lb). Bottleneck values are taken on a geometric
+separately by the least tail of the pipeline's first stage [C7o] (the cheap bound's s_lb), or,
+with a prefix, in the first block's rows by what its first stage must hold within tau [R5t]. Bottleneck values are taken on a geometric
 grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_lb(tau_{i+1}) + ...
 """
 
