@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +44,7 @@ from hgopt.search.blocks import (
     cheap_bounds,
     model_shape,
 )
+from hgopt.search.polish import polish
 from hgopt.search.precisions import allowed_link_precisions
 from hgopt.solvers import SolveOptions, SolveResult, solve
 from hgopt.solvers.model import LinearModel
@@ -83,6 +85,8 @@ LOAD_S_PER_NONZERO = 2e-5
 2-core machine, sailor-het-32+96): a MILP is built only when the time left covers its estimate."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
+POLISH_WITHIN = 1.02
+"""gaps3: a split's plan is polished (``_polished``) when it is within this factor of the incumbent."""
 
 
 def plan_space(links: LinkPolicy) -> str:
@@ -714,7 +718,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     if prog:  # progress (cli-explain)
         prog.report("warm start", bound_s=_global_lb(lbs, None))
-    best = _warm_start(instance, tables, options, t_start, links, warm_start)
+    best = _polished(instance, tables, _warm_start(instance, tables, options, t_start, links, warm_start), links,
+                     options, deadline)
     first = best.split if best else None
     if first is not None:
         _cheap_until(instance, tables, [first], cheap, links, deadline, prog)
@@ -796,6 +801,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
         lbs[sp] = max(lbs[sp], out.lower_bound)
+        if out.plan is not None and out.value < ub * POLISH_WITHIN:
+            out = _polished(instance, tables, out, links, options, deadline)  # gaps3: one layer away, etc.
         if out.plan is not None and out.value < ub:
             best = out
         elif best is not None and out.split == best.split:
@@ -945,6 +952,20 @@ def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_
     pen = pol.plan_penalty(plan.pipelines)
     log.info("warm start: plan %.4g s (%s) after %.1f s", ev.iteration_time_s, split, time.perf_counter() - t_start)
     return SplitOutcome(split=split, plan=plan, value=ev.iteration_time_s + pen, lower_bound=-math.inf, penalty=pen)
+
+
+def _polished(instance: Instance, tables: CostTables, out: SplitOutcome | None, links: LinkPolicy,
+              options: PlanOptions, deadline: float) -> SplitOutcome | None:
+    """gaps3: ``out`` with its plan improved by ``polish.polish`` (neighbours of the same batch split
+    scored by evaluate + link penalty; a fixed number of evaluations); ``extra['polish'] = 'off'``
+    turns it off. The split's bound is untouched (the plans stay in the split; one may leave the
+    space, e.g. a cluster boundary inside the prefix, which only tightens the incumbent)."""
+    if out is None or out.plan is None or options.extra.get("polish", "on") == "off":
+        return out
+    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline)
+    if value >= out.value:
+        return out
+    return dataclasses.replace(out, plan=plan, value=value, penalty=links.plan_penalty(plan.pipelines))
 
 
 def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float:
