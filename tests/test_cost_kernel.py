@@ -271,3 +271,68 @@ def test_reweighted_bound_restates_a_closed_form_bound_for_a_smaller_weight() ->
         assert reweighted_bound(closed, float(m - 1), m, floor) == pytest.approx(closed, rel=1e-12)
         if m > 1:
             assert reweighted_bound((m - 1) * B + floor, w, m, floor) == pytest.approx(w * B + floor, rel=1e-9, abs=1e-12)
+
+
+def test_search_composition_is_a_lower_bound_of_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] ``pipeline.search_composition`` (the MILP's objective weight and constant under the replay):
+    on random 1F1B pipelines of S <= S̄ stages (stages of 1-3 layers, sends with a latency part), w·T + R_0
+    − K stays at or below the exact timeline [C3x] for T = the largest stage f + b or send pace, K taken
+    with the largest latency (the sends priced by pace, as the block options do), and for T with the
+    sends' occupancies (send − latency) and no latency in K (as [M8]'s rows); with [C3]'s own weight
+    m − 1 and no constant (what the closed form's MILP minimises) it is above the replay on some."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import fill_time, forward_share, search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    secs = hs.floats(0.01, 1.0)
+    over = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
+    def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
+        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
+        f = [sum(x for x, _ in st) for st in layers]
+        b = [sum(x * y for x, y in st) for st in layers]
+        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
+        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+        t = [x + y for x, y in zip(f, b)]
+        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
+        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
+        paces = [max(cf[i], cb[i]) for i in range(S - 1)]
+        occs = [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)]
+        w, k = search_composition(m, S + extra, rho, e, max(lat[: S - 1], default=0.0))
+        assert w * max(t + paces) + r0 - k <= rep * (1 + 1e-12) + 1e-12
+        w0, k0 = search_composition(m, S + extra, rho, e, 0.0)
+        assert w0 == w and w0 * max(t + occs) + r0 - k0 <= rep * (1 + 1e-12) + 1e-12
+        over.append((m - 1) * max(t + paces) + r0 > rep * (1 + 1e-9))
+
+    check()
+    assert any(over)
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "closed")
+    assert search_composition(8, 4, 0.4, 0.1, 0.5) == (7.0, 0.0)  # [C3]'s (m − 1)·T, nothing subtracted
+
+
+def test_search_composition_pays_the_latency_of_paced_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] Hand case: two stages (f = 0, b = 0.01), one boundary of 0.5 s latency + 0.2 s occupancy each
+    way (send 0.7), m = 4, S̄ = 2, ρ = 0 (so w = m − 1 = 3). By hand (stage 0: F0 F1 B0 F2 B1 F3 B2 B3):
+    F0, F1 leave at 0 and 0.2, back from stage 1 at 1.41 and 1.61; stage 0's B0 ends 1.42, F2 leaves then,
+    B1 ends 1.62, F3 leaves; stage 1 sends B2 back at 2.13 and B3 at 2.33 (arriving 2.83 and 3.03), so
+    the replay ends at 3.04. With the send's pace, w·0.7 + R_0 = 2.1 + 1.42 = 3.52 is above it; the
+    constant K = w·latency = 1.5 brings it under (2.02)."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    f, b, lat, c = [0.0, 0.0], [0.01, 0.01], [0.5, 0.0], [0.7, 0.0]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, c, c, 4, lat, lat))
+    assert rep == pytest.approx(3.04, rel=1e-12)
+    w, k = search_composition(4, 2, 0.0, 0.0, 0.5)
+    assert (w, k) == (3.0, 1.5)
+    r0 = 0.02 + 1.4
+    assert w * 0.7 + r0 > rep and w * 0.7 + r0 - k <= rep
+    assert w * (0.7 - 0.5) + r0 <= rep  # the occupancy form [M8] needs no constant

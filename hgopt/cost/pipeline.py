@@ -20,8 +20,10 @@ __all__ = [
     "bound_offset",
     "bound_weight",
     "replay_bounds",
+    "search_composition",
     "search_offset",
     "search_weight",
+    "search_windows",
     "forward_share",
     "replay_floor",
     "warmup_cap",
@@ -386,6 +388,33 @@ def reweighted_bound(closed: float, weight: float, num_microbatches: int, floor:
 def search_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
     """[C3b] :func:`bound_offset` under the replay, 0 under the closed form."""
     return bound_offset(num_microbatches, max_stages, fwd_excess) if replay_bounds() else 0.0
+
+
+def search_composition(num_microbatches: int, max_stages: int, fwd_share: float, fwd_excess: float,
+                       latency: float) -> tuple[float, float]:
+    """[C3b] The MILP's composition (``search.milp`` [M7]/[M8]/objective): (weight w, constant K) such that
+    every 1F1B pipeline of at most ``max_stages`` stages whose intra-cluster sends carry a latency of at
+    most ``latency`` costs at least w·T + R_0 − K, for any T ≤ max(largest stage f + b, largest
+    intra-cluster send pace c, largest inter-cluster occupancy o = send − latency − casts).
+
+    Under the replay: w = :func:`bound_weight`, K = :func:`bound_offset` + w·``latency``. Proof: for a
+    stage, R_0 + (m − 1)·t_s − w_s·f_s ≥ R_0 + w·t_s − offset (``bound_weight``); for a boundary,
+    R_0 + (m − 1)·o ≥ R_0 + w·o (w ≤ m − 1), and o ≥ c − ``latency`` inside a cluster. Under the closed
+    form: (m − 1, 0) ([C3] itself, with T also over the window paces of [M15]/[M15w]).
+    ``tests/test_cost_kernel.py`` holds it against :func:`replay_stage_ends`."""
+    if not replay_bounds():
+        return steady_weight(num_microbatches), 0.0
+    w = bound_weight(num_microbatches, max_stages, fwd_share)
+    return w, bound_offset(num_microbatches, max_stages, fwd_excess) + w * latency
+
+
+def search_windows() -> bool:
+    """[C3b] Whether the search's rows may price [C3]'s round-trip windows with the steady weight
+    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace): under the closed form only. Under the
+    replay a window of d stages starting at stage s completes only ``window_cycles`` round trips
+    (none once S − s − 1 ≥ m − 1), so it may not carry :func:`bound_weight`; the rows are left out (a
+    weaker, still valid, relaxation)."""
+    return not replay_bounds()
 
 
 def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:

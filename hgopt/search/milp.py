@@ -23,7 +23,7 @@ import numpy as np
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
 import hgopt.cost.pipeline as _pipeline
-from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
+from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, search_composition, search_windows, stages_that_matter
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
@@ -49,7 +49,8 @@ from hgopt.solvers.model import LinearModel
 from hgopt.spec import Instance
 
 __all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "OutsideCheck", "SplitOutcome", "WarmStart",
-           "batch_splits", "build_milp", "decode", "estimated_nonzeros", "link_policy", "plan_hint", "plan_milp",
+           "batch_splits", "build_milp", "decode", "estimated_nonzeros", "intra_latency", "link_policy",
+           "milp_composition", "plan_hint", "plan_milp",
            "plan_space", "solve_split", "work_lower_bound"]
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ def build_milp(
         inc.update({j: -1.0 for j in js if ys[j].role in ("middle", "end")})
         lm.add_row(f"M6_in[{c}]", inc, 0.0, 0.0)  # [M6] a middle/end block is handed to once
         lm.add_row(f"M7_bottleneck[{c}]", {t: 1.0, **{j: -ys[j].bottleneck for j in js}}, lb=0.0, kind="time")
-        _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces too
+        _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces (occupancies under the replay) too
         # [M9] U >= the tail of the pipeline's first stage [C7o] (options of other roles carry 0)
         lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js if ys[j].sync_opt}}, lb=0.0, kind="time")
         # [M10] W[c] >= own stages (+ W of the next cluster when c hands over to it)
@@ -281,15 +282,30 @@ def build_milp(
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
     if pol.compresses:
         _precision_rows(form, by_cluster, pol)
-    _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
-    obj = {t: steady_weight(split.num_microbatches), u: 1.0}
+    if search_windows():  # [C3b] under the replay the windows may not carry the weight: rows left out
+        _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
+    weight, const = milp_composition(instance, split, bounds)
+    obj = {t: weight, u: 1.0}
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
         for v in lv:
             _add_terms(obj, v.fill_terms())
             _add_terms(obj, {v.z: v.arc.penalty})
-    lm.set_objective(obj)
+    lm.set_objective(obj, offset=-const)
     return form
+
+
+def intra_latency(instance: Instance) -> float:
+    """The largest latency part of a send inside one cluster (``evaluate.boundary_latency``: its NIC's)."""
+    return max(c.inter_node.latency_s for c in instance.topology.clusters)
+
+
+def milp_composition(instance: Instance, split: BatchSplit, bounds: CheapBounds) -> tuple[float, float]:
+    """[C3b] (weight of T, constant subtracted) of the objective: ``pipeline.search_composition`` with
+    the split's most stages and forward share (those of its cheap bounds) and the instance's largest
+    intra-cluster latency; (m − 1, 0) under the closed form."""
+    rho, excess = bounds.fwd_share
+    return search_composition(split.num_microbatches, bounds.max_stages, rho, excess, intra_latency(instance))
 
 
 def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
@@ -298,6 +314,12 @@ def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
     lm = form.model
     outs = [v for b in names if (c, b) in form.links for v in form.links[(c, b)]]
     if not outs:
+        return
+    if not search_windows():  # [C3b] the replay: a message occupies its boundary for its transfer less latency
+        row = {t: 1.0}
+        for v in outs:
+            _add_terms(row, {v.z: -v.arc.occupancy(0.0)})
+        lm.add_row(f"M8_wan[{c}]", row, lb=0.0, kind="time")
         return
     if all(v.mu is None for v in outs):
         row: dict[int, float] = {t: 1.0}
@@ -610,8 +632,9 @@ def solve_split(
     nv = nr = 0
     while True:
         cap_lb = math.inf
-        if math.isfinite(t_cap):
-            cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
+        if math.isfinite(t_cap):  # [C3b] an option's bottleneck counts sends by pace: less the latency
+            t_above = t_cap if search_windows() else max(t_cap - intra_latency(instance), 0.0)
+            cap_lb = max(bounds.lb_above(t_above), lb_above(t_above) if lb_above else -math.inf)
         window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
         t_opts = time.perf_counter()
         try:
@@ -655,8 +678,6 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
-        if _pipeline.replay_bounds():  # [C3b] the rows model [C3]: no bound of the exact timeline
-            milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
