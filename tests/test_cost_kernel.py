@@ -274,12 +274,13 @@ def test_reweighted_bound_restates_a_closed_form_bound_for_a_smaller_weight() ->
 
 
 def test_search_composition_is_a_lower_bound_of_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """[C3b] ``pipeline.search_composition`` (the MILP's objective weight and constant under the replay):
-    on random 1F1B pipelines of S <= S̄ stages (stages of 1-3 layers, sends with a latency part), w·T + R_0
-    − K stays at or below the exact timeline [C3x] for T = the largest stage f + b or send pace, K taken
-    with the largest latency (the sends priced by pace, as the block options do), and for T with the
-    sends' occupancies (send − latency) and no latency in K (as [M8]'s rows); with [C3]'s own weight
-    m − 1 and no constant (what the closed form's MILP minimises) it is above the replay on some."""
+    """[C3b] ``pipeline.search_composition`` (the MILP's objective under the replay): on random 1F1B
+    pipelines of S <= S̄ stages (stages of 1-3 layers, sends with a latency part), w·T + β·max(w̄ − (S − 1),
+    0) + R_0 − K stays at or below the exact timeline [C3x] for T = the largest stage f + b or send pace,
+    K taken with the largest latency (the sends priced by pace, as the block options do), and for T with
+    the sends' occupancies (send − latency) and no latency in K (as [M8]'s rows), with any t_floor <= the
+    largest stage f + b; with [C3]'s own weight m − 1 and no constant (what the closed form's MILP
+    minimises) it is above the replay on some, and the stage term lifts the form on some."""
     from hypothesis import given, settings
     from hypothesis import strategies as hs
 
@@ -305,16 +306,21 @@ def test_search_composition_is_a_lower_bound_of_the_replay(monkeypatch: pytest.M
         rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
         paces = [max(cf[i], cb[i]) for i in range(S - 1)]
         occs = [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)]
-        w, k = search_composition(m, S + extra, rho, e, max(lat[: S - 1], default=0.0))
-        assert w * max(t + paces) + r0 - k <= rep * (1 + 1e-12) + 1e-12
-        w0, k0 = search_composition(m, S + extra, rho, e, 0.0)
-        assert w0 == w and w0 * max(t + occs) + r0 - k0 <= rep * (1 + 1e-12) + 1e-12
+        floor = max(t) * data.draw(hs.floats(0.0, 1.0))
+        c = search_composition(m, S + extra, rho, e, max(lat[: S - 1], default=0.0), t_floor=floor)
+        assert c.weight * max(t + paces) + c.stage_bonus(S) + r0 - c.constant <= rep * (1 + 1e-12) + 1e-12
+        c0 = search_composition(m, S + extra, rho, e, 0.0, t_floor=floor)
+        assert c0.weight == c.weight
+        assert c0.weight * max(t + occs) + c0.stage_bonus(S) + r0 - c0.constant <= rep * (1 + 1e-12) + 1e-12
         over.append((m - 1) * max(t + paces) + r0 > rep * (1 + 1e-9))
+        lifted.append(c0.stage_bonus(S) > 0)
 
+    lifted: list[bool] = []
     check()
-    assert any(over)
+    assert any(over) and any(lifted)
     monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "closed")
-    assert search_composition(8, 4, 0.4, 0.1, 0.5) == (7.0, 0.0)  # [C3]'s (m − 1)·T, nothing subtracted
+    closed = search_composition(8, 4, 0.4, 0.1, 0.5, t_floor=1.0)  # [C3]'s (m − 1)·T, nothing else
+    assert (closed.weight, closed.constant, closed.stage_bonus(1)) == (7.0, 0.0, 0.0)
 
 
 def test_search_composition_pays_the_latency_of_paced_sends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,8 +337,28 @@ def test_search_composition_pays_the_latency_of_paced_sends(monkeypatch: pytest.
     f, b, lat, c = [0.0, 0.0], [0.01, 0.01], [0.5, 0.0], [0.7, 0.0]
     rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, c, c, 4, lat, lat))
     assert rep == pytest.approx(3.04, rel=1e-12)
-    w, k = search_composition(4, 2, 0.0, 0.0, 0.5)
-    assert (w, k) == (3.0, 1.5)
+    c = search_composition(4, 2, 0.0, 0.0, 0.5)
+    w, k = c.weight, c.constant
+    assert (w, k, c.stage_bonus(2)) == (3.0, 1.5, 0.0)
     r0 = 0.02 + 1.4
     assert w * 0.7 + r0 > rep and w * 0.7 + r0 - k <= rep
     assert w * (0.7 - 0.5) + r0 <= rep  # the occupancy form [M8] needs no constant
+
+
+def test_search_composition_stage_term_hand_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] The stage term: two stages f = 1, b = 2 (ρ = 1/3, E = 0), no sends, m = 4, in a split that
+    allows S̄ = 4 stages. The replay ends at 12 (``test_bound_weight_hand_computed``, R_0 = 3.9 with
+    stage 1's f = 0.3, b = 0.6). With S̄ = 4 the weight is 3 − 3/3 = 2 (11.9 − 2 = 9.9 without the term);
+    the plan's own S = 2 allows only one warm-up forward, so q = 3 − 1 = 2 and β = t_floor/3 = 1 give
+    back 2: 2·3 + 2 + 3.9 = 11.9 <= 12, what S̄ = 2's weight alone gives."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    f, b, z = [1.0, 0.3], [2.0, 0.6], [0.0, 0.0]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, z, z, 4))
+    c = search_composition(4, 4, 1.0 / 3.0, 0.0, 0.0, t_floor=3.0)
+    assert c.weight == pytest.approx(2.0, rel=1e-12) and c.warmup == 3
+    assert c.stage_bonus(2) == pytest.approx(2.0, rel=1e-12) and c.stage_bonus(4) == 0.0
+    assert c.weight * 3.0 + c.stage_bonus(2) + 3.9 - c.constant == pytest.approx(11.9, rel=1e-12)
+    assert 11.9 <= rep

@@ -172,6 +172,10 @@ class Window:
     mbs_matters: bool = False
     """Inter-cluster boundaries may be compressed: their (de)quantisation time grows with the
     replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
+    per_stage: float = 0.0
+    """[C3b] What the objective charges per stage a plan has fewer (``pipeline.Composition.per_stage``;
+    0 under the closed form): an option with fewer stages dominates only if it makes up for them [B3],
+    and [B2] stops adding stages only while a stage's fill is worth more than this."""
     gpus_matter: bool = False
     """costmilp: the objective prices GPUs (``--objective cost``, ``--budget``; hgopt.search.milp_cost):
     an option must also use no more GPUs to dominate [B3]."""
@@ -273,7 +277,7 @@ def _cluster_role_candidates(
                         new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
                     dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
                     if not front:
-                        stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
+                        stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send - win.per_stage)
     return cands
 
 
@@ -470,6 +474,8 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
         if kept:
             k = np.array(kept)
             worse = weighted_time(win.weight, np.maximum(T[k] - T[i], 0.0), F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
+            if win.per_stage > 0:  # [C3b] the objective's stage term: fewer stages may cost more
+                worse = worse + win.per_stage * np.maximum(st[i] - st[k], 0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one

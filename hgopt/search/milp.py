@@ -23,7 +23,8 @@ import numpy as np
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
 import hgopt.cost.pipeline as _pipeline
-from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, search_composition, search_windows, stages_that_matter
+from hgopt.cost.pipeline import (ROUND_TRIP_WINDOWS, Composition, search_composition, search_windows,
+                                 stages_that_matter)
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
@@ -284,14 +285,18 @@ def build_milp(
         _precision_rows(form, by_cluster, pol)
     if search_windows():  # [C3b] under the replay the windows may not carry the weight: rows left out
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
-    weight, const = milp_composition(instance, split, bounds)
-    obj = {t: weight, u: 1.0}
+    comp = milp_composition(instance, split, bounds)
+    obj = {t: comp.weight, u: 1.0}
+    if comp.per_stage > 0 and comp.warmup > 0:  # [C3b] q >= warm-up cap + 1 − S: the stages the plan lacks
+        q = lm.add_var("Q_stages", lb=0.0, ub=float(comp.warmup))
+        lm.add_row("C3b_stages", {q: 1.0, **{j: float(ys[j].s) for j in ys}}, lb=float(comp.warmup + 1))
+        obj[q] = comp.per_stage
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
         for v in lv:
             _add_terms(obj, v.fill_terms())
             _add_terms(obj, {v.z: v.arc.penalty})
-    lm.set_objective(obj, offset=-const)
+    lm.set_objective(obj, offset=-comp.constant)
     return form
 
 
@@ -300,12 +305,13 @@ def intra_latency(instance: Instance) -> float:
     return max(c.inter_node.latency_s for c in instance.topology.clusters)
 
 
-def milp_composition(instance: Instance, split: BatchSplit, bounds: CheapBounds) -> tuple[float, float]:
-    """[C3b] (weight of T, constant subtracted) of the objective: ``pipeline.search_composition`` with
-    the split's most stages and forward share (those of its cheap bounds) and the instance's largest
-    intra-cluster latency; (m − 1, 0) under the closed form."""
+def milp_composition(instance: Instance, split: BatchSplit, bounds: CheapBounds) -> Composition:
+    """[C3b] The objective's composition: ``pipeline.search_composition`` with the split's most stages,
+    forward share and bottleneck bound (those of its cheap bounds) and the instance's largest
+    intra-cluster latency; (m − 1, 0, 0) under the closed form."""
     rho, excess = bounds.fwd_share
-    return search_composition(split.num_microbatches, bounds.max_stages, rho, excess, intra_latency(instance))
+    return search_composition(split.num_microbatches, bounds.max_stages, rho, excess, intra_latency(instance),
+                              t_floor=bounds.t_lb if math.isfinite(bounds.t_lb) else 0.0)
 
 
 def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
@@ -635,7 +641,8 @@ def solve_split(
         if math.isfinite(t_cap):  # [C3b] an option's bottleneck counts sends by pace: less the latency
             t_above = t_cap if search_windows() else max(t_cap - intra_latency(instance), 0.0)
             cap_lb = max(bounds.lb_above(t_above), lb_above(t_above) if lb_above else -math.inf)
-        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
+        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses,
+                        per_stage=milp_composition(instance, split, bounds).per_stage)
         t_opts = time.perf_counter()
         try:
             opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
