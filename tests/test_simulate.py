@@ -693,12 +693,15 @@ def test_with_the_replay_switched_on_the_milp_reports_no_bound_it_cannot_prove(
 _REPLAY_BF: dict[int, float] = {}
 
 
+@pytest.mark.parametrize("relaxation", ["off", "on"])
 @pytest.mark.parametrize("seed", range(10))
-def test_replay_milp_bound_never_exceeds_the_brute_force_optimum(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_milp_bound_never_exceeds_the_brute_force_optimum(seed: int, relaxation: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """[C3b] Under the replay, on tiny instances whose whole MILP space the brute force enumerates
-    (``tests/test_milp.py``: no recomputation, native links): the exact planner's bound with no warm start
-    and no relaxation (its MILP's dual bound, max'ed with the cheap bound) is at most the best evaluate
-    (now the replay) over the space, and the returned plan is one of the space (>= that optimum)."""
+    (``tests/test_milp.py``: no recomputation, native links): the exact planner's bound with no warm start,
+    with and without the relaxation [R4] (its MILP's dual bound, the relaxation's with the composition's
+    stage term, the cheap bound) is at most the best evaluate (now the replay) over the space, and the
+    returned plan is one of the space (>= that optimum)."""
     import hgopt.cost.pipeline as pipeline_mod
     from hgopt.search import PlanOptions
     from hgopt.search.exact import plan_exact
@@ -710,8 +713,8 @@ def test_replay_milp_bound_never_exceeds_the_brute_force_optimum(seed: int, monk
     if seed not in _REPLAY_BF:
         _REPLAY_BF[seed] = brute_force(inst)
     best = _REPLAY_BF[seed]
-    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs",
-                                       extra={"warm_start": "none", "relaxation": "off"}))
+    extra = {"warm_start": "none", **({"relaxation": "off"} if relaxation == "off" else {})}
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs", extra=extra))
     if not math.isfinite(best):
         assert res.plan is None
         return
