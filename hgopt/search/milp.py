@@ -209,11 +209,13 @@ def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None,
+    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None, stage_term: bool = False,
 ) -> Formulation:
     """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
     With native links only (the default policy) the model is the one of §3, row for row. ``arcs``:
-    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted."""
+    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted.
+    ``stage_term``: under the replay, add the composition's stage term [C3b] (only valid when the
+    options were generated with ``Window.per_stage`` = its β, as ``solve_split`` does)."""
     arcs_in = arcs
     pol = links or LinkPolicy()
     shape = model_shape(instance)
@@ -287,7 +289,7 @@ def build_milp(
         _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
     comp = milp_composition(instance, split, bounds)
     obj = {t: comp.weight, u: 1.0}
-    if comp.per_stage > 0 and comp.warmup > 0:  # [C3b] q >= warm-up cap + 1 − S: the stages the plan lacks
+    if stage_term and comp.per_stage > 0 and comp.warmup > 0:  # [C3b] q >= warm-up cap + 1 − S: the stages the plan lacks
         q = lm.add_var("Q_stages", lb=0.0, ub=float(comp.warmup))
         lm.add_row("C3b_stages", {q: 1.0, **{j: float(ys[j].s) for j in ys}}, lb=float(comp.warmup + 1))
         obj[q] = comp.per_stage
@@ -667,7 +669,7 @@ def solve_split(
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         if arcs is None:  # [M8f] once per split, not per cap
             arcs = arc_table(instance, tables, split.microbatch, split.k, pol, model_shape(instance))
-        form = build_milp(instance, tables, split, opts, bounds, pol, arcs)
+        form = build_milp(instance, tables, split, opts, bounds, pol, arcs, stage_term=True)
         if hint is not None:
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
