@@ -362,3 +362,26 @@ def test_search_composition_stage_term_hand_computed(monkeypatch: pytest.MonkeyP
     assert c.stage_bonus(2) == pytest.approx(2.0, rel=1e-12) and c.stage_bonus(4) == 0.0
     assert c.weight * 3.0 + c.stage_bonus(2) + 3.9 - c.constant == pytest.approx(11.9, rel=1e-12)
     assert 11.9 <= rep
+
+
+def test_replay_along_the_operation_sequence_equals_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3x] ``replay_stage_ends`` runs along ``pipeline._op_sequence`` when the orders allow it (1F1B and
+    GPipe do); with that memo switched off it runs its event loop. On random pipelines (1-9 stages, m up to
+    20, latencies, slow and fast sends) both give the same stage ends, bit for bit."""
+    import hgopt.cost.pipeline as pipeline_mod
+
+    rng = random.Random(3)
+    cases = []
+    for _ in range(600):
+        S, m, sch = rng.randint(1, 9), rng.randint(1, 20), rng.choice(["1f1b", "1f1b", "gpipe"])
+        f = [rng.random() for _ in range(S)]
+        b = [2 * rng.random() for _ in range(S)]
+        lat = [0.3 * rng.random() for _ in range(S)]
+        cf = [x + rng.random() * rng.choice([0.1, 1.0, 5.0]) for x in lat]
+        cb = [x + rng.random() * rng.choice([0.1, 1.0, 5.0]) for x in lat]
+        assert pipeline_mod._op_sequence(stage_ops, sch, S, m) is not None
+        cases.append((sch, f, b, cf, cb, m, lat))
+    fast = [replay_stage_ends(stage_ops, sch, f, b, cf, cb, m, lat, lat) for sch, f, b, cf, cb, m, lat in cases]
+    monkeypatch.setattr(pipeline_mod, "_op_sequence", lambda *a: None)
+    slow = [replay_stage_ends(stage_ops, sch, f, b, cf, cb, m, lat, lat) for sch, f, b, cf, cb, m, lat in cases]
+    assert fast == slow
