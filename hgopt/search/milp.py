@@ -702,6 +702,8 @@ def estimated_nonzeros(options: dict[tuple[str, str, int], list[BlockOption]], c
     with its y and v, [M12] and the per-cluster rows a few per option, the arcs a few per pair
     (sailor-het-32+96, k=4 B=4: 814 options, 3,475 local stages, 43,444 nonzeros; estimate 41.6 k + arcs)."""
     n = sum(len(v) for v in options.values())
+    if not search_windows():  # [C3b] under the replay no round-trip rows: each option in <= 11 + C rows
+        return (12 + clusters) * n + 40 * clusters * clusters
     stages = sum(o.s for v in options.values() for o in v)
     return 8 * stages + 16 * n + 40 * clusters * clusters
 
