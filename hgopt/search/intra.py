@@ -566,13 +566,15 @@ class TrunkSolution:
         return tuple(out)
 
 
-def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front: bool = False) -> TrunkSolution | None:
+def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front: bool = False,
+                weight: float | None = None) -> TrunkSolution | None:
     """[I4] For every trunk count in ``ns``: the partition of the block into ``s`` stages minimising
     [I1] with ``d`` stages after the block. Trunk stages only matter through their largest layer
     count (costs grow with it), which memory caps per position make a small covering problem.
     ``front``: give the extra trunk layers to the earliest stages memory allows (instead of the
-    latest), which shortens the 1F1B round trip of the later stages [C3]."""
-    geo, w = tc.geo, steady_weight(m)
+    latest), which shortens the 1F1B round trip of the later stages [C3]. ``weight``: the bottleneck's
+    weight in [I1] (default m − 1; the MILP's block options pass their objective's, [C3b])."""
+    geo, w = tc.geo, steady_weight(m) if weight is None else weight
     infl = [in_flight_depth(s + d, i, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
     if s == 1:
         return _solve_single(tc, infl[0], w, ns)
