@@ -157,25 +157,25 @@ def cluster_tables(
     out: dict[int, ClusterTable] = {}
     W = len(ws)
     cols = [np.full((W, L + 1), math.inf) for _ in range(3)] + [np.zeros((W, L + 1), dtype=int) for _ in range(4)]
-    ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-    # rows that fit at no layer count cannot be picked (the others keep their order: the same first
-    # best row); none left: nothing fits (infinite, as every row's objective would be)
-    rows = np.zeros(0, dtype=int) if ok is None else np.flatnonzero(ok.any(axis=1))
-    if blk is not None and ok is not None and len(rows):
-        if len(rows) < ok.shape[0]:
-            ok, bott, fill, sync, s = ok[rows], blk.bott[rows], blk.fill[rows], blk.sync[rows], blk.s[rows]
-        else:
-            bott, fill, sync, s = blk.bott, blk.fill, blk.sync, blk.s
-        # the most local stages that fit, then the lowest objective at m; else the objective at weight w
-        j = np.stack([np.where(ok, -s * 1e12 + pipeline_time(m, bott, fill) + sync, math.inf)
-                      if w == MOST_STAGES else
-                      np.where(ok, pipeline_time(max(w, 1), bott, fill) + sync, math.inf) for w in ws])
+    if blk is not None:
+        ok = blk.fits(stages_after, m, cluster.gpu_memory_bytes)
+        # the most local stages that fit, then the lowest objective at m; else the objective at weight w;
+        # rows that do not fit are infinite (a column where none fits: infinite, whichever row is first)
+        j = np.empty((W, *ok.shape))
+        at_m = None  # the objective's pipeline time at m, shared by the weights m and MOST_STAGES
+        for i, w in enumerate(ws):
+            if w in (MOST_STAGES, m) and at_m is None:
+                at_m = pipeline_time(m, blk.bott, blk.fill)
+            if w == MOST_STAGES:
+                np.add(-blk.s * 1e12 + at_m, blk.sync, out=j[i])
+            else:
+                np.add(at_m if w == m else pipeline_time(max(w, 1), blk.bott, blk.fill), blk.sync, out=j[i])
+        np.copyto(j, math.inf, where=~ok)
         pick = np.argmin(j, axis=1)  # (weights, layer counts): the first best row, as one weight alone
         at = (pick, np.arange(len(n))[None, :])
         feasible = np.isfinite(j[np.arange(W)[:, None], *at])
-        for col, a in zip(cols, (bott, fill, sync)):
+        for col, a in zip(cols, (blk.bott, blk.fill, blk.sync)):
             col[:, n] = np.where(feasible, a[at], math.inf)
-        at = (rows[pick], at[1])  # the same rows of the whole block
         for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):
             col[:, n] = np.where(feasible, a[at], 0)
     for i, w in enumerate(ws):
