@@ -13,6 +13,7 @@ intra-cluster DP (``hgopt.search.intra.best_local_plan``) and its time from ``ev
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -294,8 +295,11 @@ def _config_estimates(
     element by the same operations as one config alone)."""
     L = tables.num_layers
     # the estimate reads neither m nor the budget beyond its stage grid: alike calls share one (replan speed)
-    memos = [("config", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node, tp, dp, mbs,
-              min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute, len(nb)) for tp, dp, mbs in specs]
+    # the cluster's part of the keys as one small token (hashing its bandwidths for every config and
+    # lookup cost more than the rest of the keys): equal parts get the same token, a new one a new token
+    token = cache.setdefault(("cluster", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node), len(cache))
+    memos = [("config", token, tp, dp, mbs, min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute,
+              len(nb)) for tp, dp, mbs in specs]
     spec_of = dict(zip(memos, specs))
     todo = [key for key in spec_of if key not in cache]
     if todo:
@@ -327,7 +331,10 @@ def _config_estimates_uncached(
         p_b, p_pre, p_post = P.params
         pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
         a_b, a_pre, a_post = P.act
-        grids.append(_stage_grid(min(budget // (tp * dp), L)))
+        top = min(budget // (tp * dp), L)
+        if ("grid", top) not in cache:
+            cache[("grid", top)] = _stage_grid(top)
+        grids.append(cache[("grid", top)])  # read only
         cols.append((
             t_b, (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0),  # block seconds, extra seconds
             max(t_pre if has_pre else 0.0, t_post if has_post else 0.0),  # the heavier special layer
@@ -385,7 +392,7 @@ def _config_estimates_uncached(
         first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in out))
-    full = tuple(a if np.shape(a) == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
-    edges = np.cumsum([0, *sizes])
+    shape = (s.shape[0], nbc.shape[1])  # rows (configs × stage counts) × layer counts: what they broadcast to
+    full = tuple(a if a.shape == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
+    edges = list(itertools.accumulate(sizes, initial=0))
     return [tuple(a[lo:hi] for a in full) for lo, hi in zip(edges[:-1], edges[1:])]
