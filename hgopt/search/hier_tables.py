@@ -177,8 +177,8 @@ def cluster_tables(
         feasible = np.isfinite(j[np.arange(W)[:, None], *at])
         for col, a in zip(cols, (blk.bott, blk.fill, blk.sync)):
             col[:, n] = np.where(feasible, a[at], math.inf)
-        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):
-            col[:, n] = np.where(feasible, a[at], 0)
+        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):  # (rows, 1): the picked rows'
+            col[:, n] = np.where(feasible, a[pick, 0], 0)
     for i, w in enumerate(ws):
         out[w] = ClusterTable(*(col[i] for col in cols))
     return out
@@ -187,18 +187,21 @@ def cluster_tables(
 @dataclass(frozen=True, slots=True)
 class _Block:
     """Every config's estimate stacked (rows: config × local stage count, columns: n); memory kept
-    as base + in-flight · activations so that any number of stages after the cluster is cheap."""
+    as base + in-flight · activations so that any number of stages after the cluster is cheap. What
+    is constant along a row (its stage count and config) is one column (rows, 1)."""
 
     bott: np.ndarray
     fill: np.ndarray
     sync: np.ndarray
     s: np.ndarray
+    """(rows, 1)."""
     shape_ok: np.ndarray
     first_base: np.ndarray
     first_act: np.ndarray
     trunk_base: np.ndarray
     trunk_act: np.ndarray
     tp: np.ndarray
+    """(rows, 1), as ``dp`` and ``rc``."""
     dp: np.ndarray
     rc: np.ndarray
 
@@ -254,11 +257,11 @@ def _block(
             if est is not None:
                 parts.append(est)
                 labels.append((tp, dp, rc, est[0].shape[0]))
-    arrays = [np.concatenate([p[i] for p in parts]) for i in range(9)]
-    shape = arrays[0].shape
+    # the stage count of each row (constant along it) as one column
+    arrays = [np.concatenate([p[i][:, :1] if i == 3 else p[i] for p in parts]) for i in range(9)]
     rows = [r for *_, r in labels]
     for j in range(3):  # the config of every row: tp, dp, recompute
-        arrays.append(np.broadcast_to(np.repeat(np.array([lab[j] for lab in labels]), rows)[:, None], shape))
+        arrays.append(np.repeat(np.array([lab[j] for lab in labels]), rows)[:, None])
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
 
