@@ -225,7 +225,7 @@ def _block(
     if ckey not in cache:
         cache[ckey] = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
     configs: tuple[LocalConfig, ...] = cache[ckey]  # type: ignore[assignment]
-    recompute_ok = any(cfg.recompute for cfg in configs)
+    rc_layouts = {(cfg.tp, cfg.dp) for cfg in configs if cfg.recompute}  # the layouts that may recompute
     layouts: list[tuple[int, int]] = []
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
@@ -247,8 +247,7 @@ def _block(
     # [I3r] with recomputation too (hfrec), unless every estimate of the layout fits with m in flight:
     # then recomputation cannot help
     with_rc = [i for i, (tp, dp) in enumerate(layouts)
-               if recompute_ok and any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs)
-               and not _fits_deepest(plain[i], m, cluster.gpu_memory_bytes)]
+               if (tp, dp) in rc_layouts and not _fits_deepest(plain[i], m, cluster.gpu_memory_bytes)]
     rcs = dict(zip(with_rc, estimates([layouts[i] for i in with_rc], True)))
     parts: list[tuple[np.ndarray, ...]] = []
     labels: list[tuple[int, int, int, int]] = []  # (tp, dp, recompute, rows) per part
