@@ -97,14 +97,17 @@ def combine(vals: Sequence[Cell], m: int, wan: Wan) -> float:
             sync = s_
         link = per[i] if i < len(per) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / trip_depth(1 + count, m)
+            fk = f / k  # one local stage's fill
+            pace = (fk + link + trip) / trip_depth(1 + count, m)
             if pace > bott:
                 bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                pace = (f / k + link + head) / trip_depth(2, m)
+                pace = (fk + link + head) / trip_depth(2, m)
                 if pace > bott:
                     bott = pace
-        head = f / k if k else -1.0
+            head = fk
+        else:
+            head = -1.0
         trip += f + link
         count += k
         if count:
@@ -140,14 +143,17 @@ def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, depth: S
         link = per[i] if i < last else 0.0
         k = ti.stages[ni]
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / depth[count + 1]
+            fk = f / k  # one local stage's fill
+            pace = (fk + link + trip) / depth[count + 1]
             if pace > bott:
                 bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                pace = (f / k + link + head) / depth[2]
+                pace = (fk + link + head) / depth[2]
                 if pace > bott:
                     bott = pace
-        head = f / k if k else -1.0
+            head = fk
+        else:
+            head = -1.0
         trip += f + link
         count += k
         if count:
