@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,8 @@ from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.intra import LocalConfig, local_configs
 from hgopt.spec import Cluster, Instance
 
-__all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
+__all__ = ["MOST_STAGES", "ClusterTable", "LazyTables", "Role", "cluster_table", "cluster_tables", "lazy_cluster_tables",
+           "role_of"]
 
 Role = Literal["first", "middle", "last", "only"]
 
@@ -140,7 +141,29 @@ def cluster_tables(
     """[H2] For the real microbatch count m and every extra ``weight`` w: per layer count n, the
     estimate minimising (w − 1)·bottleneck + fill + sync_opt (memory always checked at m). A small
     w favours local pipelines with little fill and gradient sync, the right choice when the
-    pipeline's bottleneck is elsewhere."""
+    pipeline's bottleneck is elsewhere. Every weight's table built (:func:`lazy_cluster_tables`)."""
+    return dict(lazy_cluster_tables(instance, tables, layout, cluster, role, microbatch=microbatch,
+                                    num_microbatches=num_microbatches, gpu_budget=gpu_budget, replicas=replicas,
+                                    stages_after=stages_after, weights=weights, cache=cache).items())
+
+
+def lazy_cluster_tables(
+    instance: Instance,
+    tables: CostTables,
+    layout: BlockLayout,
+    cluster: Cluster,
+    role: Role,
+    *,
+    microbatch: int,
+    num_microbatches: int,
+    gpu_budget: int,
+    replicas: int,
+    stages_after: int,
+    weights: Sequence[int] = (),
+    cache: dict[tuple[object, ...], object] | None = None,
+) -> dict[int, ClusterTable]:
+    """:func:`cluster_tables` as a :class:`LazyTables`: the block of every config's estimate and what
+    fits with ``stages_after`` stages after the cluster now, each weight's table when it is read."""
     L = tables.num_layers
     n = np.array([L]) if role == "only" else np.arange(L + 1)  # 'only' hosts the whole model
     m = num_microbatches
@@ -155,33 +178,91 @@ def cluster_tables(
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
-    out: dict[int, ClusterTable] = {}
-    W = len(ws)
-    cols = [np.full((W, L + 1), math.inf) for _ in range(3)] + [np.zeros((W, L + 1), dtype=int) for _ in range(4)]
-    if blk is not None:
-        ok = blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-        # the most local stages that fit, then the lowest objective at m; else the objective at weight w;
-        # rows that do not fit are infinite (a column where none fits: infinite, whichever row is first)
-        j = np.empty((W, *ok.shape))
-        at_m = None  # the objective's pipeline time at m, shared by the weights m and MOST_STAGES
-        for i, w in enumerate(ws):
-            if w in (MOST_STAGES, m) and at_m is None:
-                at_m = pipeline_time(m, blk.bott, blk.fill)
-            if w == MOST_STAGES:
-                np.add(-blk.s * 1e12 + at_m, blk.sync, out=j[i])
-            else:
-                np.add(at_m if w == m else pipeline_time(max(w, 1), blk.bott, blk.fill), blk.sync, out=j[i])
-        np.copyto(j, math.inf, where=~ok)
-        pick = np.argmin(j, axis=1)  # (weights, layer counts): the first best row, as one weight alone
-        at = (pick, np.arange(len(n))[None, :])
-        feasible = np.isfinite(j[np.arange(W)[:, None], *at])
-        for col, a in zip(cols, (blk.bott, blk.fill, blk.sync)):
-            col[:, n] = np.where(feasible, a[at], math.inf)
-        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):  # (rows, 1): the picked rows'
-            col[:, n] = np.where(feasible, a[pick, 0], 0)
-    for i, w in enumerate(ws):
-        out[w] = ClusterTable(*(col[i] for col in cols))
-    return out
+    ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
+    return LazyTables(ws, blk, ok, n, m, L)
+
+
+class LazyTables(Mapping[int, ClusterTable]):
+    """[H2] :func:`lazy_cluster_tables`' result: per weight w its :class:`ClusterTable`, built on first
+    access; :meth:`cells` reads one layer count of every weight without building the others' tables
+    (the split's choice of local alternatives reads one count per cluster). Each weight's table is the
+    one the stacked computation gives: per layer count the first best row of its objective among the
+    rows that fit (the most local stages first, then the objective at m, for ``MOST_STAGES``; else
+    (w − 1)·bottleneck + fill + sync_opt); where none fits, infinite and 0."""
+
+    __slots__ = ("_ws", "_blk", "_ok", "_n", "_m", "_L", "_built", "_cells")
+
+    def __init__(self, ws: tuple[int, ...], blk: _Block | None, ok: np.ndarray | None, n: np.ndarray, m: int,
+                 L: int) -> None:
+        self._ws, self._blk, self._ok, self._n, self._m, self._L = ws, blk, ok, n, m, L
+        self._built: dict[int, ClusterTable] = {}
+        self._cells: dict[int, dict[int, tuple[float, float, float, int]]] = {}
+
+    def __getitem__(self, w: int) -> ClusterTable:
+        got = self._built.get(w)
+        if got is None:
+            if w not in self._ws:
+                raise KeyError(w)
+            got = self._built[w] = self._table(w)
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ws)
+
+    def __len__(self) -> int:
+        return len(self._ws)
+
+    def _objective(self, w: int, col: int | slice) -> np.ndarray:
+        """Weight ``w``'s objective at the block's columns ``col``, infinite where a row does not fit."""
+        blk, ok, m = self._blk, self._ok, self._m
+        assert blk is not None and ok is not None
+        bott, fill, sync = blk.bott[:, col], blk.fill[:, col], blk.sync[:, col]
+        s = blk.s if isinstance(col, slice) else blk.s[:, 0]
+        if w == MOST_STAGES:
+            j = -s * 1e12 + pipeline_time(m, bott, fill) + sync
+        else:
+            j = pipeline_time(max(w, 1), bott, fill) + sync
+        np.copyto(j, math.inf, where=~ok[:, col])
+        return j
+
+    def _table(self, w: int) -> ClusterTable:
+        L, n, blk = self._L, self._n, self._blk
+        cols = [np.full(L + 1, math.inf) for _ in range(3)] + [np.zeros(L + 1, dtype=int) for _ in range(4)]
+        if blk is not None:
+            j = self._objective(w, slice(None))
+            pick = np.argmin(j, axis=0)  # per layer count: the first best row
+            at = (pick, np.arange(len(n)))
+            feasible = np.isfinite(j[at])
+            for col, a in zip(cols, (blk.bott, blk.fill, blk.sync)):
+                col[n] = np.where(feasible, a[at], math.inf)
+            for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):  # (rows, 1): the picked rows'
+                col[n] = np.where(feasible, a[pick, 0], 0)
+        return ClusterTable(*cols)
+
+    def cells(self, layers: int) -> dict[int, tuple[float, float, float, int]]:
+        """Per weight, (bottleneck, fill, sync_opt, stages) of its table at ``layers`` layers: what
+        ``self[w]`` holds there, read off the block for the tables not built (memoised per count)."""
+        out = self._cells.get(layers)
+        if out is not None:
+            return out
+        out = self._cells[layers] = {}
+        hit = np.flatnonzero(self._n == layers)
+        for w in self._ws:
+            t = self._built.get(w)
+            if t is not None:
+                out[w] = (float(t.bottleneck[layers]), float(t.fill[layers]), float(t.sync_opt[layers]),
+                          int(t.stages[layers]))
+                continue
+            got = (math.inf, math.inf, math.inf, 0)
+            if self._blk is not None and len(hit):
+                c = int(hit[0])
+                j = self._objective(w, c)
+                r = int(np.argmin(j))
+                if math.isfinite(j[r]):
+                    got = (float(self._blk.bott[r, c]), float(self._blk.fill[r, c]), float(self._blk.sync[r, c]),
+                           int(self._blk.s[r, 0]))
+            out[w] = got
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import pipeline_time
 from hgopt.search.hier_tables import ClusterTable, role_of
 from hgopt.search.hierarchical.context import Ctx
-from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, choose_weights, estimate_at, real_table,
+from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, cells, choose_weights, estimate_at, real_table,
                                                 round_up, trip_depths)
 from hgopt.search.hierarchical.links import Wan, block_cut, link_choice, wan_times
 from hgopt.search.hierarchical.order import cluster_order
@@ -81,8 +81,8 @@ def split_order(
                                                for i, n in enumerate(order)], layers, k * B, m, links)
         got = Estimated(est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
                                        weights=() if all(w == m for w in ws) else ws, links=links))
-        chosen = [alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
-        stages = [int(t.stages[n]) for t, n in zip(chosen, layers)]
+        stages = [cells(alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i]), c)[ws[i]].stages
+                  for i, (n, c) in enumerate(zip(order, layers))]
         new_after = [round_up(sum(stages[i + 1 :])) for i in range(len(order))]
         if new_after == after:
             break
