@@ -19,7 +19,7 @@ from hgopt.search.hierarchical import HeuristicOptions, plan_heuristic
 from hgopt.search.baselines._common import block_layout
 import hgopt.search.hier_tables as H
 import hgopt.search.hierarchical.estimates as E
-import numpy as np
+
 spec = importlib.util.spec_from_file_location("base_hier_tables", f"{sys.argv[1]}/hgopt/search/hier_tables.py")
 B = importlib.util.module_from_spec(spec); sys.modules["base_hier_tables"] = B; spec.loader.exec_module(B)
 inst = speed_instance(); tables = build_tables(inst); layout = block_layout(inst)
