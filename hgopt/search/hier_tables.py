@@ -13,9 +13,10 @@ intra-cluster DP (``hgopt.search.intra.best_local_plan``) and its time from ``ev
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +30,8 @@ from hgopt.search.baselines._common import BlockLayout
 from hgopt.search.intra import LocalConfig, local_configs
 from hgopt.spec import Cluster, Instance
 
-__all__ = ["MOST_STAGES", "ClusterTable", "Role", "cluster_table", "cluster_tables", "role_of"]
+__all__ = ["MOST_STAGES", "ClusterTable", "LazyTables", "Role", "cluster_table", "cluster_tables", "lazy_cluster_tables",
+           "role_of"]
 
 Role = Literal["first", "middle", "last", "only"]
 
@@ -139,7 +141,29 @@ def cluster_tables(
     """[H2] For the real microbatch count m and every extra ``weight`` w: per layer count n, the
     estimate minimising (w − 1)·bottleneck + fill + sync_opt (memory always checked at m). A small
     w favours local pipelines with little fill and gradient sync, the right choice when the
-    pipeline's bottleneck is elsewhere."""
+    pipeline's bottleneck is elsewhere. Every weight's table built (:func:`lazy_cluster_tables`)."""
+    return dict(lazy_cluster_tables(instance, tables, layout, cluster, role, microbatch=microbatch,
+                                    num_microbatches=num_microbatches, gpu_budget=gpu_budget, replicas=replicas,
+                                    stages_after=stages_after, weights=weights, cache=cache).items())
+
+
+def lazy_cluster_tables(
+    instance: Instance,
+    tables: CostTables,
+    layout: BlockLayout,
+    cluster: Cluster,
+    role: Role,
+    *,
+    microbatch: int,
+    num_microbatches: int,
+    gpu_budget: int,
+    replicas: int,
+    stages_after: int,
+    weights: Sequence[int] = (),
+    cache: dict[tuple[object, ...], object] | None = None,
+) -> dict[int, ClusterTable]:
+    """:func:`cluster_tables` as a :class:`LazyTables`: the block of every config's estimate and what
+    fits with ``stages_after`` stages after the cluster now, each weight's table when it is read."""
     L = tables.num_layers
     n = np.array([L]) if role == "only" else np.arange(L + 1)  # 'only' hosts the whole model
     m = num_microbatches
@@ -154,50 +178,111 @@ def cluster_tables(
     if key not in cache:
         cache[key] = _block(instance, tables, layout, cluster, role, n, microbatch, m, gpu_budget, replicas, cache)
     blk: _Block | None = cache[key]  # type: ignore[assignment]
-    out: dict[int, ClusterTable] = {}
-    W = len(ws)
-    cols = [np.full((W, L + 1), math.inf) for _ in range(3)] + [np.zeros((W, L + 1), dtype=int) for _ in range(4)]
     ok = None if blk is None else blk.fits(stages_after, m, cluster.gpu_memory_bytes)
-    # rows that fit at no layer count cannot be picked (the others keep their order: the same first
-    # best row); none left: nothing fits (infinite, as every row's objective would be)
-    rows = np.zeros(0, dtype=int) if ok is None else np.flatnonzero(ok.any(axis=1))
-    if blk is not None and ok is not None and len(rows):
-        if len(rows) < ok.shape[0]:
-            ok, bott, fill, sync, s = ok[rows], blk.bott[rows], blk.fill[rows], blk.sync[rows], blk.s[rows]
+    return LazyTables(ws, blk, ok, n, m, L)
+
+
+class LazyTables(Mapping[int, ClusterTable]):
+    """[H2] :func:`lazy_cluster_tables`' result: per weight w its :class:`ClusterTable`, built on first
+    access; :meth:`cells` reads one layer count of every weight without building the others' tables
+    (the split's choice of local alternatives reads one count per cluster). Each weight's table is the
+    one the stacked computation gives: per layer count the first best row of its objective among the
+    rows that fit (the most local stages first, then the objective at m, for ``MOST_STAGES``; else
+    (w − 1)·bottleneck + fill + sync_opt); where none fits, infinite and 0."""
+
+    __slots__ = ("_ws", "_blk", "_ok", "_n", "_m", "_L", "_built", "_cells")
+
+    def __init__(self, ws: tuple[int, ...], blk: _Block | None, ok: np.ndarray | None, n: np.ndarray, m: int,
+                 L: int) -> None:
+        self._ws, self._blk, self._ok, self._n, self._m, self._L = ws, blk, ok, n, m, L
+        self._built: dict[int, ClusterTable] = {}
+        self._cells: dict[int, dict[int, tuple[float, float, float, int]]] = {}
+
+    def __getitem__(self, w: int) -> ClusterTable:
+        got = self._built.get(w)
+        if got is None:
+            if w not in self._ws:
+                raise KeyError(w)
+            got = self._built[w] = self._table(w)
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ws)
+
+    def __len__(self) -> int:
+        return len(self._ws)
+
+    def _objective(self, w: int, col: int | slice) -> np.ndarray:
+        """Weight ``w``'s objective at the block's columns ``col``, infinite where a row does not fit."""
+        blk, ok, m = self._blk, self._ok, self._m
+        assert blk is not None and ok is not None
+        bott, fill, sync = blk.bott[:, col], blk.fill[:, col], blk.sync[:, col]
+        s = blk.s if isinstance(col, slice) else blk.s[:, 0]
+        if w == MOST_STAGES:
+            j = -s * 1e12 + pipeline_time(m, bott, fill) + sync
         else:
-            bott, fill, sync, s = blk.bott, blk.fill, blk.sync, blk.s
-        # the most local stages that fit, then the lowest objective at m; else the objective at weight w
-        j = np.stack([np.where(ok, -s * 1e12 + pipeline_time(m, bott, fill) + sync, math.inf)
-                      if w == MOST_STAGES else
-                      np.where(ok, pipeline_time(max(w, 1), bott, fill) + sync, math.inf) for w in ws])
-        pick = np.argmin(j, axis=1)  # (weights, layer counts): the first best row, as one weight alone
-        at = (pick, np.arange(len(n))[None, :])
-        feasible = np.isfinite(j[np.arange(W)[:, None], *at])
-        for col, a in zip(cols, (bott, fill, sync)):
-            col[:, n] = np.where(feasible, a[at], math.inf)
-        at = (rows[pick], at[1])  # the same rows of the whole block
-        for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):
-            col[:, n] = np.where(feasible, a[at], 0)
-    for i, w in enumerate(ws):
-        out[w] = ClusterTable(*(col[i] for col in cols))
-    return out
+            j = pipeline_time(max(w, 1), bott, fill) + sync
+        np.copyto(j, math.inf, where=~ok[:, col])
+        return j
+
+    def _table(self, w: int) -> ClusterTable:
+        L, n, blk = self._L, self._n, self._blk
+        cols = [np.full(L + 1, math.inf) for _ in range(3)] + [np.zeros(L + 1, dtype=int) for _ in range(4)]
+        if blk is not None:
+            j = self._objective(w, slice(None))
+            pick = np.argmin(j, axis=0)  # per layer count: the first best row
+            at = (pick, np.arange(len(n)))
+            feasible = np.isfinite(j[at])
+            for col, a in zip(cols, (blk.bott, blk.fill, blk.sync)):
+                col[n] = np.where(feasible, a[at], math.inf)
+            for col, a in zip(cols[3:], (blk.s, blk.tp, blk.dp, blk.rc)):  # (rows, 1): the picked rows'
+                col[n] = np.where(feasible, a[pick, 0], 0)
+        return ClusterTable(*cols)
+
+    def cells(self, layers: int) -> dict[int, tuple[float, float, float, int]]:
+        """Per weight, (bottleneck, fill, sync_opt, stages) of its table at ``layers`` layers: what
+        ``self[w]`` holds there, read off the block for the tables not built (memoised per count)."""
+        out = self._cells.get(layers)
+        if out is not None:
+            return out
+        out = self._cells[layers] = {}
+        hit = np.flatnonzero(self._n == layers)
+        for w in self._ws:
+            t = self._built.get(w)
+            if t is not None:
+                out[w] = (float(t.bottleneck[layers]), float(t.fill[layers]), float(t.sync_opt[layers]),
+                          int(t.stages[layers]))
+                continue
+            got = (math.inf, math.inf, math.inf, 0)
+            if self._blk is not None and len(hit):
+                c = int(hit[0])
+                j = self._objective(w, c)
+                r = int(np.argmin(j))
+                if math.isfinite(j[r]):
+                    got = (float(self._blk.bott[r, c]), float(self._blk.fill[r, c]), float(self._blk.sync[r, c]),
+                           int(self._blk.s[r, 0]))
+            out[w] = got
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class _Block:
     """Every config's estimate stacked (rows: config × local stage count, columns: n); memory kept
-    as base + in-flight · activations so that any number of stages after the cluster is cheap."""
+    as base + in-flight · activations so that any number of stages after the cluster is cheap. What
+    is constant along a row (its stage count and config) is one column (rows, 1)."""
 
     bott: np.ndarray
     fill: np.ndarray
     sync: np.ndarray
     s: np.ndarray
+    """(rows, 1)."""
     shape_ok: np.ndarray
     first_base: np.ndarray
     first_act: np.ndarray
     trunk_base: np.ndarray
     trunk_act: np.ndarray
     tp: np.ndarray
+    """(rows, 1), as ``dp`` and ``rc``."""
     dp: np.ndarray
     rc: np.ndarray
 
@@ -221,7 +306,7 @@ def _block(
     if ckey not in cache:
         cache[ckey] = local_configs(instance, cluster.name, microbatch, tables)  # which layouts may recompute [I3r]
     configs: tuple[LocalConfig, ...] = cache[ckey]  # type: ignore[assignment]
-    recompute_ok = any(cfg.recompute for cfg in configs)
+    rc_layouts = {(cfg.tp, cfg.dp) for cfg in configs if cfg.recompute}  # the layouts that may recompute
     layouts: list[tuple[int, int]] = []
     for tp in instance.model.tps(cluster.gpu):
         if cluster.gpus_per_node % tp:
@@ -243,8 +328,7 @@ def _block(
     # [I3r] with recomputation too (hfrec), unless every estimate of the layout fits with m in flight:
     # then recomputation cannot help
     with_rc = [i for i, (tp, dp) in enumerate(layouts)
-               if recompute_ok and any(cfg.tp == tp and cfg.dp == dp and cfg.recompute for cfg in configs)
-               and not _fits_deepest(plain[i], m, cluster.gpu_memory_bytes)]
+               if (tp, dp) in rc_layouts and not _fits_deepest(plain[i], m, cluster.gpu_memory_bytes)]
     rcs = dict(zip(with_rc, estimates([layouts[i] for i in with_rc], True)))
     parts: list[tuple[np.ndarray, ...]] = []
     labels: list[tuple[int, int, int, int]] = []  # (tp, dp, recompute, rows) per part
@@ -253,11 +337,11 @@ def _block(
             if est is not None:
                 parts.append(est)
                 labels.append((tp, dp, rc, est[0].shape[0]))
-    arrays = [np.concatenate([p[i] for p in parts]) for i in range(9)]
-    shape = arrays[0].shape
+    # the stage count of each row (constant along it) as one column
+    arrays = [np.concatenate([p[i][:, :1] if i == 3 else p[i] for p in parts]) for i in range(9)]
     rows = [r for *_, r in labels]
     for j in range(3):  # the config of every row: tp, dp, recompute
-        arrays.append(np.broadcast_to(np.repeat(np.array([lab[j] for lab in labels]), rows)[:, None], shape))
+        arrays.append(np.repeat(np.array([lab[j] for lab in labels]), rows)[:, None])
     arrays[4] = arrays[4] & valid[None, :]
     return _Block(*arrays)
 
@@ -294,8 +378,11 @@ def _config_estimates(
     element by the same operations as one config alone)."""
     L = tables.num_layers
     # the estimate reads neither m nor the budget beyond its stage grid: alike calls share one (replan speed)
-    memos = [("config", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node, tp, dp, mbs,
-              min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute, len(nb)) for tp, dp, mbs in specs]
+    # the cluster's part of the keys as one small token (hashing its bandwidths for every config and
+    # lookup cost more than the rest of the keys): equal parts get the same token, a new one a new token
+    token = cache.setdefault(("cluster", c.gpu, c.gpus_per_node, c.intra_node, c.inter_node), len(cache))
+    memos = [("config", token, tp, dp, mbs, min(budget // (tp * dp), L), replicas, has_pre, has_post, recompute,
+              len(nb)) for tp, dp, mbs in specs]
     spec_of = dict(zip(memos, specs))
     todo = [key for key in spec_of if key not in cache]
     if todo:
@@ -327,7 +414,10 @@ def _config_estimates_uncached(
         p_b, p_pre, p_post = P.params
         pre_p, post_p = (p_pre if has_pre else 0.0), (p_post if has_post else 0.0)
         a_b, a_pre, a_post = P.act
-        grids.append(_stage_grid(min(budget // (tp * dp), L)))
+        top = min(budget // (tp * dp), L)
+        if ("grid", top) not in cache:
+            cache[("grid", top)] = _stage_grid(top)
+        grids.append(cache[("grid", top)])  # read only
         cols.append((
             t_b, (t_pre if has_pre else 0.0) + (t_post if has_post else 0.0),  # block seconds, extra seconds
             max(t_pre if has_pre else 0.0, t_post if has_post else 0.0),  # the heavier special layer
@@ -385,7 +475,7 @@ def _config_estimates_uncached(
         first_base = base_mem(first_params)
     shape_ok = s <= np.maximum(nbc + int(has_pre) + int(has_post), 1)
     out = (bott, fill, sync, s, shape_ok, first_base, first_act, trunk_base, trunk_act)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in out))
-    full = tuple(a if np.shape(a) == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
-    edges = np.cumsum([0, *sizes])
+    shape = (s.shape[0], nbc.shape[1])  # rows (configs × stage counts) × layer counts: what they broadcast to
+    full = tuple(a if a.shape == shape else np.broadcast_to(a, shape) for a in out)  # read only, never written
+    edges = list(itertools.accumulate(sizes, initial=0))
     return [tuple(a[lo:hi] for a in full) for lo, hi in zip(edges[:-1], edges[1:])]

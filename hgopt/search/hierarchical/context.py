@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from hgopt.cost import evaluate
 from hgopt.cost.evaluate import Evaluation
@@ -53,6 +54,8 @@ class Ctx:
     """What first ended a phase early: 'work limit', 'time limit' or 'stop request' ('' = none)."""
     score: Scorer | None = None
     """[H10] How candidates compare (time, or $ per iteration) and the plans scored; set by the search."""
+    split_tables: dict[int, Any] = field(default_factory=dict)
+    """[H4] ``split.prepared`` per cluster table (by id; the entry keeps the table alive)."""
     evaluated: dict[Plan, Evaluation] = field(default_factory=dict)
     """``evaluate`` per plan on this search's instance and tables (the same plan is realised, checked
     and polished several times)."""

@@ -5,10 +5,10 @@ form); the choice of each cluster's local alternative by coordinate descent."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from hgopt.cost.pipeline import pipeline_time, trip_depth
-from hgopt.search.hier_tables import ClusterTable, MOST_STAGES, cluster_tables
+from hgopt.search.hier_tables import ClusterTable, LazyTables, MOST_STAGES, lazy_cluster_tables
 from hgopt.search.hierarchical.context import Ctx
 from hgopt.search.hierarchical.links import Wan, wan_times
 
@@ -20,15 +20,24 @@ def local_weights(m: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((m, max(1, m // 8), 1, 4 * m + 4, MOST_STAGES)))
 
 
-def alt_tables(ctx: Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> dict[int, ClusterTable]:
+def alt_tables(ctx: Ctx, name: str, role: str, k: int, B: int, m: int, after: int) -> LazyTables:
+    """[H2]/[H6] The cluster's tables of local alternatives (per weight of ``local_weights``), each built
+    when first read (``cells`` reads one layer count of all of them without building them)."""
     key = (alike(ctx, name), role, k, B, after)
     if key not in ctx.tabs:
         c = ctx.instance.topology.cluster(name)
-        ctx.tabs[key] = cluster_tables(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
-                                       microbatch=B, num_microbatches=m, gpu_budget=c.num_gpus // k,
-                                       replicas=k, stages_after=after, weights=local_weights(m),
-                                       cache=ctx.parts)  # type: ignore[arg-type]
+        ctx.tabs[key] = lazy_cluster_tables(ctx.instance, ctx.tables, ctx.layout, c, role,  # type: ignore[arg-type]
+                                            microbatch=B, num_microbatches=m, gpu_budget=c.num_gpus // k,
+                                            replicas=k, stages_after=after, weights=local_weights(m),
+                                            cache=ctx.parts)  # type: ignore[arg-type]
     return ctx.tabs[key]  # type: ignore[return-value]
+
+
+def cells(tabs: Mapping[int, ClusterTable], n: int) -> dict[int, Cell]:
+    """Every weight's :func:`cell` at ``n`` layers (of a :class:`LazyTables` without building its tables)."""
+    if isinstance(tabs, LazyTables):
+        return {w: Cell(*c) for w, c in tabs.cells(n).items()}
+    return {w: cell(t, n) for w, t in tabs.items()}
 
 
 def alike(ctx: Ctx, name: str) -> tuple[object, ...]:
@@ -97,14 +106,17 @@ def combine(vals: Sequence[Cell], m: int, wan: Wan) -> float:
             sync = s_
         link = per[i] if i < len(per) else 0.0
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / trip_depth(1 + count, m)
+            fk = f / k  # one local stage's fill
+            pace = (fk + link + trip) / trip_depth(1 + count, m)
             if pace > bott:
                 bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                pace = (f / k + link + head) / trip_depth(2, m)
+                pace = (fk + link + head) / trip_depth(2, m)
                 if pace > bott:
                     bott = pace
-        head = f / k if k else -1.0
+            head = fk
+        else:
+            head = -1.0
         trip += f + link
         count += k
         if count:
@@ -140,14 +152,17 @@ def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, depth: S
         link = per[i] if i < last else 0.0
         k = ti.stages[ni]
         if k:  # the suffix from the cluster's last local stage (one stage and its WAN link)
-            pace = (f / k + link + trip) / depth[count + 1]
+            fk = f / k  # one local stage's fill
+            pace = (fk + link + trip) / depth[count + 1]
             if pace > bott:
                 bott = pace
             if head >= 0.0:  # the window of that stage and the next cluster's first stage
-                pace = (f / k + link + head) / depth[2]
+                pace = (fk + link + head) / depth[2]
                 if pace > bott:
                     bott = pace
-        head = f / k if k else -1.0
+            head = fk
+        else:
+            head = -1.0
         trip += f + link
         count += k
         if count:
@@ -158,7 +173,7 @@ def estimate_at(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, depth: S
 
 
 def choose_weights(
-    ctx: Ctx, order: tuple[str, ...], tabs: Sequence[dict[int, ClusterTable]], layers: Sequence[int], B: int, m: int,
+    ctx: Ctx, order: tuple[str, ...], tabs: Sequence[Mapping[int, ClusterTable]], layers: Sequence[int], B: int, m: int,
     links: Sequence[str] = (),
 ) -> tuple[float, tuple[int, ...]]:
     """[H6] Per cluster, the local alternative (bottleneck weight) that lowers the pipeline's
@@ -166,7 +181,7 @@ def choose_weights(
     wan = wan_times(ctx, order, B, links)
     ws = [m] * len(order)
 
-    val = [{w: cell(t, n) for w, t in tb.items()} for tb, n in zip(tabs, layers)]
+    val = [cells(tb, n) for tb, n in zip(tabs, layers)]
 
     def est(choice: Sequence[int]) -> float:
         return combine([v[w] for v, w in zip(val, choice)], m, wan)

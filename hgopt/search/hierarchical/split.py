@@ -12,7 +12,7 @@ from hgopt.cost.memory import stage_memory
 from hgopt.cost.pipeline import pipeline_time
 from hgopt.search.hier_tables import ClusterTable, role_of
 from hgopt.search.hierarchical.context import Ctx
-from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, choose_weights, estimate_at, real_table,
+from hgopt.search.hierarchical.estimates import (Lists, alt_tables, as_lists, cells, choose_weights, estimate_at, real_table,
                                                 round_up, trip_depths)
 from hgopt.search.hierarchical.links import Wan, block_cut, link_choice, wan_times
 from hgopt.search.hierarchical.order import cluster_order
@@ -81,8 +81,8 @@ def split_order(
                                                for i, n in enumerate(order)], layers, k * B, m, links)
         got = Estimated(est2, Skeleton(pipelines=k, microbatch=B, order=order, layers=layers,
                                        weights=() if all(w == m for w in ws) else ws, links=links))
-        chosen = [alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i])[ws[i]] for i, n in enumerate(order)]
-        stages = [int(t.stages[n]) for t, n in zip(chosen, layers)]
+        stages = [cells(alt_tables(ctx, n, role_of(i, len(order)), k, B, m, after[i]), c)[ws[i]].stages
+                  for i, (n, c) in enumerate(zip(order, layers))]
         new_after = [round_up(sum(stages[i + 1 :])) for i in range(len(order))]
         if new_after == after:
             break
@@ -99,17 +99,15 @@ def split_layers(
     where the estimate changes least, then layers moved between any two clusters (1, 2 or 4 at a
     time) while that lowers the estimate; the better of the starts."""
     L = ctx.tables.num_layers
-    t = [as_lists(tb) for tb in tabs]
-    lo = []
-    for ti in t:
-        ok = [n for n in range(1, L + 1) if math.isfinite(ti.fill[n])]
-        if not ok:
-            return None
-        lo.append(ok[0])
+    prep = [prepared(ctx, tb) for tb in tabs]
+    if any(p.low is None for p in prep):
+        return None
+    t = [p.lists for p in prep]
+    lo: list[int] = [p.low for p in prep]  # type: ignore[misc]
     if sum(lo) > L:
         return None
     wan = wan_times(ctx, order, B, links)
-    starts = [_cap_start(t, lo, L)]
+    starts = [_cap_start(prep, L)]
     if start is not None and len(start) == len(t) and sum(start) == L and all(a >= b for a, b in zip(start, lo)):
         starts.append(list(start))
     near = None if len(t) <= ctx.neighbours + 1 else ctx.neighbours
@@ -197,15 +195,44 @@ def _cheapest_growth(t: Sequence[Lists], n: Sequence[int], m: int, wan: Wan, L: 
     return None if best is None else best[1]
 
 
-def _cap_start(t: Sequence[Lists], lo: Sequence[int], L: int) -> list[int]:
+class Prepared(NamedTuple):
+    """[H4] What the split reads of one cluster table, once per table and search (``prepared``)."""
+
+    table: ClusterTable
+    """The table itself (kept alive: the memo's key is its id)."""
+    lists: Lists
+    low: int | None
+    """The fewest layers (>= 1) it can host (None: no layer count fits)."""
+    run: list[float]
+    """From ``low`` to L layers, the running maximum of the bottleneck (inf where nothing fits)."""
+    caps: frozenset[float]
+    """The finite values of ``run``."""
+
+
+def prepared(ctx: Ctx, tb: ClusterTable) -> Prepared:
+    """``tb``'s :class:`Prepared`, memoised in the search's context (the split of every subset and pass
+    reads the same tables again)."""
+    got = ctx.split_tables.get(id(tb))
+    if got is None or got.table is not tb:
+        ti = as_lists(tb)
+        L = len(ti.fill) - 1
+        ok = [n for n in range(1, L + 1) if math.isfinite(ti.fill[n])]
+        low = ok[0] if ok else None
+        run: list[float] = []
+        if low is not None:
+            b = [ti.bott[n] if math.isfinite(ti.fill[n]) else math.inf for n in range(low, L + 1)]
+            run = list(itertools.accumulate(b, max))
+        got = ctx.split_tables[id(tb)] = Prepared(tb, ti, low, run, frozenset(v for v in run if math.isfinite(v)))
+    return got
+
+
+def _cap_start(prep: Sequence[Prepared], L: int) -> list[int]:
     """Smallest bottleneck cap at which the clusters can hold every layer (binary search over the
     estimated bottleneck values), and each cluster's largest layer count under it (the bottleneck
     taken as its running maximum over n, so that the count is monotone in the cap)."""
-    runs = []
-    for ti, low in zip(t, lo):
-        b = [ti.bott[n] if math.isfinite(ti.fill[n]) else math.inf for n in range(low, L + 1)]
-        runs.append((low, list(itertools.accumulate(b, max))))
-    caps = sorted({v for _, r in runs for v in r if math.isfinite(v)})
+    runs = [(p.low, p.run) for p in prep]
+    lo = [p.low for p in prep]
+    caps = sorted(frozenset().union(*(p.caps for p in prep)))
 
     def counts(cap: float) -> list[int]:
         return [max(low, low + bisect.bisect_right(r, cap) - 1) for low, r in runs]
