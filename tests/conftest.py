@@ -4,11 +4,12 @@ result (each property still asserted by its own test), so that the suite pays fo
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-UNLIMITED_HEURISTIC_OPTIONS: dict[str, Any] = {"time_limit_s": None, "cross_cluster_dp": False}
+UNLIMITED_HEURISTIC_OPTIONS: MappingProxyType[str, Any] = MappingProxyType({"time_limit_s": None, "cross_cluster_dp": False})
 """The options of :func:`unlimited_heuristic`: no clock (the search runs to its end whatever the machine's
 load, so the plan is the same on every run) and no [H9] groups (the search whose work
 ``test_heuristic_scale`` counts)."""
