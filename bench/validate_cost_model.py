@@ -232,25 +232,29 @@ class Row:
     layers_s: float = float("nan")
     """evaluate from the fresh profile's layer-by-layer timing alone (before its pipelined run)."""
 
+    def relative(self, predicted_s: float) -> float:
+        """(``predicted_s`` − measured) / measured: every error column below."""
+        return (predicted_s - self.measured_s) / self.measured_s
+
     @property
     def error(self) -> float:
-        return (self.predicted_s - self.measured_s) / self.measured_s
+        return self.relative(self.predicted_s)
 
     @property
     def error_sim(self) -> float:
-        return (self.simulated_s - self.measured_s) / self.measured_s
+        return self.relative(self.simulated_s)
 
     @property
     def error_insitu(self) -> float:
-        return (self.insitu_s - self.measured_s) / self.measured_s
+        return self.relative(self.insitu_s)
 
     @property
     def error_insitu_sim(self) -> float:
-        return (self.insitu_sim_s - self.measured_s) / self.measured_s
+        return self.relative(self.insitu_sim_s)
 
     @property
     def error_before(self) -> float:
-        return (self.before_s - self.measured_s) / self.measured_s
+        return self.relative(self.before_s)
 
 
 def without_round_trip(ev: Any, plan: Plan) -> float:
@@ -429,7 +433,7 @@ def main() -> int:
               f"{row.measured_s:7.3f} s  error {row.error:+6.1%}, simulate {row.error_sim:+6.1%}; in situ "
               f"{row.error_insitu:+6.1%}, simulate {row.error_insitu_sim:+6.1%} "
               f"(without round trip {row.error_before:+6.1%}; layers only "
-              f"{(row.layers_s - row.measured_s) / row.measured_s:+6.1%})  "
+              f"{row.relative(row.layers_s):+6.1%})  "
               f"(lag {run.lag_s:.2f} s, load {run.load_before:.1f}, run {run.wall_s:.0f} s)", flush=True)
     report(rows, out, Path(args.png), args, load0, time.perf_counter() - t0, picked)
     return 0
@@ -493,7 +497,7 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
                      f"{r.measured_s:.3f} | {r.predicted_s:.3f} | {r.simulated_s:.3f} | {r.error:+.1%} | "
                      f"{r.error_sim:+.1%} | {r.insitu_s:.3f} | {r.insitu_sim_s:.3f} | {r.error_insitu:+.1%} | "
                      f"{r.error_insitu_sim:+.1%} | {r.before_s:.3f} ({r.error_before:+.1%}) | "
-                     f"{r.layers_s:.3f} ({(r.layers_s - r.measured_s) / r.measured_s:+.1%}) | {spread:.0%} | "
+                     f"{r.layers_s:.3f} ({r.relative(r.layers_s):+.1%}) | {spread:.0%} | "
                      f"{_lag_fraction(r.run):.0%} |")
     group = [r for r in rows if r.net == RANK_GROUP]
     tau = kendall_tau([r.common_s for r in group], [r.measured_s for r in group]) if len(group) > 1 else float("nan")
@@ -503,7 +507,7 @@ def report(rows: list[Row], out: Path, png: Path, args: argparse.Namespace, load
     sims = [abs(r.error_sim) for r in rows]
     situ = [abs(r.error_insitu) for r in rows if not math.isnan(r.insitu_s)]
     situ_sim = [abs(r.error_insitu_sim) for r in rows if not math.isnan(r.insitu_sim_s)]
-    lay = [abs(r.layers_s - r.measured_s) / r.measured_s for r in rows if not math.isnan(r.layers_s)]
+    lay = [abs(r.relative(r.layers_s)) for r in rows if not math.isnan(r.layers_s)]
     summary = [
         f"plans: {len(rows)}; evaluate: median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%}; "
         f"simulate: median |error| {statistics.median(sims):.1%}, max |error| {max(sims):.1%} "

@@ -94,7 +94,9 @@ def test_geo_instance_cost_objective_is_cheaper_than_time_each_with_its_proven_g
         dataclasses.replace(c, cost_per_gpu_hour=prices[c.gpu]) for c in inst.topology.clusters))
     inst = dataclasses.replace(inst, topology=topo)
     tables = build_tables(inst)
-    fast = get_planner("milp")(inst, PlanOptions(time_limit_s=60))
+    # gap 5 %: the same plan and bound as at the default 1 % (1.3452 s, gap 0.55 %) in a fifth of the CPU
+    # time (3.2 s instead of 16.3 s, measured): the property needs a proven gap, not the 1 % one
+    fast = get_planner("milp")(inst, PlanOptions(time_limit_s=60, gap=0.05))
     assert fast.plan is not None and fast.lower_bound_s is not None and fast.gap is not None
     t_fast, usd_fast = plan_usd(fast.plan, inst, tables)
     assert fast.lower_bound_s <= t_fast

@@ -162,7 +162,8 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
     if violations:
         return _infeasible(plan, violations)
     tables = tables or build_tables(instance)
-    sync = _stage_sync_times(plan, instance, tables)
+    segs = _segments_and_loads(plan, instance, tables)  # [C5] segments and [C5w] loads, for both sync models
+    sync = _stage_sync_times(plan, instance, tables, segs)
     wan = _wan_loads(instance, tables, plan.pipelines)
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
@@ -183,7 +184,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
                                                  exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay"))
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
-    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports)
+    stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports, segs)
     # the headline: [C7o] with overlap (the runner's default), [C7] without
     t_iter = t_overlap if plan.overlap_grad_sync else t_pipe + max(s.sync_s + s.optimizer_s for s in stage_reports)
     t_tail = t_iter - t_pipe
@@ -616,12 +617,14 @@ def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
 
 
 # ---- gradient synchronisation [C5] ---------------------------------------------------------------
-def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables) -> dict[tuple[int, int], float]:
+def _stage_sync_times(plan: Plan, inst: Instance, tables: CostTables,
+                      segs_loads: SegmentsAndLoads | None = None) -> dict[tuple[int, int], float]:
     """All-reduce seconds per (pipeline, stage) [C5]. Layers are cut into segments at every stage
     boundary of every pipeline, so each segment has one fixed set of replicas that hold it. A stage
     all-reduces its segments one after another; their cross-cluster rings also share each WAN link
-    with every other segment's ring over it, all running after the drain [C5w]."""
-    segs, load = _segments_and_loads(plan, inst, tables)
+    with every other segment's ring over it, all running after the drain [C5w]. ``segs_loads``:
+    ``_segments_and_loads`` of ``plan`` when the caller has it."""
+    segs, load = segs_loads or _segments_and_loads(plan, inst, tables)
     by_range = {}
     for p in set(plan.pipelines):
         for s in p.stages:
@@ -696,6 +699,10 @@ class SegmentSync:
         """Two collectives of the same holders one after the other."""
         return SegmentSync(intra=self.intra + other.intra, inter=self.inter + other.inter, clusters=self.clusters,
                            wan_bytes=self.wan_bytes + other.wan_bytes)
+
+
+SegmentsAndLoads = tuple[dict[tuple[int, int], SegmentSync], dict[frozenset[str], float]]
+"""``_segments_and_loads``: every sync segment's [C5] all-reduce by layer range, [C5w] bytes per cluster pair."""
 
 
 def segment_allreduce(
@@ -777,7 +784,8 @@ def segment_sync(inst: Instance, tables: CostTables, holders: list[Stage], lo: i
 
 
 def _bucketed_sync(
-    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport]
+    plan: Plan, inst: Instance, tables: CostTables, pipes: list[PipelineReport], stages: list[StageReport],
+    segs_loads: SegmentsAndLoads | None = None,
 ) -> tuple[list[StageReport], float]:
     """[C7o] Per stage the end of its last backward (``pipeline.last_backward_ends``) and of its last
     gradient bucket (``gradsync.bucket_schedule``); each bucket priced by [C5] for its layers
@@ -803,7 +811,7 @@ def _bucketed_sync(
                        key=lambda tm: tm[0].times(tm[1], st.start, st.end)[1])
         slowest[key] = (tab, mbs, tab.times(mbs, st.start, st.end)[1])
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
-    segs, load = _segments_and_loads(plan, inst, tables)
+    segs, load = segs_loads or _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
     rings: list[tuple[float, float, tuple[str, ...]]] = []  # per bucket: intra, inter, ring clusters [C7c]
     gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers

@@ -144,6 +144,13 @@ def _rendezvous(rp: RunnerPlan, mode: str, port: int, python: str, keep: list[An
     return host, port, lay
 
 
+FORKSERVER_PRELOAD = ("hgopt.runner.worker", "hgopt.runner.hf", "transformers.models.auto.configuration_auto",
+                      "transformers.models.llama.modeling_llama")
+"""What ``run_forked``'s fork server imports once for every rank it forks (in this process the server starts
+once, at the first call): the runner and, where transformers is installed (the server skips a module it
+cannot import), the config and Llama modeling an HF rank would otherwise import itself (~2 CPU s a rank)."""
+
+
 def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resume: bool = False,
                emulation: str = "off", threads: int = 1, timeout_s: float = 300.0, device: str = "cpu") -> dict[int, int]:
     """Every rank as a child of a fork server that has imported the runner once (no interpreter and
@@ -158,7 +165,7 @@ def run_forked(rp: RunnerPlan, out_dir: Path, *, steps: int | None = None, resum
     mode = resolve_emulation(emulation, rp, kind)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["hgopt.runner.worker"])
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     procs = {r: ctx.Process(target=_forked_rank, args=(rp, r, out_dir, store.port, steps, resume, mode, threads, kind))
              for r in range(rp.world_size)}
     for p in procs.values():

@@ -44,7 +44,6 @@ class RelaxedSplit:
     names: tuple[str, ...]
     T: tuple[np.ndarray, ...]
     F: tuple[np.ndarray, ...]
-    S: tuple[np.ndarray, ...]
     wan: np.ndarray
     """wan[π, a, b]: pace of a hand-over a→b at allowed precision pair π (the slower direction, all
     k pipelines' bytes [C4w], a one-sample cast [C4q]: a lower bound for any microbatch size)."""
@@ -256,13 +255,13 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     geo, _ = role_geometry(shape, "middle")
     L = shape.num_layers
     names = tuple(c.name for c in instance.topology.clusters)
-    Ts, Fs, Ss, Ns = [], [], [], []
+    Ts, Fs, Ns = [], [], []
     TEs, FEs, NEs, TBs, FBs, NBs = [], [], [], [], [], []
     TLs, TCs, TKs = [], [], []  # gaps3 [R5t]
     extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
-        rows_t, rows_f, rows_s, rows_n = [], [], [], []
+        rows_t, rows_f, rows_n = [], [], []
         ends_t, ends_f, ends_n = [], [], []
         firsts_t, firsts_f, firsts_n = [], [], []
         firsts_tail, firsts_comp, firsts_caps = [], [], []
@@ -274,8 +273,8 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
             lat = c.inter_node.latency_s if replay_bounds() else 0.0
-            t, f, s = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
-            rows_t.append(t), rows_f.append(f), rows_s.append(s)
+            t, f = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
+            rows_t.append(t), rows_f.append(f)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
             xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
             if shape.q:
@@ -292,7 +291,6 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 firsts_caps.append(caps)
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
-        Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
         Ns.append(np.concatenate(rows_n) if rows_n else np.zeros(0))
         TEs.append(np.concatenate(ends_t) if ends_t else np.zeros((0, N + 1)))
         FEs.append(np.concatenate(ends_f) if ends_f else np.zeros((0, N + 1)))
@@ -312,7 +310,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             if a != b:
                 for k, e in enumerate(table[(a, b)]):
                     wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
-    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), S=tuple(Ss), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
+    return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
                         s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
                         **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
@@ -321,7 +319,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                            if shape.p else {}))
 
 
-def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
     distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
     a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
@@ -338,7 +336,6 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tup
     n = np.arange(1, N + 1)
     T = np.full((s_max, N), INF)
     F = np.full((s_max, N), INF)
-    S = np.full((s_max, N), INF)
     for si in range(s_max):
         s = si + 1
         if caps_a[si] < 1:
@@ -351,8 +348,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tup
             t = np.maximum(t, max(tc.t_send - latency, 0.0))
         T[si] = np.where(ok, t, INF)
         F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
-        S[si] = np.where(ok, tc.t_so[xm], INF)
-    return T, F, S
+    return T, F
 
 
 def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndarray, s_max: int,
