@@ -22,6 +22,9 @@ from hgopt.runner.summary import read_metrics  # noqa: E402
 from tests.runner_plans import plan_dp_tp, runner_instance  # noqa: E402
 
 HEARTBEAT_S = 3.0
+EXIT_GRACE_S = 3.0
+"""The launcher's grace (``--exit-grace``) in the stopped-rank case: ample for the healthy ranks, which exit
+within a heartbeat beat of each other once the watchdogs noticed."""
 
 
 def _wait_for(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -74,8 +77,10 @@ def test_stopped_rank_is_the_one_the_launcher_blames(tmp_path: Path) -> None:
         local=True, steps=100_000, master_port=0, heartbeat_timeout_s=HEARTBEAT_S, timeout_s=60))
     files = write_export(rp, tmp_path)
     out = tmp_path / "run"
-    launcher = subprocess.Popen([sys.executable, "-m", "hgopt.runner", "--plan", str(files.plan), "--threads", "1"],
-                                stderr=subprocess.PIPE, text=True)
+    # The healthy ranks exit HEARTBEAT_S after the stop; the stopped one never does: the launcher kills it
+    # EXIT_GRACE_S after the first of them exited (the default grace, heartbeat + 10 s, would idle 10 s more).
+    launcher = subprocess.Popen([sys.executable, "-m", "hgopt.runner", "--plan", str(files.plan), "--threads", "1",
+                                 "--exit-grace", str(EXIT_GRACE_S)], stderr=subprocess.PIPE, text=True)
     pids: dict[str, int] = {}
     try:
         _wait_for(lambda: len(read_metrics(out)) >= 2, 120, "two training steps")
@@ -95,3 +100,22 @@ def test_stopped_rank_is_the_one_the_launcher_blames(tmp_path: Path) -> None:
     last = [ln for ln in err.splitlines() if "run failed:" in ln][-1]
     dead = "rank 2 (cluster b, pipeline 0 stage 1 replica 0 tp rank 0)"
     assert last.split("run failed: ", 1)[1].startswith(f"{dead} stopped responding"), last
+    # the launcher killed the stopped rank itself (it never exits on its own) ...
+    kills = [ln for ln in err.splitlines() if "killing them" in ln]
+    assert len(kills) == 1, f"{kills}\n{err[-3000:]}"
+    left = json.loads(kills[0].split("ranks ", 1)[1].split(" still running", 1)[0])
+    assert 2 in left, kills[0]
+    # ... and only after the grace: the survivors (had time to) say themselves who died
+    for r in (0, 1, 3):
+        if r not in left:
+            lines = [ln for ln in err.splitlines() if ln.startswith(f"[rank {r}] rank {r}: stopping")]
+            assert lines and dead in lines[0], f"rank {r}: {lines}\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf")])
+def test_exit_grace_must_be_finite_and_non_negative(tmp_path: Path, grace: float) -> None:
+    from hgopt.runner.launch import LaunchOptions
+
+    with pytest.raises(ValueError, match="exit_grace_s"):
+        LaunchOptions(out_dir=tmp_path, exit_grace_s=grace)
+    assert LaunchOptions(out_dir=tmp_path, exit_grace_s=0.0).exit_grace_s == 0.0

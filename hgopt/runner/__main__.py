@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
                         "available; the local launcher takes the CPU when there are fewer GPUs than ranks); "
                         "default: the plan's (auto)")
     p.add_argument("--port", type=int, help="local launcher: rendezvous port (0: any free port)")
+    p.add_argument("--exit-grace", dest="exit_grace", type=float, metavar="SECONDS",
+                   help="local launcher: after a rank failed, kill the ranks still running this much later "
+                        "(default: the plan's heartbeat timeout + 10 s)")
     p.add_argument("--store", help="HOST:PORT of the rendezvous store (single rank)")
     p.add_argument("--elastic", action="store_true",
                    help="local launcher: when a rank dies, re-plan without its node, re-export and resume from the "
@@ -85,7 +88,8 @@ def _launch(rp: RunnerPlan, args: argparse.Namespace, out: Path) -> int:
     if not rp.local:
         logging.getLogger(__name__).warning("this plan was exported for several machines; running every rank here")
     opts = LaunchOptions(out_dir=out, steps=args.steps, resume=args.resume, threads=args.threads,
-                         emulation=args.emulation, port=args.port, device=args.device)
+                         emulation=args.emulation, port=args.port, device=args.device,
+                         exit_grace_s=args.exit_grace)
     if args.elastic:  # re-plan and resume when a rank dies (issue 14)
         from hgopt.export.elastic import ELASTIC_FILE, read_elastic_source
         from hgopt.runner.elastic import run_elastic

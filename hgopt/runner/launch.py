@@ -25,12 +25,15 @@ from typing import Any
 from hgopt.export import netns
 from hgopt.export.runner_plan import RunnerPlan
 
-__all__ = ["LaunchOptions", "STOP_GRACE_S", "launch_local", "local_device", "resolve_emulation", "run_forked"]
+__all__ = ["EXIT_SLACK_S", "LaunchOptions", "STOP_GRACE_S", "launch_local", "local_device", "resolve_emulation", "run_forked"]
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 """Seconds the ranks get to exit after the launcher forwarded SIGTERM, before they are killed."""
+EXIT_SLACK_S = 10.0
+"""Default exit grace after a rank failed: the plan's heartbeat timeout (the survivors' watchdogs need that
+long to notice a dead rank) plus this much for them to log and exit (see ``LaunchOptions.exit_grace_s``)."""
 _SIGNAL_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
 _PROGRESS_S = 2.0
 """At most this long between two start-up progress lines while ranks are still connecting."""
@@ -50,6 +53,15 @@ class LaunchOptions:
     python: str = sys.executable
     device: str | None = None
     """``auto``, ``cpu`` or ``cuda``; None: the plan's."""
+    exit_grace_s: float | None = None
+    """Seconds the other ranks get, after the first rank exited with an error, to notice and exit on their
+    own; ranks still running then (a stopped or hung one) are killed. None: the plan's
+    ``heartbeat_timeout_s`` + ``EXIT_SLACK_S``. A grace shorter than the heartbeat timeout kills
+    survivors before their watchdogs can name the dead rank."""
+
+    def __post_init__(self) -> None:
+        if self.exit_grace_s is not None and not (self.exit_grace_s >= 0.0 and self.exit_grace_s < float("inf")):
+            raise ValueError(f"exit_grace_s must be a finite number of seconds >= 0, got {self.exit_grace_s}")
 
 
 def resolve_emulation(mode: str, rp: RunnerPlan, device: str = "cpu") -> str:
@@ -107,7 +119,8 @@ def launch_local(rp: RunnerPlan, plan_path: Path, opts: LaunchOptions, outcome: 
         for r in range(rp.world_size):
             procs[r] = _start_rank(rp, r, plan_path, opts, mode, host, port, threads, lay, device)
         (opts.out_dir / "pids.json").write_text(json.dumps({str(r): p.pid for r, p in procs.items()}))
-        return _watch(rp, procs, _view(keep), outcome)
+        grace = rp.heartbeat_timeout_s + EXIT_SLACK_S if opts.exit_grace_s is None else opts.exit_grace_s
+        return _watch(rp, procs, _view(keep), outcome, exit_grace_s=grace)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -283,10 +296,9 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
 
 
 def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _StoreView | _HelperView | None = None,
-           outcome: dict[str, Any] | None = None) -> int:
+           outcome: dict[str, Any] | None = None, *, exit_grace_s: float) -> int:
     """Wait for every rank, logging start-up progress from ``store``. After the first failure the
-    others get the heartbeat timeout (plus slack) to notice and exit on their own; whoever is left
-    then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
+    others get ``exit_grace_s`` to notice and exit on their own; whoever is left then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
     first: tuple[int, int] | None = None
     deadline = float("inf")
     stop: list[int] = []
@@ -321,14 +333,14 @@ def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _St
                 bad = [(r, c) for r, c in codes.items() if c not in (None, 0)]
                 if bad:
                     first = bad[0]
-                    deadline = time.monotonic() + rp.heartbeat_timeout_s + 10.0
+                    deadline = time.monotonic() + exit_grace_s
                     log.error("%s exited with status %d; waiting for the others to stop",
                               rp.rank_info(first[0]).describe(), first[1])
             if all(c is not None for c in codes.values()):
                 break
             if time.monotonic() > deadline:
                 left = [r for r, c in codes.items() if c is None]
-                log.error("ranks %s still running after the grace period: killing them", left)
+                log.error("ranks %s still running %.0f s after the first failure: killing them", left, exit_grace_s)
                 for r in left:
                     procs[r].kill()
                 deadline = float("inf")
