@@ -14,7 +14,7 @@ import pytest
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import PIECE_REPLAY_OPS, piece_timeline, spans_clusters
-from hgopt.cost.pieces import Message, Piece, replay_pieces
+from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.simulate import simulate
 from hgopt.spec import Bandwidth
@@ -146,3 +146,32 @@ def test_geo6r_metis_pipeline_within_two_percent_of_the_simulator() -> None:
         assert sim.pipeline_time_s / ev.pipeline_time_s == pytest.approx(1.0, abs=0.02)
         for s, u in zip(ev.stages, sim.stages):
             assert u.compute_end_s / s.last_backward_end_s == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize("m,first_dp,first_mbs,cap", [(3, 2, 2, None), (4, 2, 3, 1.2), (5, 1, 4, 1.6)])
+def test_classes_of_interchangeable_replicas_replay_as_every_replica(m: int, first_dp: int, first_mbs: int,
+                                                                     cap: float | None) -> None:
+    """``pieces.compress`` replays each class of interchangeable replicas once; stage by stage the ends
+    are those of the replay of every replica."""
+    inst = tiny_instance(global_batch=first_dp * first_mbs * m, topology=_three_regions(cap_gbit_s=cap))
+    pipe = _spanning_plan(m, first_dp, first_mbs).pipelines[0]
+    tables = build_tables(inst)
+    assert piece_timeline(inst, tables, pipe) == pytest.approx(piece_timeline(inst, tables, pipe, classes=False),
+                                                                rel=1e-12)
+
+
+def test_compress_merges_identical_replicas_and_weighs_their_shares() -> None:
+    """Two identical one-replica chains through one shared 1 GB/s resource: one class per stage, the
+    message weighs 2 on the shared resource (so it moves at 0.5 GB/s: 1e9 bytes in 2 s) and 1 on each
+    chain's own one."""
+    bw = Bandwidth(gbyte_s=1.0, latency_s=0.0)
+    pieces = [Piece(boundary=0, src=i, dst=i,
+                    fwd=Message(nbytes=1e9, resources=(("cap", bw), (("own", i), bw)), delay_s=0.0),
+                    bwd=Message(nbytes=1e9, resources=(("back", bw),), delay_s=0.0)) for i in range(2)]
+    times = [[(0.0, 0.0)] * 2, [(0.25, 0.0)] * 2]
+    ct, cp = compress(times, pieces)
+    assert [len(t) for t in ct] == [1, 1] and len(cp) == 1
+    assert cp[0].fwd.weights == (2.0, 1.0)
+    orders = [[("F", 0)], [("F", 0)]]
+    assert replay_pieces(orders, ct, cp)[1] == pytest.approx([2.25], rel=1e-12)
+    assert replay_pieces(orders, times, pieces)[1] == pytest.approx([2.25, 2.25], rel=1e-12)

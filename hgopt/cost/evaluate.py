@@ -26,7 +26,7 @@ from hgopt.cost.gradsync import (
     iteration_end,
 )
 from hgopt.cost.memory import stage_memory_terms
-from hgopt.cost.pieces import Message, Piece, replay_pieces
+from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
     fill_time,
@@ -545,9 +545,10 @@ def boundary_nic_seconds(inst: Instance, tables: CostTables, pipe: Pipeline, si:
 
 
 PIECE_REPLAY_OPS = 50_000
-"""[C3s] The most replica operations (replicas of every stage, all copies, times 2m) a pipeline with a
-spanning stage is replayed piece by piece for (``piece_timeline``); a larger one keeps the stage-level
-[C3]/[C3x]/[C3n] composition (a work limit, so the verdict does not depend on the machine)."""
+"""[C3s] The most operations (classes of interchangeable replicas of every stage, ``pieces.compress``,
+times 2m) a pipeline with a spanning stage is replayed piece by piece for (``piece_timeline``); a
+larger one keeps the stage-level [C3]/[C3x]/[C3n] composition (a work limit, so the verdict does not
+depend on the machine)."""
 
 
 def spans_clusters(pipe: Pipeline) -> bool:
@@ -557,7 +558,7 @@ def spans_clusters(pipe: Pipeline) -> bool:
 
 
 def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: int = 1,
-                   wan_loads: dict[tuple[str, str], float] | None = None) -> list[float] | None:
+                   wan_loads: dict[tuple[str, str], float] | None = None, *, classes: bool = True) -> list[float] | None:
     """[C3s] Each stage's last backward end (latest replica) in the replica-by-replica replay
     (``pieces.replay_pieces``) of ``copies`` identical pipelines, or None when it is larger than
     ``PIECE_REPLAY_OPS``. Replicas, rows and nodes as the runner lays them out (:func:`_replica_nodes`,
@@ -569,8 +570,6 @@ def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: i
     pipeline's). Delay: the largest latency on the way plus the piece's (de)quantisation [C4q]."""
     S, m = len(pipe.stages), pipe.num_microbatches
     reps = [[r for c in range(copies) for r in _replica_nodes(inst.topology, st, c)] for st in pipe.stages]
-    if 2 * m * sum(len(r) for r in reps) > PIECE_REPLAY_OPS:
-        return None
     topo = inst.topology
     own = _wan_loads(inst, tables, (pipe,), copies)
     share = {k: (v / wan_loads[k] if wan_loads and wan_loads.get(k, 0.0) > 0 else 1.0) for k, v in own.items()}
@@ -604,6 +603,10 @@ def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: i
                     i += 1
                 else:
                     j += 1
+    if classes:  # interchangeable replicas replayed once (``classes=False``: every replica, for tests)
+        times, pieces = compress(times, pieces)
+    if 2 * m * sum(len(t) for t in times) > PIECE_REPLAY_OPS:
+        return None
     orders = [[(op.kind, op.microbatch) for op in stage_ops(pipe.schedule, s, S, m)] for s in range(S)]
     ends = replay_pieces(orders, times, pieces)
     return [max(e) for e in ends]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from hgopt.cost.tables import bandwidth_bytes_per_s
 from hgopt.spec import Bandwidth
 
-__all__ = ["Message", "Piece", "replay_pieces"]
+__all__ = ["Message", "Piece", "compress", "replay_pieces"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,9 @@ class Message:
     nbytes: float
     resources: tuple[tuple[Hashable, Bandwidth], ...]
     delay_s: float
+    weights: tuple[float, ...] = ()
+    """Per resource, how many real messages this one stands for on one resource of that key (default
+    1 each): a class of identical replicas is replayed once (``compress``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,7 @@ class _Flow:
     rem: float
     keys: tuple[Hashable, ...]
     bws: tuple[Bandwidth, ...]
+    weights: tuple[float, ...]
     done: tuple[str, int, int, int, int]
     """(kind, stage, replica, microbatch, channel id) of the message"""
     delay: float
@@ -73,6 +77,8 @@ class _Flow:
 @dataclass(slots=True)
 class _Share:
     flows: set[int] = field(default_factory=set)
+    count: float = 0.0
+    """Real messages on it (the flows' weights)."""
     total: float = 0.0
 
 
@@ -120,7 +126,7 @@ def replay_pieces(
         rate = math.inf
         for key, bw in zip(f.keys, f.bws):
             sh = shares[key]
-            rate = min(rate, bandwidth_bytes_per_s(bw, sh.total) / len(sh.flows))
+            rate = min(rate, bandwidth_bytes_per_s(bw, sh.total) / sh.count)
         return rate
 
     def schedule(k: int, f: _Flow) -> None:
@@ -141,13 +147,16 @@ def replay_pieces(
     def start_flow(msg: Message, done: tuple[str, int, int, int, int]) -> None:
         k = next(fid)
         f = flows[k] = _Flow(size=msg.nbytes, rem=msg.nbytes, keys=tuple(key for key, _ in msg.resources),
-                             bws=tuple(bw for _, bw in msg.resources), done=done, delay=msg.delay_s, t_last=now)
+                             bws=tuple(bw for _, bw in msg.resources),
+                             weights=msg.weights or (1.0,) * len(msg.resources), done=done, delay=msg.delay_s,
+                             t_last=now)
         touched: set[int] = set()
-        for key in f.keys:
+        for key, w in zip(f.keys, f.weights):
             sh = shares.setdefault(key, _Share())
             touched |= sh.flows
             sh.flows.add(k)
-            sh.total += f.size
+            sh.count += w
+            sh.total += w * f.size
         rerate(touched)
         f.rate = rate_of(f)
         schedule(k, f)
@@ -180,10 +189,10 @@ def replay_pieces(
             return
         del flows[k]
         touched: set[int] = set()
-        for key in f.keys:
+        for key, w in zip(f.keys, f.weights):
             sh = shares[key]
             sh.flows.discard(k)
-            sh.total = sh.total - f.size if sh.flows else 0.0
+            sh.count, sh.total = (sh.count - w, sh.total - w * f.size) if sh.flows else (0.0, 0.0)
             touched |= sh.flows
         rerate(touched)
         heapq.heappush(heap, (now + f.delay, next(seq), ARRIVE, f.done[:4]))
@@ -214,3 +223,77 @@ def replay_pieces(
 
 def _channel(ids: dict[tuple[str, int, int, int], int], key: tuple[str, int, int, int]) -> int:
     return ids.setdefault(key, len(ids))
+
+
+def compress(times: Sequence[Sequence[tuple[float, float]]], pieces: Sequence[Piece]
+             ) -> tuple[list[list[tuple[float, float]]], list[Piece]]:
+    """The same replay with every class of interchangeable replicas replayed once: replicas of one
+    stage with the same times whose pieces go to (come from) the same classes with the same bytes,
+    delays and classes of resources, and resources carrying the same classes of messages (colour
+    refinement until no class splits). One message per (sender class, receiver class, kind of piece)
+    then stands for all of them; on a resource class it weighs the real messages it stands for per
+    resource of the class, so the shares are the real ones. Stage by stage, the latest class's end is
+    the latest replica's (``tests/test_spanning.py`` holds the two replays equal)."""
+    reps = [(s, r) for s in range(len(times)) for r in range(len(times[s]))]
+    ids: dict[object, int] = {}
+
+    def intern(x: object) -> int:
+        return ids.setdefault(x, len(ids))
+
+    rc = {x: intern(("rep", x[0], times[x[0]][x[1]])) for x in reps}
+    keys = {k: bw for p in pieces for m in (p.fwd, p.bwd) for k, bw in m.resources}
+    kc = {k: intern(("res", bw, type(k).__name__ if not isinstance(k, tuple) else k[0])) for k, bw in keys.items()}
+
+    def desc(p: Piece) -> tuple[object, ...]:
+        return (rc[(p.boundary, p.src)], rc[(p.boundary + 1, p.dst)],
+                tuple((m.nbytes, m.delay_s, tuple(kc[k] for k, _ in m.resources), m.weights) for m in (p.fwd, p.bwd)))
+
+    n_classes = -1
+    while True:
+        d = [desc(p) for p in pieces]
+        outs: dict[tuple[int, int], list[object]] = {x: [] for x in reps}
+        ins: dict[tuple[int, int], list[object]] = {x: [] for x in reps}
+        on: dict[Hashable, list[object]] = {k: [] for k in keys}
+        for p, dp in zip(pieces, d):
+            outs[(p.boundary, p.src)].append(dp)
+            ins[(p.boundary + 1, p.dst)].append(dp)
+            for side, m in enumerate((p.fwd, p.bwd)):
+                for k, _ in m.resources:
+                    on[k].append((side, dp))
+        rc = {x: intern((rc[x], tuple(sorted(outs[x])), tuple(sorted(ins[x])))) for x in reps}
+        kc = {k: intern((kc[k], tuple(sorted(on[k])))) for k in keys}
+        n = len(set(rc.values())) + len(set(kc.values()))
+        if n == n_classes:
+            break
+        n_classes = n
+    first: dict[int, tuple[int, int]] = {}
+    for x in reps:
+        first.setdefault(rc[x], x)
+    index: dict[int, int] = {}
+    out_times: list[list[tuple[float, float]]] = [[] for _ in times]
+    for c, (s, r) in first.items():
+        index[c] = len(out_times[s])
+        out_times[s].append(times[s][r])
+    per_key_class: dict[int, int] = {}
+    for k in keys:
+        per_key_class[kc[k]] = per_key_class.get(kc[k], 0) + 1
+    kinds: dict[tuple[object, ...], list[Piece]] = {}
+    for p in pieces:
+        kinds.setdefault(desc(p), []).append(p)
+    out: list[Piece] = []
+    for dp, ps in kinds.items():
+        p0 = ps[0]
+        msgs = []
+        for side in (0, 1):
+            m0 = p0.fwd if side == 0 else p0.bwd
+            weight: dict[int, float] = {}
+            for p in ps:
+                m = p.fwd if side == 0 else p.bwd
+                for (k, _), w in zip(m.resources, m.weights or (1.0,) * len(m.resources)):
+                    weight[kc[k]] = weight.get(kc[k], 0.0) + w
+            res = tuple((("class", kc[k]), bw) for k, bw in m0.resources)
+            msgs.append(Message(nbytes=m0.nbytes, resources=res, delay_s=m0.delay_s,
+                                weights=tuple(weight[kc[k]] / per_key_class[kc[k]] for k, _ in m0.resources)))
+        out.append(Piece(boundary=p0.boundary, src=index[rc[(p0.boundary, p0.src)]],
+                         dst=index[rc[(p0.boundary + 1, p0.dst)]], fwd=msgs[0], bwd=msgs[1]))
+    return out_times, out
