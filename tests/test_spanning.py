@@ -175,3 +175,19 @@ def test_compress_merges_identical_replicas_and_weighs_their_shares() -> None:
     orders = [[("F", 0)], [("F", 0)]]
     assert replay_pieces(orders, ct, cp)[1] == pytest.approx([2.25], rel=1e-12)
     assert replay_pieces(orders, times, pieces)[1] == pytest.approx([2.25, 2.25], rel=1e-12)
+
+
+@pytest.mark.parametrize("cap", [None, 1.2])
+def test_identical_spanning_pipelines_share_nodes_as_the_simulator(cap: float | None) -> None:
+    """Two identical spanning pipelines: their replicas of one (stage, group) pack onto shared nodes
+    (2 one-GPU replicas per node, as the runner packs them), so the copies' pieces share node NICs and
+    node-pair flows (and the cap): replayed together, equal to the simulator, and slower than one copy."""
+    inst = tiny_instance(global_batch=2 * 2 * 4, topology=_three_regions(cap_gbit_s=cap))
+    pipe = _spanning_plan(4).pipelines[0]
+    plan = Plan(pipelines=(pipe, pipe))
+    sim = simulate(plan, inst)
+    ev = evaluate(plan, inst)
+    assert ev.pipeline_time_s == pytest.approx(sim.pipeline_time_s, rel=1e-9)
+    assert ev.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+    alone = evaluate(Plan(pipelines=(pipe,)), tiny_instance(global_batch=2 * 4, topology=_three_regions(cap_gbit_s=cap)))
+    assert ev.pipeline_time_s > alone.pipeline_time_s  # the copies' pieces share stage 0's node and the cap
