@@ -30,6 +30,7 @@ from hgopt.cost.gradsync import (
     sync_contention_delay,
 )
 from hgopt.cost.memory import stage_memory_terms
+from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
     fill_time,
@@ -52,7 +53,7 @@ from hgopt.cost.tables import (
 )
 from hgopt.cost.links import flows_time, nic_time, replicas_per_node, ring_bandwidth, ring_time
 from hgopt.plan import Pipeline, Plan, Stage, validate
-from hgopt.spec import Cluster, Instance, Link, Topology
+from hgopt.spec import Bandwidth, Cluster, Instance, Link, Topology
 
 __all__ = [
     "Evaluation",
@@ -180,8 +181,13 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
                        for si in range(len(pipe.stages))]
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
             nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
-            pipe_reports.append(_pipeline_report(pi, pipe, reports, lat, nics,
-                                                 exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay"))
+            report = _pipeline_report(pi, pipe, reports, lat, nics,
+                                      exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay")
+            # [C3s] a stage spanning clusters: replica by replica, each piece its own message
+            ends = piece_timeline(instance, tables, pipe, copies[pipe], wan) if spans_clusters(pipe) else None
+            if ends is not None:
+                report = replace(report, time_s=max(ends), stage_ends=tuple(ends))
+            pipe_reports.append(report)
         stage_reports.extend(reports)
     t_pipe = max(p.time_s for p in pipe_reports)
     stage_reports, t_overlap = _bucketed_sync(plan, instance, tables, pipe_reports, stage_reports, segs)
@@ -544,6 +550,95 @@ def boundary_nic_seconds(inst: Instance, tables: CostTables, pipe: Pipeline, si:
             res.append(best)
         out.append((res[0][0], res[1][0], res[0][1], res[1][1]))
     return out[0], out[1]
+
+
+PIECE_REPLAY_OPS = 50_000
+"""[C3s] The most operations (classes of interchangeable replicas of every stage, ``pieces.compress``,
+times 2m) a pipeline with a spanning stage is replayed piece by piece for (``piece_timeline``); a
+larger one keeps the stage-level [C3]/[C3x]/[C3n] composition (a work limit, so the verdict does not
+depend on the machine)."""
+
+
+def spans_clusters(pipe: Pipeline) -> bool:
+    """[C3s] Whether a stage of ``pipe`` has replica groups in more than one cluster: its boundaries'
+    pieces then run on different links and the stage-level composition does not describe the runner."""
+    return pipe.schedule == "1f1b" and len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
+
+
+def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: int = 1,
+                   wan_loads: dict[tuple[str, str], float] | None = None, *, classes: bool = True) -> list[float] | None:
+    """[C3s] Each stage's last backward end (latest replica) in the replica-by-replica replay
+    (``pieces.replay_pieces``) of ``copies`` identical pipelines, or None when it is larger than
+    ``PIECE_REPLAY_OPS``. Replicas, rows and nodes as the runner lays them out (:func:`_replica_nodes`,
+    copies on shared nodes); each replica's forward/backward seconds are its own group's [C2]; each
+    piece (replica pair with overlapping rows) is a message per direction through its sender's NIC
+    out, its receiver's NIC in and, across clusters, the node pair's per-flow bandwidth and the link
+    direction's aggregate cap [C4]/[C4w]; a cap is shared with the other pipelines' boundaries in
+    proportion to their load on it (``wan_loads``: every pipeline's [C4w] load; when omitted, this
+    pipeline's). Delay: the largest latency on the way plus the piece's (de)quantisation [C4q]."""
+    S, m = len(pipe.stages), pipe.num_microbatches
+    reps = [[r for c in range(copies) for r in _replica_nodes(inst.topology, st, c)] for st in pipe.stages]
+    topo = inst.topology
+    own = _wan_loads(inst, tables, (pipe,), copies)
+    share = {k: (v / wan_loads[k] if wan_loads and wan_loads.get(k, 0.0) > 0 else 1.0) for k, v in own.items()}
+    times = []
+    for st in pipe.stages:
+        row = []
+        for g in st.groups:
+            tab = tables.table(topo.cluster(g.cluster).gpu, g.tp)
+            f, b = stage_times(tab, g.mbs, st.start, st.end, st.recompute == "full")
+            row += [(float(f), float(b))] * g.dp
+        times.append(row * copies)
+    pieces = []
+    for si in range(S - 1):
+        per_sample = float(tables.activation_bytes[pipe.stages[si].end - 1])
+        bound = pipe.boundary(si)
+        precs = [(prec, link_bytes_factor(inst.model.dtype, prec)) for prec in (bound.fwd, bound.bwd)]
+        n_a = len(reps[si]) // copies
+        n_b = len(reps[si + 1]) // copies
+        for c in range(copies):
+            pa, pb = reps[si][c * n_a:(c + 1) * n_a], reps[si + 1][c * n_b:(c + 1) * n_b]
+            i = j = 0
+            while i < len(pa) and j < len(pb):
+                (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
+                n = min(ahi, bhi) - max(alo, blo)
+                if n > 0:
+                    a, b = (si, *ka), (si + 1, *kb)
+                    msgs = [_piece_message(inst, ends, n, per_sample, prec, factor, share)
+                            for ends, (prec, factor) in zip(((a, b), (b, a)), precs)]
+                    pieces.append(Piece(boundary=si, src=c * n_a + i, dst=c * n_b + j, fwd=msgs[0], bwd=msgs[1]))
+                if ahi <= bhi:
+                    i += 1
+                else:
+                    j += 1
+    if classes:  # interchangeable replicas replayed once (``classes=False``: every replica, for tests)
+        times, pieces = compress(times, pieces)
+    if 2 * m * sum(len(t) for t in times) > PIECE_REPLAY_OPS:
+        return None
+    orders = [[(op.kind, op.microbatch) for op in stage_ops(pipe.schedule, s, S, m)] for s in range(S)]
+    ends = replay_pieces(orders, times, pieces)
+    return [max(e) for e in ends]
+
+
+def _piece_message(inst: Instance, ends: tuple[tuple[int, str, int, int], tuple[int, str, int, int]], samples: int,
+                   per_sample: float, prec: str, factor: float, share: dict[tuple[str, str], float]) -> Message:
+    """[C3s] One piece's message from node ``ends[0]`` to node ``ends[1]`` ((stage, cluster, group, node):
+    every (stage, group) on nodes of its own)."""
+    topo = inst.topology
+    (sa, a, ga, na), (sb, b, gb, nb) = ends
+    src_nic, dst_nic = topo.cluster(a).inter_node, topo.cluster(b).inter_node
+    res: list[tuple[object, Bandwidth]] = [(("out", sa, a, ga, na), src_nic), (("in", sb, b, gb, nb), dst_nic)]
+    lat = max(src_nic.latency_s, dst_nic.latency_s)
+    if a != b:
+        link = topo.link_spec(a, b)
+        res.append((("pair", sa, a, ga, na, sb, b, gb, nb), link.bandwidth))
+        lat = max(lat, link.bandwidth.latency_s)
+        if link.aggregate is not None:
+            f = share.get((a, b), 1.0)
+            res.append((("cap", a, b), link.aggregate if f >= 1.0 else link.aggregate.scaled(f)))
+            lat = max(lat, link.aggregate.latency_s)
+    quant = quantisation_time(inst, prec, factor, per_sample, [(a, b, samples)])
+    return Message(nbytes=samples * per_sample * factor, resources=tuple(res), delay_s=lat + quant)
 
 
 def _replica_nodes(topo: Topology, stage: Stage, copy: int) -> list[tuple[tuple[str, int, int], int, int]]:
