@@ -137,3 +137,21 @@ def test_bound_below_the_mixed_plan_and_above_the_floor(name):
     got = mixed_bound(inst, tables, target=mp.iteration_time_s)
     assert got.complete
     assert compute_floor(inst, tables) <= got.value <= mp.iteration_time_s
+
+
+def test_one_microbatch_bound_is_the_fill_by_hand():
+    """m = 1, B = 8 on ``_pool(3, 1)`` (4 GPUs of one speed, two one-layer stages forced by memory):
+    T ≥ t_0 + t_1 with t_s ≥ 8 · 0.03 s / g_s and g_0 + g_1 ≤ 4, least at 2 + 2: 0.24 s. The
+    Lagrangian over the GPUs reaches it up to the time grid (a stage time counts its level's lower end,
+    coarse_ratio below the bottleneck's window): the fill is a term of the bound."""
+    import hgopt.search.mixed_bound as mb
+    from hgopt.cost.compute import forward_share_of
+
+    inst = _pool(3, 1, 1.0)
+    tables = build_tables(inst)
+    lo, hi = mb._ranges(2)
+    kinds = mb._kinds(inst, tables, lo, hi)
+    opts = MixedBoundOptions()
+    v = mb._pair_bound(inst, tables, kinds, lo, hi, 8, 1, 1, compute_floor(inst, tables), math.inf,
+                       forward_share_of(tables, 8), opts)
+    assert 0.24 / opts.coarse_ratio <= v <= 0.24 * 1.001

@@ -29,7 +29,7 @@ from hgopt.search.master import OUTSIDE_WHEN_OFF, certify, grouped_bound, name_o
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
-from hgopt.search.mixed_bound import mixed_bound
+from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
 from hgopt.spec import Instance
 
@@ -95,6 +95,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     # mixed: the mixed-stage family first (deterministic, ~0.1-0.3 s where a fast pool exists), so a MILP
     # that runs to the limit does not leave it untried; its time comes out of the MILP's share
     early = _mixed_family(instance, options)
+    early_bound = _early_mixed_bound(instance, options, early, t0)  # hetgap: before the MILP takes the limit
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
     if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
@@ -133,7 +134,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
-    res = _with_mixed_stages(instance, options, res, t0, early)
+    res = _with_mixed_stages(instance, options, res, t0, early, early_bound)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
 
 
@@ -212,6 +213,21 @@ def _mixed_family(instance: Instance, options: PlanOptions) -> object:
     return best_mixed_plan(instance, build_tables(instance))
 
 
+MIXED_BOUND_SHARE = 0.4
+"""hetgap: share of the time limit ``mixed_bound`` may take right after the mixed-stage family, before
+the MILP (which runs to its limit when it does not prove optimality); at its deadline it falls back to the
+compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine (bench/RESULTS.md)."""
+
+
+def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, t0: float) -> MixedBound | None:
+    """[H11b] on the mixed family's plan time as the target, within MIXED_BOUND_SHARE of the limit
+    (None: no mixed plan, too many clusters, or the family was not searched early)."""
+    if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
+        return None
+    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
+                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s)
+
+
 def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
     """``res`` with the plan space naming mixed-cluster stages as not bounded (before the grouped space's
     "outside" suffix, which ``master.certify`` strips when it covers grouped plans)."""
@@ -226,7 +242,7 @@ def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
 
 
 def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float,
-                       early: object = _NOT_RUN) -> PlanResult:
+                       early: object = _NOT_RUN, early_bound: MixedBound | None = None) -> PlanResult:
     """mixed/hetgap: the certificate and the heuristic's mixed-stage family [H11]. That family is
     deterministic (no clock), so the heuristic returns no mixed plan faster than the one found here.
 
@@ -258,8 +274,8 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     adopt = mixed.iteration_time_s < own_s * (1 - MIXED_MARGIN)
     grouped = not res.plan_space.endswith(OUTSIDE_WHEN_OFF)  # master.certify covered grouped plans
     floor = compute_floor(instance, tables)
-    mb = None
-    if len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
+    mb = early_bound
+    if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
         mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline)
     mbv = max(floor, mb.value) if mb is not None else floor
     t = mixed.iteration_time_s if adopt else res.iteration_time_s

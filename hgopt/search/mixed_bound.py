@@ -52,7 +52,7 @@ INF = math.inf
 class MixedBoundOptions:
     fine_ratio: float = 1.02
     """Grid ratio of the bottleneck's window [compute_floor / m, target / (m − 1)]."""
-    coarse_ratio: float = 1.1
+    coarse_ratio: float = 1.15
     """Grid ratio of stage times below that window."""
     span: float = 1e-3
     """Stage times below ``span``·top count as 0."""
@@ -188,7 +188,7 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
     L = tables.num_layers
     topo = inst.topology
     C = len(topo.clusters)
-    N = np.array([c.num_gpus / k for c in topo.clusters])
+    N = np.array([float(c.num_gpus // k) for c in topo.clusters])  # identical pipelines: integer GPUs each
     tmax = max(float(kd.times[-1].max()) * max(B / kd.cap, 1.0) for kd in kinds)  # no stage takes longer
     top = min(tmax, target / max(m - 1, 1)) if math.isfinite(target) else tmax
     window = min(floor / m, top)
@@ -206,6 +206,9 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
         np.maximum(rate[kd.cluster], np.where(n >= 1, n / kd.tp, 0.0), out=rate[kd.cluster])
     cap = rate * N[:, None, None, None]
     below = np.concatenate(([0.0], theta[:-1]))  # a stage time in (θ_{j−1}, θ_j] counts θ_{j−1}
+    # ... or the least time any group can take on the range (one sample, fastest kind), if more
+    tmin = np.min([kd.times[0] for kd in kinds], axis=0)  # (R,)
+    floor_jr = np.maximum(below[:, None], tmin[None, :])  # (J, R)
     # the taus: bottleneck in (θ_{i−1}, θ_i] for θ_i ≥ the window (τ ≥ compute_floor / m)
     taus = np.nonzero(theta >= window * (1 - 1e-12))[0]
     opt0 = np.full(L + 1, INF)  # the first stage's optimizer step [0, b) (unsharded at most B ways)
@@ -226,8 +229,10 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
         for g in fills:
             v = sum(lam[:, c, None, None, None] * g[c][None] for c in range(C))
             cost = v if cost is None else np.minimum(cost, v)
-        cost = np.where(infeasible[None], INF, cost) + below[None, :, None, None]  # (Λ, J, R, D)
-        best = np.minimum.accumulate(cost, axis=1)[:, taus]  # (Λ, I, R, D): stage times ≤ θ_i
+        cost = np.where(infeasible[None], INF, cost) + floor_jr[None, :, :, None]  # (Λ, J, R, D)
+        i0 = int(taus[0])  # (Λ, I, R, D): stage times ≤ θ_i, i from the window on
+        head = cost[:, : i0 + 1].min(axis=1, keepdims=True)
+        best = np.minimum.accumulate(np.concatenate((head, cost[:, i0 + 1 :]), axis=1), axis=1)
         Λ, I = best.shape[0], best.shape[1]
         M = np.full((Λ, I, L + 1, L + 1, D), INF)
         M[:, :, lo, hi, :] = best
