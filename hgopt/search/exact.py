@@ -213,7 +213,7 @@ def _mixed_family(instance: Instance, options: PlanOptions) -> object:
     return best_mixed_plan(instance, build_tables(instance))
 
 
-MIXED_BOUND_SHARE = 0.4
+MIXED_BOUND_SHARE = 0.25
 """hetgap: share of the time limit ``mixed_bound`` may take right after the mixed-stage family, before
 the MILP (which runs to its limit when it does not prove optimality); at its deadline it falls back to the
 compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine (bench/RESULTS.md)."""
