@@ -286,3 +286,20 @@ def test_exact_adopts_the_mixed_plan_even_when_the_milp_uses_the_whole_limit(bru
     # hetgap: [H11b] runs before the MILP too, so its bound (above the floor here) survives the late MILP
     assert compute_floor(inst, tables) * 1.02 < res.lower_bound_s <= best_any
     assert "bounded by [H11b]" in res.plan_space
+
+
+def test_best_mixed_plan_stops_when_asked(brute):
+    """hetgap: ``stop`` (a stop request or the caller's deadline) ends the search with what it has: at
+    once, nothing; after a few checks, a plan no better than the full search's."""
+    inst, tables, best_any, _, _ = brute
+    assert best_mixed_plan(inst, tables, stop=lambda: True) is None
+    calls = {"n": 0}
+
+    def later() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    got = best_mixed_plan(inst, tables, stop=later)
+    full = best_mixed_plan(inst, tables)
+    assert full is not None and (got is None or got.iteration_time_s >= full.iteration_time_s - 1e-12)
+    assert calls["n"] >= 3

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
@@ -210,7 +211,15 @@ def _mixed_family(instance: Instance, options: PlanOptions) -> object:
     time is left)."""
     if options.extra.get("mixed_stages", "auto") == "off" or options.time_limit_s < 1.0:
         return _NOT_RUN
-    return best_mixed_plan(instance, build_tables(instance))
+    return best_mixed_plan(instance, build_tables(instance), stop=_mixed_stop(options, time.perf_counter()))
+
+
+def _mixed_stop(options: PlanOptions, t0: float) -> Callable[[], bool]:
+    """hetgap: the mixed family's stop: a stop request, or MIXED_BOUND_SHARE of the limit gone (the rest
+    is the MILP's)."""
+    prog = options.progress
+    end = t0 + MIXED_BOUND_SHARE * options.time_limit_s
+    return lambda: (prog is not None and prog.stop_requested()) or time.perf_counter() >= end
 
 
 MIXED_BOUND_SHARE = 0.25
@@ -264,7 +273,9 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     tables = build_tables(instance)
     deadline = t0 + options.time_limit_s
     late = early is _NOT_RUN and time.perf_counter() >= deadline
-    mixed = early if early is not _NOT_RUN else None if late else best_mixed_plan(instance, tables)
+    prog = options.progress
+    mixed = early if early is not _NOT_RUN else None if late else best_mixed_plan(
+        instance, tables, stop=lambda: (prog is not None and prog.stop_requested()) or time.perf_counter() >= deadline)
     if mixed is None:
         return _mixed_outside(res, "not tried: the time limit ran out" if late else "no fast pool of clusters")
     assert isinstance(mixed, MixedPlan)
