@@ -155,3 +155,24 @@ def test_one_microbatch_bound_is_the_fill_by_hand():
     v = mb._pair_bound(inst, tables, kinds, lo, hi, 8, 1, 1, compute_floor(inst, tables), math.inf,
                        forward_share_of(tables, 8), opts)
     assert 0.24 / opts.coarse_ratio <= v <= 0.24 * 1.001
+
+
+def test_tail_floor_below_every_two_holder_layout_of_layer_zero():
+    """k >= 2 pipelines: layer 0's collective among >= k holders follows the pipeline. The floor is 0 for
+    one pipeline, positive for two, and at most [C5]'s all-reduce of layer 0 for every placement of two
+    replicas (one cluster, or one in each), in every gradient precision."""
+    import hgopt.search.mixed_bound as mb
+    from hgopt.cost.evaluate import segment_allreduce
+    from hgopt.plan import ReplicaGroup
+
+    inst = _pool(2, 2, 1.0)
+    tables = build_tables(inst)
+    assert mb._tail_floor(inst, tables, 1) == 0.0
+    two = mb._tail_floor(inst, tables, 2)
+    assert two > 0.0
+    for pair in (("a", "a"), ("b", "b"), ("a", "b")):
+        holders = [Stage(start=0, end=1, groups=(ReplicaGroup(cluster=c, tp=1, dp=1, mbs=1),)) for c in pair]
+        for prec in ("native", "bf16", "fp16", "fp8"):
+            seg = segment_allreduce(inst, tables, holders, 0, 1, prec)
+            assert two <= seg.intra + seg.inter + 1e-15
+    assert mb._tail_floor(inst, tables, 4) >= two

@@ -22,8 +22,10 @@ DP over the layers gives the least sum for every stage count S. Every λ gives a
 searched by coordinate scaling. The bound is the least over (B, m, k) of the best λ found, and at
 least ``mixed.compute_floor``.
 
-Not modelled (each only adds to ``evaluate``): boundary sends, the gradient sync tail, integrality of
-replicas and samples; grouped plans [H9] (pipelines that are not identical) are not covered.
+With k ≥ 2 pipelines the first stage's layer-0 gradient collective among ≥ k holders follows the
+pipeline (:func:`_tail_floor`). Not modelled (each only adds to ``evaluate``): boundary sends, the rest
+of the gradient sync tail, integrality of replicas and samples; grouped plans [H9] (pipelines that are
+not identical) are not covered.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
 from hgopt.cost.compute import forward_share_of, optimizer_time, stage_compute_v
 from hgopt.cost.memory import recompute_inputs_prefix, recompute_largest_table, recompute_largest_v, stage_memory, stage_memory_recompute
 from hgopt.cost.pipeline import search_offset, search_weight
-from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
-from hgopt.spec import Instance
+from hgopt.cost.links import ring_bandwidth, ring_time
+from hgopt.cost.tables import CostTables, GpuTpTable, allreduce_time, build_tables, link_bytes_factor
+from hgopt.plan import LinkPrecision
+from hgopt.spec import Cluster, Instance
 
 __all__ = ["MixedBound", "MixedBoundOptions", "mixed_bound"]
 
@@ -181,6 +186,51 @@ def _allocations(B: int, rate: np.ndarray, cap: np.ndarray) -> tuple[list[np.nda
     return out, cap.sum(axis=0) < B * (1 - 1e-12)
 
 
+def _tail_floor(inst: Instance, tables: CostTables, k: int) -> float:
+    """[C7o] What k ≥ 2 identical pipelines add after the pipeline: layer 0 is held by at least k
+    replicas (one per pipeline), its gradient bucket is ready only when the first stage's last backward
+    ends, and its collective ([C5] ``segment_allreduce``; with ZeRO-1 the reduce-scatter, ZERO_PHASE of
+    it, then the all-gather after the step, the other half) runs after it. The least [C5] all-reduce of
+    layer 0's bytes among n ≥ k holders: in one cluster (every n from k to its GPUs / tp, every tp; its
+    ring at ``links.ring_bandwidth``), or across a set of >= 2 clusters (the cross-cluster ring alone, at
+    the narrowest gradient precision; the rings inside clusters only add). 0 for k = 1."""
+    if k < 2:
+        return 0.0
+    topo = inst.topology
+    full = INF
+
+    def inside(c: Cluster, least: int) -> float:
+        """The least ring inside ``c`` among n ≥ ``least`` of its replicas holding layer 0 (every tp)."""
+        nonlocal full
+        out = INF
+        for tp in inst.model.tps(c.gpu):
+            if c.gpus_per_node % tp or (c.gpu, tp) not in tables.by_gpu_tp:
+                continue
+            tab = tables.table(c.gpu, tp)
+            x = float(tab.params[1] - tab.params[0]) * tables.dtype_bytes
+            full = min(full, x * tp)
+            for n in range(max(least, 1), c.num_gpus // tp + 1):
+                bw = ring_bandwidth(c.intra_node, c.inter_node, c.gpus_per_node, n, tp, tp)
+                out = min(out, allreduce_time(bw, x, n))
+        return out
+
+    best = min(inside(c, k) for c in topo.clusters)  # every holder in one cluster
+    if math.isfinite(full):
+        wan = full * min(link_bytes_factor(inst.model.dtype, p) for p in get_args(LinkPrecision))
+        names = [c.name for c in topo.clusters]
+        for size in range(2, len(names) + 1):
+            for group in itertools.combinations(names, size):
+                try:
+                    ring = max(ring_time(topo.link_spec(a, b), wan, size) for a in group for b in group if a != b)
+                except KeyError:
+                    continue
+                nic = max(allreduce_time(topo.cluster(c).inter_node, wan, size) for c in group)
+                # some cluster of the set holds at least ceil(k / size) of them: its ring is in the max too
+                ring_in = min(inside(topo.cluster(c), -(-k // size)) for c in group)
+                best = min(best, max(ring, nic, 0.0 if not math.isfinite(ring_in) else ring_in))
+    return 0.0 if not math.isfinite(best) else best
+
+
 def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarray, hi: np.ndarray,
                 B: int, m: int, k: int, floor: float, target: float, rho_e: tuple[float, float],
                 opts: MixedBoundOptions) -> float:
@@ -217,6 +267,7 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
         opt0[hi[sel]] = np.minimum(opt0[hi[sel]], optimizer_time(kd.tab, 0, hi[sel], max(1, min(B, int(N.sum() + 1e-9)))))
     opt0[0] = 0.0
     rho, excess = rho_e
+    tail = _tail_floor(inst, tables, k)
     weights = np.array([search_weight(m, S, rho) for S in range(1, L + 1)])
     offsets = np.array([search_offset(m, S, excess) for S in range(1, L + 1)])
 
@@ -248,7 +299,7 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
             total = V[..., 0]
             out = np.minimum(out, weights[q - 1] * np.maximum(below[taus], window)[None, :] - offsets[q - 1] + total)
         # the first stage's optimizer step: a valid (tiny) addition taken over every first-stage end
-        res = out - (lam * N[None, :]).sum(axis=1)[:, None] + float(np.min(opt0[1:]))
+        res = out - (lam * N[None, :]).sum(axis=1)[:, None] + float(np.min(opt0[1:])) + tail
         return np.min(res, axis=1)
 
     # prices: a GPU-second scale, λ_c ∝ the cluster's compute speed, scaled by search
