@@ -191,11 +191,18 @@ def test_exact_certificate_covers_the_mixed_result(brute):
     res = plan_exact(inst, PlanOptions(time_limit_s=20))
     assert res.plan is not None and res.lower_bound_s is not None
     heur = plan_heuristic(inst, tables=tables, options=HeuristicOptions(time_limit_s=None))
-    # the result is the mixed plan, the bound the compute floor: below it, the heuristic's, every plan
+    # the result is the mixed plan, the bound [H11b]'s (hetgap): above the compute floor, below the
+    # heuristic's plan and every plan enumerated
     assert res.iteration_time_s == pytest.approx(best_any, rel=1e-9)
-    assert res.lower_bound_s == compute_floor(inst, tables)
+    floor = compute_floor(inst, tables)
+    assert floor * 1.02 < res.lower_bound_s
     assert res.lower_bound_s <= heur.iteration_time_s and res.lower_bound_s <= min(times)
-    assert "compute floor" in res.plan_space and res.status == "feasible"
+    assert res.lower_bound_s == float(dict(res.plan.meta)["mixed_bound_s"])
+    assert "bounded by [H11b]" in res.plan_space and "compute floor" in res.plan_space
+    assert res.plan_space.count("several clusters") == 1
+    # the bound is within 1 % of the optimum here (0.1501 against 0.1509 s): the mixed plan is proven optimal
+    g = (res.iteration_time_s - res.lower_bound_s) / res.iteration_time_s
+    assert g <= 0.01 and res.status == ("optimal" if g <= PlanOptions().gap + 1e-12 else "feasible")
     assert dict(res.plan.meta)["lower_bound_s"] == repr(res.lower_bound_s)
 
 
@@ -208,6 +215,7 @@ def test_exact_names_mixed_stages_not_bounded_without_a_pool():
     assert res.plan is not None
     assert "not bounded: stages that mix replica groups of several clusters" in res.plan_space
     assert "no fast pool" in res.plan_space
+    assert res.plan_space.count("several clusters") == 1  # hetgap: named once
 
 
 @pytest.mark.parametrize("zero", [0, 1])
@@ -257,7 +265,7 @@ def test_shipped_pool_plan_is_valid_and_shards_only_one_tp_stages():
 def test_exact_adopts_the_mixed_plan_even_when_the_milp_uses_the_whole_limit(brute, monkeypatch):
     """The mixed-stage family runs before the MILP (it is deterministic and cheap), so a MILP that runs
     to the limit does not leave it untried: a MILP stand-in that returns the real result only after
-    the whole limit has passed still ends with the mixed plan and the compute floor (before, the
+    the whole limit has passed still ends with the mixed plan and its [H11b] bound (before, the
     plan space said "not tried: the time limit ran out" and the MILP's slower plan was the answer)."""
     import time
 
@@ -275,4 +283,23 @@ def test_exact_adopts_the_mixed_plan_even_when_the_milp_uses_the_whole_limit(bru
     res = plan_exact(inst, PlanOptions(time_limit_s=limit))
     assert res.plan is not None and "not tried" not in res.plan_space
     assert res.iteration_time_s == pytest.approx(best_any, rel=1e-9)
-    assert res.lower_bound_s == compute_floor(inst, tables)
+    # hetgap: [H11b] runs before the MILP too, so its bound (above the floor here) survives the late MILP
+    assert compute_floor(inst, tables) * 1.02 < res.lower_bound_s <= best_any
+    assert "bounded by [H11b]" in res.plan_space
+
+
+def test_best_mixed_plan_stops_when_asked(brute):
+    """hetgap: ``stop`` (a stop request or the caller's deadline) ends the search with what it has: at
+    once, nothing; after a few checks, a plan no better than the full search's."""
+    inst, tables, best_any, _, _ = brute
+    assert best_mixed_plan(inst, tables, stop=lambda: True) is None
+    calls = {"n": 0}
+
+    def later() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    got = best_mixed_plan(inst, tables, stop=later)
+    full = best_mixed_plan(inst, tables)
+    assert full is not None and (got is None or got.iteration_time_s >= full.iteration_time_s - 1e-12)
+    assert calls["n"] >= 3

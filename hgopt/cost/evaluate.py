@@ -29,7 +29,7 @@ from hgopt.cost.gradsync import (
     message_contention_delay,
     sync_contention_delay,
 )
-from hgopt.cost.memory import stage_memory_terms
+from hgopt.cost.memory import stage_memory_terms, zero_shards
 from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
@@ -165,6 +165,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
     tables = tables or build_tables(instance)
     segs = _segments_and_loads(plan, instance, tables)  # [C5] segments and [C5w] loads, for both sync models
     sync = _stage_sync_times(plan, instance, tables, segs)
+    zero = _zero_pieces(plan, tables)
     wan = _wan_loads(instance, tables, plan.pipelines)
     stage_reports: list[StageReport] = []
     pipe_reports: list[PipelineReport] = []
@@ -177,7 +178,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
             pipe_reports.append(replace(pipe_reports[done], index=pi))
         else:
             first[pipe] = pi
-            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe])
+            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe], zero[(pi, si)])
                        for si in range(len(pipe.stages))]
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
             nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
@@ -324,6 +325,7 @@ def _stage_report(
     sync_s: float,
     wan: dict[tuple[str, str], float],
     copies: int = 1,
+    pieces: tuple[tuple[int, int, int], ...] | None = None,
 ) -> StageReport:
     stage = pipe.stages[si]
     topo = inst.topology
@@ -337,10 +339,11 @@ def _stage_report(
         recompute = stage.recompute == "full"  # hfrunner: [C2r]/[C6r]
         f, b = stage_times(tab, g.mbs, stage.start, stage.end, recompute)
         fwd, bwd = max(fwd, f), max(bwd, b)
-        shards = stage.replicas if stage.zero else 1
-        opt = max(opt, float(optimizer_time(tab, stage.start, stage.end, shards)))
-        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth, shards,
-                                 recompute).total
+        # hetgap: the optimizer state per sync segment, sharded only where the export shards it ([C6])
+        segs = pieces if pieces is not None else ((stage.start, stage.end, stage.replicas if stage.zero else 1),)
+        opt = max(opt, sum(float(optimizer_time(tab, lo, hi, z)) for lo, hi, z in segs))
+        mem = stage_memory_terms(inst, tables, cluster, g.tp, stage.start, stage.end, g.mbs, depth,
+                                 recompute=recompute, pieces=segs).total
         if mem > cluster.gpu_memory_bytes:
             oom = True
         if mem / cluster.gpu_memory_bytes > peak / cap:  # report the group closest to its limit
@@ -708,6 +711,29 @@ def _sample_blocks(stage: Stage) -> list[tuple[str, int, int, int]]:
     for g in stage.groups:
         out.append((g.cluster, lo, lo + g.samples, g.mbs))
         lo += g.samples
+    return out
+
+
+def _zero_pieces(plan: Plan, tables: CostTables) -> dict[tuple[int, int], tuple[tuple[int, int, int], ...]]:
+    """hetgap [C6]: per (pipeline, stage) its layers as sync segments (lo, hi, ZeRO-1 shards): the stage's
+    replicas where the segment is sharded (``segment_sharded`` over every holder, the export's rule), else
+    1 (``memory.zero_shards``)."""
+    cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
+    every = [s for p in plan.pipelines for s in p.stages]
+    sharded = {(lo, hi): segment_sharded([s for s in every if s.start <= lo and hi <= s.end])
+               for lo, hi in zip(cuts, cuts[1:])}
+    out = {}
+    for pi, p in enumerate(plan.pipelines):
+        for si, st in enumerate(p.stages):
+            merged: list[tuple[int, int, int]] = []  # adjacent segments of one shard count as one piece
+            for (lo, hi), sh in sharded.items():
+                if st.start <= lo and hi <= st.end:
+                    z = zero_shards(st.zero == 1 and sh, st.replicas)
+                    if merged and merged[-1][2] == z:
+                        merged[-1] = (merged[-1][0], hi, z)
+                    else:
+                        merged.append((lo, hi, z))
+            out[(pi, si)] = tuple(merged)
     return out
 
 

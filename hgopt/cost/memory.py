@@ -9,6 +9,7 @@ kept per sample. ``stage_memory`` is the numpy form the search uses (any argumen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,6 +32,8 @@ __all__ = [
     "stage_memory_recompute",
     "stage_memory_parts",
     "stage_memory_terms",
+    "sharded_optimizer_bytes",
+    "zero_shards",
 ]
 
 Num = TypeVar("Num", float, np.ndarray)
@@ -65,21 +68,40 @@ def stage_memory(
     return 2.0 * params * dtype_bytes + params * optimizer_bytes / shards + in_flight * mbs * act + workspace  # type: ignore[return-value]
 
 
+def zero_shards(sharded: bool, replicas: int) -> int:
+    """[C6] The ZeRO-1 shard count of one sync segment's optimizer state on a stage of ``replicas``
+    replicas, as the export holds it (``export/build.py`` ``_zero_level``): the replicas when the
+    segment is sharded (``evaluate.segment_sharded``: every holder asks for ZeRO-1 and all hold one tp
+    degree), else 1 (every holder keeps the full state: layers held at several tp degrees, or by a stage
+    without ZeRO-1). hetgap: before, a ZeRO-1 stage was counted sharded over its replicas even where the
+    export keeps the full state (a stage whose groups differ in tp)."""
+    return replicas if sharded else 1
+
+
+def sharded_optimizer_bytes(tab: GpuTpTable, pieces: Sequence[tuple[int, int, int]], optimizer_bytes: float) -> float:
+    """[C6] Optimizer-state bytes per GPU of a stage holding its layers as sync segments ``pieces``
+    ((lo, hi, shards) each, :func:`zero_shards`): Σ P(lo, hi)·o / shards."""
+    return float(sum(float(tab.params[hi] - tab.params[lo]) * optimizer_bytes / z for lo, hi, z in pieces))
+
+
 def stage_memory_terms(
     instance: Instance, tables: CostTables, cluster: Cluster, tp: int, lo: int, hi: int, mbs: int, in_flight: int,
-    shards: int = 1, recompute: bool = False,
+    shards: int = 1, recompute: bool = False, pieces: Sequence[tuple[int, int, int]] | None = None,
 ) -> MemoryTerms:
     """[C6] The terms of one group (GPU type of ``cluster``, ``tp``, ``mbs``) holding layers [lo, hi);
-    ``recompute``: activations as :func:`recompute_activation_bytes`."""
+    ``recompute``: activations as :func:`recompute_activation_bytes`; ``pieces``: the optimizer state
+    per sync segment (:func:`sharded_optimizer_bytes`, then ``shards`` is not used)."""
     tab = tables.table(cluster.gpu, tp)
     params, act = range_params_act(tab, lo, hi)
     params, act = float(params), float(act)
     activations = (recompute_activation_bytes(instance, tab, lo, hi, mbs, in_flight) if recompute
                    else in_flight * mbs * act)
+    optimizer = (params * tables.optimizer_bytes_per_param / shards if pieces is None
+                 else sharded_optimizer_bytes(tab, pieces, tables.optimizer_bytes_per_param))
     return MemoryTerms(
         weights=params * tables.dtype_bytes,
         gradients=params * tables.dtype_bytes,
-        optimizer=params * tables.optimizer_bytes_per_param / shards,
+        optimizer=optimizer,
         activations=activations,
         workspace=instance.job.workspace_bytes,
     )

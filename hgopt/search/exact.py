@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
@@ -28,7 +29,8 @@ from hgopt.search.blocks import LinkPolicy
 from hgopt.search.master import OUTSIDE_WHEN_OFF, certify, grouped_bound, name_outside
 from hgopt.search.milp import WarmStart, link_policy, plan_milp
 from hgopt.search.milp_cost import cost_goal, plan_milp_cost
-from hgopt.search.mixed import best_mixed_plan, compute_floor
+from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
+from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
 from hgopt.spec import Instance
 
@@ -94,6 +96,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     # mixed: the mixed-stage family first (deterministic, ~0.1-0.3 s where a fast pool exists), so a MILP
     # that runs to the limit does not leave it untried; its time comes out of the MILP's share
     early = _mixed_family(instance, options)
+    early_bound = _early_mixed_bound(instance, options, early, t0)  # hetgap: before the MILP takes the limit
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
     if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
@@ -132,7 +135,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
-    res = _with_mixed_stages(instance, options, res, t0, early)
+    res = _with_mixed_stages(instance, options, res, t0, early, early_bound)
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
 
 
@@ -186,14 +189,17 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
 
 
 # ---- mixed: stages mixing replica groups of fast-linked clusters ([H11], hgopt.search.mixed) ----------
-MIXED_BOUNDED = ("; the bound is the compute floor, which holds for every plan of any planner, stages that mix "
-                 "replica groups of several clusters included (every sample through every layer at the least "
-                 "per-sample GPU-seconds, each cluster's GPUs busy at most the iteration time)")
+MIXED_COVERED = ("; or k identical pipelines whose stages mix replica groups of several clusters (the heuristic's "
+                 "mixed-stage family [H11] among them), bounded by [H11b] (hgopt.search.mixed_bound: {bound:.6g} s, "
+                 "never below the compute floor {floor:.6g} s){within}")
+"""hetgap: the one clause naming stages that mix clusters when the certificate covers them."""
 MIXED_MARGIN = 1e-9
 """A mixed plan replaces the result only when faster by more than this share (a tie in evaluate's
-rounding keeps the k-identical result and its tighter bound)."""
-MIXED_NOT_BOUNDED = ("; not bounded: stages that mix replica groups of several clusters (the heuristic's "
-                     "mixed-stage family [H11]: {found})")
+rounding keeps the k-identical result and its bound)."""
+MIXED_NOT_BOUNDED = "; not bounded: stages that mix replica groups of several clusters ({found})"
+"""hetgap: the one clause naming them when it does not (master's outside lists no longer name them)."""
+MIXED_BOUND_CLUSTERS = 4
+"""``mixed_bound`` runs on instances of at most this many clusters (its fill orders grow as C!)."""
 
 
 _NOT_RUN = object()
@@ -205,55 +211,116 @@ def _mixed_family(instance: Instance, options: PlanOptions) -> object:
     time is left)."""
     if options.extra.get("mixed_stages", "auto") == "off" or options.time_limit_s < 1.0:
         return _NOT_RUN
-    return best_mixed_plan(instance, build_tables(instance))
+    return best_mixed_plan(instance, build_tables(instance), stop=_mixed_stop(options, time.perf_counter()))
+
+
+def _mixed_stop(options: PlanOptions, t0: float) -> Callable[[], bool]:
+    """hetgap: the mixed family's stop: a stop request, or MIXED_BOUND_SHARE of the limit gone (the rest
+    is the MILP's)."""
+    prog = options.progress
+    end = t0 + MIXED_BOUND_SHARE * options.time_limit_s
+    return lambda: (prog is not None and prog.stop_requested()) or time.perf_counter() >= end
+
+
+MIXED_BOUND_SHARE = 0.25
+"""hetgap: share of the time limit ``mixed_bound`` may take right after the mixed-stage family, before
+the MILP (which runs to its limit when it does not prove optimality); at its deadline it falls back to the
+compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine (bench/RESULTS.md)."""
+
+
+def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, t0: float) -> MixedBound | None:
+    """[H11b] on the mixed family's plan time as the target, within MIXED_BOUND_SHARE of the limit
+    (None: no mixed plan, too many clusters, or the family was not searched early)."""
+    if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
+        return None
+    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
+                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s)
+
+
+def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
+    """``res`` with the plan space naming mixed-cluster stages as not bounded (before the grouped space's
+    "outside" suffix, which ``master.certify`` strips when it covers grouped plans)."""
+    note = MIXED_NOT_BOUNDED.format(found=found)
+    space = (res.plan_space.removesuffix(OUTSIDE_WHEN_OFF) + note + OUTSIDE_WHEN_OFF
+             if res.plan_space.endswith(OUTSIDE_WHEN_OFF) else res.plan_space + note)
+    meta = dict(res.plan.meta) if res.plan is not None else {}
+    if "plan_space" in meta:
+        meta["plan_space"] = space
+    plan = None if res.plan is None else dataclasses.replace(res.plan, meta=tuple(meta.items()))
+    return dataclasses.replace(res, plan=plan, plan_space=space)
 
 
 def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult, t0: float,
-                       early: object = _NOT_RUN) -> PlanResult:
-    """mixed: the certificate and the heuristic's mixed-stage family [H11]. That family is
+                       early: object = _NOT_RUN, early_bound: MixedBound | None = None) -> PlanResult:
+    """mixed/hetgap: the certificate and the heuristic's mixed-stage family [H11]. That family is
     deterministic (no clock), so the heuristic returns no mixed plan faster than the one found here.
-    When it is faster than ``res``'s plan it becomes the result and the bound is ``compute_floor``
-    (valid for every plan of any planner, so also above ``res``'s bound where that is lower), status
-    recomputed on it; otherwise the
-    plan space names mixed-cluster stages as not bounded (``res``'s bound is below ``res``'s plan,
-    hence below the family's plan, but not proven for every mixed plan)."""
-    if res.plan is None or res.lower_bound_s is None or options.extra.get("mixed_stages", "auto") == "off":
+
+    The bound over mixed stages is ``mixed_bound`` [H11b] (valid for every plan of k identical
+    pipelines whose stages hold replica groups of any clusters, the k-identical space included; at
+    least ``compute_floor``; on instances of at most MIXED_BOUND_CLUSTERS clusters, within the time
+    limit, else the floor). The certificate's bound is the least over the families it covers:
+
+    - the mixed plan is faster than ``res``'s (after ``choose_sync``): it is the result; the bound is
+      [H11b]'s (with the grouped space covered, the lesser of it and ``res``'s bound);
+    - otherwise, when [H11b]'s bound is at least ``res``'s, the space covers mixed stages too and the
+      bound is [H11b]'s (a valid bound of ``res``'s space as well; with the grouped space covered,
+      ``res``'s); when it is below, the space names mixed stages "not bounded" and keeps ``res``'s
+      bound (``res``'s plan is at least as fast as the family's best)."""
+    if res.plan is None or res.lower_bound_s is None:
         return res
+    if options.extra.get("mixed_stages", "auto") == "off":
+        return _mixed_outside(res, "not searched: mixed_stages off")
     tables = build_tables(instance)
-    late = early is _NOT_RUN and time.perf_counter() - t0 >= options.time_limit_s
-    mixed = early if early is not _NOT_RUN else None if late else best_mixed_plan(instance, tables)
+    deadline = t0 + options.time_limit_s
+    late = early is _NOT_RUN and time.perf_counter() >= deadline
+    prog = options.progress
+    mixed = early if early is not _NOT_RUN else None if late else best_mixed_plan(
+        instance, tables, stop=lambda: (prog is not None and prog.stop_requested()) or time.perf_counter() >= deadline)
+    if mixed is None:
+        return _mixed_outside(res, "not tried: the time limit ran out" if late else "no fast pool of clusters")
+    assert isinstance(mixed, MixedPlan)
     # against the result as the registry returns it (its sync fields by choose_sync, like the mixed plan's)
-    own = None if mixed is None else evaluate(choose_sync(res.plan, instance, tables, zero=True), instance, tables)
-    own_s = min(res.iteration_time_s, own.iteration_time_s) if own is not None and own.feasible else res.iteration_time_s
-    if mixed is None or not mixed.iteration_time_s < own_s * (1 - MIXED_MARGIN):
-        found = ("not tried: the time limit ran out" if late else "no fast pool of clusters" if mixed is None
-                 else f"its best, {mixed.iteration_time_s:.6g} s, is not faster")
-        note = MIXED_NOT_BOUNDED.format(found=found)
-        # before the grouped space's "outside" suffix, which ``master.certify`` strips when it covers them
-        space = (res.plan_space.removesuffix(OUTSIDE_WHEN_OFF) + note + OUTSIDE_WHEN_OFF
-                 if res.plan_space.endswith(OUTSIDE_WHEN_OFF) else res.plan_space + note)
-        meta = dict(res.plan.meta)
-        if "plan_space" in meta:
-            meta["plan_space"] = space
-        return dataclasses.replace(res, plan=dataclasses.replace(res.plan, meta=tuple(meta.items())), plan_space=space)
+    own = evaluate(choose_sync(res.plan, instance, tables, zero=True), instance, tables)
+    own_s = min(res.iteration_time_s, own.iteration_time_s) if own.feasible else res.iteration_time_s
+    adopt = mixed.iteration_time_s < own_s * (1 - MIXED_MARGIN)
+    grouped = not res.plan_space.endswith(OUTSIDE_WHEN_OFF)  # master.certify covered grouped plans
     floor = compute_floor(instance, tables)
-    lb = floor  # valid for every plan, those of the space above included (its own bound only adds there)
-    t = mixed.iteration_time_s
+    mb = early_bound
+    if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
+        mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline)
+    mbv = max(floor, mb.value) if mb is not None else floor
+    t = mixed.iteration_time_s if adopt else res.iteration_time_s
+    if not adopt:
+        if mbv < res.lower_bound_s * (1 - 1e-12):
+            why = (f"its [H11b] bound, {mbv:.6g} s, is below this bound" if mb is not None else
+                   f"more than {MIXED_BOUND_CLUSTERS} clusters, or the time limit ran out")
+            return _mixed_outside(res, f"their best, {mixed.iteration_time_s:.6g} s, is not faster; {why}")
+        lb = res.lower_bound_s if grouped else mbv
+    else:
+        lb = max(floor, min(res.lower_bound_s, mbv)) if grouped else mbv
+    lb = min(lb, t)
     g = max(0.0, (t - lb) / t)
     status = "optimal" if g <= options.gap + 1e-12 else "feasible"
     solver = res.solver
     if status != res.status and "certified the result" in solver:
         solver = solver.split(" (")[0] + " (not run: the k-identical space's bounds certified it, the mixed-stage space's did not)"
-    space = res.plan_space + MIXED_BOUNDED
+    within = "; not within data parallelism across cluster groups" if grouped else ""
+    space = res.plan_space.removesuffix(OUTSIDE_WHEN_OFF) + MIXED_COVERED.format(bound=mbv, floor=floor, within=within)
+    if res.plan_space.endswith(OUTSIDE_WHEN_OFF):
+        space += OUTSIDE_WHEN_OFF
+    base = mixed.plan if adopt else res.plan
     meta = dict(res.plan.meta)
     meta.update(lower_bound_s=repr(lb), gap=f"{g:.6f}", status=status, plan_space=space, solver=solver,
-                lower_bound_before_mixed_s=repr(res.lower_bound_s), compute_floor_s=repr(floor),
-                mixed=dict(mixed.plan.meta).get("mixed", ""))
+                lower_bound_before_mixed_s=repr(res.lower_bound_s), compute_floor_s=repr(floor), mixed_bound_s=repr(mbv))
+    if adopt:
+        meta["mixed"] = dict(mixed.plan.meta).get("mixed", "")
+    bound_note = mb.describe() if mb is not None else f"the compute floor {floor:.6g} s"
     note = (f"the heuristic's plan with stages mixing clusters ({t:.6g} s by evaluate) is faster than the best plan "
-            f"of the space above ({own_s:.6g} s) and is the result; bound: the compute floor {floor:.6g} s")
-    return dataclasses.replace(res, plan=dataclasses.replace(mixed.plan, planner="milp", meta=tuple(meta.items())),
-                               iteration_time_s=t, lower_bound_s=lb, status=status, solver=solver, plan_space=space,
-                               notes=(*res.notes, note))
+            f"of the space above ({own_s:.6g} s) and is the result; bound: {bound_note}" if adopt else
+            f"stages mixing clusters: their best plan {mixed.iteration_time_s:.6g} s is not faster; {bound_note}")
+    plan = dataclasses.replace(base, planner="milp", meta=tuple(meta.items()))
+    return dataclasses.replace(res, plan=plan, iteration_time_s=t, lower_bound_s=lb, status=status, solver=solver,
+                               plan_space=space, notes=(*res.notes, note))
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:

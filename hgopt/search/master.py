@@ -70,7 +70,8 @@ alone, per flow), so no floor on the whole gradient over "the cut's parallel ban
 (a) and (b): bound(π) = max(X(π) + min{t : ...}, W(π)).
 
 [G5] Outside the certificate: groups whose pipelines are not identical within the group, two groups
-sharing a cluster, and a stage whose replicas span several clusters (``PLAN_SPACE_OUTSIDE``).
+sharing a cluster (``PLAN_SPACE_OUTSIDE``); stages whose replicas span several clusters are named once, by
+the exact planner (``hgopt.search.exact``, hetgap).
 """
 
 from __future__ import annotations
@@ -121,13 +122,11 @@ GROUPED_SPACE = (
     "clusters, every layer's gradients all-reduced across the groups in {precisions}"
 )
 PLAN_SPACE_OUTSIDE = (
-    "outside: pipelines that are not identical within a group, two groups sharing a cluster, a stage "
-    "whose replicas span several clusters"
-)
+    "outside: pipelines that are not identical within a group, two groups sharing a cluster"
+)  # hetgap: stages mixing clusters are named once, by hgopt.search.exact
 
 OUTSIDE_WHEN_OFF = ("; outside: data parallelism across cluster groups (not bounded: grouped_bound off, or auto "
-                    "without a faster grouped plan), pipelines that are not identical, a stage whose replicas span "
-                    "several clusters")
+                    "without a faster grouped plan), pipelines that are not identical")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -533,7 +532,7 @@ def certify(res: PlanResult, gb: GroupedBound, *, gap: float, grouped_plan: "tup
     res = dataclasses.replace(res, plan_space=res.plan_space.removesuffix(OUTSIDE_WHEN_OFF))
     if not gb.covered:
         space = (f"{res.plan_space}; outside: data parallelism across cluster groups (more than {MAX_CLUSTERS} "
-                 "clusters), pipelines that are not identical, a stage whose replicas span several clusters")
+                 "clusters), pipelines that are not identical")
         return dataclasses.replace(res, plan_space=space, notes=(*res.notes, gb.describe()))
     space = (f"{res.plan_space}; or {GROUPED_SPACE.format(precisions='{' + ', '.join(gb.precisions) + '}')}; "
              f"{PLAN_SPACE_OUTSIDE}")

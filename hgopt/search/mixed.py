@@ -24,7 +24,8 @@ takes as long as its slowest group, [C2]):
    gradient-sync fields chosen by ``choose_sync(..., zero=True)``.
 
 No clock is read: the search is bounded by its candidate counts, so the same instance gives the same
-plan (the exact planner relies on that: ``hgopt.search.exact``). Such plans lie outside the exact
+plan (the exact planner relies on that: ``hgopt.search.exact``), unless the caller's ``stop`` (a stop
+request or its deadline) ends it early. Such plans lie outside the exact
 planner's certified space; :func:`compute_floor` is a bound valid for every plan of any planner.
 """
 
@@ -34,6 +35,7 @@ import dataclasses
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -313,8 +315,8 @@ def _tp_sets(inst: Instance, clusters: list[Cluster], choices: int) -> list[tupl
     return [tuple(p[min(i, len(p) - 1)] for p in per) for i in range(choices)]
 
 
-def _candidates(inst: Instance, tables: CostTables, pool: tuple[str, ...], opts: MixedOptions
-                ) -> list[tuple[_Candidate, tuple[_Kind, ...]]]:
+def _candidates(inst: Instance, tables: CostTables, pool: tuple[str, ...], opts: MixedOptions,
+                stop: Callable[[], bool] = lambda: False) -> list[tuple[_Candidate, tuple[_Kind, ...]]]:
     G = inst.job.global_batch
     topo = inst.topology
     clusters = [topo.cluster(n) for n in pool]
@@ -330,6 +332,8 @@ def _candidates(inst: Instance, tables: CostTables, pool: tuple[str, ...], opts:
             sizes = [k.count for k in kinds]
             power = [k.cap / k.times[-1] for k in kinds]
             for B in (d for d in range(1, G + 1) if G % d == 0):
+                if stop():  # a stop request or the caller's deadline: the candidates so far
+                    return out
                 m = G // B
                 if not opts.min_microbatches <= m <= opts.max_microbatches:
                     continue
@@ -412,15 +416,20 @@ def _moves(inst: Instance, tables: CostTables, kinds: tuple[_Kind, ...], cand: _
 
 
 def best_mixed_plan(instance: Instance, tables: CostTables | None = None,
-                    options: MixedOptions = MixedOptions()) -> MixedPlan | None:
+                    options: MixedOptions = MixedOptions(), stop: Callable[[], bool] | None = None) -> MixedPlan | None:
     """The best plan of the mixed-stage family over every fast pool (None: no pool, or nothing fits),
-    with its sync fields chosen like every hgopt plan's (``choose_sync(..., zero=True)``)."""
+    with its sync fields chosen like every hgopt plan's (``choose_sync(..., zero=True)``). ``stop``
+    (a stop request or a deadline, checked between microbatch sizes and between scored candidates):
+    when it returns True the search ends with what it has (then the result depends on when)."""
     from hgopt.search.sync_choice import choose_sync
 
+    stop = stop or (lambda: False)
     tables = tables or build_tables(instance)
     best: MixedPlan | None = None
     for pool in fast_pools(instance):
-        cands = _candidates(instance, tables, pool, options)
+        if stop():
+            break
+        cands = _candidates(instance, tables, pool, options, stop)
         cands.sort(key=lambda ck: (ck[0].estimate, ck[0].bounds, ck[0].microbatch))
         scored = []
         seen: dict[tuple[int, int], int] = {}
@@ -430,14 +439,14 @@ def best_mixed_plan(instance: Instance, tables: CostTables | None = None,
                 continue
             seen[key] = seen.get(key, 0) + 1
             scored.append((_score(instance, tables, _plan(instance, kinds, cand)), cand, kinds))
-            if len(scored) >= options.finalists:
+            if len(scored) >= options.finalists or stop():
                 break
         scored = sorted((x for x in scored if math.isfinite(x[0])), key=lambda x: x[0])
         if not scored:
             continue
         polished = []
-        for t, cand, kinds in scored[: options.polished]:
-            cuts, t = _moves(instance, tables, kinds, cand, t, options.move_rounds)
+        for t, cand, kinds in scored[: 1 if stop() else options.polished]:
+            cuts, t = _moves(instance, tables, kinds, cand, t, 0 if stop() else options.move_rounds)
             plan = choose_sync(_plan(instance, kinds, cand, cuts), instance, tables, zero=True)
             polished.append((_score(instance, tables, plan), plan, cand))
         t, plan, cand = min(polished, key=lambda x: x[0])

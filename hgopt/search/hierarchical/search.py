@@ -133,7 +133,7 @@ def _mixed_or(ctx: Ctx, options: HeuristicOptions, res: HeuristicResult) -> Heur
             and options.objective == "time" and options.budget_usd_per_hour is None and res.plan is not None
             and not out_of_time(ctx, options)):
         return res
-    mixed = best_mixed_plan(ctx.instance, ctx.tables)
+    mixed = best_mixed_plan(ctx.instance, ctx.tables, stop=lambda: out_of_time(ctx, options))  # hetgap: stop/deadline
     if mixed is None or not mixed.iteration_time_s < res.iteration_time_s:
         return res
     if ctx.score is not None:
