@@ -967,7 +967,7 @@ def _result(instance: Instance, best: SplitOutcome | None, lbs: dict[BatchSplit,
             extra_notes = (f"no plan of this space fits: the bounds of all {len(lbs)} batch splits (k pipelines x "
                            "microbatch B) are infinite — for none of them do the block options (memory per GPU, GPUs "
                            "per pipeline, profiled tp and microbatch sizes) cover the model; the infeasibility lines "
-                           "give the memory numbers", *extra_notes)
+                           "name the binding constraint with its numbers", *extra_notes)
             solver = solver or f"none ({options.solver} not needed: every batch split's bounds are infinite)"
         else:
             extra_notes = ("no plan found within the time limit (the bound still holds); a longer --time-limit "
