@@ -4,6 +4,11 @@ the MILP's objective and dual bound after the cap loop [M0], and ``evaluate`` of
 
     PYTHONPATH=$PWD .venv/bin/python bench/exact_split.py sailor-geo-5x32 --split 1,64 --incumbent 2.357 --time-limit 45
     PYTHONPATH=$PWD .venv/bin/python bench/exact_split.py sailor-geo-5x32 --floor-check
+    PYTHONPATH=$PWD .venv/bin/python bench/exact_split.py sailor-geo-5x32 --all-splits --incumbent 2.2426
+
+``--all-splits`` (gaps3): every split's cheap and relaxation bound with the relaxation's CPU seconds,
+weakest first, and the least of them (what the planner's global bound is once every split has its
+relaxation; independent of machine load, unlike a timed run).
 """
 
 from __future__ import annotations
@@ -28,12 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor-check", action="store_true",
                     help="gaps2: compare the analytic hand-over floor [M8f] with the least evaluate probe over the "
                          "layout pairs on about 12 splits, every arc, and time both")
+    ap.add_argument("--all-splits", action="store_true",
+                    help="gaps3: cheap and relaxation bound of every split (target: --incumbent), weakest first")
     ap.add_argument("--incumbent", type=float, default=math.inf, help="best plan's time (sets the first cap)")
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args(argv)
     inst = load_instance(args.instance)
     if args.floor_check:
         return floor_check(inst)
+    if args.all_splits:
+        return all_splits(inst, args.incumbent)
     if not args.split:
         ap.error("--split K,B is required (or --floor-check)")
     k, b = (int(x) for x in args.split.split(","))
@@ -55,6 +64,26 @@ def main(argv: list[str] | None = None) -> int:
         for r in ev.stages[: len(out.plan.pipelines[0].stages)]:
             print(f"  stage {r.layers} {r.layout}: fwd+bwd {r.fwd_s + r.bwd_s:.4f} s, send {r.send_fwd_s:.4f}/"
                   f"{r.send_bwd_s:.4f} s, sync {r.sync_s:.4f} s")
+    return 0
+
+
+def all_splits(inst: Instance, incumbent: float) -> int:
+    """gaps3: per split, the cheap bound [B4] and the relaxation bound [R4] at target ``incumbent``
+    (``milp._relaxation_bound``, as the planner's relaxation phase calls it), weakest first."""
+    tables = build_tables(inst)
+    rows, cpu = [], 0.0
+    for sp in batch_splits(inst):
+        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+        t0 = time.process_time()
+        relax, _ = _relaxation_bound(inst, tables, sp, cb, incumbent, math.inf)
+        dt = time.process_time() - t0
+        cpu += dt
+        rows.append((max(relax, cb.value), str(sp), cb.value, dt))
+    rows.sort()
+    for bound, sp, cheap, dt in rows[:12]:
+        print(f"{sp}: cheap {cheap:.5g} s, relaxation {bound:.5g} s ({dt:.2f} s CPU)")
+    print(f"{inst.name}: {len(rows)} splits, least bound {rows[0][0]:.5g} s ({rows[0][1]}); gap to {incumbent:g} s "
+          f"{100 * (incumbent - rows[0][0]) / incumbent:.2f} %; relaxations {cpu:.1f} s CPU")
     return 0
 
 

@@ -271,3 +271,117 @@ def test_reweighted_bound_restates_a_closed_form_bound_for_a_smaller_weight() ->
         assert reweighted_bound(closed, float(m - 1), m, floor) == pytest.approx(closed, rel=1e-12)
         if m > 1:
             assert reweighted_bound((m - 1) * B + floor, w, m, floor) == pytest.approx(w * B + floor, rel=1e-9, abs=1e-12)
+
+
+def test_search_composition_is_a_lower_bound_of_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] ``pipeline.search_composition`` (the MILP's objective under the replay): on random 1F1B
+    pipelines of S <= S̄ stages (stages of 1-3 layers, sends with a latency part), w·T + β·max(w̄ − (S − 1),
+    0) + R_0 − K stays at or below the exact timeline [C3x] for T = the largest stage f + b or send pace,
+    K taken with the largest latency (the sends priced by pace, as the block options do), and for T with
+    the sends' occupancies (send − latency) and no latency in K (as [M8]'s rows), with any t_floor <= the
+    largest stage f + b; with [C3]'s own weight m − 1 and no constant (what the closed form's MILP
+    minimises) it is above the replay on some, and the stage term lifts the form on some."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import fill_time, forward_share, search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    secs = hs.floats(0.01, 1.0)
+    over = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
+    def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
+        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
+        f = [sum(x for x, _ in st) for st in layers]
+        b = [sum(x * y for x, y in st) for st in layers]
+        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
+        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+        t = [x + y for x, y in zip(f, b)]
+        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
+        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
+        paces = [max(cf[i], cb[i]) for i in range(S - 1)]
+        occs = [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)]
+        floor = max(t) * data.draw(hs.floats(0.0, 1.0))
+        c = search_composition(m, S + extra, rho, e, max(lat[: S - 1], default=0.0), t_floor=floor)
+        assert c.weight * max(t + paces) + c.stage_bonus(S) + r0 - c.constant <= rep * (1 + 1e-12) + 1e-12
+        c0 = search_composition(m, S + extra, rho, e, 0.0, t_floor=floor)
+        assert c0.weight == c.weight
+        assert c0.weight * max(t + occs) + c0.stage_bonus(S) + r0 - c0.constant <= rep * (1 + 1e-12) + 1e-12
+        over.append((m - 1) * max(t + paces) + r0 > rep * (1 + 1e-9))
+        lifted.append(c0.stage_bonus(S) > 0)
+
+    lifted: list[bool] = []
+    check()
+    assert any(over) and any(lifted)
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "closed")
+    closed = search_composition(8, 4, 0.4, 0.1, 0.5, t_floor=1.0)  # [C3]'s (m − 1)·T, nothing else
+    assert (closed.weight, closed.constant, closed.stage_bonus(1)) == (7.0, 0.0, 0.0)
+
+
+def test_search_composition_pays_the_latency_of_paced_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] Hand case: two stages (f = 0, b = 0.01), one boundary of 0.5 s latency + 0.2 s occupancy each
+    way (send 0.7), m = 4, S̄ = 2, ρ = 0 (so w = m − 1 = 3). By hand (stage 0: F0 F1 B0 F2 B1 F3 B2 B3):
+    F0, F1 leave at 0 and 0.2, back from stage 1 at 1.41 and 1.61; stage 0's B0 ends 1.42, F2 leaves then,
+    B1 ends 1.62, F3 leaves; stage 1 sends B2 back at 2.13 and B3 at 2.33 (arriving 2.83 and 3.03), so
+    the replay ends at 3.04. With the send's pace, w·0.7 + R_0 = 2.1 + 1.42 = 3.52 is above it; the
+    constant K = w·latency = 1.5 brings it under (2.02)."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    f, b, lat, c = [0.0, 0.0], [0.01, 0.01], [0.5, 0.0], [0.7, 0.0]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, c, c, 4, lat, lat))
+    assert rep == pytest.approx(3.04, rel=1e-12)
+    c = search_composition(4, 2, 0.0, 0.0, 0.5)
+    w, k = c.weight, c.constant
+    assert (w, k, c.stage_bonus(2)) == (3.0, 1.5, 0.0)
+    r0 = 0.02 + 1.4
+    assert w * 0.7 + r0 > rep and w * 0.7 + r0 - k <= rep
+    assert w * (0.7 - 0.5) + r0 <= rep  # the occupancy form [M8] needs no constant
+
+
+def test_search_composition_stage_term_hand_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] The stage term: two stages f = 1, b = 2 (ρ = 1/3, E = 0), no sends, m = 4, in a split that
+    allows S̄ = 4 stages. The replay ends at 12 (``test_bound_weight_hand_computed``, R_0 = 3.9 with
+    stage 1's f = 0.3, b = 0.6). With S̄ = 4 the weight is 3 − 3/3 = 2 (11.9 − 2 = 9.9 without the term);
+    the plan's own S = 2 allows only one warm-up forward, so q = 3 − 1 = 2 and β = t_floor/3 = 1 give
+    back 2: 2·3 + 2 + 3.9 = 11.9 <= 12, what S̄ = 2's weight alone gives."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost.pipeline import search_composition
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    f, b, z = [1.0, 0.3], [2.0, 0.6], [0.0, 0.0]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, z, z, 4))
+    c = search_composition(4, 4, 1.0 / 3.0, 0.0, 0.0, t_floor=3.0)
+    assert c.weight == pytest.approx(2.0, rel=1e-12) and c.warmup == 3
+    assert c.stage_bonus(2) == pytest.approx(2.0, rel=1e-12) and c.stage_bonus(4) == 0.0
+    assert c.weight * 3.0 + c.stage_bonus(2) + 3.9 - c.constant == pytest.approx(11.9, rel=1e-12)
+    assert 11.9 <= rep
+
+
+def test_replay_along_the_operation_sequence_equals_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3x] ``replay_stage_ends`` runs along ``pipeline._op_sequence`` when the orders allow it (1F1B and
+    GPipe do); with that memo switched off it runs its event loop. On random pipelines (1-9 stages, m up to
+    20, latencies, slow and fast sends) both give the same stage ends, bit for bit."""
+    import hgopt.cost.pipeline as pipeline_mod
+
+    rng = random.Random(3)
+    cases = []
+    for _ in range(600):
+        S, m, sch = rng.randint(1, 9), rng.randint(1, 20), rng.choice(["1f1b", "1f1b", "gpipe"])
+        f = [rng.random() for _ in range(S)]
+        b = [2 * rng.random() for _ in range(S)]
+        lat = [0.3 * rng.random() for _ in range(S)]
+        cf = [x + rng.random() * rng.choice([0.1, 1.0, 5.0]) for x in lat]
+        cb = [x + rng.random() * rng.choice([0.1, 1.0, 5.0]) for x in lat]
+        assert pipeline_mod._op_sequence(stage_ops, sch, S, m) is not None
+        cases.append((sch, f, b, cf, cb, m, lat))
+    fast = [replay_stage_ends(stage_ops, sch, f, b, cf, cb, m, lat, lat) for sch, f, b, cf, cb, m, lat in cases]
+    monkeypatch.setattr(pipeline_mod, "_op_sequence", lambda *a: None)
+    slow = [replay_stage_ends(stage_ops, sch, f, b, cf, cb, m, lat, lat) for sch, f, b, cf, cb, m, lat in cases]
+    assert fast == slow

@@ -14,9 +14,11 @@ for any m, and [C3p] is never above [C3x]; six cached shipped plans are held wit
 
 from __future__ import annotations
 
+import json
+import math
+import random
 import subprocess
 import sys
-import json
 
 import pytest
 
@@ -671,8 +673,8 @@ def test_search_bounds_stay_below_the_exact_replay_of_cached_plans(name: str, pl
 def test_with_the_replay_switched_on_the_milp_reports_no_bound_it_cannot_prove(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """[C3b] With ``pipeline.EVALUATE_1F1B = "replay"`` evaluate is the exact timeline and the MILP's own
-    bound (a bound of [C3]) is not used, only the cheap and relaxation bounds [C3b]: the planner's lower
-    bound stays below evaluate's (now the replay's) time of the plan it returns."""
+    bound is that of its replay-valid objective (``pipeline.search_composition``, no window rows): the
+    planner's lower bound stays below evaluate's (now the replay's) time of the plan it returns."""
     import hgopt.cost.pipeline as pipeline_mod
     from hgopt.cost import build_tables
     from hgopt.search import PlanOptions
@@ -686,3 +688,103 @@ def test_with_the_replay_switched_on_the_milp_reports_no_bound_it_cannot_prove(
     ev = evaluate(res.plan, inst, build_tables(inst))
     assert ev.iteration_time_s == pytest.approx(evaluate(res.plan, inst, pipeline="replay").iteration_time_s, rel=1e-12)
     assert res.lower_bound_s <= ev.iteration_time_s * (1 + 1e-9)
+
+
+_REPLAY_BF: dict[int, float] = {}
+
+
+@pytest.mark.parametrize("relaxation", ["off", "on"])
+@pytest.mark.parametrize("seed", range(10))
+def test_replay_milp_bound_never_exceeds_the_brute_force_optimum(seed: int, relaxation: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] Under the replay, on tiny instances whose whole MILP space the brute force enumerates
+    (``tests/test_milp.py``: no recomputation, native links): the exact planner's bound with no warm start,
+    with and without the relaxation [R4] (its MILP's dual bound, the relaxation's with the composition's
+    stage term, the cheap bound) is at most the best evaluate (now the replay) over the space, and the
+    returned plan is one of the space (>= that optimum)."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.search import PlanOptions
+    from hgopt.search.exact import plan_exact
+    from tests.test_milp import _instance, brute_force
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
+    inst = _instance(seed)
+    if seed not in _REPLAY_BF:
+        _REPLAY_BF[seed] = brute_force(inst)
+    best = _REPLAY_BF[seed]
+    extra = {"warm_start": "none", **({"relaxation": "off"} if relaxation == "off" else {})}
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs", extra=extra))
+    if not math.isfinite(best):
+        assert res.plan is None
+        return
+    assert res.plan is not None and res.lower_bound_s is not None
+    assert res.lower_bound_s <= best * (1 + 1e-9)
+    assert res.iteration_time_s >= best * (1 - 1e-9)
+
+
+def test_replay_milp_bound_certifies_some_tiny_optima(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] The MILP's replay-valid objective is not a dead bound: on seeds 1, 5, 6, 8, 9 of the tiny
+    instances it proves the brute-force optimum (status optimal at gap 1e-7, with no warm start and no
+    relaxation), where the cheap bound alone (what the replay had before: the MILP's bound dropped) stays
+    below it on each."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.cost import build_tables
+    from hgopt.search import PlanOptions
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.exact import plan_exact
+    from hgopt.search.milp import batch_splits
+    from tests.test_milp import _instance
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
+    for seed in (1, 5, 6, 8, 9):
+        inst = _instance(seed)
+        res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, solver="highs",
+                                           extra={"warm_start": "none", "relaxation": "off"}))
+        assert res.status == "optimal" and res.lower_bound_s is not None, (seed, res)
+        tables = build_tables(inst)
+        cheap = min(cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch,
+                                 num_microbatches=sp.num_microbatches).value for sp in batch_splits(inst))
+        assert cheap < res.lower_bound_s * (1 - 1e-6), seed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replay_milp_objective_equals_evaluate_at_one_microbatch(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[C3b] With one microbatch the closed form and the replay coincide (one trip through and back, R_0)
+    and the replay-valid objective's weight and constant are 0 (``bound_weight(1, ·) = 0``): fix a random
+    3-cluster chain of block options and the MILP's objective (fill, WAN fill, tail) equals evaluate
+    (the replay) of the decoded plan."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.search.blocks import Window, block_options, cheap_bounds
+    from hgopt.search.milp import BatchSplit, build_milp, decode
+    from hgopt.solvers import SolveOptions, solve
+    from hgopt.cost import build_tables
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    rng = random.Random(seed)
+    clusters = (("a", "A", 1, 2, 40.0), ("b", "B", 2, 2, 40.0), ("c", "C", 1, 2, 40.0))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=4.0, wan_latency_ms=rng.choice([30.0, 80.0, 150.0]))
+    model = tiny_model(num_layers=7, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7)
+    inst = tiny_instance(global_batch=2, model=model, topology=topo)
+    split = BatchSplit(k=1, microbatch=2, num_microbatches=1)
+    tables = build_tables(inst)
+    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=1)
+    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=1, d_cap=3,
+                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
+    order = rng.sample(["a", "b", "c"], 3)
+    n = sorted(rng.sample(range(1, 7), 2))
+    counts = [n[0], n[1] - n[0], 7 - n[1]]
+    chosen = [rng.choice(opts[(c, r, k)]) for c, r, k in zip(order, ["first", "middle", "end"], counts)]
+    form = build_milp(inst, tables, split, opts, cb)
+    for j, o in form.y.items():
+        if any(o is c for c in chosen):
+            form.model.add_row(f"fix{j}", {j: 1.0}, 1.0, 1.0)
+    for a, b in zip(order, order[1:]):
+        form.model.add_row(f"arc{a}{b}", {form.z[(a, b)]: 1.0}, 1.0, 1.0)
+    res = solve(form.model, "highs", SolveOptions(time_limit_s=30, relative_gap=1e-9))
+    assert res.values is not None, res
+    plan = decode(inst, form, res.values)
+    ev = evaluate(plan, inst, tables)
+    assert ev.iteration_time_s == pytest.approx(evaluate(plan, inst, tables, pipeline="replay").iteration_time_s, rel=1e-12)
+    assert res.objective == pytest.approx(ev.iteration_time_s, rel=1e-9)

@@ -26,6 +26,7 @@ __all__ = [
     "flows_time",
     "handover_floor",
     "handover_lower_bound",
+    "least_allreduce_time_from",
     "least_time_from",
     "link_time_lower_bound",
     "max_rate_from",
@@ -184,6 +185,17 @@ def least_time_from(bw: Bandwidth, nbytes: float) -> float:
             y = 1e6 * 2.0**u
             best = min(best, y / bandwidth_bytes_per_s(bw, y))
     return best
+
+
+def least_allreduce_time_from(bw: Bandwidth, nbytes: float, n: int) -> float:
+    """gaps3: the least [C5] ring all-reduce seconds (``tables.allreduce_time``) among ``n`` of any
+    message of at least ``nbytes``: allreduce_time(x) = 2(n − 1)·((x/n) / BW(x/n) + latency), and
+    x/n >= nbytes/n, so at least 2(n − 1)·(:func:`least_time_from`(nbytes/n) + latency); exact at
+    ``nbytes`` wherever the curve never rises faster than the message grows. A floor of a gradient
+    bucket's all-reduce that holds a layer of ``nbytes``, whatever else the bucket holds."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (n - 1) * (least_time_from(bw, nbytes / n) + bw.latency_s)
 
 
 def _roots(a: float, b: float, c: float) -> list[float]:

@@ -9,7 +9,9 @@ and ``evaluate`` both call these. Equations: ``formulations/cost_model.md``.
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Callable, Literal, Sequence, TypeVar
 
 import numpy as np
@@ -19,9 +21,12 @@ __all__ = [
     "ROUND_TRIP_WINDOWS",
     "bound_offset",
     "bound_weight",
+    "Composition",
     "replay_bounds",
+    "search_composition",
     "search_offset",
     "search_weight",
+    "search_windows",
     "forward_share",
     "replay_floor",
     "warmup_cap",
@@ -210,6 +215,9 @@ def replay_stage_ends(
     S, m = len(fwd), num_microbatches
     lf = latency_f if latency_f is not None else [0.0] * S
     lb = latency_b if latency_b is not None else [0.0] * S
+    seq = _op_sequence(stage_ops, schedule, S, m)
+    if seq is not None:
+        return _replay_by_position(seq, fwd, bwd, send_f, send_b, m, lf, lb)
     orders = [[(str(getattr(op, "kind")), int(getattr(op, "microbatch"))) for op in stage_ops(schedule, s, S, m)]
               for s in range(S)]
     arrive: dict[tuple[str, int, int], float] = {}
@@ -238,6 +246,67 @@ def replay_stage_ends(
                     arrive[("B", s - 1, i)] = t0 + send_b[s - 1]
         if not progressed:
             raise ValueError("the schedule deadlocks")
+    return clock
+
+
+@functools.lru_cache(maxsize=256)
+def _op_sequence(stage_ops: StageOps, schedule: str, num_stages: int,
+                 num_microbatches: int) -> tuple[tuple[int, int, bool], ...] | None:
+    """Every operation (stage, microbatch, is forward) of the stages' orders in one sequence that meets
+    each operation after its input, or None when the orders allow none of this form. In 1F1B (and GPipe)
+    F(s, i) sits at a position of stage s's order no earlier than F(s − 1, i) on stage s − 1, and B(s, i)
+    no earlier than B(s + 1, i); so visiting positions in turn, each position's forwards by stage
+    ascending, then its backwards by stage descending, is such a sequence (checked here, not assumed),
+    and each stage's and each boundary's operations keep their order. A memo of a pure function of its
+    arguments (``stage_ops`` is a module function); the replay then needs no readiness test."""
+    S, m = num_stages, num_microbatches
+    orders = [[(str(getattr(op, "kind")) == "F", int(getattr(op, "microbatch"))) for op in stage_ops(schedule, s, S, m)]
+              for s in range(S)]
+    width = max((len(o) for o in orders), default=0)
+    seen_f: set[tuple[int, int]] = set()
+    seen_b: set[tuple[int, int]] = set()
+    seq: list[tuple[int, int, bool]] = []
+    for p in range(width):
+        for forward, stages in ((True, range(S)), (False, range(S - 1, -1, -1))):
+            for s in stages:
+                if p >= len(orders[s]) or orders[s][p][0] != forward:
+                    continue
+                i = orders[s][p][1]
+                if forward and s > 0 and (s - 1, i) not in seen_f:
+                    return None
+                if not forward and s < S - 1 and (s + 1, i) not in seen_b:
+                    return None
+                (seen_f if forward else seen_b).add((s, i))
+                seq.append((s, i, forward))
+    return tuple(seq)
+
+
+def _replay_by_position(seq: tuple[tuple[int, int, bool], ...], fwd: Sequence[float], bwd: Sequence[float],
+                        send_f: Sequence[float], send_b: Sequence[float], m: int,
+                        lf: Sequence[float], lb: Sequence[float]) -> list[float]:
+    """:func:`replay_stage_ends`'s timeline along :func:`_op_sequence` (same semantics as its event loop)."""
+    S = len(fwd)
+    arr_f = [[0.0] * m for _ in range(S)]  # arrival of F(s, i)'s input (stage 0: at 0)
+    arr_b = [[0.0] * m for _ in range(S)]
+    free_f, free_b = [0.0] * S, [0.0] * S
+    clock = [0.0] * S
+    for s, i, forward in seq:
+        if forward:
+            ready = arr_f[s][i]
+            end = (clock[s] if clock[s] > ready else ready) + fwd[s]
+            clock[s] = end
+            if s + 1 < S:
+                t0 = end if end > free_f[s] else free_f[s]
+                free_f[s] = t0 + send_f[s] - lf[s]
+                arr_f[s + 1][i] = t0 + send_f[s]
+        else:
+            ready = arr_b[s][i]
+            end = (clock[s] if clock[s] > ready else ready) + bwd[s]
+            clock[s] = end
+            if s > 0:
+                t0 = end if end > free_b[s - 1] else free_b[s - 1]
+                free_b[s - 1] = t0 + send_b[s - 1] - lb[s - 1]
+                arr_b[s - 1][i] = t0 + send_b[s - 1]
     return clock
 
 
@@ -386,6 +455,58 @@ def reweighted_bound(closed: float, weight: float, num_microbatches: int, floor:
 def search_offset(num_microbatches: int, max_stages: int, fwd_excess: float) -> float:
     """[C3b] :func:`bound_offset` under the replay, 0 under the closed form."""
     return bound_offset(num_microbatches, max_stages, fwd_excess) if replay_bounds() else 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Composition:
+    """[C3b] The MILP's composition (``search.milp``'s objective): every 1F1B pipeline of S ≤ S̄ stages
+    costs at least ``weight``·T + ``per_stage``·max(``warmup`` − (S − 1), 0) + R_0 − ``constant``, for any T
+    ≤ max(largest stage f + b, largest intra-cluster send pace, largest inter-cluster occupancy), when its
+    largest stage f + b is at least the ``t_floor`` given to :func:`search_composition`."""
+
+    weight: float
+    constant: float = 0.0
+    per_stage: float = 0.0
+    """What each stage fewer than ``warmup`` + 1 is worth: the warm-up forwards w_s ≤ min(S − 1, m − 1)
+    the plan's own S allows, against the split's bound min(S̄ − 1, m − 1) that ``weight`` assumes."""
+    warmup: int = 0
+    """``warmup_cap(S̄, m)``."""
+
+    def stage_bonus(self, num_stages: int) -> float:
+        """per_stage·max(warmup − (S − 1), 0): what a plan of S stages adds to weight·T + R_0 − constant."""
+        return self.per_stage * max(self.warmup - (num_stages - 1), 0)
+
+
+def search_composition(num_microbatches: int, max_stages: int, fwd_share: float, fwd_excess: float,
+                       latency: float, t_floor: float = 0.0) -> Composition:
+    """[C3b] :class:`Composition` for a split (``search.milp``'s objective and rows [M7]/[M8]): pipelines of
+    at most ``max_stages`` stages whose every layer has f ≤ ρ·(f + b) + E (``fwd_share``, ``fwd_excess``),
+    whose intra-cluster sends carry a latency of at most ``latency`` and whose largest stage f + b is at
+    least ``t_floor`` (the split's bottleneck bound ``CheapBounds.t_lb``).
+
+    Under the replay: weight w = :func:`bound_weight`, constant K = :func:`bound_offset` + w·``latency``,
+    warmup w̄ = :func:`warmup_cap`, per_stage β = ρ·``t_floor`` + E. Proof, x the piece of T that is
+    largest: if x is a stage's t_s, T_replay ≥ R_0 + (m − 1)·t_s − w_s·f_s with w_s ≤ min(S − 1, m − 1) =
+    w̄ − q (q = max(w̄ − (S − 1), 0)), so ≥ R_0 + (m − 1 − ρ·w̄)·t_s + q·(ρ·t_s + E) − w̄·E ≥ R_0 + w·x +
+    β·q − offset (t_s ≥ t_floor); if x is an occupancy o > max t (or a send pace c, o = c − λ > max t),
+    R_0 + (m − 1)·o ≥ R_0 + w·o + ρ·w̄·o with ρ·w̄·o ≥ β·q − w̄·E as o ≥ t_floor. Under the closed form:
+    (m − 1, 0, 0) ([C3] itself, with T also over the window paces of [M15]/[M15w]).
+    ``tests/test_cost_kernel.py`` holds it against :func:`replay_stage_ends`."""
+    if not replay_bounds():
+        return Composition(weight=steady_weight(num_microbatches))
+    w = bound_weight(num_microbatches, max_stages, fwd_share)
+    return Composition(weight=w, constant=bound_offset(num_microbatches, max_stages, fwd_excess) + w * latency,
+                       per_stage=max(fwd_share * t_floor + fwd_excess, 0.0),
+                       warmup=warmup_cap(max_stages, num_microbatches))
+
+
+def search_windows() -> bool:
+    """[C3b] Whether the search's rows may price [C3]'s round-trip windows with the steady weight
+    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace): under the closed form only. Under the
+    replay a window of d stages starting at stage s completes only ``window_cycles`` round trips
+    (none once S − s − 1 ≥ m − 1), so it may not carry :func:`bound_weight`; the rows are left out (a
+    weaker, still valid, relaxation)."""
+    return not replay_bounds()
 
 
 def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:

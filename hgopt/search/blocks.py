@@ -35,6 +35,7 @@ from hgopt.cost.pipeline import (
     round_trip_pace,
     search_offset,
     search_weight,
+    search_windows,
     stage_fill,
     steady_weight,
     weighted_time,
@@ -171,6 +172,10 @@ class Window:
     mbs_matters: bool = False
     """Inter-cluster boundaries may be compressed: their (de)quantisation time grows with the
     replicas' microbatch size [C4q], so an option must also have no larger mbs to dominate [B3]."""
+    per_stage: float = 0.0
+    """[C3b] What the objective charges per stage a plan has fewer (``pipeline.Composition.per_stage``;
+    0 under the closed form): an option with fewer stages dominates only if it makes up for them [B3],
+    and [B2] stops adding stages only while a stage's fill is worth more than this."""
     gpus_matter: bool = False
     """costmilp: the objective prices GPUs (``--objective cost``, ``--budget``; hgopt.search.milp_cost):
     an option must also use no more GPUs to dominate [B3]."""
@@ -266,13 +271,13 @@ def _cluster_role_candidates(
             if math.isfinite(win.usd_cap) and _usd_hopeless(win, replicas * s * cfg.gpus, cluster, ns, s, t1, geo):
                 continue  # costmilp [C4]: no option of s stages of this config is under the $ cap
             for front in ((False, True) if s >= 3 else (False,)):
-                for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front):
+                for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front, weight=win.weight):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
                     if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
                         new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
                     dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
                     if not front:
-                        stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send)
+                        stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send - win.per_stage)
     return cands
 
 
@@ -353,14 +358,16 @@ def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, 
 
 
 def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray, *,
-            front: bool = False) -> list[tuple[TrunkSolution, np.ndarray]]:
+            front: bool = False, weight: float | None = None) -> list[tuple[TrunkSolution, np.ndarray]]:
     """Solutions at d = d_lo, then at the next d where some n's best partition stops fitting, up to
-    D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new)."""
+    D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new). ``weight``:
+    the objective's weight of the bottleneck (the window's; m − 1 when omitted), so that each
+    partition is the best one for the objective the options enter [C3b]."""
     out: list[tuple[TrunkSolution, np.ndarray]] = []
     d = d_lo
     covered = np.full(len(ns), -1.0)  # largest d already covered per n
     for step in range(D_STEPS + 2):
-        sol = solve_trunk(tc, s, d, m, ns, front=front)
+        sol = solve_trunk(tc, s, d, m, ns, front=front, weight=weight)
         if sol is None:
             break
         new = sol.feasible & (covered < d)
@@ -430,7 +437,8 @@ def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float
     e = stage_fill(t, sends, sends)
     suffix = tuple(float(x) for x in np.cumsum(e[::-1]))
     prefix = tuple(float(x) for x in np.cumsum(e) - stage_fill(0.0, sends, sends))
-    inner = round_trip_pace(t.tolist(), sends.tolist(), sends.tolist(), m) if ROUND_TRIP_WINDOWS == "all" else 0.0
+    windows = ROUND_TRIP_WINDOWS == "all" and search_windows()  # [C3b] not under the replay
+    inner = round_trip_pace(t.tolist(), sends.tolist(), sends.tolist(), m) if windows else 0.0
     return suffix, prefix, inner
 
 
@@ -466,6 +474,8 @@ def _dominance_filter(opts: list[BlockOption], role: Role, win: Window) -> list[
         if kept:
             k = np.array(kept)
             worse = weighted_time(win.weight, np.maximum(T[k] - T[i], 0.0), F[k] - F[i]) + np.maximum(S[k] - S[i], 0.0)
+            if win.per_stage > 0:  # [C3b] the objective's stage term: fewer stages may cost more
+                worse = worse + win.per_stage * np.maximum(st[i] - st[k], 0)
             same_s = (st[k] == st[i]) if use_s else (st[k] <= st[i])
             rt = np.all(np.where(np.isfinite(prof[k]), prof[k] <= prof[i] + tol * (abs(F[i]) + 1.0), True), axis=1)
             if use_s and ROUND_TRIP_WINDOWS == "all":  # windows entering the block from an earlier one
@@ -785,9 +795,12 @@ class ArcPrecision:
         return self.fwd + self.bwd + mu * (self.q_fwd + self.q_bwd)
 
     def occupancy(self, mu: float) -> float:
-        """[C3b] Seconds per microbatch the slower direction occupies the boundary (pace less latency):
-        what a lower bound of the exact timeline may weigh with ``pipeline.bound_weight``."""
-        return max(self.fwd - self.lat_fwd + mu * self.q_fwd, self.bwd - self.lat_bwd + mu * self.q_bwd)
+        """[C3b] Seconds per microbatch the slower direction occupies the boundary at least (transfer less
+        latency): what a lower bound of the exact timeline may weigh with ``pipeline.bound_weight``. The
+        casts are left out (``mu`` is unused): [C3n] counts them in a message's delay, not its occupancy
+        (``evaluate._shared_nic_inputs``), so only the transfer is a lower bound for both replays."""
+        del mu
+        return max(self.fwd - self.lat_fwd, self.bwd - self.lat_bwd)
 
     def bound_pace(self, mu: float) -> float:
         """The pace the bounds weigh: :meth:`occupancy` under the replay, :meth:`pace` under the

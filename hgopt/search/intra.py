@@ -31,7 +31,7 @@ import numpy as np
 from hgopt.cost.comm import allreduce_time_v, gradient_bytes, transfer_time, transfer_time_v
 from hgopt.cost.compute import optimizer_time, stage_compute_v, stage_times, stage_times_v
 from hgopt.cost.gradsync import MIB, exposed_sync_floor
-from hgopt.cost.links import node_samples, ring_bandwidth
+from hgopt.cost.links import least_allreduce_time_from, node_samples, ring_bandwidth
 from hgopt.cost.memory import (
     max_in_flight,
     max_in_flight_v,
@@ -202,7 +202,8 @@ class StageModel:
         all-reduce (ZeRO-1: reduce-scatter + all-gather, the same), exact as evaluate prices it.
         Otherwise ``gradsync.exposed_sync_floor`` with ``zero`` (reduce-scatter buckets overlapped with
         the backward plus the all-gather, or all-reduce buckets; the intra ring's [C5] time in one piece,
-        the last bucket at least the ring's latency terms). ``monotone``: the sync part made
+        the last bucket — ready only when the backward ends — at least the all-reduce of layer lo's
+        gradients, which it holds whole: ``links.least_allreduce_time_from``, gaps3). ``monotone``: the sync part made
         non-decreasing in ``hi`` (its least value over every [lo, h), h >= hi), so that the tail of a
         range bounds every first stage holding it (``blocks.cheap_bounds``)."""
         lo_a, hi_a = np.asarray(lo), np.asarray(hi)
@@ -223,8 +224,10 @@ class StageModel:
             nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
             sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
             back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
-            has = float(t.params[lo + 1] - t.params[lo]) > 0 and self.ring > 1
-            last = 2.0 * (self.ring - 1) * self.ring_bw.latency_s if has else 0.0  # [C5] latency terms of one bucket
+            # gaps3: the last bucket holds layer lo whole (buckets never split a layer), so it all-reduces
+            # at least that layer's bytes (``links.least_allreduce_time_from``; before: its latency terms only)
+            last = least_allreduce_time_from(self.ring_bw, float(gradient_bytes(t.params[lo + 1] - t.params[lo],
+                                                                                 self.dtype_bytes)), self.ring)
             floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
             floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
             cache[lo] = (floor, np.minimum.accumulate(floor[::-1])[::-1])
@@ -563,13 +566,15 @@ class TrunkSolution:
         return tuple(out)
 
 
-def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front: bool = False) -> TrunkSolution | None:
+def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front: bool = False,
+                weight: float | None = None) -> TrunkSolution | None:
     """[I4] For every trunk count in ``ns``: the partition of the block into ``s`` stages minimising
     [I1] with ``d`` stages after the block. Trunk stages only matter through their largest layer
     count (costs grow with it), which memory caps per position make a small covering problem.
     ``front``: give the extra trunk layers to the earliest stages memory allows (instead of the
-    latest), which shortens the 1F1B round trip of the later stages [C3]."""
-    geo, w = tc.geo, steady_weight(m)
+    latest), which shortens the 1F1B round trip of the later stages [C3]. ``weight``: the bottleneck's
+    weight in [I1] (default m − 1; the MILP's block options pass their objective's, [C3b])."""
+    geo, w = tc.geo, steady_weight(m) if weight is None else weight
     infl = [in_flight_depth(s + d, i, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
     if s == 1:
         return _solve_single(tc, infl[0], w, ns)

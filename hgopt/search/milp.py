@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,7 +24,8 @@ import numpy as np
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.compute import stage_compute_v
 import hgopt.cost.pipeline as _pipeline
-from hgopt.cost.pipeline import ROUND_TRIP_WINDOWS, stages_that_matter, steady_weight
+from hgopt.cost.pipeline import (ROUND_TRIP_WINDOWS, Composition, search_composition, search_windows,
+                                 stages_that_matter)
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Boundary, Pipeline, Plan, Stage
 from hgopt.search import PlanOptions, PlanResult, link_penalties
@@ -43,13 +45,15 @@ from hgopt.search.blocks import (
     cheap_bounds,
     model_shape,
 )
+from hgopt.search.polish import polish
 from hgopt.search.precisions import allowed_link_precisions
 from hgopt.solvers import SolveOptions, SolveResult, solve
 from hgopt.solvers.model import LinearModel
 from hgopt.spec import Instance
 
 __all__ = ["PLAN_SPACE", "BatchSplit", "Formulation", "LinkVar", "OutsideCheck", "SplitOutcome", "WarmStart",
-           "batch_splits", "build_milp", "decode", "estimated_nonzeros", "link_policy", "plan_hint", "plan_milp",
+           "batch_splits", "build_milp", "decode", "estimated_nonzeros", "intra_latency", "link_policy",
+           "milp_composition", "plan_hint", "plan_milp",
            "plan_space", "solve_split", "work_lower_bound"]
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ LOAD_S_PER_NONZERO = 2e-5
 2-core machine, sailor-het-32+96): a MILP is built only when the time left covers its estimate."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
+POLISH_WITHIN = 1.02
+"""gaps3: a split's plan is polished (``_polished``) when it is within this factor of the incumbent."""
 
 
 def plan_space(links: LinkPolicy) -> str:
@@ -207,11 +213,13 @@ def _add_terms(row: dict[int, float], terms: dict[int, float], scale: float = 1.
 
 def build_milp(
     instance: Instance, tables: CostTables, split: BatchSplit, options: dict[tuple[str, str, int], list[BlockOption]],
-    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None,
+    bounds: CheapBounds, links: LinkPolicy | None = None, arcs: ArcTable | None = None, stage_term: bool = False,
 ) -> Formulation:
     """data -> variables -> constraints [M1]..[M19] -> objective (formulations/cluster_milp.md).
     With native links only (the default policy) the model is the one of §3, row for row. ``arcs``:
-    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted."""
+    the split's ``arc_table`` (with the layout floor [M8f]); computed here without it when omitted.
+    ``stage_term``: under the replay, add the composition's stage term [C3b] (only valid when the
+    options were generated with ``Window.per_stage`` = its β, as ``solve_split`` does)."""
     arcs_in = arcs
     pol = links or LinkPolicy()
     shape = model_shape(instance)
@@ -266,7 +274,7 @@ def build_milp(
         inc.update({j: -1.0 for j in js if ys[j].role in ("middle", "end")})
         lm.add_row(f"M6_in[{c}]", inc, 0.0, 0.0)  # [M6] a middle/end block is handed to once
         lm.add_row(f"M7_bottleneck[{c}]", {t: 1.0, **{j: -ys[j].bottleneck for j in js}}, lb=0.0, kind="time")
-        _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces too
+        _wan_pace_rows(form, c, names, t)  # [M8] WAN send paces (occupancies under the replay) too
         # [M9] U >= the tail of the pipeline's first stage [C7o] (options of other roles carry 0)
         lm.add_row(f"M9_tail[{c}]", {u: 1.0, **{j: -ys[j].sync_opt for j in js if ys[j].sync_opt}}, lb=0.0, kind="time")
         # [M10] W[c] >= own stages (+ W of the next cluster when c hands over to it)
@@ -281,15 +289,35 @@ def build_milp(
             lm.add_row(f"M11_memory[{c}]", row, ub=w_max)
     if pol.compresses:
         _precision_rows(form, by_cluster, pol)
-    _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
-    obj = {t: steady_weight(split.num_microbatches), u: 1.0}
+    if search_windows():  # [C3b] under the replay the windows may not carry the weight: rows left out
+        _round_trip_rows(form, by_cluster, names, t, w, w_max, bounds, split)
+    comp = milp_composition(instance, split, bounds)
+    obj = {t: comp.weight, u: 1.0}
+    if stage_term and comp.per_stage > 0 and comp.warmup > 0:  # [C3b] q >= warm-up cap + 1 − S: the stages the plan lacks
+        q = lm.add_var("Q_stages", lb=0.0, ub=float(comp.warmup))
+        lm.add_row("C3b_stages", {q: 1.0, **{j: float(ys[j].s) for j in ys}}, lb=float(comp.warmup + 1))
+        obj[q] = comp.per_stage
     obj.update({j: ys[j].fill for j in ys})
     for lv in form.links.values():  # WAN fill (casts included) and the link penalty per precision pair
         for v in lv:
             _add_terms(obj, v.fill_terms())
             _add_terms(obj, {v.z: v.arc.penalty})
-    lm.set_objective(obj)
+    lm.set_objective(obj, offset=-comp.constant)
     return form
+
+
+def intra_latency(instance: Instance) -> float:
+    """The largest latency part of a send inside one cluster (``evaluate.boundary_latency``: its NIC's)."""
+    return max(c.inter_node.latency_s for c in instance.topology.clusters)
+
+
+def milp_composition(instance: Instance, split: BatchSplit, bounds: CheapBounds) -> Composition:
+    """[C3b] The objective's composition: ``pipeline.search_composition`` with the split's most stages,
+    forward share and bottleneck bound (those of its cheap bounds) and the instance's largest
+    intra-cluster latency; (m − 1, 0, 0) under the closed form."""
+    rho, excess = bounds.fwd_share
+    return search_composition(split.num_microbatches, bounds.max_stages, rho, excess, intra_latency(instance),
+                              t_floor=bounds.t_lb if math.isfinite(bounds.t_lb) else 0.0)
 
 
 def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
@@ -298,6 +326,12 @@ def _wan_pace_rows(form: Formulation, c: str, names: list[str], t: int) -> None:
     lm = form.model
     outs = [v for b in names if (c, b) in form.links for v in form.links[(c, b)]]
     if not outs:
+        return
+    if not search_windows():  # [C3b] the replay: a message occupies its boundary for its transfer less latency
+        row = {t: 1.0}
+        for v in outs:
+            _add_terms(row, {v.z: -v.arc.occupancy(0.0)})
+        lm.add_row(f"M8_wan[{c}]", row, lb=0.0, kind="time")
         return
     if all(v.mu is None for v in outs):
         row: dict[int, float] = {t: 1.0}
@@ -610,9 +644,11 @@ def solve_split(
     nv = nr = 0
     while True:
         cap_lb = math.inf
-        if math.isfinite(t_cap):
-            cap_lb = max(bounds.lb_above(t_cap), lb_above(t_cap) if lb_above else -math.inf)
-        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses)
+        if math.isfinite(t_cap):  # [C3b] an option's bottleneck counts sends by pace: less the latency
+            t_above = t_cap if search_windows() else max(t_cap - intra_latency(instance), 0.0)
+            cap_lb = max(bounds.lb_above(t_above), lb_above(t_above) if lb_above else -math.inf)
+        window = Window(t_lb=bounds.t_lb, s_lb=bounds.s_lb, t_cap=t_cap, weight=w, mbs_matters=pol.compresses,
+                        per_stage=milp_composition(instance, split, bounds).per_stage)
         t_opts = time.perf_counter()
         try:
             opts = block_options(instance, tables, replicas=split.k, microbatch=split.microbatch,
@@ -637,7 +673,7 @@ def solve_split(
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         if arcs is None:  # [M8f] once per split, not per cap
             arcs = arc_table(instance, tables, split.microbatch, split.k, pol, model_shape(instance))
-        form = build_milp(instance, tables, split, opts, bounds, pol, arcs)
+        form = build_milp(instance, tables, split, opts, bounds, pol, arcs, stage_term=True)
         if hint is not None:
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
@@ -655,8 +691,6 @@ def solve_split(
             if ev.feasible and ev.iteration_time_s + pen < best_val:
                 best_plan, best_val, best_pen = plan, ev.iteration_time_s + pen, pen
         milp_lb = res.bound if res.status in ("optimal", "feasible", "no_solution", "infeasible") else bounds.value
-        if _pipeline.replay_bounds():  # [C3b] the rows model [C3]: no bound of the exact timeline
-            milp_lb = -math.inf
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
@@ -672,6 +706,8 @@ def estimated_nonzeros(options: dict[tuple[str, str, int], list[BlockOption]], c
     with its y and v, [M12] and the per-cluster rows a few per option, the arcs a few per pair
     (sailor-het-32+96, k=4 B=4: 814 options, 3,475 local stages, 43,444 nonzeros; estimate 41.6 k + arcs)."""
     n = sum(len(v) for v in options.values())
+    if not search_windows():  # [C3b] under the replay no round-trip rows: each option in <= 11 + C rows
+        return (12 + clusters) * n + 40 * clusters * clusters
     stages = sum(o.s for v in options.values() for o in v)
     return 8 * stages + 16 * n + 40 * clusters * clusters
 
@@ -714,7 +750,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     if prog:  # progress (cli-explain)
         prog.report("warm start", bound_s=_global_lb(lbs, None))
-    best = _warm_start(instance, tables, options, t_start, links, warm_start)
+    best = _polished(instance, tables, _warm_start(instance, tables, options, t_start, links, warm_start), links,
+                     options, deadline)
     first = best.split if best else None
     if first is not None:
         _cheap_until(instance, tables, [first], cheap, links, deadline, prog)
@@ -796,6 +833,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
         lbs[sp] = max(lbs[sp], out.lower_bound)
+        if out.plan is not None and out.value < ub * POLISH_WITHIN:
+            out = _polished(instance, tables, out, links, options, deadline)  # gaps3: one layer away, etc.
         if out.plan is not None and out.value < ub:
             best = out
         elif best is not None and out.split == best.split:
@@ -945,6 +984,20 @@ def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_
     pen = pol.plan_penalty(plan.pipelines)
     log.info("warm start: plan %.4g s (%s) after %.1f s", ev.iteration_time_s, split, time.perf_counter() - t_start)
     return SplitOutcome(split=split, plan=plan, value=ev.iteration_time_s + pen, lower_bound=-math.inf, penalty=pen)
+
+
+def _polished(instance: Instance, tables: CostTables, out: SplitOutcome | None, links: LinkPolicy,
+              options: PlanOptions, deadline: float) -> SplitOutcome | None:
+    """gaps3: ``out`` with its plan improved by ``polish.polish`` (neighbours of the same batch split
+    scored by evaluate + link penalty; a fixed number of evaluations); ``extra['polish'] = 'off'``
+    turns it off. The split's bound is untouched (the plans stay in the split; one may leave the
+    space, e.g. a cluster boundary inside the prefix, which only tightens the incumbent)."""
+    if out is None or out.plan is None or options.extra.get("polish", "on") == "off":
+        return out
+    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline)
+    if value >= out.value:
+        return out
+    return dataclasses.replace(out, plan=plan, value=value, penalty=links.plan_penalty(plan.pipelines))
 
 
 def _global_lb(lbs: dict[BatchSplit, float], best: SplitOutcome | None) -> float:

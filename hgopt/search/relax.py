@@ -6,7 +6,8 @@ trunk-only local pipeline whose stages all run within tau (memory checked with t
 microbatches any position allows); every real block costs at least that plus its special layers.
 The clusters of a pipeline must then cover the trunk (a min-plus convolution over subsets) and be
 chained by WAN links no slower than tau (a Held-Karp path over the same subsets). The tail is bounded
-separately by the least tail of the pipeline's first stage [C7o] (the cheap bound's s_lb). Bottleneck values are taken on a geometric
+separately by the least tail of the pipeline's first stage [C7o] (the cheap bound's s_lb), or,
+with a prefix, in the first block's rows by what its first stage must hold within tau [R5t]. Bottleneck values are taken on a geometric
 grid: plans with bottleneck in [tau_i, tau_{i+1}) cost at least w·tau_i + fill_lb(tau_{i+1}) + ...
 """
 
@@ -73,6 +74,16 @@ class RelaxedSplit:
     the first block, and without a suffix the path has no fixed end)."""
     FB: tuple[np.ndarray, ...] = ()
     stages_first: tuple[np.ndarray, ...] = ()
+    first_tail: tuple[np.ndarray, ...] = ()
+    """gaps3 [R5t]: per cluster, for each row of ``TB`` (config, stage count s), x = 0..N: the least
+    tail (``StageModel.first_tail``, made non-increasing from the back: its least over x' >= x) of the
+    first stage holding the prefix and x trunk layers; empty: no prefix, the tail is ``s_lb``."""
+    first_comp: tuple[np.ndarray, ...] = ()
+    """gaps3 [R5t]: per cluster and row, x = 0..N: compute of a trunk stage of x layers of the row's
+    config (running maximum), so that the layers a stage holds within tau are counted."""
+    first_caps: tuple[np.ndarray, ...] = ()
+    """gaps3 [R5t]: per cluster and row, the memory caps (trunk layers) of the block's other s − 1
+    stages at distances 1..s − 1 from the pipeline's end (the largest they can be), 0 beyond s − 1."""
     offset: float = 0.0
     """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
     busy: float = 0.0
@@ -83,26 +94,35 @@ class RelaxedSplit:
         (plans on one cluster are bounded exactly, see ``split_bound``). Besides every stage and
         WAN send within tau, the 1F1B round trip of the first stage needs fill <= tau·min(S, m),
         so fill − tau·S <= 0 with S the stage count [C3]; it enters by Lagrangian weights lambda:
-        fill >= (1 + lambda)·fill − lambda·tau·S >= the subset DP on those weights [R6]. The trunk
-        rows count only stages holding trunk layers, so S may be up to 2 larger (a stage of the
-        prefix or the suffix alone): that is subtracted."""
+        fill >= (1 + lambda)·fill − lambda·tau·S >= the subset DP on those weights [R6]. The DP's
+        stage count must be at least S: the trunk rows count only stages holding trunk layers, but
+        the [R1e] rows of the first and last blocks count all of theirs (a stage of the prefix or
+        the suffix alone too), so S is counted exactly; only without them (p or q = 0 rows) is 1
+        per missing side subtracted (gaps3; before, 2 always). The first block's rows also carry its
+        first stage's tail [R5t] (``_first_tails``), unweighted."""
         N = self.trunk
         best = -INF
+        # gaps3 [R5t]: the first block's rows carry its first stage's tail (never weighted by lambda)
+        tails = self._first_tails(tau) if self.TB and self.first_tail else [None] * len(self.TB)
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
         for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
-            rows = [(np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
-                     if len(t) else np.full(N, INF)) for t, f, st in zip(self.T, self.F, self.stages)]
+            rows = [(_weighted(t, f, st, tau, lam) if len(t) else np.full(N, INF))
+                    for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
             arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF).min(axis=0)
             # gaps2 [R1e]: the blocks that begin and end the pipeline hold the prefix and the suffix too
-            ends, firsts = (None if not T else np.array([
-                (np.where(t <= tau, (1.0 + lam) * f - lam * tau * st[:, None] if lam else f, INF).min(axis=0)
-                 if len(t) else np.full(N + 1, INF)) for t, f, st in zip(T, F, St)])
-                for T, F, St in ((self.TE, self.FE, self.stages_end), (self.TB, self.FB, self.stages_first)))
+            ends = None if not self.TE else np.array([
+                _weighted(t, f, st, tau, lam) if len(t) else np.full(N + 1, INF)
+                for t, f, st in zip(self.TE, self.FE, self.stages_end)])
+            firsts = None if not self.TB else np.array([
+                _weighted(t, f, st, tau, lam, tl) if len(t) else np.full(N + 1, INF)
+                for t, f, st, tl in zip(self.TB, self.FB, self.stages_first, tails)])
             g = _subset_dp(np.array(rows), arcs, N, ends, firsts)
             if not math.isfinite(g):
                 return INF
-            g += (1.0 + lam) * self.extra_fill - (lam * tau * (int(self.p > 0) + int(self.q > 0)) if lam else 0.0)
+            g += (1.0 + lam) * self.extra_fill
+            if lam:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
+                g -= lam * tau * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
         return best + self._tail_lb(tau)
 
@@ -110,8 +130,40 @@ class RelaxedSplit:
         """[R5] The tail [C7o]: the iteration ends at least the pipeline's first stage's sync +
         optimizer after the pipeline (stages after it start their sync earlier, by the backward
         path to them, so the largest stage tail of [C7] is no bound); the first stage holds at
-        least layers [0, max(p, 1)): ``s_lb`` of the cheap bound [B4]. (Not refined by tau.)"""
-        return self.s_lb
+        least layers [0, max(p, 1)): ``s_lb`` of the cheap bound [B4]. With a prefix the first
+        block's rows carry the tail instead ([R5t], ``_first_tails``): 0 here."""
+        return 0.0 if self.TB and self.first_tail else self.s_lb
+
+    def _first_tails(self, tau: float) -> list[np.ndarray]:
+        """gaps3 [R5t] Per cluster, rows of ``TB`` × n = 0..N: the least tail of the first stage of a
+        first block of that row holding n trunk layers with every stage within ``tau``. Its other
+        s − 1 stages hold at most min(cap_d, j(tau)) trunk layers each (j(tau): the most whose compute
+        fits tau; cap_d: memory at the least distance d they can have), so the first stage holds
+        x >= n − Σ_d min(cap_d, j(tau)) of them, and its tail is at least ``first_tail`` at that x
+        (non-increasing from the back). Plans whose first stage holds the prefix and x trunk layers
+        are all in some row (``_end_rows``), so the least over rows bounds them."""
+        N = self.trunk
+        n = np.arange(N + 1)
+        out = []
+        for tl, comp, caps in zip(self.first_tail, self.first_comp, self.first_caps):
+            if not len(tl):
+                out.append(np.zeros((0, N + 1)))
+                continue
+            j = (comp <= tau).sum(axis=1) - 1  # comp[:, 0] = 0 and comp non-decreasing: layers within tau
+            held = np.minimum(caps, j[:, None]).sum(axis=1).astype(np.int64)
+            x = np.clip(n[None, :] - held[:, None], 0, N)
+            out.append(np.take_along_axis(tl, x, axis=1))
+        return out
+
+
+def _weighted(t: np.ndarray, f: np.ndarray, st: np.ndarray, tau: float, lam: float,
+              tail: np.ndarray | None = None) -> np.ndarray:
+    """Per trunk count, the least over rows whose largest stage fits ``tau`` of (1 + lam)·fill −
+    lam·tau·stages [R6] (+ ``tail``, per row, [R5t])."""
+    v = (1.0 + lam) * f - lam * tau * st[:, None] if lam else f
+    if tail is not None:
+        v = v + tail
+    return np.where(t <= tau, v, INF).min(axis=0)
 
 
 def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | None = None,
@@ -206,12 +258,14 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     names = tuple(c.name for c in instance.topology.clusters)
     Ts, Fs, Ss, Ns = [], [], [], []
     TEs, FEs, NEs, TBs, FBs, NBs = [], [], [], [], [], []
+    TLs, TCs, TKs = [], [], []  # gaps3 [R5t]
     extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows_t, rows_f, rows_s, rows_n = [], [], [], []
         ends_t, ends_f, ends_n = [], [], []
         firsts_t, firsts_f, firsts_n = [], [], []
+        firsts_tail, firsts_comp, firsts_caps = [], [], []
         for cfg in local_configs(instance, c.name, microbatch, tables):  # with recomputation [I3r]
             if cfg.gpus > budget:
                 continue
@@ -232,6 +286,10 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 lo, hi = np.zeros_like(xs), shape.p + xs
                 tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
                 firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
+                tl, caps = _first_tail_rows(tc, sm, lo, hi, len(tb), m)
+                firsts_tail.append(np.repeat(tl[None, :], len(tb), axis=0))
+                firsts_comp.append(np.repeat(np.maximum.accumulate(tc.t_comp)[None, :], len(tb), axis=0))
+                firsts_caps.append(caps)
         Ts.append(np.concatenate(rows_t) if rows_t else np.zeros((0, N)))
         Fs.append(np.concatenate(rows_f) if rows_f else np.zeros((0, N)))
         Ss.append(np.concatenate(rows_s) if rows_s else np.zeros((0, N)))
@@ -242,6 +300,9 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         TBs.append(np.concatenate(firsts_t) if firsts_t else np.zeros((0, N + 1)))
         FBs.append(np.concatenate(firsts_f) if firsts_f else np.zeros((0, N + 1)))
         NBs.append(np.concatenate(firsts_n) if firsts_n else np.zeros(0))
+        TLs.append(np.concatenate(firsts_tail) if firsts_tail else np.zeros((0, N + 1)))
+        TCs.append(np.concatenate(firsts_comp) if firsts_comp else np.zeros((0, N + 1)))
+        TKs.append(_pad_rows(firsts_caps))
     pol = links or LinkPolicy()
     table = arcs if arcs is not None else arc_table(instance, tables, microbatch, replicas, pol, shape)  # [M8f]
     wan = np.full((len(pol.pairs), len(names), len(names)), INF)
@@ -255,7 +316,9 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
                         s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
                         **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
-                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs)} if shape.p else {}))
+                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs),
+                            "first_tail": tuple(TLs), "first_comp": tuple(TCs), "first_caps": tuple(TKs)}
+                           if shape.p else {}))
 
 
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -290,6 +353,31 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tup
         F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
         S[si] = np.where(ok, tc.t_so[xm], INF)
     return T, F, S
+
+
+def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndarray, s_max: int,
+                     m: int) -> tuple[np.ndarray, np.ndarray]:
+    """gaps3 [R5t] For one config: the first stage's tail with the prefix and x = 0..N trunk layers
+    (layers [lo[x], hi[x]), ``first_tail``), as its least over x' >= x, and per stage count s =
+    1..s_max the memory caps of the other s − 1 trunk stages at distances 1..s − 1 (as ``_end_rows``
+    with shift 0), 0-padded to s_max − 1 columns."""
+    tail = sm.first_tail(lo, hi, monotone=True)
+    tail = np.minimum.accumulate(tail[::-1])[::-1]
+    N = tc.xmax
+    km = tc.kmax("t")
+    caps = np.zeros((s_max, max(s_max - 1, 1)), dtype=np.int64)
+    for r in range(1, s_max):
+        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
+        caps[r:, r - 1] = int(bad[0]) if bad.size else N  # rows s >= r + 1 have a stage at distance r
+    return tail, caps
+
+
+def _pad_rows(blocks: list[np.ndarray]) -> np.ndarray:
+    """Stack 2-d blocks of different widths, 0-padded on the right."""
+    if not blocks:
+        return np.zeros((0, 1), dtype=np.int64)
+    w = max(b.shape[1] for b in blocks)
+    return np.concatenate([np.pad(b, ((0, 0), (0, w - b.shape[1]))) for b in blocks])
 
 
 def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int,
