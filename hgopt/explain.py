@@ -284,6 +284,13 @@ def infeasibility(instance: Instance, tables: CostTables | None = None) -> tuple
         if ok:
             fits.append(c.name)
     biggest = max(instance.topology.clusters, key=lambda c: c.gpu_memory_bytes)
+    no_tp = [c for c in instance.topology.clusters if not _usable_tps(instance, c.name)]
+    if len(no_tp) == len(instance.topology.clusters):  # deadline3: the GPU count binds, not memory
+        lines.append("GPU count binds: every stage runs tp GPUs of one node, and no cluster has a profiled tp that "
+                     "divides its GPUs per node and fits its GPUs (" + "; ".join(
+                         f"{c.name}: {c.gpus_per_node} GPUs per node, {c.num_gpus} GPUs, profiled tp "
+                         f"{list(instance.model.tps(c.gpu))}" for c in no_tp) + ")")
+        return tuple(lines)
     if not fits:
         pooled, pooled_ok = _pooled_replica(instance, tables)
         alone = (f"no cluster holds a replica on its own (the largest GPU, {biggest.gpu} in {biggest.name}, has "
@@ -371,19 +378,29 @@ def _single_cluster_reason(instance: Instance, tables: CostTables, name: str) ->
     return _smallest_replica(instance, tables, name)[0]
 
 
+def _usable_tps(instance: Instance, name: str) -> list[int]:
+    """deadline3: the profiled tp sizes a stage on cluster ``name`` can use (dividing its GPUs per node,
+    at most its GPUs)."""
+    c = instance.topology.cluster(name)
+    return [t for t in instance.model.tps(c.gpu) if c.gpus_per_node % t == 0 and t <= c.num_gpus]
+
+
 def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tuple[str, bool]:
     """The cluster's replica closest to fitting among: its largest profiled tp, its smallest profiled
     microbatch size, layers split evenly over ``_pp_choices(most stages)``; by ``evaluate``."""
     c = instance.topology.cluster(name)
-    tps = [t for t in instance.model.tps(c.gpu) if c.gpus_per_node % t == 0 and t <= c.num_gpus]
+    tps = _usable_tps(instance, name)
     if not tps:
         return (f"{name}: the model has no profiled tp for {c.gpu} that divides its {c.gpus_per_node} GPUs per node "
-                f"(profiled: {instance.model.tps(c.gpu)})", False)
+                f"and fits its {c.num_gpus} GPUs (profiled: {list(instance.model.tps(c.gpu))})", False)
     tp = max(tps)
     mbs = min(instance.model.mbss(c.gpu, tp))
     L, G = instance.model.num_layers, instance.job.global_batch
-    if G % mbs:
-        return f"{name}: global batch {G} is not a multiple of the smallest profiled microbatch size {mbs}", False
+    off = ""
+    if G % mbs:  # deadline3: the planners' microbatch sizes are the divisors of G ([C2] extrapolates the profile)
+        profiled, mbs = mbs, max(d for d in range(1, mbs) if G % d == 0)
+        off = (f" (the global batch {G} is no multiple of the smallest profiled microbatch size {profiled}: "
+               f"{mbs} is its largest divisor below it, extrapolated as the planners do)")
     best: tuple[float, StageReport, bool, int] | None = None
     for pp in _pp_choices(max(1, min(c.num_gpus // tp, L))):
         got = _fullest(instance, tables, _even(name, tp, mbs, 0, L, pp), mbs)
@@ -394,6 +411,6 @@ def _smallest_replica(instance: Instance, tables: CostTables, name: str) -> tupl
     if best is None:
         return f"{name}: no replica layout is a valid plan here", False
     _, worst, ok, pp = best
-    return (f"{name}: the smallest replica (tp {tp} x pp {pp}, microbatch size {mbs}) needs "
+    return (f"{name}: the smallest replica (tp {tp} x pp {pp}, microbatch size {mbs}{off}) needs "
             f"{worst.peak_memory_bytes / 1e9:.1f} GB per GPU on its fullest stage; {c.gpu} has "
             f"{worst.memory_capacity_bytes / 1e9:.1f} GB: " + ("fits" if ok else "does not fit"), ok)

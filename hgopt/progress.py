@@ -72,6 +72,7 @@ class Progress:
         self._thread: threading.Thread | None = None
         self._parked: threading.Thread | None = None  # deadline2: see park()
         self._never = threading.Event()
+        self._seen = threading.Event()  # deadline3: see stop_seen
 
     # ---- the search side -------------------------------------------------------------------
     def report(self, phase: str | None = None, *, done: int | None = None, total: int | None = None,
@@ -90,7 +91,19 @@ class Progress:
     def stop_requested(self) -> bool:
         """True once :meth:`request_stop` was called: the search should return its incumbent."""
         self._park_here()
+        if self._stop.is_set():
+            self._seen.set()  # deadline3: the search saw the stop (see stop_seen)
+            return True
+        return False
+
+    def stop_is_set(self) -> bool:
+        """deadline3: the command side's query of the flag (it does not count as the search seeing it)."""
         return self._stop.is_set()
+
+    def stop_seen(self) -> bool:
+        """deadline3: True once :meth:`stop_requested` answered True: the search was told to stop (a
+        search that returns after a stop it never saw finished on its own: its result is complete)."""
+        return self._seen.is_set()
 
     def _park_here(self) -> None:
         if self._parked is not None and threading.current_thread() is self._parked:

@@ -70,7 +70,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             box["error"] = exc
 
     def on_signal(signum: int, frame: object) -> None:
-        if progress.stop_requested():
+        if progress.stop_is_set():
             raise SearchInterrupted(signum)
         log.warning("hgopt: %s received: stopping the search, keeping the best plan so far (again to abort)",
                     signal.Signals(signum).name)
@@ -84,11 +84,11 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             waited_after_stop = 0.0
             while worker.is_alive():
                 worker.join(0.1)
-                if stop_at is not None and not progress.stop_requested() and clock() >= stop_at:  # deadline
+                if stop_at is not None and not progress.stop_is_set() and clock() >= stop_at:  # deadline
                     log.warning("hgopt: the command's deadline is near: stopping the search, keeping its best plan")
                     progress.request_stop()
                     by_deadline = True
-                if progress.stop_requested():
+                if progress.stop_is_set():
                     waited_after_stop += 0.1
                     grace = stop_grace_s if by_deadline and progress.signal is None else grace_s
                     if by_deadline and progress.signal is None and give_up_at is not None:
@@ -108,9 +108,9 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     if "error" in box:
         raise box["error"]
     res: PlanResult = box["result"]
-    if by_deadline and progress.signal is None:
-        return at_deadline(res, progress, instance, fallback)
-    if progress.stop_requested():
+    if by_deadline and progress.signal is None:  # deadline3: one that never saw the stop finished on its own
+        return at_deadline(res, progress, instance, fallback) if progress.stop_seen() else res
+    if progress.stop_is_set():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
         quick: tuple[str, ...] = ()

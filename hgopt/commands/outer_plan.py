@@ -4,11 +4,14 @@ every H steps across cluster groups (``hgopt.search.lowcomm``), beside the synch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
+from hgopt.commands._deadline import Deadline, search_limit
 from hgopt.cost.outer import OuterEvaluation, evaluate_outer
 from hgopt.plan import Plan
 from hgopt.search import PlanOptions
@@ -56,14 +59,20 @@ def _precisions(text: str) -> list[str]:
     return out
 
 
-def run_outer(args: argparse.Namespace, inst: Instance, opts: PlanOptions) -> int:
+def run_outer(args: argparse.Namespace, inst: Instance, opts: PlanOptions, deadline: Deadline | None = None) -> int:
+    """deadline3: with ``deadline`` (the command's) the search gets ``search_limit(T)`` and stops at
+    ``deadline.stop_at`` (``plan_low_comm``'s ``stop_at``)."""
     steps = parse_steps(args.outer_steps)
     precs = _precisions(args.delta_precision)
     planner = args.planner if args.planner in ("heuristic", "milp") else "heuristic"
     if args.outer_fragments < 1:
         raise ValueError(f"--outer-fragments: must be >= 1, got {args.outer_fragments}")
+    if deadline is not None:
+        opts = dataclasses.replace(opts, time_limit_s=search_limit(deadline.time_limit_s))
     res = plan_low_comm(inst, steps, opts, planner=planner, precisions=precs,  # type: ignore[arg-type]
-                        fragments=args.outer_fragments, overlap=args.outer_overlap)
+                        fragments=args.outer_fragments, overlap=args.outer_overlap,
+                        stop_at=deadline.stop_at if deadline is not None else None,
+                        clock=deadline.clock if deadline is not None else time.monotonic)
     if args.output:
         for c in res.choices:
             path = Path(args.output) if len(res.choices) == 1 else Path(args.output).with_suffix(

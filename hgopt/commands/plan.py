@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "gets S - 1 s (at least S/2), a search still running near max(1.1 S, S + 2 s) is stopped with its best plan "
                         "and bound, and what does not fit after it (why-not lines, --timeline) is skipped, saying so; "
                         "with --objective cost/--budget/--pareto the cluster subsets share the search's part; with "
-                        "--outer-steps it is the search's limit only")
+                        "--outer-steps the synchronous plan gets half of the search's part and each group plan an eighth "
+                        "(1-10 s), the group plans not started by the deadline are skipped, saying so")
     p.add_argument("--gap", type=float, default=0.01, metavar="G",
                    help="stop once the relative gap to the lower bound is <= G (default 0.01)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="solver threads (default 1)")
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
     if getattr(args, "outer_steps", None):  # issue #15 (diloco): plans with an outer sync every H steps
         from hgopt.commands.outer_plan import run_outer
 
-        return run_outer(args, inst, opts)
+        return run_outer(args, inst, opts, deadline=dl)
     from hgopt.commands import plan_cost  # issue #14 (cli): cost as an objective
 
     if plan_cost.wanted(args):

@@ -74,7 +74,7 @@ def run_cost(args: argparse.Namespace, inst: Instance, opts: PlanOptions, *, dea
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
     stopped = exit_code(progress)
-    by_deadline = progress.stop_requested() and progress.signal is None
+    by_deadline = progress.stop_is_set() and progress.signal is None
     search = box.get("search") or box.get("partial")
     if search is not None and by_deadline and search.best is not None and search.best.stopped:
         # deadline2: the chosen plan's run was cut short by the deadline: its words say so

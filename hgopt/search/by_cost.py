@@ -164,7 +164,8 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                  tables: CostTables | None = None,
                  on_update: Callable[[CostSearch], None] | None = None) -> CostSearch:
     """Run ``planner`` on the cluster subsets (the whole instance first; ``options.time_limit_s``
-    shared among them by ``subset_shares``; subsets not started by then are left out and counted in
+    shared among them by ``subset_shares``; subsets not started by then — in CPU seconds of the process,
+    so that the load does not change them; the wall is the stop flag's — are left out and counted in
     ``unsearched``) and pick the cheapest (``cost``) or fastest (``time``) plan whose $/hour is
     within ``budget_usd_per_hour``; with the bound of the chosen objective. ``on_update``: called
     with the search so far after every planner run (a command's deadline takes the last one when
@@ -185,7 +186,9 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
     names = tuple(c.name for c in instance.topology.clusters)
     subsets = _subsets(instance)
     shares = subset_shares(options.time_limit_s, len(subsets))
-    deadline = time.monotonic() + options.time_limit_s
+    # deadline3: the subset loop's limit is in CPU seconds of this process (the same input and limit give
+    # the same subsets whatever the load); the wall deadline is the command's watchdog's (the stop flag)
+    deadline = time.process_time() + options.time_limit_s
     out: list[Candidate] = []
     whole_bound: float | None = None
     planner_usd_bound: float | None = None
@@ -239,7 +242,7 @@ def plan_by_cost(instance: Instance, planner: Callable[[Instance, PlanOptions], 
                 add(names, None, cheap, cut=stopped())
                 searched(cheap)
             break
-        if i and (time.monotonic() >= deadline or stopped()):
+        if i and (time.process_time() >= deadline or stopped()):
             log.info("cost search: time limit reached after %d of %d cluster subsets", i, len(subsets))
             unsearched = len(subsets) - i
             break

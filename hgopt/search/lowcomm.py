@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -37,6 +38,7 @@ from hgopt.cost.evaluate import wan_bytes_per_iteration
 from hgopt.cost.outer import OuterEvaluation, evaluate_outer, group_instance
 from hgopt.cost.tables import CostTables
 from hgopt.plan import DeltaPrecision, OuterSync, Plan
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult, get_planner
 from hgopt.search.groups import groupings, proportional_shares, rate_bound, share_unit
 from hgopt.spec import Instance
@@ -49,6 +51,35 @@ _WITHIN = 0.01
 """A wider delta precision is kept when its throughput is within this of the fastest."""
 
 SubPlanner = Callable[[Instance], "Plan | None"]
+
+SYNC_SHARE = 0.5
+"""deadline3: the synchronous plan's share of ``options.time_limit_s`` (the grouped candidates' sub-planner
+calls get ``per_call_limit`` each, also a fixed function of the limit)."""
+
+
+def per_call_limit(time_limit_s: float) -> float:
+    """deadline3: the nominal limit of one grouped sub-planner call: a fixed function of the search's
+    limit (the same input and limit give the same candidates whatever the load, while the deadline does
+    not cut the search)."""
+    return max(1.0, min(10.0, time_limit_s / 8))
+
+
+class _ClockStop(Progress):
+    """deadline3: a stop flag that is set once ``clock()`` reaches ``stop_at`` (the command's deadline):
+    the sub-planners, which poll ``stop_requested``, return their incumbents."""
+
+    def __init__(self, stop_at: float, clock: Callable[[], float]) -> None:
+        super().__init__("outer-steps", heartbeat=False)
+        self.stop_at = stop_at
+        self.clock = clock
+
+    def left(self) -> float:
+        return self.stop_at - self.clock()
+
+    def stop_requested(self) -> bool:
+        if not self._stop.is_set() and self.clock() >= self.stop_at:
+            self.request_stop()
+        return super().stop_requested()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,8 +112,14 @@ class LowCommResult:
 
 def plan_low_comm(instance: Instance, steps: Sequence[int], options: PlanOptions, *, planner: str = "heuristic",
                   precisions: Sequence[DeltaPrecision] = DELTA_PRECISIONS, lr: float = 0.7, momentum: float = 0.9,
-                  fragments: int = 1, overlap: bool = False, sync_plan: Plan | None = None) -> LowCommResult:
-    """The best outer-synchronised plan per H in ``steps`` and the synchronous plan beside it."""
+                  fragments: int = 1, overlap: bool = False, sync_plan: Plan | None = None,
+                  stop_at: float | None = None, clock: Callable[[], float] = time.monotonic) -> LowCommResult:
+    """The best outer-synchronised plan per H in ``steps`` and the synchronous plan beside it.
+
+    deadline3: with ``stop_at`` (a ``clock`` reading: the command's deadline) every sub-planner call
+    gets at most what is left and sees a stop at ``stop_at``; calls that would start after it are not
+    made (their groups are not rated or realised: fewer candidates, counted in a note). Without it,
+    or while it is not reached, the limits are fixed functions of ``options.time_limit_s``."""
     if not steps or any(h < 1 for h in steps):
         raise ValueError(f"--outer-steps: every H must be >= 1, got {list(steps)}")
     bad = [p for p in precisions if p not in DELTA_PRECISIONS]
@@ -91,14 +128,30 @@ def plan_low_comm(instance: Instance, steps: Sequence[int], options: PlanOptions
     precisions = sorted(set(precisions), key=DELTA_PRECISIONS.index)  # widest first: ties keep the wider
     tables = build_tables(instance)
     sub = get_planner(planner)
-    per_call = max(1.0, min(10.0, options.time_limit_s / 8))
-    sub_opts = dataclasses.replace(options, time_limit_s=per_call, progress=None)
+    per_call = per_call_limit(options.time_limit_s)
+    stop = _ClockStop(stop_at, clock) if stop_at is not None else None
+    skipped = [0]
+
+    def limited(limit: float) -> PlanOptions | None:
+        if stop is None:
+            return dataclasses.replace(options, time_limit_s=limit, progress=None)
+        left = stop.left()
+        if left <= 0:
+            return None
+        return dataclasses.replace(options, time_limit_s=min(limit, left), progress=stop)
 
     def sub_planner(inst: Instance) -> Plan | None:
-        res: PlanResult = sub(inst, sub_opts)
+        opts = limited(per_call)
+        if opts is None:
+            skipped[0] += 1
+            return None
+        res: PlanResult = sub(inst, opts)
         return res.plan if res.plan is not None and math.isfinite(res.iteration_time_s) else None
 
-    sync = _sync_baseline(instance, tables, sync_plan if sync_plan is not None else sub(instance, options).plan)
+    if sync_plan is None:
+        sync_opts = limited(SYNC_SHARE * options.time_limit_s if stop is not None else options.time_limit_s)
+        sync_plan = sub(instance, sync_opts).plan if sync_opts is not None else None
+    sync = _sync_baseline(instance, tables, sync_plan)
     candidates = _candidates(instance, tables, sub_planner)
     seq = instance.job.seq_len
     bound = sum(rate_bound(instance, tables, c.name) for c in instance.topology.clusters) * seq
@@ -125,8 +178,13 @@ def plan_low_comm(instance: Instance, steps: Sequence[int], options: PlanOptions
     notes = ("H > 1 changes the optimisation: the groups train apart for H steps and meet through an outer "
              "Nesterov step; the loss per token is not the synchronous plan's. H is your choice; "
              "bench/low_comm.py measures the small model's loss for several H.",)
+    if skipped[0]:
+        notes += (f"stopped by the command's deadline: {skipped[0]} group plan(s) not searched (and the shares that "
+                  "needed them not tried), so some groupings were not rated or realised; a longer --time-limit "
+                  "searches them",)
     if not candidates:
-        notes += ("no grouping of at least two cluster groups fits",)
+        notes += ("no grouping of at least two cluster groups fits" if not skipped[0] else
+                  "no grouped candidate was realised before the command's deadline",)
     return LowCommResult(instance=instance.name, sync=sync, choices=tuple(choices),
                          compute_bound_tokens_per_s=bound, notes=notes)
 
