@@ -25,7 +25,8 @@ from typing import Any
 from hgopt.export import netns
 from hgopt.export.runner_plan import RunnerPlan
 
-__all__ = ["EXIT_SLACK_S", "LaunchOptions", "STOP_GRACE_S", "launch_local", "local_device", "resolve_emulation", "run_forked"]
+__all__ = ["EXIT_SLACK_S", "LaunchOptions", "STOP_GRACE_S", "launch_local", "local_device", "resolve_emulation",
+           "run_forked"]
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +299,8 @@ def _start_rank(rp: RunnerPlan, rank: int, plan_path: Path, opts: LaunchOptions,
 def _watch(rp: RunnerPlan, procs: dict[int, subprocess.Popen[bytes]], store: _StoreView | _HelperView | None = None,
            outcome: dict[str, Any] | None = None, *, exit_grace_s: float) -> int:
     """Wait for every rank, logging start-up progress from ``store``. After the first failure the
-    others get ``exit_grace_s`` to notice and exit on their own; whoever is left then is killed. SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
+    others get ``exit_grace_s`` to notice and exit on their own; whoever is left then is killed.
+    SIGTERM/SIGINT: forward SIGTERM to the ranks, wait ``STOP_GRACE_S``, kill the rest."""
     first: tuple[int, int] | None = None
     deadline = float("inf")
     stop: list[int] = []
