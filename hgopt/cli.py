@@ -50,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rc = _main(argv)
+    if argv is None:  # sigint: the process's own command line: a search thread left running ends with it
+        from hgopt.commands._search import exit_past_searches
+
+        exit_past_searches(rc)
+    return rc
+
+
+def _main(argv: list[str] | None) -> int:
     started = time.monotonic()
     if argv is None:  # deadline: the process's own command line: its limit counts from the process start
         from hgopt.commands._deadline import process_elapsed_s

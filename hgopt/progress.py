@@ -123,6 +123,12 @@ class Progress:
         interpreter from the command's remaining phases (a daemon thread: it ends with the process)."""
         self._parked = thread
 
+    def stop_only(self) -> Progress:
+        """sigint: a view for a sub-search whose state is not this search's (the exact planner's
+        warm-start heuristic, its native-link pre-search, its grouped-plan check): it sees this object's
+        stop flag (and parks with it, see :meth:`park`), its reports are dropped, it has no heartbeat."""
+        return _StopView(self)
+
     @property
     def signal(self) -> int | None:
         """The signal that requested the stop, if one did."""
@@ -155,3 +161,31 @@ class Progress:
     def _tick(self) -> None:
         while not self._closed.wait(self.interval_s):
             log.info("%s", self.line())
+
+
+class _StopView(Progress):
+    """sigint: :meth:`Progress.stop_only`'s view: stop flag and parking of ``parent``, reports dropped."""
+
+    def __init__(self, parent: Progress) -> None:
+        super().__init__(parent.name, heartbeat=False)
+        self._parent = parent
+
+    def report(self, phase: str | None = None, *, done: int | None = None, total: int | None = None,
+               incumbent_s: float | None = None, bound_s: float | None = None, plan: Any = None) -> None:
+        self._parent._park_here()
+
+    def stop_requested(self) -> bool:
+        return self._parent.stop_requested()
+
+    def stop_is_set(self) -> bool:
+        return self._parent.stop_is_set()
+
+    def request_stop(self, signum: int | None = None) -> None:
+        self._parent.request_stop(signum)
+
+    def park(self, thread: threading.Thread) -> None:
+        self._parent.park(thread)
+
+    @property
+    def signal(self) -> int | None:
+        return self._parent.signal

@@ -276,3 +276,83 @@ def test_a_second_signal_aborts() -> None:
     finally:
         release.set()
     assert exc.value.signum == signal.SIGTERM
+
+
+# ---- sigint: a stop reaches the exact planner's sub-searches; the process ends cleanly past a live worker ----
+def test_a_stop_only_view_sees_the_stop_and_drops_reports() -> None:
+    p = Progress("milp", heartbeat=False)
+    p.report("warm start", incumbent_s=2.0)
+    view = p.stop_only()
+    view.report("estimating skeletons", done=1, total=3, incumbent_s=9.0, plan=_plan())
+    assert p.state() == ProgressState(phase="warm start", incumbent_s=2.0)  # the sub-search's state is not the search's
+    assert not view.stop_requested() and not p.stop_seen()
+    p.request_stop(signal.SIGINT)
+    assert view.stop_requested() and view.signal == signal.SIGINT
+    assert p.stop_seen()  # the sub-search saw the stop: the search was told
+
+
+@pytest.mark.parametrize("precision", ["native", "bf16"])
+def test_a_stop_before_the_warm_start_ends_the_exact_planners_heuristics_at_once(
+        monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """The exact planner's warm-start heuristic (and, under a compressing link policy, the native
+    pre-search's) sees a stop requested before it starts: it ends by the stop after a few work units
+    (its own count, not the clock), where without it it runs to completion; plan_exact still returns
+    a valid plan with its bound."""
+    import hgopt.search.exact as exact
+    from hgopt.search.hierarchical import heuristic_incumbent
+
+    inst = tiny_instance()
+    full = heuristic_incumbent(inst, time_limit_s=None)  # the same search, not stopped: its work
+    assert full.stopped == "" and full.work > 20
+    runs: list[tuple[str, int]] = []
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        res = heuristic_incumbent(*args, **kwargs)
+        runs.append((res.stopped, res.work))
+        return res
+
+    monkeypatch.setattr(exact, "heuristic_incumbent", counting)
+    prog = Progress("milp", heartbeat=False)
+    prog.request_stop(signal.SIGINT)
+    res = exact.plan_exact(inst, PlanOptions(time_limit_s=600.0, progress=prog,
+                                             extra={"link_precision": precision}))
+    assert len(runs) == (2 if precision == "bf16" else 1)
+    assert all(why == "stop request" and work <= full.work // 4 for why, work in runs), (runs, full.work)
+    assert res.plan is not None and evaluate(res.plan, inst).feasible
+    assert res.lower_bound_s is not None and res.lower_bound_s <= res.iteration_time_s + 1e-12
+
+
+_LEFT_RUNNING = """
+import sys, threading
+import torch
+from hgopt.commands._search import SEARCH_THREAD, exit_past_searches
+a = torch.randn(500, 500)
+busy = threading.Event()
+def spin():  # a search the command gave up on, inside native (C++) code that released the GIL
+    while True:
+        torch.mm(a, a)
+        busy.set()
+threading.Thread(target=spin, name=SEARCH_THREAD + "milp", daemon=True).start()
+busy.wait(60)
+print("plan written")  # buffered: os._exit must not lose it
+exit_past_searches(130)
+sys.exit(130)
+"""
+
+
+def test_a_search_thread_left_in_native_code_does_not_abort_the_exit() -> None:
+    """Without exit_past_searches the interpreter's finalisation ends the spinning daemon thread with
+    pthread_exit inside torch's C++ (CPython < 3.14): 'terminate called without an active exception',
+    SIGABRT. With it: the given exit code, and what was printed reaches stdout."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _LEFT_RUNNING], capture_output=True, text=True, env=env,
+                          timeout=WAIT_S * 3)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stdout == "plan written\n" and "terminate called" not in proc.stderr
+
+
+def test_exit_past_searches_returns_when_no_search_runs() -> None:
+    from hgopt.commands._search import exit_past_searches, searches_left
+
+    assert searches_left() == []
+    exit_past_searches(3)  # returns: the process is not ended

@@ -7,14 +7,20 @@ stop flag; the search loops check it and return their best plan. If the worker h
 ``grace_s`` seconds later (a long MILP solve), the command takes the incumbent the search last
 reported; a search stopped before it had any plan returns the ``uniform`` baseline's (found in a
 fraction of a second) so that ``-o`` still gets a valid plan. A second signal ends the command at
-once (exit 130/143, no plan written)."""
+once (exit 130/143, no plan written).
+
+sigint: a worker the command gave up on is a daemon thread that may still be inside a solver's native
+code when the command ends; :func:`exit_past_searches` then ends the process without the interpreter's
+finalisation (see there)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,12 +31,47 @@ from hgopt.plan import Plan
 from hgopt.progress import Progress
 from hgopt.search import Planner, PlanOptions, PlanResult
 
-__all__ = ["EXIT_CODES", "QUICK_PLANNER", "SearchInterrupted", "at_deadline", "exit_code", "quick_plan", "run_planner"]
+__all__ = ["EXIT_CODES", "QUICK_PLANNER", "SEARCH_THREAD", "SearchInterrupted", "at_deadline", "exit_code",
+           "exit_past_searches", "quick_plan", "run_planner", "searches_left"]
 
 log = logging.getLogger(__name__)
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """128 + the signal number, as shells report a process ended by it."""
+
+
+SEARCH_THREAD = "hgopt-search-"
+"""sigint: the name prefix of :func:`run_planner`'s worker threads (:func:`searches_left` finds them)."""
+
+
+def searches_left() -> list[threading.Thread]:
+    """sigint: the search workers still running (ones a command stopped waiting for after a stop)."""
+    return [t for t in threading.enumerate() if t.name.startswith(SEARCH_THREAD) and t.is_alive()]
+
+
+def exit_past_searches(rc: int) -> None:
+    """sigint: end the process now with ``rc`` when a search worker is still running; else return.
+
+    Why: the worker is a daemon thread, and under CPython before 3.14 a daemon thread that takes the GIL
+    back after the interpreter began finalising is ended with ``pthread_exit``. Its forced unwinding
+    through a C++ frame that cannot unwind (a pybind11 call that released the GIL: HiGHS, OR-Tools,
+    torch) calls ``std::terminate``: "terminate called without an active exception", SIGABRT, rc -6,
+    after the plan was written. Waiting for the worker is no cure (a MILP solve may not return for
+    minutes), so the process skips finalisation: logging and the standard streams are flushed (the plan
+    file is already written and closed), then ``os._exit``. atexit handlers do not run (the planner
+    registers none)."""
+    left = searches_left()
+    if not left:
+        return
+    log.debug("hgopt: %d search thread(s) still running at exit (%s): ending the process without finalisation",
+              len(left), ", ".join(t.name for t in left))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more can reach it
+            pass
+    os._exit(rc)
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -76,7 +117,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                     signal.Signals(signum).name)
         progress.request_stop(signum)
 
-    worker = threading.Thread(target=work, name=f"hgopt-search-{name}", daemon=True)
+    worker = threading.Thread(target=work, name=f"{SEARCH_THREAD}{name}", daemon=True)
     saved = _install(on_signal)
     try:
         with progress:

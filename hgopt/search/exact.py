@@ -23,6 +23,7 @@ from collections.abc import Callable
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.tables import CostTables
 from hgopt.plan import Plan
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.hierarchical import HeuristicOptions, grouped_alternative, heuristic_incumbent
 from hgopt.search.blocks import LinkPolicy
@@ -89,10 +90,12 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     t0 = time.perf_counter()
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
+    # sigint: the sub-searches below see the search's stop flag, their reports are not the search's
+    quiet = options.progress.stop_only() if options.progress is not None else None
     goal = cost_goal(instance, options)  # costmilp: --objective cost / --budget (hgopt.search.milp_cost)
     if goal is not None:
         return plan_milp_cost(instance, options, goal, warm_start=_priced_warm_start(dataclasses.replace(
-            options, objective=goal.objective, budget_usd_per_hour=goal.budget_usd_per_hour)))
+            options, objective=goal.objective, budget_usd_per_hour=goal.budget_usd_per_hour), quiet))
     # mixed: the mixed-stage family first (deterministic, ~0.1-0.3 s where a fast pool exists), so a MILP
     # that runs to the limit does not leave it untried; its time comes out of the MILP's share
     early = _mixed_family(instance, options)
@@ -104,7 +107,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
                                                                      "link_penalty")}
         first = plan_milp(instance, dataclasses.replace(
             options, time_limit_s=NARROW_SHARE * options.time_limit_s, extra={**extra, "outside_check": "off"},
-            progress=None), warm_start=_heuristic_warm_start("native", None))
+            progress=quiet), warm_start=_heuristic_warm_start("native", None, quiet))
         narrow = first.plan
         if narrow is not None:
             narrow_note = (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
@@ -112,7 +115,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
                            f"--link-precision {policy}",)
     left = max(options.time_limit_s - (time.perf_counter() - t0), 0.05)
     heuristic = _heuristic_warm_start(policy if links.compresses else "native",
-                                      links.max_compressed if links.compresses else None)
+                                      links.max_compressed if links.compresses else None, quiet)
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
@@ -124,7 +127,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
 
     def outside(inst: Instance, tables: CostTables, incumbent_s: float, seconds: float) -> tuple[float, str] | None:
         alt = grouped_alternative(inst, incumbent_s, tables=tables,
-                                  options=HeuristicOptions(time_limit_s=seconds, link_precision=policy))
+                                  options=HeuristicOptions(time_limit_s=seconds, link_precision=policy, progress=quiet))
         if alt is None or alt.plan is None:
             return None
         found.append((alt.plan, alt.iteration_time_s))
@@ -139,11 +142,11 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
 
 
-def _priced_warm_start(options: PlanOptions) -> WarmStart:
+def _priced_warm_start(options: PlanOptions, progress: Progress | None = None) -> WarmStart:
     """costmilp: the heuristic under the same objective and budget ([H10] ``plan_fewest_nodes``, k
     identical pipelines: in the MILP's space), work-limited like the time objective's warm start
     (``priced_warm_work``), so that its plan does not depend on the machine's load; the clock
-    (``seconds``) is only the backstop."""
+    (``seconds``) is only the backstop. sigint: ``progress`` (a stop-only view) carries a stop request in."""
     from hgopt.search.hierarchical.nodes import plan_fewest_nodes
     from hgopt.search.hierarchical.records import HeuristicOptions
 
@@ -152,7 +155,7 @@ def _priced_warm_start(options: PlanOptions) -> WarmStart:
     hopts = HeuristicOptions(link_precision=extra.get("link_precision", "native") or "native",
                              max_compressed_links=None if links in (None, "") else int(links),
                              cross_cluster_dp=False, objective=options.objective,
-                             budget_usd_per_hour=options.budget_usd_per_hour)
+                             budget_usd_per_hour=options.budget_usd_per_hour, progress=progress)
 
     def run(inst: Instance, tables: CostTables, seconds: float, objective: str) -> Plan | None:
         res = plan_fewest_nodes(inst, tables=tables, options=dataclasses.replace(
@@ -323,15 +326,17 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
                                plan_space=space, notes=(*res.notes, note))
 
 
-def _heuristic_warm_start(policy: str, max_compressed: int | None) -> WarmStart:
-    """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space)."""
+def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None) -> WarmStart:
+    """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space). sigint:
+    ``progress`` (the search's ``Progress.stop_only()`` view) lets a stop request end it, with its
+    incumbent (or none)."""
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
         res = heuristic_incumbent(inst, tables, time_limit_s=seconds, work_limit=warm_start_work(seconds),
-                                  **kw)  # type: ignore[arg-type]
+                                  progress=progress, **kw)  # type: ignore[arg-type]
         log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
                  res.work, res.stopped or "complete")
         return res.plan

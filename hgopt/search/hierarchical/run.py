@@ -7,6 +7,7 @@ import time
 
 from hgopt.cost.money import cost_lower_bound, money, unpriced_clusters
 from hgopt.cost.tables import CostTables, build_tables
+from hgopt.progress import Progress
 from hgopt.search import PlanOptions, PlanResult, link_penalties
 from hgopt.search.hierarchical.nodes import plan_fewest_nodes
 from hgopt.search.hierarchical.records import HeuristicOptions, HeuristicResult
@@ -17,16 +18,18 @@ from hgopt.spec import Instance
 def heuristic_incumbent(
     instance: Instance, tables: CostTables | None = None, time_limit_s: float | None = 10.0,
     link_precision: str = "native", max_compressed_links: int | None = None, work_limit: int | None = None,
+    progress: Progress | None = None,
 ) -> HeuristicResult:
     """Warm start for the exact planner: the heuristic's plan and its cluster-level skeleton (k, B,
     cluster order, layers per cluster, local weights, link precisions), whose local pipelines come
     from ``best_local_plan``. Data parallelism across cluster groups [H9] is left out: the warm start
     must lie in the exact planner's space (k identical pipelines). With ``work_limit``, the search
     ends at that much work (``HeuristicOptions.work_limit``) unless the time limit comes first: when
-    the work limit ends it (``result.stopped == 'work limit'``) the plan does not depend on the clock."""
+    the work limit ends it (``result.stopped == 'work limit'``) the plan does not depend on the clock.
+    sigint: ``progress`` (the exact planner's ``Progress.stop_only()`` view) carries a stop request into it."""
     return plan_heuristic(instance, tables=tables, options=HeuristicOptions(
         time_limit_s=time_limit_s, link_precision=link_precision, max_compressed_links=max_compressed_links,
-        cross_cluster_dp=False, work_limit=work_limit))
+        cross_cluster_dp=False, work_limit=work_limit, progress=progress))
 
 
 def run_heuristic(instance: Instance, options: PlanOptions) -> PlanResult:
