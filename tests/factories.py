@@ -153,3 +153,13 @@ def chain_brute_force(inst: Instance, layouts: Callable[[str, int], Iterable[Lay
         if ev.feasible:
             best = min(best, ev.iteration_time_s)
     return best
+
+
+class FakeClock:
+    """A clock for ``Deadline`` tests that moves only when a test sets ``now`` (no wall-clock verdict)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
