@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import subprocess
 import sys
 
@@ -564,29 +563,17 @@ def test_linear_bound_forms_never_exceed_the_replay() -> None:
     from hgopt.cost.pipeline import (
         bound_offset,
         bound_weight,
-        fill_time,
-        forward_share,
         replay_floor,
-        replay_stage_ends,
     )
+    from tests.factories import draw_pipeline
 
-    secs = hs.floats(0.01, 1.0)
     over = []
 
     @settings(max_examples=400, deadline=None, derandomize=True)
     @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
     def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
-        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
-        f = [sum(x for x, _ in st) for st in layers]
-        b = [sum(x * y for x, y in st) for st in layers]
-        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
-        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+        _, f, b, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
         assert replay_floor(f, b, cf, cb, m, lat, lat) <= rep * (1 + 1e-12)
-        t = [x + y for x, y in zip(f, b)]
-        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
-        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
         lb = r0 + bound_weight(m, S + extra, rho) * max(t) - bound_offset(m, S + extra, e)
         assert lb <= rep * (1 + 1e-12)
         over.append(r0 + (m - 1) * max(t) > rep * (1 + 1e-9))
