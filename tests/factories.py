@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.spec import Instance, instance_from_dict
@@ -153,3 +153,54 @@ def chain_brute_force(inst: Instance, layouts: Callable[[str, int], Iterable[Lay
         if ev.feasible:
             best = min(best, ev.iteration_time_s)
     return best
+
+
+class FakeClock:
+    """A clock for ``Deadline`` tests that moves only when a test sets ``now`` (no wall-clock verdict)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RandomPipeline(NamedTuple):
+    """A random 1F1B pipeline (:func:`draw_pipeline`): per stage its layers' (forward, backward/forward
+    ratio), stage forward/backward times, per boundary latency and send times each way, and what the
+    [C3b] bound tests compare: the exact replay at m, stage times t, fill R_0 and ``forward_share``."""
+
+    layers: list[list[tuple[float, float]]]
+    f: list[float]
+    b: list[float]
+    lat: list[float]
+    cf: list[float]
+    cb: list[float]
+    rep: float
+    t: list[float]
+    r0: float
+    rho: float
+    e: float
+
+
+def draw_pipeline(data: Any, S: int, m: int) -> RandomPipeline:
+    """Draw (hypothesis ``data``) S stages of 1-3 layers (forward 0.01-1 s, backward 0-2.5x it) and S
+    boundaries (the last unused by the replay's S − 1 sends) with latency 0-0.5 s and sends of latency
+    plus 0-3 s each way; replay them at m microbatches."""
+    from hypothesis import strategies as hs
+
+    from hgopt.cost.pipeline import fill_time, forward_share, replay_stage_ends
+    from hgopt.cost.schedule import stage_ops
+
+    secs = hs.floats(0.01, 1.0)
+    layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
+    f = [sum(x for x, _ in st) for st in layers]
+    b = [sum(x * y for x, y in st) for st in layers]
+    lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
+    cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+    cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
+    rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+    t = [x + y for x, y in zip(f, b)]
+    r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
+    rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
+    return RandomPipeline(layers, f, b, lat, cf, cb, rep, t, r0, rho, e)

@@ -285,25 +285,16 @@ def test_search_composition_is_a_lower_bound_of_the_replay(monkeypatch: pytest.M
     from hypothesis import strategies as hs
 
     import hgopt.cost.pipeline as pipeline_mod
-    from hgopt.cost.pipeline import fill_time, forward_share, search_composition
+    from hgopt.cost.pipeline import search_composition
+    from tests.factories import draw_pipeline
 
     monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
-    secs = hs.floats(0.01, 1.0)
     over = []
 
     @settings(max_examples=300, deadline=None, derandomize=True)
     @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
     def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
-        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
-        f = [sum(x for x, _ in st) for st in layers]
-        b = [sum(x * y for x, y in st) for st in layers]
-        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
-        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
-        t = [x + y for x, y in zip(f, b)]
-        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
-        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
+        _, _, _, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
         paces = [max(cf[i], cb[i]) for i in range(S - 1)]
         occs = [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)]
         floor = max(t) * data.draw(hs.floats(0.0, 1.0))

@@ -26,17 +26,9 @@ from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult
 from hgopt.search.by_cost import _subsets, cost_lower_bound, subset_shares
 from hgopt.spec import Instance
-from tests.factories import tiny_instance, tiny_model, tiny_topology
+from tests.factories import FakeClock, tiny_instance, tiny_model, tiny_topology
 
 WAIT_S = 60.0  # generous: only reached when something is broken
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _priced() -> Instance:

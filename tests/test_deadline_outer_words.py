@@ -22,17 +22,9 @@ from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult, get_planner
 from hgopt.search.milp import _size_note
 from hgopt.spec import Instance
-from tests.factories import tiny_instance, tiny_topology
+from tests.factories import FakeClock, tiny_instance, tiny_topology
 
 WAIT_S = 60.0  # generous: only reached when something is broken
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _three() -> Instance:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import pytest
 
@@ -136,33 +136,41 @@ def test_plan_space_tiny_instances_use_several_clusters_and_pipelines() -> None:
     assert multi_cluster and round_trip
 
 
-def _fixed_objective(inst: Instance, split: Any, chosen: list[Any], order: list[str]) -> tuple[float, float]:
-    """(MILP objective with y, z fixed to a chain, evaluate() of the decoded plan)."""
-    from hgopt.search.blocks import Window, block_options, cheap_bounds
+class _Chain(NamedTuple):
+    """A 3-cluster chain of block options chosen among ``opts`` (built at ``split`` with cheap bounds ``cb``)."""
+
+    inst: Instance
+    split: Any
+    tables: Any
+    cb: Any
+    opts: Any
+    chosen: list[Any]
+    order: list[str]
+
+
+def _fixed_chain(chain: _Chain) -> tuple[float, Plan]:
+    """(MILP objective with y fixed to the chain's block options and z to its cluster order, the decoded
+    plan), the MILP built over the options the chain was chosen from."""
     from hgopt.search.milp import build_milp, decode
     from hgopt.solvers import SolveOptions, solve
 
-    tables = build_tables(inst)
-    cb = cheap_bounds(inst, tables, replicas=split.k, microbatch=split.microbatch, num_microbatches=split.num_microbatches)
-    opts = block_options(inst, tables, replicas=split.k, microbatch=split.microbatch,
-                         num_microbatches=split.num_microbatches, d_cap=split.num_microbatches - 1,
-                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
-    form = build_milp(inst, tables, split, opts, cb)
+    form = build_milp(chain.inst, chain.tables, chain.split, chain.opts, chain.cb)
+    fixed = 0
     for j, o in form.y.items():
-        if any(o is c for c in chosen):
+        if any(o is c for c in chain.chosen):
             form.model.add_row(f"fix{j}", {j: 1.0}, 1.0, 1.0)
-    for a, b in zip(order, order[1:]):
+            fixed += 1
+    assert fixed == len(chain.chosen)
+    for a, b in zip(chain.order, chain.order[1:]):
         form.model.add_row(f"arc{a}{b}", {form.z[(a, b)]: 1.0}, 1.0, 1.0)
     res = solve(form.model, "highs", SolveOptions(time_limit_s=30, relative_gap=1e-9))
     assert res.values is not None, res
-    plan = decode(inst, form, res.values)
-    return res.objective, evaluate(plan, inst, tables).iteration_time_s
+    return res.objective, decode(chain.inst, form, res.values)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_milp_objective_of_a_fixed_chain_equals_evaluate(seed: int) -> None:
-    """Fix a random 3-cluster chain of block options: the MILP's objective (bottleneck, WAN, round
-    trip [M12]-[M16], fill, tail) must equal evaluate() of that plan."""
+def _random_chain(seed: int, global_batch: int, num_microbatches: int) -> _Chain:
+    """A random 3-cluster chain over 7 layers: a random WAN latency, cluster order and layer counts, one
+    random block option per cluster (options up to 3 stages deep) at microbatch 2, one pipeline."""
     from hgopt.search.blocks import Window, block_options, cheap_bounds
     from hgopt.search.milp import BatchSplit
 
@@ -170,19 +178,27 @@ def test_milp_objective_of_a_fixed_chain_equals_evaluate(seed: int) -> None:
     clusters = (("a", "A", 1, 2, 40.0), ("b", "B", 2, 2, 40.0), ("c", "C", 1, 2, 40.0))
     topo = tiny_topology(clusters=clusters, wan_gbit_s=4.0, wan_latency_ms=rng.choice([30.0, 80.0, 150.0]))
     model = tiny_model(num_layers=7, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7)
-    inst = tiny_instance(global_batch=8, model=model, topology=topo)
-    split = BatchSplit(k=1, microbatch=2, num_microbatches=4)
+    inst = tiny_instance(global_batch=global_batch, model=model, topology=topo)
+    split = BatchSplit(k=1, microbatch=2, num_microbatches=num_microbatches)
     tables = build_tables(inst)
-    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=4)
-    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=4, d_cap=3,
+    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=num_microbatches)
+    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=num_microbatches, d_cap=3,
                          window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
     order = rng.sample(["a", "b", "c"], 3)
     n = sorted(rng.sample(range(1, 7), 2))
     counts = [n[0], n[1] - n[0], 7 - n[1]]
     roles = ["first", "middle", "end"]
     chosen = [rng.choice(opts[(c, r, k)]) for c, r, k in zip(order, roles, counts)]
-    got, expect = _fixed_objective(inst, split, chosen, order)
-    assert got == pytest.approx(expect, rel=1e-9)
+    return _Chain(inst, split, tables, cb, opts, chosen, order)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_milp_objective_of_a_fixed_chain_equals_evaluate(seed: int) -> None:
+    """Fix a random 3-cluster chain of block options: the MILP's objective (bottleneck, WAN, round
+    trip [M12]-[M16], fill, tail) must equal evaluate() of that plan."""
+    chain = _random_chain(seed, global_batch=8, num_microbatches=4)
+    got, plan = _fixed_chain(chain)
+    assert got == pytest.approx(evaluate(plan, chain.inst, chain.tables).iteration_time_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", [e.name for e in __import__("hgopt.instances", fromlist=["x"]).list_instances()])

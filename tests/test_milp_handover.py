@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -20,6 +21,12 @@ from hgopt.search.exact import plan_exact
 from hgopt.spec import Instance
 from tests.factories import tiny_instance, tiny_model, tiny_topology
 from tests.test_milp import _space, brute_force
+
+if TYPE_CHECKING:
+    from hgopt.cost.tables import CostTables
+    from hgopt.search.blocks import CheapBounds
+    from hgopt.search.milp import BatchSplit
+    from hgopt.search.relax import RelaxedSplit
 
 SEEDS = 6
 
@@ -252,6 +259,17 @@ def _split_optima(inst: Instance) -> dict[object, float]:
     return best
 
 
+def _relaxed(inst: Instance, tables: CostTables, sp: BatchSplit) -> tuple[CheapBounds, RelaxedSplit | None]:
+    """(cheap bounds, relaxation) of one batch split, as ``plan_milp`` builds them."""
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.relax import relax_split
+
+    cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+    rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                     cheap=cb)
+    return cb, rs
+
+
 SPECIAL_SEEDS = 5
 
 
@@ -262,9 +280,8 @@ def test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed: i
     the seeds the rows raise some split's bound (next test)."""
     import dataclasses
 
-    from hgopt.search.blocks import cheap_bounds
     from hgopt.search.milp import _best_single
-    from hgopt.search.relax import relax_split, split_bound
+    from hgopt.search.relax import split_bound
 
     inst = _special_instance(seed)
     shape = model_shape(inst)
@@ -274,9 +291,7 @@ def test_relaxation_with_prefix_and_suffix_rows_below_each_split_optimum(seed: i
     assert optima
     raised = 0
     for sp, opt in optima.items():
-        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
-        rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                         cheap=cb)
+        cb, rs = _relaxed(inst, tables, sp)
         assert rs is not None and rs.TE and rs.TB
         single = _best_single(inst, tables, sp, cb)
         with_rows = split_bound(rs, cb, target=2 * opt, single=single)
@@ -305,9 +320,8 @@ def test_best_first_refinement_equals_refining_every_interval() -> None:
     (every interval below the target refined to ``ratio``; what it did before gaps2), for targets
     from below the bound to far above it."""
     from hgopt.cost.pipeline import weighted_time
-    from hgopt.search.blocks import cheap_bounds
     from hgopt.search.milp import batch_splits
-    from hgopt.search.relax import _multi_bound, _tau_beyond, relax_split
+    from hgopt.search.relax import _multi_bound, _tau_beyond
 
     def reference(rs: object, cb: object, target: float, ratio: float) -> float:
         w = rs.weight  # type: ignore[attr-defined]
@@ -330,9 +344,7 @@ def test_best_first_refinement_equals_refining_every_interval() -> None:
         inst = _special_instance(seed)
         tables = build_tables(inst)
         for sp in batch_splits(inst):
-            cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
-            rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                             cheap=cb)
+            cb, rs = _relaxed(inst, tables, sp)
             if rs is None or not math.isfinite(cb.t_lb) or sp.num_microbatches < 2:
                 continue
             for target in (0.5 * cb.value, 1.2 * cb.value, 3.0 * cb.value):
@@ -500,9 +512,8 @@ def test_relaxation_with_first_stage_tail_below_each_split_optimum(seed: int) ->
     before gaps3)."""
     import dataclasses
 
-    from hgopt.search.blocks import cheap_bounds
     from hgopt.search.milp import _best_single
-    from hgopt.search.relax import relax_split, split_bound
+    from hgopt.search.relax import split_bound
 
     inst = _tail_instance(seed)
     tables = build_tables(inst)
@@ -510,9 +521,7 @@ def test_relaxation_with_first_stage_tail_below_each_split_optimum(seed: int) ->
     assert optima
     raised_tail = raised_count = 0
     for sp, opt in optima.items():
-        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
-        rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
-                         cheap=cb)
+        cb, rs = _relaxed(inst, tables, sp)
         assert rs is not None and rs.TB and rs.first_tail
         single = _best_single(inst, tables, sp, cb)
         bound = split_bound(rs, cb, target=2 * opt, single=single)

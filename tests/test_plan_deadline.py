@@ -17,17 +17,9 @@ from hgopt.cost import evaluate
 from hgopt.plan import Pipeline, Plan, ReplicaGroup, Stage
 from hgopt.search import PlanOptions, PlanResult, get_planner
 from hgopt.spec import Instance
-from tests.factories import tiny_instance
+from tests.factories import FakeClock, tiny_instance
 
 WAIT_S = 60.0  # generous: only reached when something is broken
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _plan() -> Plan:  # uses cluster a only: b is idle, so the why-not lines have something to say

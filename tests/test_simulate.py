@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import subprocess
 import sys
 
@@ -564,29 +563,17 @@ def test_linear_bound_forms_never_exceed_the_replay() -> None:
     from hgopt.cost.pipeline import (
         bound_offset,
         bound_weight,
-        fill_time,
-        forward_share,
         replay_floor,
-        replay_stage_ends,
     )
+    from tests.factories import draw_pipeline
 
-    secs = hs.floats(0.01, 1.0)
     over = []
 
     @settings(max_examples=400, deadline=None, derandomize=True)
     @given(S=hs.integers(1, 6), m=hs.integers(1, 24), extra=hs.integers(0, 4), data=hs.data())
     def check(S: int, m: int, extra: int, data: hs.DataObject) -> None:
-        layers = [data.draw(hs.lists(hs.tuples(secs, hs.floats(0.0, 2.5)), min_size=1, max_size=3)) for _ in range(S)]
-        f = [sum(x for x, _ in st) for st in layers]
-        b = [sum(x * y for x, y in st) for st in layers]
-        lat = data.draw(hs.lists(hs.floats(0.0, 0.5), min_size=S, max_size=S))
-        cf = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        cb = [x + data.draw(hs.floats(0.0, 3.0)) for x in lat]
-        rep = max(replay_stage_ends(stage_ops, "1f1b", f, b, cf, cb, m, lat, lat))
+        _, f, b, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
         assert replay_floor(f, b, cf, cb, m, lat, lat) <= rep * (1 + 1e-12)
-        t = [x + y for x, y in zip(f, b)]
-        r0 = fill_time(t, cf[: S - 1] + [0.0], cb[: S - 1] + [0.0])
-        rho, e = forward_share([x for st in layers for x, _ in st], [x * y for st in layers for x, y in st])
         lb = r0 + bound_weight(m, S + extra, rho) * max(t) - bound_offset(m, S + extra, e)
         assert lb <= rep * (1 + 1e-12)
         over.append(r0 + (m - 1) * max(t) > rep * (1 + 1e-9))
@@ -756,35 +743,12 @@ def test_replay_milp_objective_equals_evaluate_at_one_microbatch(seed: int, monk
     3-cluster chain of block options and the MILP's objective (fill, WAN fill, tail) equals evaluate
     (the replay) of the decoded plan."""
     import hgopt.cost.pipeline as pipeline_mod
-    from hgopt.search.blocks import Window, block_options, cheap_bounds
-    from hgopt.search.milp import BatchSplit, build_milp, decode
-    from hgopt.solvers import SolveOptions, solve
-    from hgopt.cost import build_tables
+    from tests.test_milp import _fixed_chain, _random_chain
 
     monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
-    rng = random.Random(seed)
-    clusters = (("a", "A", 1, 2, 40.0), ("b", "B", 2, 2, 40.0), ("c", "C", 1, 2, 40.0))
-    topo = tiny_topology(clusters=clusters, wan_gbit_s=4.0, wan_latency_ms=rng.choice([30.0, 80.0, 150.0]))
-    model = tiny_model(num_layers=7, gpus={"A": 0.01, "B": 0.02, "C": 0.013}, activation_bytes=2e7)
-    inst = tiny_instance(global_batch=2, model=model, topology=topo)
-    split = BatchSplit(k=1, microbatch=2, num_microbatches=1)
-    tables = build_tables(inst)
-    cb = cheap_bounds(inst, tables, replicas=1, microbatch=2, num_microbatches=1)
-    opts = block_options(inst, tables, replicas=1, microbatch=2, num_microbatches=1, d_cap=3,
-                         window=Window(t_lb=cb.t_lb, s_lb=cb.s_lb, weight=cb.weight))
-    order = rng.sample(["a", "b", "c"], 3)
-    n = sorted(rng.sample(range(1, 7), 2))
-    counts = [n[0], n[1] - n[0], 7 - n[1]]
-    chosen = [rng.choice(opts[(c, r, k)]) for c, r, k in zip(order, ["first", "middle", "end"], counts)]
-    form = build_milp(inst, tables, split, opts, cb)
-    for j, o in form.y.items():
-        if any(o is c for c in chosen):
-            form.model.add_row(f"fix{j}", {j: 1.0}, 1.0, 1.0)
-    for a, b in zip(order, order[1:]):
-        form.model.add_row(f"arc{a}{b}", {form.z[(a, b)]: 1.0}, 1.0, 1.0)
-    res = solve(form.model, "highs", SolveOptions(time_limit_s=30, relative_gap=1e-9))
-    assert res.values is not None, res
-    plan = decode(inst, form, res.values)
+    chain = _random_chain(seed, global_batch=2, num_microbatches=1)
+    objective, plan = _fixed_chain(chain)
+    inst, tables = chain.inst, chain.tables
     ev = evaluate(plan, inst, tables)
     assert ev.iteration_time_s == pytest.approx(evaluate(plan, inst, tables, pipeline="replay").iteration_time_s, rel=1e-12)
-    assert res.objective == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    assert objective == pytest.approx(ev.iteration_time_s, rel=1e-9)

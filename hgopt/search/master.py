@@ -86,7 +86,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from hgopt.cost.comm import gradient_bytes
+from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
 from hgopt.cost.gradsync import ZERO_PHASE
 from hgopt.cost.links import max_rate_from
 from hgopt.cost.tables import CostTables, link_bytes_factor
@@ -337,7 +337,7 @@ def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str
     B = min_gradient_bytes(instance, tables, [c for g in part for c in g], precision)
     if B <= 0:
         return 0.0
-    ring = 2.0 * (n - 1) / n
+    ring_bytes = ring_edge_bytes(B, n)  # [C5] per ring edge: 2(n − 1)/n · B
     best = 0.0
     for i, g in enumerate(part):  # (a): every segment's ring uses a pair (a in g, b in h); Σ loads >= B
         for h in part[i + 1 :]:
@@ -346,7 +346,7 @@ def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str
                 if any(x is None for x in aggs):
                     continue  # an uncapped link between them: no shared pipe to fill
                 cap = sum(max_rate_from(x, 1.0) for x in aggs)
-                t = ring * B / cap + 2.0 * (n - 1) * min(x.latency_s for x in aggs)
+                t = ring_bytes / cap + 2.0 * (n - 1) * min(x.latency_s for x in aggs)
                 best = max(best, ZERO_RS_SHARE * t)
     # (b): seconds per byte of a ring over one representative per group, the cheapest choice
     per_byte = INF
@@ -359,7 +359,7 @@ def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str
         per_byte = min(per_byte, worst)
     L = tables.num_layers
     stages = min(min(L, sum(topo.cluster(c).num_gpus for c in g)) for g in part)
-    return max(best, ring * B * per_byte / max(stages, 1))
+    return max(best, ring_bytes * per_byte / max(stages, 1))
 
 
 def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, link_precision: str = "native",
