@@ -20,6 +20,7 @@ Num = TypeVar("Num", float, np.ndarray)
 __all__ = [
     "gradient_bytes",
     "ring_edge_bytes",
+    "ring_latency_s",
     "allreduce_time",
     "allreduce_time_v",
     "bandwidth_bytes_per_s",
@@ -38,6 +39,12 @@ def gradient_bytes(params: Num, dtype_bytes: float, factor: float = 1.0) -> Num:
 def ring_edge_bytes(nbytes: Num, n: int) -> Num:
     """[C5] Bytes each edge of a ring all-reduce of ``nbytes`` among ``n`` carries: 2(n − 1)/n · bytes."""
     return 0.0 * nbytes if n <= 1 else 2.0 * (n - 1) / n * nbytes  # type: ignore[return-value]
+
+
+def ring_latency_s(latency_s: float, n: int) -> float:
+    """[C5] The latency part of a ring all-reduce among ``n``: 2(n − 1) steps (reduce-scatter, then
+    all-gather), each paying one hop's ``latency_s``."""
+    return 2.0 * (n - 1) * latency_s
 
 
 def bandwidth_bytes_per_s_v(bw: Bandwidth, nbytes: np.ndarray) -> np.ndarray:
@@ -61,5 +68,5 @@ def allreduce_time_v(bw: Bandwidth, nbytes: np.ndarray, n: int) -> np.ndarray:
     x = np.asarray(nbytes, dtype=float)
     if n <= 1:
         return np.zeros(x.shape)
-    t = 2.0 * (n - 1) / n * x / bandwidth_bytes_per_s_v(bw, x / n) + 2.0 * (n - 1) * bw.latency_s
+    t = 2.0 * (n - 1) / n * x / bandwidth_bytes_per_s_v(bw, x / n) + ring_latency_s(bw.latency_s, n)
     return np.where(x > 0, t, 0.0)

@@ -86,7 +86,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from hgopt.cost.comm import gradient_bytes, ring_edge_bytes
+from hgopt.cost.comm import gradient_bytes, ring_edge_bytes, ring_latency_s
 from hgopt.cost.gradsync import ZERO_PHASE
 from hgopt.cost.links import max_rate_from
 from hgopt.cost.tables import CostTables, link_bytes_factor
@@ -346,7 +346,7 @@ def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str
                 if any(x is None for x in aggs):
                     continue  # an uncapped link between them: no shared pipe to fill
                 cap = sum(max_rate_from(x, 1.0) for x in aggs)
-                t = ring_bytes / cap + 2.0 * (n - 1) * min(x.latency_s for x in aggs)
+                t = ring_bytes / cap + ring_latency_s(min(x.latency_s for x in aggs), n)
                 best = max(best, ZERO_RS_SHARE * t)
     # (b): seconds per byte of a ring over one representative per group, the cheapest choice
     per_byte = INF
