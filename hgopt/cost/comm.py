@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from hgopt.cost.tables import U_RANGE, allreduce_time, bandwidth_bytes_per_s, transfer_time
+from hgopt.cost.tables import U_RANGE, allreduce_time, bandwidth_bytes_per_s, ring_latency_s, transfer_time
 from hgopt.spec import Bandwidth
 
 Num = TypeVar("Num", float, np.ndarray)
@@ -39,12 +39,6 @@ def gradient_bytes(params: Num, dtype_bytes: float, factor: float = 1.0) -> Num:
 def ring_edge_bytes(nbytes: Num, n: int) -> Num:
     """[C5] Bytes each edge of a ring all-reduce of ``nbytes`` among ``n`` carries: 2(n − 1)/n · bytes."""
     return 0.0 * nbytes if n <= 1 else 2.0 * (n - 1) / n * nbytes  # type: ignore[return-value]
-
-
-def ring_latency_s(latency_s: float, n: int) -> float:
-    """[C5] The latency part of a ring all-reduce among ``n``: 2(n − 1) steps (reduce-scatter, then
-    all-gather), each paying one hop's ``latency_s``."""
-    return 2.0 * (n - 1) * latency_s
 
 
 def bandwidth_bytes_per_s_v(bw: Bandwidth, nbytes: np.ndarray) -> np.ndarray:

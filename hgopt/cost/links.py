@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from hgopt.cost.tables import _U_MAX, _U_MIN, allreduce_time, bandwidth_bytes_per_s, transfer_time
+from hgopt.cost.tables import _U_MAX, _U_MIN, allreduce_time, bandwidth_bytes_per_s, ring_latency_s, transfer_time
 from hgopt.spec import Bandwidth, Link
 
 __all__ = [
@@ -195,7 +195,7 @@ def least_allreduce_time_from(bw: Bandwidth, nbytes: float, n: int) -> float:
     bucket's all-reduce that holds a layer of ``nbytes``, whatever else the bucket holds."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2.0 * (n - 1) * (least_time_from(bw, nbytes / n) + bw.latency_s)
+    return ring_latency_s(least_time_from(bw, nbytes / n) + bw.latency_s, n)
 
 
 def _roots(a: float, b: float, c: float) -> list[float]:

@@ -19,6 +19,7 @@ __all__ = [
     "GpuTpTable",
     "allreduce_time",
     "bandwidth_bytes_per_s",
+    "ring_latency_s",
     "build_tables",
     "link_bytes_factor",
     "transfer_time",
@@ -46,13 +47,19 @@ def transfer_time(bw: Bandwidth, nbytes: float) -> float:
     return bw.latency_s + nbytes / bandwidth_bytes_per_s(bw, nbytes)
 
 
+def ring_latency_s(latency_s: float, n: int) -> float:
+    """[C5] The latency part of a ring all-reduce among ``n``: 2(n − 1) steps (reduce-scatter, then
+    all-gather), each paying one hop's ``latency_s``."""
+    return 2.0 * (n - 1) * latency_s
+
+
 def allreduce_time(bw: Bandwidth, nbytes: float, n: int) -> float:
     """Ring all-reduce of ``nbytes`` among ``n`` participants: 2(n-1)/n · bytes / B + 2(n-1)·latency,
     the bandwidth taken at the ring's chunk size bytes/n [C5]."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     chunk = nbytes / n
-    return 2.0 * (n - 1) / n * nbytes / bandwidth_bytes_per_s(bw, chunk) + 2.0 * (n - 1) * bw.latency_s
+    return 2.0 * (n - 1) / n * nbytes / bandwidth_bytes_per_s(bw, chunk) + ring_latency_s(bw.latency_s, n)
 
 
 def link_bytes_factor(native: str, precision: str) -> float:
