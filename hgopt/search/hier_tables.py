@@ -161,7 +161,7 @@ def lazy_cluster_tables(
     stages_after: int,
     weights: Sequence[int] = (),
     cache: dict[tuple[object, ...], object] | None = None,
-) -> dict[int, ClusterTable]:
+) -> LazyTables:
     """:func:`cluster_tables` as a :class:`LazyTables`: the block of every config's estimate and what
     fits with ``stages_after`` stages after the cluster now, each weight's table when it is read."""
     L = tables.num_layers
