@@ -105,6 +105,7 @@ class FileLedger:
 
     @contextmanager
     def open(self) -> Iterator[MutableMapping[str, float]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
