@@ -30,6 +30,7 @@ from hgopt.runner.comm import Pending, Wire
 from hgopt.runner.data import IGNORE, Dataset, replica_rows
 from hgopt.runner.device import synchronize
 from hgopt.runner.grad_sync import GradSync, emulated_ring_s
+from hgopt.runner.linkemu import book
 from hgopt.runner.memory import MemoryMeter
 from hgopt.runner.model import DTYPES, StageModel
 from hgopt.cost.schedule import Op, stage_ops
@@ -132,7 +133,8 @@ class StageWorker:
         self.b_out = None if self.last else self.pipe.boundaries[self.si]
         self.dims = split_dims(model)
         self.grad_sync = GradSync(rp, model, groups.sync, tp=groups.tp, dims=self.dims, zero=self.zero,
-                                  wire_dtype=self._wire_dtype, emulate=self._emulated_link)
+                                  wire_dtype=self._wire_dtype, emulate=self._emulated_link,
+                                  book_shared=self._book_shared)
         self._last_backward = max(i for i, op in enumerate(self.ops) if op.kind == "B")
         self.memory = MemoryMeter(model, self.device)
         self._recvs: dict[tuple[str, int], list[Pending]] = {}
@@ -282,11 +284,33 @@ class StageWorker:
         return low if len(sg.clusters) > 1 and low is not None and low != dtype else None
 
     def _emulated_link(self, sg: SyncGroup) -> tuple[float, float] | None:
-        """``delay`` mode, group across clusters: (bytes/s, latency s) of its slowest link, else None."""
-        if self.wire.mode != "delay" or len(sg.clusters) < 2:
+        """``delay`` mode, group across clusters: (bytes/s, latency s) of its slowest link; (emulate) a
+        group inside one cluster whose members sit on several nodes: the cluster's node NIC ([C5]'s
+        ``inter_node`` ring) where the plan carries it; else None."""
+        if self.wire.mode != "delay":
             return None
+        if len(sg.clusters) < 2:
+            nic = next((n for n in self.rp.nics if n.cluster in sg.clusters), None)
+            nodes = {self.rp.rank_info(r).node for r in sg.ranks}
+            return (nic.bytes_per_s, nic.latency_s) if nic is not None and len(nodes) > 1 else None
         links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
         return min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
+
+    def _book_shared(self, sg: SyncGroup, nbytes: float, start: float) -> float:
+        """emulate, ``delay`` mode ([C7c]): this member's ring edge to the next member, where it crosses
+        into another cluster over a link with a shared hop (aggregate cap, shared pipe), carries
+        ``nbytes`` from ``start`` on that hop, queued with the pipeline sends booked there; the time
+        it ends (0.0: no shared hop)."""
+        emu = getattr(self.wire, "_emu", None)
+        if emu is None or len(sg.clusters) < 2 or self.rank not in sg.ranks:
+            return 0.0
+        nxt = sg.ranks[(sg.ranks.index(self.rank) + 1) % len(sg.ranks)]
+        a, b = self.rp.rank_info(self.rank).cluster, self.rp.rank_info(nxt).cluster
+        hop = emu.aggregate_hop(a, b) if a != b else None
+        if hop is None:
+            return 0.0
+        with self.wire.ledger.open() as state:
+            return book(state, hop, nbytes, start)
 
     def _emulate_collective(self, sg: SyncGroup, nbytes: int, t0: float, phases: int) -> None:
         """``delay`` mode: a collective begun at ``t0`` over a cross-cluster group takes at least

@@ -24,6 +24,11 @@
   slowest link, latency per bucket); the members' launch times are exchanged with a MAX all-reduce,
   and :meth:`GradSync.finish` sleeps until the last bucket's emulated end. (A member's own chain of
   earlier buckets is not exchanged: a small approximation when members sync different segments.)
+  Where a member's ring edge crosses a link with a shared hop (aggregate cap, shared pipe), the
+  edge's ``phases·(n−1)/n·bytes`` are booked on that hop from the bucket's start, queued with the
+  pipeline sends there ([C7c]); the bucket ends no earlier than that booking (booked when the
+  bucket is waited for, so sends issued meanwhile queue ahead of it). A group inside one cluster
+  whose members sit on several nodes rings at the node NIC's rate.
 """
 
 from __future__ import annotations
@@ -125,13 +130,17 @@ class GradSync:
     def __init__(self, rp: RunnerPlan, model: nn.Module, sync: Sequence[tuple[SyncGroup, Any]], *, tp: TpGroup,
                  dims: dict[str, int | None], zero: dict[SyncGroup, ZeroShard],
                  wire_dtype: Callable[[SyncGroup, torch.dtype], torch.dtype | None],
-                 emulate: Callable[[SyncGroup], tuple[float, float] | None]) -> None:
+                 emulate: Callable[[SyncGroup], tuple[float, float] | None],
+                 book_shared: Callable[[SyncGroup, float, float], float] | None = None) -> None:
         """``wire_dtype(sg, dtype)``: the narrowed dtype of ``sg``'s collectives or None; ``emulate(sg)``:
-        ``(bytes/s, latency s)`` of the link a ``delay``-emulated cross-cluster group runs over, or None."""
+        ``(bytes/s, latency s)`` of the link a ``delay``-emulated group runs over, or None;
+        ``book_shared(sg, bytes, start)`` (emulate, [C7c]): the end of this member's ring edge's bytes on
+        the link's shared hop, booked with the pipeline sends there (0.0: none)."""
         self.overlap = rp.train.overlap_grad_sync
         self.cap = rp.train.grad_bucket_mb * MIB
         self.tp, self.dims, self.zero = tp, dims, zero
         self.wire_dtype, self.emulate = wire_dtype, emulate
+        self.book_shared = book_shared
         self.groups: list[_Group] = []
         self.owner: dict[str, tuple[_Group, int]] = {}
         for sg, pg in sync:
@@ -292,8 +301,11 @@ class GradSync:
                 phases = 2
             link = self.emulate(g.sg)
             if link is not None and fl.stamp is not None:
-                ring = emulated_ring_s(fl.flat.numel() * fl.flat.element_size(), len(g.sg.ranks), *link, phases)
-                emulated_end = max(float(fl.stamp[0]), emulated_end) + ring
+                nbytes, n = fl.flat.numel() * fl.flat.element_size(), len(g.sg.ranks)
+                start = max(float(fl.stamp[0]), emulated_end)
+                emulated_end = start + emulated_ring_s(nbytes, n, *link, phases)
+                if self.book_shared is not None:  # emulate: the edge's bytes on a shared hop ([C7c])
+                    emulated_end = max(emulated_end, self.book_shared(g.sg, phases * (n - 1) / n * nbytes, start))
         self._inflight.clear()
         wait = emulated_end - time.time()
         if wait > 0:
