@@ -55,6 +55,11 @@ def test_a_later_message_shares_the_rest_and_the_first_speeds_up_when_it_ends() 
     B ends at t=3, A (10 B left) alone again at 10 B/s ends at t=4; latency 0.5 on top."""
     a, b = _route("0->2", ("agg:a->b", 10.0), latency=0.5), _route("1->3", ("agg:a->b", 10.0), latency=0.5)
     assert deliveries([(a, 30.0, 0.0), (b, 10.0, 1.0)]) == [pytest.approx(4.5), pytest.approx(3.5)]
+    state: dict[str, object] = {}
+    first = send(state, a, 30.0, 0.0)
+    send(state, b, 10.0, 1.0)
+    # A would need 4 s more at its present share, but B's end (2 s on) speeds it up: look again then
+    assert poll(state, first, 1.0) == (None, pytest.approx(2.0))
 
 
 def test_ranks_of_one_node_share_its_nic_and_a_channel_keeps_order() -> None:
@@ -73,19 +78,20 @@ def test_poll_reports_in_flight_then_the_arrival_and_forgets_it() -> None:
     r = _route("0->1", ("pair:0->1", 10.0), latency=1.0)
     first, second = send(state, r, 20.0, 0.0), send(state, r, 10.0, 0.0)
     assert poll(state, first, 1.0) == (None, pytest.approx(1.0))  # 10 B left at 10 B/s
-    assert poll(state, second, 1.0) == (None, 0.0)  # still behind the first on its channel
+    assert poll(state, second, 1.0) == (None, pytest.approx(1.0))  # behind the first: the next event is its end
     assert poll(state, first, 0.5) == (None, pytest.approx(1.0))  # an older clock: taken at the ledger's time
     arrival, _ = poll(state, first, 2.5)
     assert arrival == pytest.approx(3.0)
     assert str(first) not in state["msgs"]  # type: ignore[operator]
     assert poll(state, second, 10.0)[0] == pytest.approx(4.0)
-    clock = iter([10.0, 10.5, 11.5])  # wait_arrival polls until the ledger has it
+    clock = iter([10.0, 10.5, 11.5])  # wait_arrival looks again at each next event until the ledger has it
     third = send(state, r, 10.0, 10.0)
     slept: list[float] = []
     with MemoryLedger(state=state).open() as same:  # type: ignore[arg-type]
         assert same is state
-    assert wait_arrival(MemoryLedger(state=state), third, lambda: next(clock), slept.append) == pytest.approx(12.0)  # type: ignore[arg-type]
-    assert slept == [pytest.approx(0.002), pytest.approx(0.002)]  # at most poll_s, less when it ends sooner
+    assert wait_arrival(MemoryLedger(state=state), third, lambda: next(clock), slept.append,  # type: ignore[arg-type]
+                        poll_s=5.0) == pytest.approx(12.0)
+    assert slept == [pytest.approx(1.0), pytest.approx(0.5)]  # until the next event: the message's end
 
 
 def _plan_two_node_pairs() -> tuple[RunnerPlan, Plan]:

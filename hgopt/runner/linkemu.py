@@ -138,8 +138,10 @@ def send(state: Ledgerstate, route: Route, nbytes: float, now: float) -> int:
 
 
 def poll(state: Ledgerstate, msg_id: int, now: float) -> tuple[float | None, float]:
-    """(arrival time, None while in flight; seconds until it would end at the present shares). An
-    arrived message is forgotten."""
+    """(arrival time, or None while the message is in flight or queued; seconds until the ledger's next
+    event at the present shares: the first time any message in flight ends). Before that event no
+    share grows (a new message only shrinks them), so nothing can end sooner: a waiter that sleeps
+    that long wakes no later than its message ends. An arrived message is forgotten."""
     advance(state, now)
     key = str(msg_id)
     msg = state["msgs"][key]
@@ -147,21 +149,20 @@ def poll(state: Ledgerstate, msg_id: int, now: float) -> tuple[float | None, flo
         del state["msgs"][key]
         return float(msg["done"]) + float(msg["lat"]), 0.0
     active = _active(state)
-    if key not in active:  # queued behind its channel
-        return None, 0.0
-    return None, msg["left"] / _rates(state, active)[key]
+    rates = _rates(state, active)
+    return None, min(state["msgs"][i]["left"] / rates[i] for i in active)
 
 
 def wait_arrival(ledger: "Ledger", msg_id: int, clock: Callable[[], float], sleep: Callable[[float], None],
-                 poll_s: float = 0.002) -> float:
-    """Block until message ``msg_id`` has arrived (polling the ledger at most every ``poll_s``, or
-    sooner where its present share says it ends sooner); its arrival time (the caller sleeps until then)."""
+                 poll_s: float = 0.05) -> float:
+    """Block until message ``msg_id`` has arrived, looking at the ledger at its next event (at most
+    every ``poll_s``); its arrival time (the caller sleeps until then)."""
     while True:
         with ledger.open() as state:
-            arrival, left = poll(state, msg_id, clock())
+            arrival, nxt = poll(state, msg_id, clock())
         if arrival is not None:
             return arrival
-        sleep(min(max(left, 1e-4), poll_s))
+        sleep(min(max(nxt, 1e-4), poll_s))
 
 
 def deliveries(routes: list[tuple[Route, float, float]]) -> list[float]:
