@@ -7,13 +7,19 @@ the measured median step time.
     PYTHONPATH=$PWD .venv/bin/python bench/simulate_vs_runner.py [--out DIR] [--steps 8] [--pace 0.15]
         [--only NAME,...] [--emulate]
 
-Plans: 1F1B pipelines with a slow (50 or 200 ms) link between two middle stages, where [C3]'s round trip
+Plans (default): 1F1B pipelines with a slow (50 or 200 ms) link between two middle stages, where [C3]'s round trip
 from stage s to the end misses the window around the slow hop; one plan without latency as a
 control. Each plan gets a fresh profile of its microbatch sizes just before its run (as in the
 validation bench, measured with as many paced co-tenants as the plan has ranks) and both predictions
 use it; the ranks are paced in device regions, as in the validation bench (docs/validation.md). The
 validation bench itself now reports both predictions for its 14 plans; this one keeps the plans with a
 slow middle hop.
+
+``--emulate`` (round 8, issue #10 items 2/4): plans on clusters of several one-GPU nodes whose links the
+``delay`` mode emulates per node (hgopt/runner/linkemu.py): (a) a stage whose replicas span two clusters
+([C3s]), (b) a gradient ring crossing a capped link the pipelines also use ([C7c]), (c) a per-flow link
+used by two node pairs at once, against one shared pipe and a cap (bench/RESULTS.md "The runner on
+per-node emulated links").
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ NETS = {
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EmuNet:
     """Two clusters a, b of ``nodes`` one-GPU nodes each (so the export's placement, one rank per node,
-    is the simulator's and the kernel's: every replica on a node of its own); the link a <-> b per flow
+    is the simulator's and the kernel's: every replica on a node of its own; ``gpus_per_node`` 2 with
+    ``nodes`` 1 is the validation bench's layout); the link a <-> b per flow
     (one node pair) or one shared pipe per direction, with an optional aggregate cap; every node's NIC
     at the measured loopback (``nic_mbit_s`` None) or at an emulated rate."""
 
@@ -61,6 +68,7 @@ class EmuNet:
     aggregate_mbit_s: float | None = None
     nodes: int = 2
     nic_mbit_s: float | None = None
+    gpus_per_node: int = 1
 
 
 EMU_NETS = {
@@ -71,6 +79,8 @@ EMU_NETS = {
     "pf40-cap20-20ms": EmuNet(name="pf40-cap20-20ms", kind="per_flow", mbit_s=40.0, latency_ms=20.0,
                               aggregate_mbit_s=20.0),
     "pf100-50ms": EmuNet(name="pf100-50ms", kind="per_flow", mbit_s=100.0, latency_ms=50.0),
+    "pipe200-1node": EmuNet(name="pipe200-1node", kind="shared_pipe", mbit_s=200.0, latency_ms=0.0, nodes=1,
+                            gpus_per_node=2),  # bench/validate_cost_model.py's w200
     "pf100-50ms-nic50": EmuNet(name="pf100-50ms-nic50", kind="per_flow", mbit_s=100.0, latency_ms=50.0,
                                nic_mbit_s=50.0),
 }
@@ -89,7 +99,7 @@ def emu_instance(net: EmuNet, prof: dict[str, Any], links: dict[str, dict[str, f
     else:
         wan = {"kind": "shared_pipe", **bw, "source": source}
     clusters = [{"name": c, "region": f"r{c}", "gpu": "cpu", "gpu_memory_gb": 16, "nodes": net.nodes,
-                 "gpus_per_node": 1, "intra_node": local, "inter_node": nic} for c in ("a", "b")]
+                 "gpus_per_node": net.gpus_per_node, "intra_node": local, "inter_node": nic} for c in ("a", "b")]
     return instance_from_dict({
         "name": f"emulate-{net.name}", "model": prof,
         "topology": {"clusters": clusters, "links": {"default": wan}},
@@ -114,6 +124,8 @@ def emu_plans() -> list[tuple[str, str, Plan]]:
         ("(c) 2st dp2 a|b per-flow", "pf20-20ms", one(dp2)),
         ("(c) 2st dp2 a|b shared pipe", "pipe20-20ms", one(dp2)),
         ("(c) 2st dp2 a|b per-flow cap1.5", "pf20-cap30-20ms", one(dp2)),
+        # the validation bench's plan: one node of two ranks per cluster, both stage-0 ranks on one pipe
+        ("(c) w200 2st dp2 a|b one node each", "pipe200-1node", one(dp2)),
     ]
 
 
