@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 import bench._harness as harness  # noqa: E402
 from bench._harness import load_average, run_plan  # noqa: E402
-from bench.validate_cost_model import GLOBAL_BATCH, MODEL, Net, g, instance, pipe, plan_mbs, profile_model  # noqa: E402
+from bench.validate_cost_model import (GLOBAL_BATCH, MODEL, Net, calibrated, g, instance, pipe, plan_mbs,  # noqa: E402
+                                       profile_model)
 from hgopt.cost import evaluate  # noqa: E402
 from hgopt.plan import Pipeline, Plan, Stage  # noqa: E402
 from hgopt.simulate import simulate  # noqa: E402
@@ -161,6 +162,8 @@ def main() -> int:
     ap.add_argument("--pace", type=float, default=0.15, help="device speed of every rank, in cores")
     ap.add_argument("--nice", type=int, default=-10)
     ap.add_argument("--only", default="", help="plan names, comma-separated")
+    ap.add_argument("--in-situ", action="store_true", help="also predict from the run's own warm-up steps (steps 2, 3: "
+                    "every stage's layers rescaled to the device time its operations took there, as the validation bench does)")
     ap.add_argument("--emulate", action="store_true", help="the per-node emulation's plans (issue #10 items 2/4): "
                     "(a) a spanning stage, (b) a ring on a capped link, (c) per-flow links vs a shared pipe")
     ap.add_argument("--heartbeat", type=float, default=120.0, help="runner heartbeat timeout (s)")
@@ -189,22 +192,31 @@ def main() -> int:
         inst = emu_instance(EMU_NETS[net], prof, links) if args.emulate else instance(NETS[net], prof, links)
         ev, sim = evaluate(plan, inst), simulate(plan, inst)
         run = run_plan(plan, inst, folder, model=MODEL, steps=args.steps, warmup_steps=3, mode="delay",
-                       pace=args.pace, nice=args.nice, device_regions=True)
-        rows.append((name, net, ev.iteration_time_s, sim.iteration_time_s, run.median_s, run))
+                       pace=args.pace, nice=args.nice, device_regions=True, op_trace=args.in_situ)
+        situ = ""
+        if args.in_situ:  # emulate: both predictions again from the run's own warm-up steps' stage times
+            cal = calibrated(prof, plan, folder / "trace", args.pace, [2, 3])
+            inst_c = emu_instance(EMU_NETS[net], cal, links) if args.emulate else instance(NETS[net], cal, links)
+            ie, isim = evaluate(plan, inst_c).iteration_time_s, simulate(plan, inst_c).iteration_time_s
+            situ = (f" {ie:.3f} | {isim:.3f} | {(ie - run.median_s) / run.median_s:+.1%} | "
+                    f"{(isim - run.median_s) / run.median_s:+.1%} |")
+        rows.append((name, net, ev.iteration_time_s, sim.iteration_time_s, run.median_s, run, situ))
         print(f"{name:<28} evaluate {ev.iteration_time_s:.3f} s  simulate {sim.iteration_time_s:.3f} s  "
               f"measured {run.median_s:.3f} s (steps {', '.join(f'{s:.3f}' for s in run.step_s)}; "
-              f"lag {run.lag_s:.2f} s, load {run.load_before:.1f})", flush=True)
-    lines = ["| plan | link | evaluate (s) | simulate (s) | measured (s) | evaluate error | simulate error | step spread |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for name, net, e, s, m, run in rows:
+              f"lag {run.lag_s:.2f} s, load {run.load_before:.1f}){situ}", flush=True)
+    lines = ["| plan | link | evaluate (s) | simulate (s) | measured (s) | evaluate error | simulate error | step spread |"
+             + (" in situ: evaluate (s) | in situ: simulate (s) | in situ: evaluate error | in situ: simulate error |"
+                if args.in_situ else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.in_situ else "")]
+    for name, net, e, s, m, run, situ in rows:
         later = run.step_s[3:]
         spread = (max(later) - min(later)) / m if later else 0.0
         lines.append(f"| {name.replace('|', chr(92) + '|')} | {net} | {e:.3f} | {s:.3f} | {m:.3f} | {(e - m) / m:+.1%} | {(s - m) / m:+.1%} | "
-                     f"{spread:.0%} |")
+                     f"{spread:.0%} |{situ}")
     if rows:
         lines.append("")
-        lines.append(f"median |error|: evaluate {statistics.median(abs(e - m) / m for _, _, e, _, m, _ in rows):.1%}, "
-                     f"simulate {statistics.median(abs(s - m) / m for _, _, _, s, m, _ in rows):.1%}; "
+        lines.append(f"median |error|: evaluate {statistics.median(abs(e - m) / m for _, _, e, _, m, _, _ in rows):.1%}, "
+                     f"simulate {statistics.median(abs(s - m) / m for _, _, _, s, m, _, _ in rows):.1%}; "
                      f"load average {load0:.1f} at start, {load_average():.1f} at end; "
                      f"{time.perf_counter() - t0:.0f} s; pace {args.pace} core per rank")
     text = "\n".join(lines)
