@@ -427,3 +427,33 @@ def test_busy_blend_hand_case() -> None:
     assert busy_blend_weight(w, 4, 0.5) == 7.0
     assert busy_blend_bound(24.0, 0.5, 7.0, 0.0, 0.0, 0.0) == pytest.approx(12.0)
     assert busy_blend_bound(25.0, 0.5, 7.0, 0.0, 0.0, 1.0) == pytest.approx(13.0)
+
+
+def test_stage_line_is_a_lower_bound_of_the_replay() -> None:
+    """[C3b] replay3 [R4s]: on random 1F1B pipelines of S stages, with B' the largest stage f + b or send
+    occupancy (send − latency) and any a <= B', (m − 1 + ρ)·a + E − (ρ·a + E)·S + R_0 (``stage_line``)
+    stays at or below the exact timeline [C3x]; it equals the warm-up form at the split's S̄ = S when
+    S <= m, and the S̄-form with S̄ = 26 is below it on some pipelines (what the line lifts)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from hgopt.cost.pipeline import bound_offset, bound_weight, stage_line
+    from tests.factories import draw_pipeline
+
+    lifted: list[bool] = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), data=hs.data())
+    def check(S: int, m: int, data: hs.DataObject) -> None:
+        _, _, _, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
+        big = max(t + [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)])
+        a = big * data.draw(hs.floats(0.0, 1.0))
+        slope, r, ex = stage_line(m, rho, e)
+        line = slope * a + ex - (r * a + ex) * S + r0
+        assert line <= rep * (1 + 1e-12) + 1e-12
+        if S <= m:
+            assert line == pytest.approx(bound_weight(m, S, rho) * a - bound_offset(m, S, e) + r0, rel=1e-9, abs=1e-9)
+        lifted.append(line > bound_weight(m, 26, rho) * a - bound_offset(m, 26, e) + r0 + 1e-9)
+
+    check()
+    assert any(lifted)

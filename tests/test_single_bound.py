@@ -102,3 +102,49 @@ def test_one_cluster_replay_bound_as_tight_as_the_closed_form_on_default(monkeyp
     replay = _best_single(inst, tables, sp, cbr)
     assert cbr.weight / (sp.num_microbatches - 1) < 0.5  # what the old scaling would have used
     assert 0.99 * closed <= replay <= closed * (1 + 1e-9)
+
+
+def _tiny_multi(seed: int) -> Instance:
+    """Like tests/test_milp.py's tiny instances (two clusters of 1-2 nodes x 2 GPUs, 3-5 identical layers)
+    with up to 16 samples, so some splits allow more stages than microbatches and others fewer."""
+    rng = random.Random(1000 + seed)
+    names = ["a", "b"]
+    gpus = {"A": 0.01, "B": 0.02, "C": 0.013}
+    clusters = tuple((n, g, rng.choice([1, 2]), 2, rng.choice([1.14, 1.2, 40.0])) for n, g in zip(names, gpus))
+    topo = tiny_topology(clusters=clusters, wan_gbit_s=rng.choice([2.0, 8.0, 50.0]),
+                         wan_latency_ms=rng.choice([1.0, 10.0, 80.0]))
+    for c in topo["clusters"]:
+        c["inter_node"]["latency_ms"] = rng.choice([0.0, 0.5, 5.0])
+    model = tiny_model(num_layers=rng.randint(3, 5), gpus=dict(list(gpus.items())[: len(names)]),
+                       activation_bytes=rng.choice([1e6, 2e7]))
+    for t in model["timings"]:  # backward/forward ratio away from 2, so rho matters
+        t["bwd"] = [x * 0.6 for x in t["bwd"]]
+    return tiny_instance(global_batch=rng.choice([4, 8, 16]), model=model, topology=topo, recompute="off")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_split_relaxation_bound_under_the_replay_never_exceeds_the_split_optimum(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[R4s]/[R0s] Per batch split: max(cheap [B4], relaxation [R4] with [R0]) under the replay, as the
+    planner's relaxation phase computes it (``milp._relaxation_bound`` at target inf and at the optimum),
+    is at most the least replay time over every plan of that split (brute force over
+    ``tests.factories.chain_space``)."""
+    import hgopt.cost.pipeline as pipeline_mod
+    from hgopt.search.blocks import cheap_bounds
+    from hgopt.search.milp import _relaxation_bound, batch_splits
+    from tests.factories import chain_space
+
+    monkeypatch.setattr(pipeline_mod, "EVALUATE_1F1B", "replay")
+    inst = _tiny_multi(seed)
+    tables = build_tables(inst)
+    best: dict[str, float] = {}
+    for sp, pipe in chain_space(inst):
+        ev = evaluate(Plan(pipelines=(pipe,) * sp.k), inst, tables, pipeline="replay")
+        if ev.feasible:
+            best[str(sp)] = min(best.get(str(sp), math.inf), ev.iteration_time_s)
+    for sp in batch_splits(inst):
+        opt = best.get(str(sp), math.inf)
+        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches)
+        for target in (math.inf, opt):
+            rb = _relaxation_bound(inst, tables, sp, cb, target, math.inf)[0]
+            assert max(cb.value, rb) <= opt * (1 + 1e-9), (sp, target, cb.value, rb, opt)

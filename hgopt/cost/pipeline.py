@@ -24,6 +24,7 @@ __all__ = [
     "bound_weight",
     "busy_blend_bound",
     "busy_blend_weight",
+    "stage_line",
     "Composition",
     "replay_bounds",
     "search_composition",
@@ -455,6 +456,16 @@ def busy_blend_bound(value: float, share: float, blend_weight: float, latency: f
     with λ = ``latency`` the largest latency of the family's sends), ``offset`` the warm-up form's
     :func:`bound_offset` and ``tail_floor`` ≤ every plan's tail U."""
     return share * (value - blend_weight * latency - offset) + (1.0 - share) * tail_floor
+
+
+def stage_line(num_microbatches: int, fwd_share: float, fwd_excess: float) -> tuple[float, float, float]:
+    """[C3b] (m − 1 + ρ, ρ, E): for a plan of S stages whose pieces are at least a, the warm-up form's
+    w(S)·a − offset(S) = (m − 1 − ρ·min(S − 1, m − 1))·a − min(S − 1, m − 1)·E is at least the line
+    (m − 1 + ρ)·a + E − (ρ·a + E)·S in S (its supporting line for S ≤ m; above it beyond), so a
+    relaxation that knows S only through a per-stage term may charge −(ρ·a + E) per stage on top of
+    (m − 1 + ρ)·a + E (replay3 [R4s]; ``bound_weight``/``bound_offset`` at the split's S̄ is the other
+    supporting line, flat from S = m on)."""
+    return float(num_microbatches - 1) + fwd_share, fwd_share, fwd_excess
 
 
 def replay_bounds() -> bool:
