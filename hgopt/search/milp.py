@@ -930,7 +930,7 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
                      cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
-    single = _best_single(instance, tables, sp, cheap)
+    single = _best_single(instance, tables, sp, cheap, target)
 
     def above(t: float) -> float:
         return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
@@ -938,7 +938,8 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
     return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
-def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds) -> float:
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds,
+                 target: float = math.inf) -> float:
     """[R0] A lower bound on every plan of the split on one cluster: from the intra-cluster DP over all
     layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
     send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
@@ -960,7 +961,7 @@ def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: 
         return min(closed_optimum(c.name) for c in instance.topology.clusters)  # [C3]: D* bounds the closed form
 
     return single_cluster_replay_bound(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
-                                       num_microbatches=sp.num_microbatches, tail_floor=cheap.s_lb)
+                                       num_microbatches=sp.num_microbatches, tail_floor=cheap.s_lb, target=target)
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,

@@ -31,35 +31,46 @@ INF = math.inf
 
 
 def single_cluster_replay_bound(instance: Instance, tables: CostTables, *, replicas: int, microbatch: int,
-                                num_microbatches: int, tail_floor: float) -> float:
+                                num_microbatches: int, tail_floor: float, target: float = INF) -> float:
     """[R0s] A lower bound of the exact timeline (``evaluate`` under the replay) of every plan of the split
     (``replicas`` identical pipelines of ``microbatch`` samples, ``num_microbatches``) that runs on one
-    cluster. ``tail_floor``: a floor of every plan's first-stage tail (``CheapBounds.s_lb``);
-    ``fallback(cluster)``: a valid bound for a cluster whose layer range is not trunk-shaped."""
+    cluster. ``tail_floor``: a floor of every plan's first-stage tail (``CheapBounds.s_lb``). Layouts are
+    visited in order of a quick floor (a stage's m microbatches back to back, at least the mean of the
+    layers' compute over the most stages; one microbatch's trip, at least all of it) and skipped once
+    that floor reaches the bound so far or ``target`` (then the floor stands for them: the result is
+    still a bound, and it reaches ``target`` whenever the full search would)."""
     m = num_microbatches
     rho, excess = forward_share_of(tables, microbatch)
     L = instance.model.num_layers
-    best = INF
+    todo = []
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
-        lat = c.inter_node.latency_s  # every intra-cluster send's latency part (evaluate.boundary_latency)
-        for cfg in local_configs(instance, c.name, microbatch, tables):
+        for idx, cfg in enumerate(local_configs(instance, c.name, microbatch, tables)):
             if cfg.gpus > budget:
                 continue
-            classes = tables.layer_classes or layer_classes(instance)
-            if cfg.recompute:  # [C6r] layer 0 keeps token ids: its own class (as intra._search_range)
-                classes = (-1, *classes[1:])
-            geo = TrunkGeometry.for_range(classes, 0, L)
             sm = StageModel(instance, tables, c, cfg, replicas)
             s_max = min(budget // cfg.gpus, L)
-            if geo is None:
-                comp, pts = generic_stage_points(sm, 0, L, s_max, 0, m)
-                for s, ps in enumerate(pts, start=1):
-                    best = min(best, _points_bound(comp, ps, s, m, rho, excess, lat if s > 1 else 0.0, tail_floor))
-                continue
-            tc = TrunkCosts(sm, geo, geo.trunk)
-            for s in range(1, s_max + 1):
-                best = min(best, _stage_count_bound(tc, s, m, rho, excess, lat if s > 1 else 0.0, tail_floor))
+            work = float(sm.compute(np.array([0]), np.array([L]))[0])
+            todo.append((max(m * work / s_max, work) + tail_floor, c.name, idx, c, cfg, sm, s_max))
+    todo.sort(key=lambda x: x[:3])
+    best = INF
+    for floor, _, _, c, cfg, sm, s_max in todo:
+        if floor >= min(best, target):
+            best = min(best, floor)
+            break  # every later layout's floor is at least this one
+        lat = c.inter_node.latency_s  # every intra-cluster send's latency part (evaluate.boundary_latency)
+        classes = tables.layer_classes or layer_classes(instance)
+        if cfg.recompute:  # [C6r] layer 0 keeps token ids: its own class (as intra._search_range)
+            classes = (-1, *classes[1:])
+        geo = TrunkGeometry.for_range(classes, 0, L)
+        if geo is None:
+            comp, pts = generic_stage_points(sm, 0, L, s_max, 0, m)
+            for s, ps in enumerate(pts, start=1):
+                best = min(best, _points_bound(comp, ps, s, m, rho, excess, lat if s > 1 else 0.0, tail_floor))
+            continue
+        tc = TrunkCosts(sm, geo, geo.trunk)
+        for s in range(1, s_max + 1):
+            best = min(best, _stage_count_bound(tc, s, m, rho, excess, lat if s > 1 else 0.0, tail_floor))
     return best
 
 
