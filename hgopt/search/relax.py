@@ -126,7 +126,7 @@ class RelaxedSplit:
                 return INF
             g += (1.0 + lam) * self.extra_fill
             if lam or reward:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
-                g -= (lam * tau + reward) * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
+                g -= ((lam * tau if lam else 0.0) + reward) * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
         return best + self._tail_lb(tau)
 
@@ -164,7 +164,8 @@ def _weighted(t: np.ndarray, f: np.ndarray, st: np.ndarray, tau: float, lam: flo
               tail: np.ndarray | None = None, reward: float = 0.0) -> np.ndarray:
     """Per trunk count, the least over rows whose largest stage fits ``tau`` of (1 + lam)·fill −
     (lam·tau + reward)·stages [R6] / [R4s] (+ ``tail``, per row, [R5t])."""
-    v = (1.0 + lam) * f - (lam * tau + reward) * st[:, None] if lam or reward else f
+    per = (lam * tau if lam else 0.0) + reward  # (0·inf is not 0: tau may be inf with lam 0)
+    v = (1.0 + lam) * f - per * st[:, None] if per else f
     if tail is not None:
         v = v + tail
     return np.where(t <= tau, v, INF).min(axis=0)
@@ -449,7 +450,7 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
 
     def val_at(a: float, b: float) -> float:  # [C3b] offset, and the busy chain m·a + s_lb under the replay
         v = max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
-        if slope and v < target and math.isfinite(b):  # replay3 [R4s] the stage-count line at a, where it may matter
+        if slope and v < target:  # replay3 [R4s] the stage-count line at a, where it may matter
             v = max(v, slope * a + excess + rs.bound_at(b, reward=rho * a + excess))
         return v
 
