@@ -13,7 +13,7 @@ import pytest
 from hgopt.export import ExportOptions, build_runner_plan
 from hgopt.export.runner_plan import LinkSpec, NicSpec, RunnerPlan
 from hgopt.plan import Plan
-from hgopt.runner.linkemu import FileLedger, Hop, LinkEmulator, MemoryLedger, Route, book, reserve
+from hgopt.runner.linkemu import FileLedger, Hop, LinkEmulator, MemoryLedger, Route, deliveries, poll, send, wait_arrival
 from tests.runner_plans import G, pipeline, runner_instance
 
 
@@ -22,55 +22,76 @@ def _route(name: str, *hops: tuple[str, float], latency: float = 0.0) -> Route:
 
 
 def test_one_message_takes_its_slowest_hop_plus_latency() -> None:
-    state: dict[str, float] = {}
     r = _route("0->1", ("nic-out:0", 100.0), ("pair:0->1", 10.0), ("nic-in:1", 50.0), latency=0.5)
-    assert reserve(state, r, 30.0, now=2.0) == pytest.approx(2.0 + 3.0 + 0.5)
-    assert state == {"nic-out:0": pytest.approx(2.3), "pair:0->1": pytest.approx(5.0), "nic-in:1": pytest.approx(2.6),
-                     "chan:0->1": pytest.approx(5.0)}
+    assert deliveries([(r, 30.0, 2.0)]) == [pytest.approx(2.0 + 3.0 + 0.5)]
 
 
-def test_per_flow_pairs_run_in_parallel_a_shared_pipe_serialises_them() -> None:
+def test_per_flow_pairs_run_in_parallel_a_shared_pipe_shares_its_rate() -> None:
     """Two node pairs send 30 B each at t=0 over a 10 B/s link: per flow, both arrive at 3 s; through
-    one shared pipe the second waits for the first (6 s)."""
-    state: dict[str, float] = {}
-    t1 = reserve(state, _route("0->2", ("pair:0->2", 10.0)), 30.0, 0.0)
-    t2 = reserve(state, _route("1->3", ("pair:1->3", 10.0)), 30.0, 0.0)
-    assert (t1, t2) == (pytest.approx(3.0), pytest.approx(3.0))
-    state = {}
-    t1 = reserve(state, _route("0->2", ("agg:a->b", 10.0)), 30.0, 0.0)
-    t2 = reserve(state, _route("1->3", ("agg:a->b", 10.0)), 30.0, 0.0)
-    assert (t1, t2) == (pytest.approx(3.0), pytest.approx(6.0))
+    one shared pipe they share it (5 B/s each) and both arrive at 6 s."""
+    pairs = deliveries([(_route("0->2", ("pair:0->2", 10.0)), 30.0, 0.0), (_route("1->3", ("pair:1->3", 10.0)), 30.0, 0.0)])
+    assert pairs == [pytest.approx(3.0), pytest.approx(3.0)]
+    pipe = deliveries([(_route("0->2", ("agg:a->b", 10.0)), 30.0, 0.0), (_route("1->3", ("agg:a->b", 10.0)), 30.0, 0.0)])
+    assert pipe == [pytest.approx(6.0), pytest.approx(6.0)]
 
 
-@pytest.mark.parametrize("n, per_flow, cap, makespan", [
-    (3, 10.0, 15.0, 6.0),   # cap binds: 3 x 30 B / min(3 x 10, 15) B/s
-    (3, 10.0, 45.0, 3.0),   # cap does not bind: 30 B / 10 B/s
+@pytest.mark.parametrize("n, per_flow, cap, each", [
+    (3, 10.0, 15.0, 6.0),   # cap binds: 30 B at min(10, 15 / 3) = 5 B/s
+    (3, 10.0, 45.0, 3.0),   # cap does not bind: 30 B at 10 B/s
     (2, 10.0, 20.0, 3.0),   # exactly at the cap
-    (1, 10.0, 5.0, 6.0),    # one flow slower than per flow: the cap
+    (1, 10.0, 5.0, 6.0),    # one flow, cap below per flow
 ])
-def test_n_flows_share_min_n_per_flow_aggregate(n: int, per_flow: float, cap: float, makespan: float) -> None:
-    """[C4w] by hand: n concurrent 30 B flows between different node pairs finish together after
-    n·30 / min(n·per_flow, aggregate) seconds (the last of them; FIFO on the cap, not processor sharing)."""
-    state: dict[str, float] = {}
-    ends = [reserve(state, _route(f"{i}->{i + n}", (f"pair:{i}->{i + n}", per_flow), ("agg:a->b", cap)), 30.0, 0.0)
-            for i in range(n)]
-    assert max(ends) == pytest.approx(makespan)
-    assert max(ends) == pytest.approx(n * 30.0 / min(n * per_flow, cap))
+def test_n_flows_share_min_n_per_flow_aggregate(n: int, per_flow: float, cap: float, each: float) -> None:
+    """[C4w] by hand: n concurrent 30 B flows between different node pairs move at
+    min(per_flow, aggregate / n) each, min(n·per_flow, aggregate) together."""
+    got = deliveries([(_route(f"{i}->{i + n}", (f"pair:{i}->{i + n}", per_flow), ("agg:a->b", cap)), 30.0, 0.0)
+                      for i in range(n)])
+    assert got == [pytest.approx(each)] * n
+    assert each == pytest.approx(n * 30.0 / min(n * per_flow, cap))
+
+
+def test_a_later_message_shares_the_rest_and_the_first_speeds_up_when_it_ends() -> None:
+    """Pipe 10 B/s: A (30 B) at t=0 runs alone until t=1 (20 B left); B (10 B) joins, both at 5 B/s:
+    B ends at t=3, A (10 B left) alone again at 10 B/s ends at t=4; latency 0.5 on top."""
+    a, b = _route("0->2", ("agg:a->b", 10.0), latency=0.5), _route("1->3", ("agg:a->b", 10.0), latency=0.5)
+    assert deliveries([(a, 30.0, 0.0), (b, 10.0, 1.0)]) == [pytest.approx(4.5), pytest.approx(3.5)]
+    state: dict[str, object] = {}
+    first = send(state, a, 30.0, 0.0)
+    send(state, b, 10.0, 1.0)
+    # A would need 4 s more at its present share, but B's end (2 s on) speeds it up: look again then
+    assert poll(state, first, 1.0) == (None, pytest.approx(2.0))
 
 
 def test_ranks_of_one_node_share_its_nic_and_a_channel_keeps_order() -> None:
-    state: dict[str, float] = {}
-    # ranks 0 and 1 on node 0: NIC 20 B/s; to nodes 1 and 2, per flow 100 B/s
-    t1 = reserve(state, _route("0->2", ("nic-out:0", 20.0), ("pair:0->1", 100.0)), 40.0, 0.0)
-    t2 = reserve(state, _route("1->3", ("nic-out:0", 20.0), ("pair:0->2", 100.0)), 40.0, 0.0)
-    assert (t1, t2) == (pytest.approx(2.0), pytest.approx(4.0))
-    # one channel: the second message starts when the first is done, even on a free hop
-    state = {}
+    # ranks 0 and 1 on node 0 (NIC out 20 B/s), to nodes 1 and 2 at 100 B/s per flow: 10 B/s each
+    got = deliveries([(_route("0->2", ("nic-out:0", 20.0), ("pair:0->1", 100.0)), 40.0, 0.0),
+                      (_route("1->3", ("nic-out:0", 20.0), ("pair:0->2", 100.0)), 40.0, 0.0)])
+    assert got == [pytest.approx(4.0), pytest.approx(4.0)]
+    # one channel: the second message is in flight from the end of the first, the third from its send
     r = _route("0->1", ("pair:0->1", 10.0), latency=1.0)
-    assert reserve(state, r, 10.0, 0.0) == pytest.approx(2.0)
-    assert reserve(state, r, 10.0, 0.5) == pytest.approx(3.0)
-    assert reserve(state, r, 10.0, 5.0) == pytest.approx(7.0)  # idle by then: starts at 5
-    assert book(state, Hop(name="pair:0->1", bytes_per_s=10.0), 10.0, 0.0) == pytest.approx(7.0)
+    assert deliveries([(r, 10.0, 0.0), (r, 10.0, 0.5), (r, 10.0, 5.0)]) == [
+        pytest.approx(2.0), pytest.approx(3.0), pytest.approx(7.0)]
+
+
+def test_poll_reports_in_flight_then_the_arrival_and_forgets_it() -> None:
+    state: dict[str, object] = {}
+    r = _route("0->1", ("pair:0->1", 10.0), latency=1.0)
+    first, second = send(state, r, 20.0, 0.0), send(state, r, 10.0, 0.0)
+    assert poll(state, first, 1.0) == (None, pytest.approx(1.0))  # 10 B left at 10 B/s
+    assert poll(state, second, 1.0) == (None, pytest.approx(1.0))  # behind the first: the next event is its end
+    assert poll(state, first, 0.5) == (None, pytest.approx(1.0))  # an older clock: taken at the ledger's time
+    arrival, _ = poll(state, first, 2.5)
+    assert arrival == pytest.approx(3.0)
+    assert str(first) not in state["msgs"]  # type: ignore[operator]
+    assert poll(state, second, 10.0)[0] == pytest.approx(4.0)
+    clock = iter([10.0, 10.5, 11.5])  # wait_arrival looks again at each next event until the ledger has it
+    third = send(state, r, 10.0, 10.0)
+    slept: list[float] = []
+    with MemoryLedger(state=state).open() as same:  # type: ignore[arg-type]
+        assert same is state
+    assert wait_arrival(MemoryLedger(state=state), third, lambda: next(clock), slept.append,  # type: ignore[arg-type]
+                        poll_s=5.0) == pytest.approx(12.0)
+    assert slept == [pytest.approx(1.0), pytest.approx(0.5)]  # until the next event: the message's end
 
 
 def _plan_two_node_pairs() -> tuple[RunnerPlan, Plan]:
@@ -117,10 +138,9 @@ def test_routes_follow_the_plan_s_nodes() -> None:
     inside = emu.route(0, 1)  # two nodes of one cluster: their NICs only
     assert inside is not None and [h.name for h in inside.hops] == ["nic-out:0", "nic-in:1"]
     assert inside.latency_s == 0.01
-    # both replicas send 30 B at t=0: pairs in parallel (3 s each), the 15 B/s cap serialises: 2 s, 4 s
-    state: dict[str, float] = {}
-    assert [reserve(state, emu.route(s, d), 30.0, 0.0) for s, d in ((0, 2), (1, 3))] == [  # type: ignore[arg-type]
-        pytest.approx(3.25), pytest.approx(4.25)]
+    # both replicas send 30 B at t=0: pairs 10 B/s, the 15 B/s cap shared: 7.5 B/s each, 4 s (+ 0.25)
+    assert deliveries([(emu.route(s, d), 30.0, 0.0) for s, d in ((0, 2), (1, 3))]) == [  # type: ignore[misc]
+        pytest.approx(4.25), pytest.approx(4.25)]
     # without NIC figures (an older file) nothing inside a cluster is emulated
     assert LinkEmulator(replace(rp, nics=())).route(0, 1) is None
     # a shared pipe: one hop for the whole direction at the link's rate
@@ -137,19 +157,20 @@ def test_routes_follow_the_plan_s_nodes() -> None:
 def _book_in_child(path: str, start: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
     ledger = FileLedger(path=Path(path))
     with ledger.open() as state:
-        out.put(reserve(state, _route("1->3", ("agg:a->b", 10.0)), 30.0, start))
+        i = send(state, _route("1->3", ("agg:a->b", 10.0)), 30.0, start)
+        out.put(poll(state, i, start + 100.0)[0])
 
 
 def test_file_ledger_is_shared_between_processes(tmp_path: Path) -> None:
-    """What one process books on the shared pipe, the next one queues behind."""
+    """A message another process registered shares the pipe with this one's: both end at 6 s."""
     path = tmp_path / "ledger.json"
     with FileLedger(path=path).open() as state:
-        assert reserve(state, _route("0->2", ("agg:a->b", 10.0)), 30.0, 100.0) == pytest.approx(103.0)
+        mine = send(state, _route("0->2", ("agg:a->b", 10.0)), 30.0, 100.0)
     q: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
     p = mp.get_context("spawn").Process(target=_book_in_child, args=(str(path), 100.0, q))
     p.start()
     got = q.get(timeout=60)
     p.join(60)
     assert got == pytest.approx(106.0)
-    with MemoryLedger().open() as mem:
-        assert mem == {}
+    with FileLedger(path=path).open() as state:
+        assert poll(state, mine, 200.0)[0] == pytest.approx(106.0)

@@ -19,6 +19,7 @@ from hgopt.plan import Plan  # noqa: E402
 from hgopt.runner.engine import StageWorker  # noqa: E402
 from hgopt.runner.launch import resolve_emulation, run_forked  # noqa: E402
 from hgopt.runner.linkemu import LEDGER_FILE, LinkEmulator, MemoryLedger  # noqa: E402
+from hgopt.runner.summary import read_metrics  # noqa: E402
 from tests.runner_plans import G, pipeline, runner_instance  # noqa: E402
 
 
@@ -37,39 +38,56 @@ def test_a_run_books_every_node_pair_its_nics_and_the_cap(tmp_path: Path) -> Non
     rp = build_runner_plan(plan, _per_flow(), ExportOptions(local=True, steps=2, master_port=0, emulate_links="delay",
                                                              link_scale=0.001))
     assert run_forked(rp, tmp_path, emulation="delay", timeout_s=120) == {r: 0 for r in range(4)}
-    hops = set(json.loads((tmp_path / LEDGER_FILE).read_text()))
-    assert {"pair:0->2", "pair:1->3", "pair:2->0", "pair:3->1", "agg:a->b", "agg:b->a"} <= hops
-    assert {f"nic-out:{n}" for n in range(4)} | {f"nic-in:{n}" for n in range(4)} <= hops
-    assert not hops & {"pair:0->3", "pair:1->2"}
-    # the stage-0 replicas' gradient ring (nodes 0, 1 of a) is inside one cluster: no WAN hop of its own
-    assert {h for h in hops if h.startswith("chan:")} == {"chan:0->2", "chan:1->3", "chan:2->0", "chan:3->1"}
+    carried = json.loads((tmp_path / LEDGER_FILE).read_text())["carried"]
+    assert {"pair:0->2", "pair:1->3", "pair:2->0", "pair:3->1", "agg:a->b", "agg:b->a"} <= set(carried)
+    assert {f"nic-out:{n}" for n in range(4)} | {f"nic-in:{n}" for n in range(4)} <= set(carried)
+    assert not set(carried) & {"pair:0->3", "pair:1->2"}
+    assert {h for h in carried if h.startswith("chan:")} == {"chan:0->2", "chan:1->3", "chan:2->0", "chan:3->1"}
+    # every activation byte the runner counted on the WAN went over the a -> b cap, split over the two pairs
+    wan = sum(r["bytes"]["p0.b0.fwd.wan"] for r in read_metrics(tmp_path))
+    assert carried["agg:a->b"] == wan == carried["pair:0->2"] + carried["pair:1->3"]
+    assert carried["pair:0->2"] == carried["nic-out:0"] == carried["nic-in:2"] == wan / 2  # 2 of 4 rows each
 
 
 def _stub(rp, rank: int):  # type: ignore[no-untyped-def]
     wire = SimpleNamespace(mode="delay", _emu=LinkEmulator(rp), ledger=MemoryLedger())
-    return SimpleNamespace(rp=rp, rank=rank, wire=wire)
+    return SimpleNamespace(rp=rp, rank=rank, wire=wire, _rings=0)
 
 
-def test_a_ring_edge_books_the_link_s_shared_hop() -> None:
-    """[C7c] in the emulation: a two-member ring a <-> b books its edge's bytes on the cap from the
-    bucket's start, behind what the pipeline booked there; the member in b books b -> a. Without a cap
-    (per flow only) nothing is booked."""
+def test_a_ring_edge_joins_the_link_s_shared_hop() -> None:
+    """[C7c] in the emulation: a two-member ring a <-> b puts its edge's bytes on the cap (4 B/s), shared
+    with a pipeline message there; the member in b uses b -> a. Without a cap (per flow only) nothing
+    is registered."""
+    from hgopt.runner.linkemu import Hop, Route, deliveries, send
+
     plan = Plan(pipelines=(pipeline([((0, 2), [G("a", mbs=2)]), ((2, 4), [G("b", mbs=2)])], m=2),
                            pipeline([((0, 2), [G("b", mbs=2)]), ((2, 4), [G("a", mbs=2)])], m=2)))
     rp = build_runner_plan(plan, _per_flow(), ExportOptions(emulate_links="delay"))
     rp = replace(rp, links=tuple(replace(lk, bytes_per_s=10.0, aggregate_bytes_per_s=4.0) for lk in rp.links))
     sg = next(s for s in rp.sync_groups if s.start == 0)
-    a_member, b_member = (r for r in sg.ranks)
+    a_member, b_member = sg.ranks
     assert (rp.rank_info(a_member).cluster, rp.rank_info(b_member).cluster) == ("a", "b")
     me = _stub(rp, a_member)
-    me.wire.ledger.state["agg:a->b"] = 5.0  # the pipeline's sends hold the cap until t = 5
-    assert StageWorker._book_shared(me, sg, 8.0, 1.0) == pytest.approx(5.0 + 8.0 / 4.0)
-    assert StageWorker._book_shared(me, sg, 8.0, 10.0) == pytest.approx(12.0)  # idle again by then
+    state = me.wire.ledger.state
+    send(state, Route(channel="chan:x", hops=(Hop(name="agg:a->b", bytes_per_s=4.0),), latency_s=0.0), 8.0, 0.0)
+    import hgopt.runner.engine as engine
+
+    clock = [0.0]
+    real = engine.time
+    engine.time = SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))  # type: ignore[assignment]
+    try:
+        done = StageWorker._ring_on_shared(me, sg, 8.0)
+        assert done is not None
+        assert done() == pytest.approx(4.0)  # 8 B + 8 B at 4 B/s shared: both through at 4 s
+    finally:
+        engine.time = real
+    assert deliveries([(Route(channel="r", hops=(Hop(name="agg:a->b", bytes_per_s=4.0),), latency_s=0.0), 8.0, 0.0)]) \
+        == [pytest.approx(2.0)]  # alone: 2 s
     other = _stub(rp, b_member)
-    assert StageWorker._book_shared(other, sg, 8.0, 1.0) == pytest.approx(3.0)
-    assert set(other.wire.ledger.state) == {"agg:b->a"}
+    assert StageWorker._ring_on_shared(other, sg, 8.0) is not None
+    assert [m["hops"] for m in other.wire.ledger.state["msgs"].values()] == [[["agg:b->a", 4.0]]]
     uncapped = _stub(replace(rp, links=tuple(replace(lk, aggregate_bytes_per_s=None) for lk in rp.links)), a_member)
-    assert StageWorker._book_shared(uncapped, sg, 8.0, 1.0) == 0.0 and uncapped.wire.ledger.state == {}
+    assert StageWorker._ring_on_shared(uncapped, sg, 8.0) is None and uncapped.wire.ledger.state == {}
 
 
 def test_a_ring_over_several_nodes_of_one_cluster_runs_at_the_nic() -> None:

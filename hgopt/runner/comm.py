@@ -14,10 +14,11 @@ of an activation send on the one stream of a pair (the lookahead receives would 
 
 Emulation: an emulated transfer carries a small header with the time at which the data would
 arrive over the emulated link; the receiver, once the bytes are in, waits until then. In ``delay`` mode
-that time comes from :mod:`hgopt.runner.linkemu` (the link model: per-node NIC queues shared by a
-node's ranks, a per-flow queue per node pair, an aggregate cap or a shared pipe per direction, booked
-in a ledger every rank of the run shares); every transfer between two nodes is emulated, inside a
-cluster too when the plan carries the NICs. In ``netns`` mode the kernel shapes the bandwidth of
+the header is the message's id in :mod:`hgopt.runner.linkemu`'s ledger, which every rank of the run
+shares (the link model: per-node NICs shared by a node's ranks, a per-flow hop per node pair, an
+aggregate cap or a shared pipe per direction, processor sharing as in the simulator), and the
+receiver waits until the ledger says the message has arrived; every transfer between two nodes is
+emulated, inside a cluster too when the plan carries the NICs. In ``netns`` mode the kernel shapes the bandwidth of
 cross-cluster transfers, so only the latency is added. All ranks of an emulation share one machine,
 hence one clock."""
 
@@ -33,7 +34,7 @@ import torch.distributed as dist
 
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner.codec import WireSpec
-from hgopt.runner.linkemu import Ledger, LinkEmulator, MemoryLedger, reserve
+from hgopt.runner.linkemu import Ledger, LinkEmulator, MemoryLedger, send, wait_arrival
 
 __all__ = ["Pending", "Wire", "tag"]
 
@@ -51,12 +52,17 @@ class Pending:
     works: list[dist.Work]
     buffers: list[torch.Tensor]
     header: torch.Tensor | None = None
+    ledger: Ledger | None = None
+    """``delay`` mode: the header is the message's id in this ledger (else its arrival time)."""
 
     def wait(self) -> list[torch.Tensor]:
         for w in self.works:
             w.wait()
         if self.header is not None:
-            delay = float(self.header[0]) - time.time()
+            arrival = float(self.header[0])
+            if self.ledger is not None:
+                arrival = wait_arrival(self.ledger, int(arrival), time.time, time.sleep)
+            delay = arrival - time.time()
             if delay > 0:
                 time.sleep(delay)
         return self.buffers
@@ -108,7 +114,7 @@ class Wire:
             route = self._emu.route(me, dst)
             assert route is not None
             with self.ledger.open() as state:
-                return reserve(state, route, nbytes, time.time())
+                return float(send(state, route, nbytes, time.time()))  # the message's id
         link = self.plan.link(self.cluster_of[me], self.cluster_of[dst])
         assert link is not None, "the export lists every pair of used clusters"
         return time.time() + link.latency_s
@@ -121,7 +127,7 @@ class Wire:
         if self._emulated(me, src):
             header = torch.empty(1, dtype=torch.float64, device=self.device)
             works.append(dist.irecv(header, src, group=group, tag=tag(microbatch, direction, _SLOTS - 1)))
-        return Pending(works=works, buffers=bufs, header=header)
+        return Pending(works=works, buffers=bufs, header=header, ledger=self.ledger if self._emu is not None else None)
 
     def wait_sends(self) -> None:
         for w, _ in self._works:

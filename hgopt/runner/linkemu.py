@@ -1,45 +1,48 @@
 """``delay``-mode link emulation of the link model [C1]/[C4]/[C4w] (issue #10 item 2): per-node NICs,
 per-flow node pairs and an aggregate cap per cluster pair, as :mod:`hgopt.simulate.resources` lays
-them out. Pure Python, no torch: the runner's :class:`~hgopt.runner.comm.Wire` asks it when a message
-would arrive, and tests check the delivery times it schedules (not elapsed time).
+them out and shares them. Pure Python, no torch: the runner's :class:`~hgopt.runner.comm.Wire` registers
+each message here and its receiver asks when it arrives; tests check the delivery times the model
+computes (not elapsed time).
 
 A point-to-point message of ``B`` bytes from rank ``r`` (node ``u``, cluster ``a``) to rank ``s``
-(node ``v``, cluster ``b``), handed to ``send`` at ``now``, passes through *hops*, each a FIFO queue
-with a rate (bytes/s) and the time it is next free:
+(node ``v``, cluster ``b``), handed to ``send`` at ``now``, passes through *hops*, each a rate
+(bytes/s):
 
 - ``nic-out:u`` and ``nic-in:v`` at the cluster's ``inter_node`` rate (every rank of a node shares its
-  NIC, one queue per direction) when ``u != v`` and the plan carries the NICs (``RunnerPlan.nics``);
+  NIC, one per direction) when ``u != v`` and the plan carries the NICs (``RunnerPlan.nics``);
 - between clusters, ``link`` kind ``per_flow``: ``pair:u->v`` at the per-flow rate (one flow per node
   pair), plus ``agg:a->b`` at the aggregate cap when the link has one (shared by every flow a -> b);
   kind ``shared_pipe``: ``agg:a->b`` at the link's rate (one pipe for the whole direction).
 
-Messages between one pair of ranks in one direction leave one after another (``chan:r->s``, one
-connection per pair, as the simulator's channels). The message starts at ``t0 = max(now, chan free)``;
-on each hop it ends at ``max(t0, hop free) + B / rate`` (and the hop is busy until then); it arrives one
-latency after the last of those ends (the path's largest latency, as in the simulator). With ``n``
-flows of one direction in flight together the aggregate hop serves them one after another at its cap,
-so the last of them ends at ``n·B / aggregate`` whenever the cap binds and at ``B / per_flow``
-otherwise: the makespan of ``min(n · per_flow, aggregate)`` sharing ([C4w]). Individual flows finish
-in FIFO order rather than together (processor sharing): the same total, different order.
+Sharing is the simulator's (processor sharing): the messages in flight on a hop share it equally, and a
+message moves at the smallest of its hops' shares (``rate / messages on the hop``), recomputed whenever
+a message starts or ends; it arrives one latency (its path's largest) after its last byte. Messages
+between one pair of ranks in one direction leave one after another (channel ``chan:r->s``, one
+connection per pair, as the simulator's channels): a message is in flight from the end of the one
+before it on its channel. n equal flows behind a cap thus move at ``min(per_flow, aggregate / n)``
+each, ``min(n · per_flow, aggregate)`` together ([C4w]).
 
-The hops' free times are shared by every rank of the run (one machine, one clock): a
-:class:`FileLedger` in the run's output folder (``fcntl`` lock around a read-modify-write of a small
-JSON map); tests use :class:`MemoryLedger`. A ledger left from an earlier run holds times in the past,
-which change nothing."""
+The state (messages in flight, bytes left, the time it was advanced to) is shared by every rank of the
+run (one machine, one clock): a :class:`FileLedger` in the run's output folder (``fcntl`` lock around a
+read-modify-write of a small JSON document); tests use :class:`MemoryLedger`. Every access first
+advances the fluid model to its own ``now`` (event by event, so completion times are exact whatever the
+polling times); a caller whose ``now`` is older than the ledger's (it waited for the lock) is taken at
+the ledger's time. A ledger left from an earlier run is removed by rank 0 before the run starts."""
 
 from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hgopt.export.runner_plan import RunnerPlan
 
-__all__ = ["LEDGER_FILE", "FileLedger", "Hop", "Ledger", "LinkEmulator", "MemoryLedger", "Route", "book", "reserve"]
+__all__ = ["LEDGER_FILE", "FileLedger", "Hop", "Ledger", "LinkEmulator", "MemoryLedger", "Route", "advance",
+           "deliveries", "poll", "send", "wait_arrival"]
 
 LEDGER_FILE = "link-ledger.json"
 """The run's shared ledger, in its output folder."""
@@ -60,28 +63,119 @@ class Route:
     latency_s: float
 
 
-def reserve(state: MutableMapping[str, float], route: Route, nbytes: float, now: float) -> float:
-    """Book ``nbytes`` sent at ``now`` on every hop of ``route`` (updates ``state``: name -> time the
-    hop or channel is next free); returns the arrival time (see the module docstring)."""
-    start = max(now, state.get(route.channel, 0.0))
-    done = start
-    for h in route.hops:
-        end = max(start, state.get(h.name, 0.0)) + nbytes / h.bytes_per_s
-        state[h.name] = end
-        done = max(done, end)
-    state[route.channel] = done
-    return done + route.latency_s
+Ledgerstate = MutableMapping[str, Any]
+"""``t``: time advanced to; ``msgs``: id -> message; ``chans``: channel -> ids in order; ``next``: next id;
+``carried``: bytes every hop and channel has been given over the run (what the run put on each link)."""
+_EPS = 1e-9
 
 
-def book(state: MutableMapping[str, float], hop: Hop, nbytes: float, start: float) -> float:
-    """``nbytes`` on ``hop`` from ``start`` on (after what is queued there): the time it ends."""
-    end = max(start, state.get(hop.name, 0.0)) + nbytes / hop.bytes_per_s
-    state[hop.name] = end
-    return end
+def _active(state: Ledgerstate) -> list[str]:
+    """Messages in flight: the first unfinished one of each channel."""
+    out = []
+    for ids in state.get("chans", {}).values():
+        if ids:
+            out.append(ids[0])
+    return out
+
+
+def _rates(state: Ledgerstate, active: list[str]) -> dict[str, float]:
+    msgs = state["msgs"]
+    load: dict[str, int] = {}
+    for i in active:
+        for name, _ in msgs[i]["hops"]:
+            load[name] = load.get(name, 0) + 1
+    return {i: min(rate / load[name] for name, rate in msgs[i]["hops"]) for i in active}
+
+
+def advance(state: Ledgerstate, now: float) -> float:
+    """Move the fluid model to ``now`` (or stay at the ledger's time, if later), finishing messages on
+    the way, each at its exact time; returns the time advanced to."""
+    msgs, chans = state.setdefault("msgs", {}), state.setdefault("chans", {})
+    t = float(state.get("t", now))
+    while True:
+        active = _active(state)
+        if not active:
+            break
+        rates = _rates(state, active)
+        dt = min(msgs[i]["left"] / rates[i] for i in active)
+        if t + dt > now:  # nothing more finishes by now
+            if now > t:
+                for i in active:
+                    msgs[i]["left"] -= rates[i] * (now - t)
+                t = now
+            break
+        t += dt
+        for i in active:
+            msgs[i]["left"] -= rates[i] * dt
+            if msgs[i]["left"] <= _EPS * max(1.0, msgs[i]["bytes"]):
+                msgs[i]["left"] = 0.0
+                msgs[i]["done"] = t
+                chans[msgs[i]["chan"]].pop(0)
+                if not chans[msgs[i]["chan"]]:
+                    del chans[msgs[i]["chan"]]
+    state["t"] = max(t, now)
+    return float(state["t"])
+
+
+def send(state: Ledgerstate, route: Route, nbytes: float, now: float) -> int:
+    """Register a message of ``nbytes`` handed to send at ``now``; its id."""
+    t = advance(state, now)
+    i = int(state.get("next", 0))
+    state["next"] = i + 1
+    msg = {"hops": [[h.name, h.bytes_per_s] for h in route.hops], "bytes": float(nbytes), "left": float(nbytes),
+           "chan": route.channel, "lat": route.latency_s, "done": None}
+    state["msgs"][str(i)] = msg
+    carried = state.setdefault("carried", {})
+    for name in (route.channel, *(h.name for h in route.hops)):
+        carried[name] = carried.get(name, 0.0) + float(nbytes)
+    if nbytes <= 0 and not state["chans"].get(route.channel):
+        msg["done"] = t
+    else:
+        state["chans"].setdefault(route.channel, []).append(str(i))
+        if nbytes <= 0:
+            msg["left"] = 0.0
+    return i
+
+
+def poll(state: Ledgerstate, msg_id: int, now: float) -> tuple[float | None, float]:
+    """(arrival time, or None while the message is in flight or queued; seconds until the ledger's next
+    event at the present shares: the first time any message in flight ends). Before that event no
+    share grows (a new message only shrinks them), so nothing can end sooner: a waiter that sleeps
+    that long wakes no later than its message ends. An arrived message is forgotten."""
+    advance(state, now)
+    key = str(msg_id)
+    msg = state["msgs"][key]
+    if msg["done"] is not None:
+        del state["msgs"][key]
+        return float(msg["done"]) + float(msg["lat"]), 0.0
+    active = _active(state)
+    rates = _rates(state, active)
+    return None, min(state["msgs"][i]["left"] / rates[i] for i in active)
+
+
+def wait_arrival(ledger: "Ledger", msg_id: int, clock: Callable[[], float], sleep: Callable[[float], None],
+                 poll_s: float = 0.05) -> float:
+    """Block until message ``msg_id`` has arrived, looking at the ledger at its next event (at most
+    every ``poll_s``); its arrival time (the caller sleeps until then)."""
+    while True:
+        with ledger.open() as state:
+            arrival, nxt = poll(state, msg_id, clock())
+        if arrival is not None:
+            return arrival
+        sleep(min(max(nxt, 1e-4), poll_s))
+
+
+def deliveries(routes: list[tuple[Route, float, float]]) -> list[float]:
+    """Arrival times of messages (route, bytes, send time), sent in that order, under the model (for
+    tests and small checks)."""
+    state: dict[str, Any] = {}
+    ids = [send(state, r, b, t) for r, b, t in routes]
+    advance(state, max(t for _, _, t in routes) + 1e12)
+    return [float(state["msgs"][str(i)]["done"]) + float(state["msgs"][str(i)]["lat"]) for i in ids]
 
 
 class Ledger(Protocol):
-    def open(self) -> AbstractContextManager[MutableMapping[str, float]]:
+    def open(self) -> AbstractContextManager[Ledgerstate]:
         """Exclusive access to the shared free times."""
 
 
@@ -89,10 +183,10 @@ class Ledger(Protocol):
 class MemoryLedger:
     """One process's free times (tests)."""
 
-    state: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
 
     @contextmanager
-    def open(self) -> Iterator[MutableMapping[str, float]]:
+    def open(self) -> Iterator[Ledgerstate]:
         yield self.state
 
 
@@ -104,14 +198,14 @@ class FileLedger:
     path: Path
 
     @contextmanager
-    def open(self) -> Iterator[MutableMapping[str, float]]:
+    def open(self) -> Iterator[Ledgerstate]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 f.seek(0)
                 raw = f.read()
-                state: dict[str, float] = json.loads(raw) if raw else {}
+                state: dict[str, Any] = json.loads(raw) if raw else {}
                 yield state
                 f.seek(0)
                 f.truncate()

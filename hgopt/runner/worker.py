@@ -90,8 +90,10 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
     zero = make_zero_shards(rp, rank, model, groups.sync)
     opt = make_optimizer(rp, model, optimizer_params(model, zero))
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
-        for stale in ("metrics.jsonl", "summary.json", "checkpoints/latest.json", LEDGER_FILE):
+        for stale in ("metrics.jsonl", "summary.json", "checkpoints/latest.json"):
             (opts.out_dir / stale).unlink(missing_ok=True)
+    if rank == 0:  # emulate: every run (resumed ones too) starts with an empty link ledger
+        (opts.out_dir / LEDGER_FILE).unlink(missing_ok=True)
     dist.barrier()
     done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir, zero) if opts.resume else 0
     if outer is not None and done:

@@ -930,7 +930,7 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
                      cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
-    single = _best_single(instance, tables, sp, cheap)
+    single = _best_single(instance, tables, sp, cheap, target)
 
     def above(t: float) -> float:
         return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
@@ -938,26 +938,30 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
     return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
-def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds) -> float:
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds,
+                 target: float = math.inf) -> float:
     """[R0] A lower bound on every plan of the split on one cluster: from the intra-cluster DP over all
     layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
     send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
     is >= w·B' + F + S − offset ([C3b]: w = ``cheap.weight``, B' = B less at most the largest NIC
-    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset (under
-    the closed form, D* itself)."""
+    latency λ). Under the closed form D* itself; under the replay (replay3 [R0s]) the plan's own stage
+    count S sets the weight: ``single_bound.single_cluster_replay_bound`` (the intra DP per S with
+    ``bound_weight(m, S, ρ)``, blended with the busy chain), where round 7 scaled D* by κ = w/(m − 1)
+    with the split's most stages S̄ (on default's k=1 B=32 m=16: 2.27 s against D* = 5.60 s)."""
     from hgopt.search.intra import best_local_plan
+    from hgopt.search.single_bound import single_cluster_replay_bound
 
-    best = math.inf
-    for c in instance.topology.clusters:
+    def closed_optimum(name: str) -> float:
+        c = instance.topology.cluster(name)
         lp = best_local_plan(instance, tables, c.name, 0, instance.model.num_layers, microbatch=sp.microbatch,
                              num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
-        if lp is not None:
-            best = min(best, lp.objective(sp.num_microbatches))
+        return lp.objective(sp.num_microbatches) if lp is not None else math.inf
+
     if not _pipeline.replay_bounds():
-        return best  # [C3]: D* bounds the closed form itself
-    lam = max(c.inter_node.latency_s for c in instance.topology.clusters)
-    return (_pipeline.reweighted_bound(best, cheap.weight, sp.num_microbatches, cheap.s_lb)
-            - cheap.weight * lam - cheap.offset)
+        return min(closed_optimum(c.name) for c in instance.topology.clusters)  # [C3]: D* bounds the closed form
+
+    return single_cluster_replay_bound(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
+                                       num_microbatches=sp.num_microbatches, tail_floor=cheap.s_lb, target=target)
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,
