@@ -256,19 +256,24 @@ def _setup(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarra
     J = len(theta)
     D = min(L, m)
     depths = np.arange(1, D + 1)
-    rate = np.zeros((C, J, len(lo), D))
-    for kd in kinds:
-        # a stage has at most min(B, its pipeline's GPUs) replicas: its ZeRO-1 shard count
-        shards = max(1, min(B, int(math.floor(N.sum() + 1e-9))))
-        n = np.minimum(_time_limit(kd, theta)[:, :, None],
-                       _mem_limit(inst, tables, kd, topo.clusters[kd.cluster].gpu_memory_bytes, B, shards, depths)[None])
-        n = np.minimum(n, B)
-        np.maximum(rate[kd.cluster], np.where(n >= 1, n / kd.tp, 0.0), out=rate[kd.cluster])
-    cap = rate * N[:, None, None, None]
+    R = len(lo)
     below = np.concatenate(([0.0], theta[:-1]))  # a stage time in (θ_{j−1}, θ_j] counts θ_{j−1}
     # ... or the least time any group can take on the range (one sample, fastest kind), if more
     tmin = np.min([kd.times[0] for kd in kinds], axis=0)  # (R,)
     floor_jr = np.maximum(below[:, None], tmin[None, :])  # (J, R)
+    # only the (level, range) entries where some group runs one sample in time: every other one is
+    # infeasible (no kind's time limit admits a sample), so the arrays below are over those entries only
+    # (``compact=False``: every entry, the infeasible ones too: the plain definition)
+    jx, rx = np.nonzero((theta[:, None] * (1 + 1e-12) >= tmin[None, :]) | (not compact))
+    rate = np.zeros((C, len(jx), D))
+    # a stage has at most min(B, its pipeline's GPUs) replicas: its ZeRO-1 shard count
+    shards = max(1, min(B, int(math.floor(N.sum() + 1e-9))))
+    for kd in kinds:
+        n = np.minimum(_time_limit(kd, theta)[jx, rx][:, None],
+                       _mem_limit(inst, tables, kd, topo.clusters[kd.cluster].gpu_memory_bytes, B, shards, depths)[rx])
+        n = np.minimum(n, B)
+        np.maximum(rate[kd.cluster], np.where(n >= 1, n / kd.tp, 0.0), out=rate[kd.cluster])
+    cap = rate * N[:, None, None]
     # the taus: bottleneck in (θ_{i−1}, θ_i] for θ_i ≥ the window (τ ≥ compute_floor / m)
     taus = np.nonzero(theta >= window * (1 - 1e-12))[0]
     opt0 = np.full(L + 1, INF)  # the first stage's optimizer step [0, b) (unsharded at most B ways)
@@ -284,30 +289,41 @@ def _setup(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarra
     fills, infeasible = _allocations(B, rate, cap)
     del rate, cap
     i0 = int(taus[0])
-    # layout (O, C, J, D, R): one price vector's knapsack cost is one product over the clusters, and the
-    # layer DP reads each depth's (L + 1) x (L + 1) table contiguously
-    F = np.ascontiguousarray(np.stack(fills).transpose(0, 1, 2, 4, 3))
+    F = np.stack(fills)  # (O, C, E, D): one price vector's knapsack cost is one product over the clusters
     del fills
-    O, R = F.shape[0], F.shape[-1]
-    add = np.where(infeasible.transpose(0, 2, 1), INF, floor_jr[:, None, :])  # (J, D, R)
+    O = F.shape[0]
+    add = np.where(infeasible, INF, floor_jr[jx, rx][:, None])  # (E, D)
     # levels up to i0 enter only through their least (the bottleneck is at least θ_{i0}): per (d, r) keep
     # the feasible levels whose GPUs differ from the level below (one with the same GPUs and a higher
     # level is never less), as one flat list grouped by (d, r)
-    Fh, ah = F[:, :, : i0 + 1], add[: i0 + 1]
-    keep = np.isfinite(ah) if compact else np.ones(ah.shape, dtype=bool)
+    index = np.full((J, R), -1)
+    index[jx, rx] = np.arange(len(jx))
+    head_e = np.flatnonzero(jx <= i0)
+    keep = np.isfinite(add[head_e]) if compact else np.ones((len(head_e), D), dtype=bool)
     if compact:
-        keep[1:] &= ~(np.all(Fh[:, :, 1:] == Fh[:, :, :-1], axis=(0, 1)) & np.isfinite(ah[:-1]))
-    jj, dd, rr = np.nonzero(keep)
+        prev = np.where(jx[head_e] > 0, index[np.maximum(jx[head_e] - 1, 0), rx[head_e]], -1)
+        has = prev >= 0
+        same = np.zeros_like(keep)
+        same[has] = np.all(F[:, :, head_e[has]] == F[:, :, prev[has]], axis=(0, 1)) & np.isfinite(add[prev[has]])
+        keep &= ~same
+    ee, dd = np.nonzero(keep)
+    ee = head_e[ee]
+    rr, jj = rx[ee], jx[ee]
     order = np.lexsort((jj, rr, dd))
-    jj, dd, rr = jj[order], dd[order], rr[order]
+    ee, dd, rr = ee[order], dd[order], rr[order]
     group = dd * R + rr
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(0, np.int64)
-    Gh = np.ascontiguousarray(Fh[:, :, jj, dd, rr]).reshape(O, C, -1)
-    addh = ah[jj, dd, rr]
+    Gh = np.ascontiguousarray(F[:, :, ee, dd].transpose(1, 0, 2))  # (C, O, E'): a plain matrix product
+    addh = add[ee, dd]
     slots = group[starts]
-    Ft = np.ascontiguousarray(F[:, :, i0 + 1 :]).reshape(O, C, -1)
-    addt = add[i0 + 1 :]
-    del F, Fh
+    # levels above i0 dense (I − 1, D, R), entries left out infeasible
+    tail_e = np.flatnonzero(jx > i0)
+    Ft = np.zeros((O, C, J - i0 - 1, D, R))
+    Ft[:, :, jx[tail_e] - i0 - 1, :, rx[tail_e]] = F[:, :, tail_e].transpose(2, 0, 1, 3)
+    Ft = np.ascontiguousarray(Ft.reshape(O, C, -1).transpose(1, 0, 2))
+    addt = np.full((J - i0 - 1, D, R), INF)
+    addt[jx[tail_e] - i0 - 1, :, rx[tail_e]] = add[tail_e]
+    del F
     steady = np.maximum(below[taus], window)  # (I,)
     opt_min = float(np.min(opt0[1:]))
 
@@ -316,9 +332,9 @@ def _setup(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarra
         Λ = lam.shape[0]
         head = np.full((Λ, D * R), INF)
         if len(starts):
-            ch = np.tensordot(lam, Gh, axes=([1], [1])).min(axis=1) + addh[None]
+            ch = np.tensordot(lam, Gh, axes=([1], [0])).min(axis=1) + addh[None]
             head[:, slots] = np.minimum.reduceat(ch, starts, axis=1)
-        cost = np.tensordot(lam, Ft, axes=([1], [1])).min(axis=1).reshape(Λ, -1, D, R) + addt[None]
+        cost = np.tensordot(lam, Ft, axes=([1], [0])).min(axis=1).reshape(Λ, -1, D, R) + addt[None]
         # (Λ, I, D, R): stage times ≤ θ_i, i from the window on
         best = np.minimum.accumulate(np.concatenate((head.reshape(Λ, 1, D, R), cost), axis=1), axis=1)
         I = best.shape[1]
