@@ -19,8 +19,17 @@ The GPUs are coupled by a Lagrangian relaxation: with prices λ_c ≥ 0 per GPU 
 its best samples per GPU within that time and memory, at most N_c / k GPUs). Stage times are taken on
 a geometric grid (a time in (θ_{j−1}, θ_j] counts θ_{j−1}, its groups all within θ_j), τ likewise, and a
 DP over the layers gives the least sum for every stage count S. Every λ gives a valid bound; λ is
-searched by coordinate scaling. The bound is the least over (B, m, k) of the best λ found, and at
-least ``mixed.compute_floor``.
+searched by coordinate scaling, from the scale prices and from the previous (B, m) pair's prices
+relative to its scale (the better of the two; a pair that would set a new least from the warm start
+runs the scale start's search too), and the pair that sets the bound so far is polished with finer
+scalings (any λ is valid). The bound is the least over (B, m, k) of the best λ
+found, and at least ``mixed.compute_floor``.
+
+Computation (hetgap2): the arrays run over the (level, range) entries where some group runs one sample
+in time (the others are infeasible); the levels below the bottleneck's window enter only through their
+least, so per (depth, range) only the feasible levels whose GPUs differ from the level below are kept
+(one with the same GPUs and a higher level is never less); the price product over the clusters is one
+matrix product. ``_setup(..., compact=False)`` is the plain definition (tests: the same values).
 
 With k ≥ 2 pipelines the first stage's layer-0 gradient collective among ≥ k holders follows the
 pipeline (:func:`_tail_floor`). Not modelled (each only adds to ``evaluate``): boundary sends, the rest
