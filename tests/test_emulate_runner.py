@@ -50,7 +50,7 @@ def test_a_run_books_every_node_pair_its_nics_and_the_cap(tmp_path: Path) -> Non
 
 
 def _stub(rp, rank: int):  # type: ignore[no-untyped-def]
-    wire = SimpleNamespace(mode="delay", _emu=LinkEmulator(rp), ledger=MemoryLedger())
+    wire = SimpleNamespace(mode="delay", emulator=LinkEmulator(rp), ledger=MemoryLedger())
     return SimpleNamespace(rp=rp, rank=rank, wire=wire, _rings=0)
 
 

@@ -89,6 +89,11 @@ class Wire:
         if self.mode == "delay":
             self._emu = LinkEmulator(self.plan)
 
+    @property
+    def emulator(self) -> LinkEmulator | None:
+        """``delay`` mode: the plan's link routes (None in the other modes)."""
+        return self._emu
+
     def _group(self, direction: str) -> Any:
         return self.backward_group if direction == "bwd" else None
 

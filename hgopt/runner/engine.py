@@ -302,7 +302,7 @@ class StageWorker:
         into another cluster over a link with a shared hop (aggregate cap, shared pipe), its ``nbytes``
         join that hop now, shared with the pipeline's messages there; a function that waits until they
         are through and returns when (None: no shared hop)."""
-        emu = getattr(self.wire, "_emu", None)
+        emu = self.wire.emulator
         if emu is None or len(sg.clusters) < 2 or self.rank not in sg.ranks:
             return None
         nxt = sg.ranks[(sg.ranks.index(self.rank) + 1) % len(sg.ranks)]

@@ -63,13 +63,13 @@ class Route:
     latency_s: float
 
 
-Ledgerstate = MutableMapping[str, Any]
+LedgerState = MutableMapping[str, Any]
 """``t``: time advanced to; ``msgs``: id -> message; ``chans``: channel -> ids in order; ``next``: next id;
 ``carried``: bytes every hop and channel has been given over the run (what the run put on each link)."""
 _EPS = 1e-9
 
 
-def _active(state: Ledgerstate) -> list[str]:
+def _active(state: LedgerState) -> list[str]:
     """Messages in flight: the first unfinished one of each channel."""
     out = []
     for ids in state.get("chans", {}).values():
@@ -78,7 +78,7 @@ def _active(state: Ledgerstate) -> list[str]:
     return out
 
 
-def _rates(state: Ledgerstate, active: list[str]) -> dict[str, float]:
+def _rates(state: LedgerState, active: list[str]) -> dict[str, float]:
     msgs = state["msgs"]
     load: dict[str, int] = {}
     for i in active:
@@ -87,7 +87,7 @@ def _rates(state: Ledgerstate, active: list[str]) -> dict[str, float]:
     return {i: min(rate / load[name] for name, rate in msgs[i]["hops"]) for i in active}
 
 
-def advance(state: Ledgerstate, now: float) -> float:
+def advance(state: LedgerState, now: float) -> float:
     """Move the fluid model to ``now`` (or stay at the ledger's time, if later), finishing messages on
     the way, each at its exact time; returns the time advanced to."""
     msgs, chans = state.setdefault("msgs", {}), state.setdefault("chans", {})
@@ -117,7 +117,7 @@ def advance(state: Ledgerstate, now: float) -> float:
     return float(state["t"])
 
 
-def send(state: Ledgerstate, route: Route, nbytes: float, now: float) -> int:
+def send(state: LedgerState, route: Route, nbytes: float, now: float) -> int:
     """Register a message of ``nbytes`` handed to send at ``now``; its id."""
     t = advance(state, now)
     i = int(state.get("next", 0))
@@ -137,7 +137,7 @@ def send(state: Ledgerstate, route: Route, nbytes: float, now: float) -> int:
     return i
 
 
-def poll(state: Ledgerstate, msg_id: int, now: float) -> tuple[float | None, float]:
+def poll(state: LedgerState, msg_id: int, now: float) -> tuple[float | None, float]:
     """(arrival time, or None while the message is in flight or queued; seconds until the ledger's next
     event at the present shares: the first time any message in flight ends). Before that event no
     share grows (a new message only shrinks them), so nothing can end sooner: a waiter that sleeps
@@ -175,7 +175,7 @@ def deliveries(routes: list[tuple[Route, float, float]]) -> list[float]:
 
 
 class Ledger(Protocol):
-    def open(self) -> AbstractContextManager[Ledgerstate]:
+    def open(self) -> AbstractContextManager[LedgerState]:
         """Exclusive access to the shared free times."""
 
 
@@ -186,7 +186,7 @@ class MemoryLedger:
     state: dict[str, Any] = field(default_factory=dict)
 
     @contextmanager
-    def open(self) -> Iterator[Ledgerstate]:
+    def open(self) -> Iterator[LedgerState]:
         yield self.state
 
 
@@ -198,7 +198,7 @@ class FileLedger:
     path: Path
 
     @contextmanager
-    def open(self) -> Iterator[Ledgerstate]:
+    def open(self) -> Iterator[LedgerState]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
