@@ -228,7 +228,8 @@ def _mixed_stop(options: PlanOptions, t0: float) -> Callable[[], bool]:
 MIXED_BOUND_SHARE = 0.25
 """hetgap: share of the time limit ``mixed_bound`` may take right after the mixed-stage family, before
 the MILP (which runs to its limit when it does not prove optimality); at its deadline it falls back to the
-compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine (bench/RESULTS.md)."""
+compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine in round 7, 5.1 s after hetgap2
+(load ~22; bench/RESULTS.md "[H11b] cheaper and tighter")."""
 
 
 def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, t0: float) -> MixedBound | None:
