@@ -88,6 +88,8 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     """``plan_milp`` warm-started by the heuristic (and, under a compressing link policy, by the
     native search's plan), with the outside-space note."""
     t0 = time.perf_counter()
+    hard = t0 + options.time_limit_s  # determinism: the wall clock is the watchdog; the phases count work
+    work = options.time_limit_s if options.work_limit_s is None else options.work_limit_s
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
     # sigint: the sub-searches below see the search's stop flag, their reports are not the search's
@@ -102,20 +104,27 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     early_bound = _early_mixed_bound(instance, options, early, t0)  # hetgap: before the MILP takes the limit
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
-    if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
+    pre_search = links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic"
+    if pre_search:
         extra = {k: v for k, v in options.extra.items() if k not in ("link_precision", "max_compressed_links",
                                                                      "link_penalty")}
         first = plan_milp(instance, dataclasses.replace(
-            options, time_limit_s=NARROW_SHARE * options.time_limit_s, extra={**extra, "outside_check": "off"},
-            progress=quiet), warm_start=_heuristic_warm_start("native", None, quiet))
+            options, time_limit_s=NARROW_SHARE * options.time_limit_s, work_limit_s=NARROW_SHARE * work,
+            extra={**extra, "outside_check": "off"}, progress=quiet),
+            warm_start=_heuristic_warm_start("native", None, quiet, hard))
         narrow = first.plan
+        narrow_note = tuple(n for n in first.notes if n.startswith("stopped by the time limit"))  # determinism
         if narrow is not None:
-            narrow_note = (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
+            narrow_note += (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
                            f"{first.status}, {first.search_time_s:.1f} s) against the heuristic's under "
                            f"--link-precision {policy}",)
     left = max(options.time_limit_s - (time.perf_counter() - t0), 0.05)
+    # determinism: the k-identical search's work is a fixed function of the limit: what the native pre-search
+    # and the early [H11b] bound may take comes off it by their shares, not by the clock
+    work_left = (work * (1 - NARROW_SHARE * pre_search)
+                 - (MIXED_BOUND_SHARE * work if early_bound is not None else 0.0))
     heuristic = _heuristic_warm_start(policy if links.compresses else "native",
-                                      links.max_compressed if links.compresses else None, quiet)
+                                      links.max_compressed if links.compresses else None, quiet, hard)
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
@@ -126,8 +135,10 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     found: list[tuple[Plan, float]] = []  # colgen: the grouped plan [H9] is inside the certificate's space
 
     def outside(inst: Instance, tables: CostTables, incumbent_s: float, seconds: float) -> tuple[float, str] | None:
-        alt = grouped_alternative(inst, incumbent_s, tables=tables,
-                                  options=HeuristicOptions(time_limit_s=seconds, link_precision=policy, progress=quiet))
+        # determinism: ended by its work units (a fixed function of the limit), the clock its watchdog
+        alt = grouped_alternative(inst, incumbent_s, tables=tables, options=HeuristicOptions(
+            time_limit_s=seconds, work_limit=warm_start_work(min(10.0, 0.2 * work)), link_precision=policy,
+            progress=quiet))
         if alt is None or alt.plan is None:
             return None
         found.append((alt.plan, alt.iteration_time_s))
@@ -135,7 +146,8 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
 
     # colgen: the k-identical search leaves GROUPED_SHARE of the time to the grouped space's bound
     share = 0.0 if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off" else GROUPED_SHARE
-    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
+    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share),
+                                                  work_limit_s=max(work_left, 0.0) * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     res = _with_mixed_stages(instance, options, res, t0, early, early_bound)
@@ -326,16 +338,19 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
                                plan_space=space, notes=(*res.notes, note))
 
 
-def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None) -> WarmStart:
+def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None,
+                          hard: float | None = None) -> WarmStart:
     """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space). sigint:
     ``progress`` (the search's ``Progress.stop_only()`` view) lets a stop request end it, with its
-    incumbent (or none)."""
+    incumbent (or none). determinism: its work limit (``warm_start_work`` of its share) ends it; the
+    wall clock only at ``hard`` (``time.perf_counter()`` time: the search's own deadline), not at its share."""
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
-        res = heuristic_incumbent(inst, tables, time_limit_s=seconds, work_limit=warm_start_work(seconds),
+        wall = seconds if hard is None else max(hard - time.perf_counter(), 0.05)
+        res = heuristic_incumbent(inst, tables, time_limit_s=wall, work_limit=warm_start_work(seconds),
                                   progress=progress, **kw)  # type: ignore[arg-type]
         log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
                  res.work, res.stopped or "complete")
