@@ -199,7 +199,7 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     # that ends early leaves time to the caller (e.g. the why-not lines)
     deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
-                       deadline=deadline)
+                       deadline=deadline, stop=_stop_of(options))
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
 
 
@@ -249,7 +249,7 @@ def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, 
     if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
         return None
     return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
-                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s)
+                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s, stop=_stop_of(options))
 
 
 def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
@@ -302,7 +302,8 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     floor = compute_floor(instance, tables)
     mb = early_bound
     if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
-        mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline)
+        mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline,
+                         stop=_stop_of(options))
     mbv = max(floor, mb.value) if mb is not None else floor
     t = mixed.iteration_time_s if adopt else res.iteration_time_s
     if not adopt:
@@ -336,6 +337,11 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     plan = dataclasses.replace(base, planner="milp", meta=tuple(meta.items()))
     return dataclasses.replace(res, plan=plan, iteration_time_s=t, lower_bound_s=lb, status=status, solver=solver,
                                plan_space=space, notes=(*res.notes, note))
+
+
+def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:
+    """determinism: the search's stop flag (``Progress.stop_requested``) for the bound routines, or None."""
+    return options.progress.stop_requested if options.progress is not None else None
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None,

@@ -1029,7 +1029,8 @@ def _polished(instance: Instance, tables: CostTables, out: SplitOutcome | None, 
     space, e.g. a cluster boundary inside the prefix, which only tightens the incumbent)."""
     if out is None or out.plan is None or options.extra.get("polish", "on") == "off":
         return out
-    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline)
+    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline,
+                         stop=options.progress.stop_requested if options.progress is not None else None)
     if value >= out.value:
         return out
     return dataclasses.replace(out, plan=plan, value=value, penalty=links.plan_penalty(plan.pipelines))

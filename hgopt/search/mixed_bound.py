@@ -35,7 +35,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import get_args
+from typing import Callable, get_args
 
 import numpy as np
 
@@ -328,10 +328,12 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
 
 
 def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target: float = INF,
-                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions()) -> MixedBound:
+                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions(),
+                stop: Callable[[], bool] | None = None) -> MixedBound:
     """A lower bound on the iteration time of every plan of k identical pipelines with stages of any
     replica groups (module docstring); min(``target``, ·), never below ``compute_floor``. ``deadline``
-    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor."""
+    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor; so do those left
+    once ``stop`` (determinism: e.g. ``Progress.stop_requested``) answers True."""
     from hgopt.search.mixed import compute_floor
 
     tables = tables or build_tables(instance)
@@ -348,7 +350,7 @@ def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target:
     best, where, complete = target, (0, 0, 0), True
     for B in (d for d in range(1, G + 1) if G % d == 0):
         for m in (d for d in range(1, G // B + 1) if (G // B) % d == 0):
-            if deadline is not None and time.perf_counter() > deadline:
+            if (deadline is not None and time.perf_counter() > deadline) or (stop is not None and stop()):
                 complete = False
                 best = min(best, floor)
                 continue
