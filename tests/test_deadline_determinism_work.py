@@ -123,3 +123,34 @@ def test_the_node_limit_follows_the_work_left() -> None:
 def test_the_splits_come_in_a_fixed_order() -> None:
     inst = instance_from_dict(_three_clusters())
     assert batch_splits(inst) == batch_splits(inst) and len(batch_splits(inst)) == 14
+
+
+def test_the_exact_planner_with_a_3x_faster_clock_gives_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole ``milp`` planner (warm start, mixed-stage family and its bound [H11b], the k-identical
+    search, the grouped-plan check and bound): every phase by work, so a clock 3x faster changes nothing."""
+    from hgopt.search.exact import plan_exact
+
+    def run(speed: float) -> PlanResult:
+        with monkeypatch.context() as m:
+            if speed != 1.0:
+                _fast_clock(m, speed)
+            return plan_exact(instance_from_dict(_three_clusters()),
+                              PlanOptions(time_limit_s=600, work_limit_s=1.5, gap=1e-6))
+
+    a, b = run(1.0), run(3.0)
+    assert not any(n.startswith(CUT) for n in (*a.notes, *b.notes))
+    assert (a.status, a.iteration_time_s, a.lower_bound_s) == (b.status, b.iteration_time_s, b.lower_bound_s)
+    assert a.notes == b.notes and a.plan_space == b.plan_space
+    assert _plan_json(a) == _plan_json(b)
+
+
+def test_a_counted_stop_is_a_work_limit() -> None:
+    from hgopt.search.work import CORE_SHARE, counted_stop
+
+    ask = counted_stop(1.0, 0.25 * CORE_SHARE)  # 0.25 nominal s a query: four queries
+    assert [ask() for _ in range(6)] == [False] * 4 + [True] * 2
+    flag = [False]
+    ask = counted_stop(100.0, 0.0, lambda: flag[0])
+    assert not ask()
+    flag[0] = True
+    assert ask()

@@ -33,6 +33,7 @@ from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
 from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
+from hgopt.search.work import GROUPED_QUERY_S, MIXED_PAIR_S, counted_stop
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
@@ -89,7 +90,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     native search's plan), with the outside-space note."""
     t0 = time.perf_counter()
     hard = t0 + options.time_limit_s  # determinism: the wall clock is the watchdog; the phases count work
-    work = options.time_limit_s if options.work_limit_s is None else options.work_limit_s
+    work = _work_of(options)
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
     # sigint: the sub-searches below see the search's stop flag, their reports are not the search's
@@ -197,9 +198,10 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
         return name_outside(res)  # "auto": the wider space only when a grouped plan is the result
     # at most GROUPED_SHARE of the limit after the k-identical search, never past the limit: a search
     # that ends early leaves time to the caller (e.g. the why-not lines)
-    deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)
+    # determinism: ended by its counted work (GROUPED_SHARE of the work budget); the limit's end is the watchdog
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
-                       deadline=deadline, stop=_stop_of(options))
+                       deadline=t0 + options.time_limit_s,
+                       stop=counted_stop(GROUPED_SHARE * _work_of(options), GROUPED_QUERY_S, _stop_of(options)))
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
 
 
@@ -248,8 +250,9 @@ def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, 
     (None: no mixed plan, too many clusters, or the family was not searched early)."""
     if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
         return None
-    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
-                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s, stop=_stop_of(options))
+    # determinism: ended by its counted work (MIXED_BOUND_SHARE of the work budget); the limit's end is the watchdog
+    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s, deadline=t0 + options.time_limit_s,
+                       stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
 
 
 def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
@@ -303,7 +306,7 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     mb = early_bound
     if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
         mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline,
-                         stop=_stop_of(options))
+                         stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
     mbv = max(floor, mb.value) if mb is not None else floor
     t = mixed.iteration_time_s if adopt else res.iteration_time_s
     if not adopt:
@@ -337,6 +340,11 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     plan = dataclasses.replace(base, planner="milp", meta=tuple(meta.items()))
     return dataclasses.replace(res, plan=plan, iteration_time_s=t, lower_bound_s=lb, status=status, solver=solver,
                                plan_space=space, notes=(*res.notes, note))
+
+
+def _work_of(options: PlanOptions) -> float:
+    """determinism: the search's work budget (nominal seconds, ``hgopt.search.work``)."""
+    return options.time_limit_s if options.work_limit_s is None else options.work_limit_s
 
 
 def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:
