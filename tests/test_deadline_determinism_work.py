@@ -154,3 +154,29 @@ def test_a_counted_stop_is_a_work_limit() -> None:
     assert not ask()
     flag[0] = True
     assert ask()
+
+
+def test_a_bad_work_limit_is_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from hgopt.cli import main
+
+    assert main(["plan", "default", "--work-limit", "0", "--time-limit", "5"]) == 2
+    assert "--work-limit" in capsys.readouterr().err
+
+
+def test_the_work_limit_reaches_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan --work-limit W`` hands W to the planner as ``PlanOptions.work_limit_s`` (the search's
+    ``time_limit_s`` stays the --time-limit's share)."""
+    import hgopt.commands.plan as plan_cmd
+
+    seen: list[PlanOptions] = []
+
+    def fake(name: str, planner: object, inst: object, opts: PlanOptions, *a: object, **k: object) -> object:
+        seen.append(opts)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(plan_cmd, "run_planner", fake)
+    from hgopt.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["-q", "plan", "default", "--work-limit", "3.5", "--time-limit", "20"])
+    assert seen and seen[0].work_limit_s == 3.5 and seen[0].time_limit_s == 19.0
