@@ -38,8 +38,19 @@ def _plan_json(res: PlanResult) -> str:
     return json.dumps({k: v for k, v in doc.items() if k != "meta"}, sort_keys=True)
 
 
+def _no_phase_watchdog(m: pytest.MonkeyPatch) -> None:
+    """The per-phase watchdogs (``PHASE_SLACK`` × a phase's share of the wall limit) out of the way: they are
+    wall-clock cuts (said in the result), not what these tests are about."""
+    import hgopt.search.exact as exact
+    import hgopt.search.work as work
+
+    m.setattr(work, "PHASE_SLACK", 1e6)
+    m.setattr(exact, "PHASE_SLACK", 1e6)
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, speed: float, work_s: float, wall_s: float = 600.0) -> PlanResult:
     with monkeypatch.context() as m:
+        _no_phase_watchdog(m)
         if speed != 1.0:
             _fast_clock(m, speed)
         return plan_milp(instance_from_dict(_three_clusters()),
@@ -79,7 +90,9 @@ def test_the_watchdog_cut_is_said_and_the_bound_still_holds(monkeypatch: pytest.
 
 def test_the_warm_start_ends_by_its_work_limit_not_by_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm start's heuristic under a clock 10x faster: the same plan (its share, 0.5 s, would pass
-    after 0.05 real seconds — before its 75 work units on sailor-geo-5x32 — if the share were its wall limit)."""
+    after 0.05 real seconds — before its 75 work units on sailor-geo-5x32 — if the share were its wall limit).
+    The per-phase watchdog (``PHASE_SLACK`` × its share) is moved out of the way: it is a wall-clock cut."""
+    _no_phase_watchdog(monkeypatch)
     inst = load_instance("sailor-geo-5x32")
     from hgopt.cost import build_tables
 
@@ -111,6 +124,18 @@ def test_the_meter_ends_a_share_by_work_and_records_a_cut_by_the_clock() -> None
     assert m.past_deadline("MILP phase") and m.cut == "relaxation phase"  # the first cut is kept
 
 
+def test_a_phase_is_cut_at_its_slack_times_its_share_of_the_wall_limit() -> None:
+    from hgopt.search.work import PHASE_SLACK
+
+    now = [0.0]
+    m = WorkMeter(10.0, deadline=100.0, clock=lambda: now[0])
+    now[0] = PHASE_SLACK * 0.2 * 100.0 - 1e-9
+    assert m.within(0.2, "cheap bounds") and m.cut == ""
+    now[0] = PHASE_SLACK * 0.2 * 100.0
+    assert not m.within(0.2, "cheap bounds") and m.cut == "cheap bounds"
+    assert m.within(0.75)  # a later phase's watchdog is later
+
+
 def test_the_node_limit_follows_the_work_left() -> None:
     root = milp_work(10_000, 1, 1)
     assert node_limit(10_000, root / 2) == 1  # the root alone
@@ -132,6 +157,7 @@ def test_the_exact_planner_with_a_3x_faster_clock_gives_the_same_result(monkeypa
 
     def run(speed: float) -> PlanResult:
         with monkeypatch.context() as m:
+            _no_phase_watchdog(m)
             if speed != 1.0:
                 _fast_clock(m, speed)
             return plan_exact(instance_from_dict(_three_clusters()),
@@ -180,3 +206,16 @@ def test_the_work_limit_reaches_the_search(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(SystemExit):
         main(["-q", "plan", "default", "--work-limit", "3.5", "--time-limit", "20"])
     assert seen and seen[0].work_limit_s == 3.5 and seen[0].time_limit_s == 19.0
+
+
+def test_the_exact_planner_says_when_the_clock_cut_a_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock 10^4 times faster: the per-phase watchdogs (the warm start's heuristic, the cheap bounds) cut
+    their phases, and the result says so; its bound still holds (below the full run's plan)."""
+    from hgopt.search.exact import plan_exact
+
+    full = plan_exact(instance_from_dict(_three_clusters()), PlanOptions(time_limit_s=600, work_limit_s=30.0))
+    with monkeypatch.context() as m:
+        _fast_clock(m, 1e4)
+        cut = plan_exact(instance_from_dict(_three_clusters()), PlanOptions(time_limit_s=600, work_limit_s=30.0))
+    assert any(n.startswith(CUT) for n in cut.notes), cut.notes
+    assert cut.lower_bound_s is None or cut.lower_bound_s <= full.iteration_time_s * (1 + 1e-9)

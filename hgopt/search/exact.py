@@ -33,7 +33,7 @@ from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
 from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
-from hgopt.search.work import GROUPED_QUERY_S, MIXED_PAIR_S, counted_stop
+from hgopt.search.work import GROUPED_QUERY_S, MIXED_PAIR_S, PHASE_SLACK, counted_stop
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
@@ -90,6 +90,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     native search's plan), with the outside-space note."""
     t0 = time.perf_counter()
     hard = t0 + options.time_limit_s  # determinism: the wall clock is the watchdog; the phases count work
+    cuts: list[str] = []  # determinism: sub-phases the wall clock, not their work, ended
     work = _work_of(options)
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
@@ -112,7 +113,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
         first = plan_milp(instance, dataclasses.replace(
             options, time_limit_s=NARROW_SHARE * options.time_limit_s, work_limit_s=NARROW_SHARE * work,
             extra={**extra, "outside_check": "off"}, progress=quiet),
-            warm_start=_heuristic_warm_start("native", None, quiet, hard))
+            warm_start=_heuristic_warm_start("native", None, quiet, hard, cuts))
         narrow = first.plan
         narrow_note = tuple(n for n in first.notes if n.startswith("stopped by the time limit"))  # determinism
         if narrow is not None:
@@ -125,7 +126,7 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     work_left = (work * (1 - NARROW_SHARE * pre_search)
                  - (MIXED_BOUND_SHARE * work if early_bound is not None else 0.0))
     heuristic = _heuristic_warm_start(policy if links.compresses else "native",
-                                      links.max_compressed if links.compresses else None, quiet, hard)
+                                      links.max_compressed if links.compresses else None, quiet, hard, cuts)
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
@@ -152,7 +153,10 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     res = _with_mixed_stages(instance, options, res, t0, early, early_bound)
-    return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
+    cut_note = tuple(f"stopped by the time limit: the wall clock ended the {c} before its work limit — the same input, "
+                     "limit and seed may give another plan on a faster or less loaded machine; the bound still holds"
+                     for c in dict.fromkeys(cuts))
+    return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note, *cut_note))
 
 
 def _priced_warm_start(options: PlanOptions, progress: Progress | None = None) -> WarmStart:
@@ -200,7 +204,8 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
     # that ends early leaves time to the caller (e.g. the why-not lines)
     # determinism: ended by its counted work (GROUPED_SHARE of the work budget); the limit's end is the watchdog
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
-                       deadline=t0 + options.time_limit_s,
+                       deadline=min(t0 + options.time_limit_s, time.perf_counter() + PHASE_SLACK * GROUPED_SHARE
+                                    * options.time_limit_s),
                        stop=counted_stop(GROUPED_SHARE * _work_of(options), GROUPED_QUERY_S, _stop_of(options)))
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
 
@@ -251,7 +256,8 @@ def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, 
     if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
         return None
     # determinism: ended by its counted work (MIXED_BOUND_SHARE of the work budget); the limit's end is the watchdog
-    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s, deadline=t0 + options.time_limit_s,
+    return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
+                       deadline=t0 + min(1.0, PHASE_SLACK * MIXED_BOUND_SHARE) * options.time_limit_s,
                        stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
 
 
@@ -353,21 +359,24 @@ def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None,
-                          hard: float | None = None) -> WarmStart:
+                          hard: float | None = None, cuts: list[str] | None = None) -> WarmStart:
     """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space). sigint:
     ``progress`` (the search's ``Progress.stop_only()`` view) lets a stop request end it, with its
     incumbent (or none). determinism: its work limit (``warm_start_work`` of its share) ends it; the
-    wall clock only at ``hard`` (``time.perf_counter()`` time: the search's own deadline), not at its share."""
+    wall clock only at ``PHASE_SLACK`` × its share or at ``hard`` (``time.perf_counter()`` time: the search's
+    own deadline), whichever comes first — the watchdog, no longer the share itself."""
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
-        wall = seconds if hard is None else max(hard - time.perf_counter(), 0.05)
+        wall = seconds if hard is None else max(min(hard - time.perf_counter(), PHASE_SLACK * seconds), 0.05)
         res = heuristic_incumbent(inst, tables, time_limit_s=wall, work_limit=warm_start_work(seconds),
                                   progress=progress, **kw)  # type: ignore[arg-type]
         log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
                  res.work, res.stopped or "complete")
+        if cuts is not None and res.stopped == "time limit":  # determinism: the clock, not its work, ended it
+            cuts.append("warm start's heuristic")
         return res.plan
 
     return warm

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from hgopt.spec import Instance
 
-__all__ = ["CORE_SHARE", "GROUPED_QUERY_S", "MAX_NODES", "MIXED_PAIR_S", "WorkMeter", "block_options_work",
+__all__ = ["CORE_SHARE", "GROUPED_QUERY_S", "MAX_NODES", "MIXED_PAIR_S", "PHASE_SLACK", "WorkMeter", "block_options_work",
            "cheap_bound_work", "counted_stop", "milp_root_work", "milp_work",
            "node_limit", "relaxation_work"]
 
@@ -49,6 +49,12 @@ sailor-het-16+16 66 pairs in 14.4 CPU s, default 55 in 39.2 s, sailor-het-80+240
 GROUPED_QUERY_S = 0.01
 """CPU seconds charged for each query of ``master.grouped_bound``'s stop (once per partition and once per
 share-table structure, a ``cheap_bounds`` of a cluster group: ~3-60 ms)."""
+PHASE_SLACK = 2.0
+"""The per-phase watchdog: a phase whose work share is ``s`` of the budget is cut (and the cut recorded) once
+``PHASE_SLACK`` × ``s`` of the wall-clock limit has passed since the search began, so that on a machine slower
+than the nominal one (under about CORE_SHARE / PHASE_SLACK of a core) the later phases — the warm start, the
+MILPs — still get their turn before the deadline (the round-7 shares, 0.2 / 0.4 / 0.75 of the limit by the clock,
+at twice the length)."""
 MAX_NODES = 100_000
 """The most nodes one MILP solve gets (a cap, so that tiny models do not get absurd limits)."""
 
@@ -118,6 +124,7 @@ class WorkMeter:
         self.deadline = deadline
         """The wall-clock watchdog (``clock()`` time)."""
         self.clock = clock if clock is not None else time.perf_counter
+        self.start = self.clock()
         self.spent_s = 0.0
         self.cut: str = ""
         """The first phase the watchdog ended before its work share was spent ("" while none)."""
@@ -130,11 +137,13 @@ class WorkMeter:
         return share * self.budget_s - self.spent_s
 
     def within(self, share: float = 1.0, phase: str = "") -> bool:
-        """True while ``share`` of the budget is not spent and the watchdog has not fired (then the
+        """True while ``share`` of the budget is not spent and neither the deadline nor the phase's own
+        watchdog (``PHASE_SLACK`` × ``share`` of the wall-clock limit since the start) has passed (then the
         meter records ``phase`` as cut)."""
         if self.spent_s >= share * self.budget_s:
             return False
-        if self.clock() >= self.deadline:
+        now = self.clock()
+        if now >= self.deadline or now >= self.start + PHASE_SLACK * share * (self.deadline - self.start):
             self.note_cut(phase)
             return False
         return True
