@@ -49,12 +49,14 @@ sailor-het-16+16 66 pairs in 14.4 CPU s, default 55 in 39.2 s, sailor-het-80+240
 GROUPED_QUERY_S = 0.01
 """CPU seconds charged for each query of ``master.grouped_bound``'s stop (once per partition and once per
 share-table structure, a ``cheap_bounds`` of a cluster group: ~3-60 ms)."""
-PHASE_SLACK = 2.0
+PHASE_SLACK = 1.0
 """The per-phase watchdog: a phase whose work share is ``s`` of the budget is cut (and the cut recorded) once
 ``PHASE_SLACK`` × ``s`` of the wall-clock limit has passed since the search began, so that on a machine slower
 than the nominal one (under about CORE_SHARE / PHASE_SLACK of a core) the later phases — the warm start, the
-MILPs — still get their turn before the deadline (the round-7 shares, 0.2 / 0.4 / 0.75 of the limit by the clock,
-at twice the length)."""
+MILPs — still get their turn before the deadline: there the phases end where round 7's clock ended them (0.2 /
+0.4 / 0.75 of the limit), and the result says so. 2.0 was tried: at T = 5 under load 23-26 the warm start then
+began too late for the command's watchdog (sailor-geo-5x128: 7.38 s plan after 8.4 s wall, round 7's code 1.01 s
+after 5.4 s; bench/RESULTS.md "Determinism, round 8")."""
 MAX_NODES = 100_000
 """The most nodes one MILP solve gets (a cap, so that tiny models do not get absurd limits)."""
 
