@@ -113,7 +113,8 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
         first = plan_milp(instance, dataclasses.replace(
             options, time_limit_s=NARROW_SHARE * options.time_limit_s, work_limit_s=NARROW_SHARE * work,
             extra={**extra, "outside_check": "off"}, progress=quiet),
-            warm_start=_heuristic_warm_start("native", None, quiet, hard, cuts))
+            warm_start=_heuristic_warm_start("native", None, quiet, hard, cuts,
+                                             min(10.0, 0.2 * NARROW_SHARE * options.time_limit_s)))
         narrow = first.plan
         narrow_note = tuple(n for n in first.notes if n.startswith("stopped by the time limit"))  # determinism
         if narrow is not None:
@@ -126,7 +127,8 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     work_left = (work * (1 - NARROW_SHARE * pre_search)
                  - (MIXED_BOUND_SHARE * work if early_bound is not None else 0.0))
     heuristic = _heuristic_warm_start(policy if links.compresses else "native",
-                                      links.max_compressed if links.compresses else None, quiet, hard, cuts)
+                                      links.max_compressed if links.compresses else None, quiet, hard, cuts,
+                                      min(10.0, 0.2 * options.time_limit_s))
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
@@ -359,18 +361,20 @@ def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:
 
 
 def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None,
-                          hard: float | None = None, cuts: list[str] | None = None) -> WarmStart:
+                          hard: float | None = None, cuts: list[str] | None = None, wall_share: float = 0.0) -> WarmStart:
     """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space). sigint:
     ``progress`` (the search's ``Progress.stop_only()`` view) lets a stop request end it, with its
     incumbent (or none). determinism: its work limit (``warm_start_work`` of its share) ends it; the
-    wall clock only at ``PHASE_SLACK`` × its share or at ``hard`` (``time.perf_counter()`` time: the search's
-    own deadline), whichever comes first — the watchdog, no longer the share itself."""
+    wall clock only at ``PHASE_SLACK`` × its share (of the work, or ``wall_share``, its share of the wall
+    limit, when larger: ``--work-limit`` below ``--time-limit``) or at ``hard`` (``time.perf_counter()`` time:
+    the search's own deadline), whichever comes first — the watchdog, no longer the share itself."""
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
-        wall = seconds if hard is None else max(min(hard - time.perf_counter(), PHASE_SLACK * seconds), 0.05)
+        wall = seconds if hard is None else max(min(hard - time.perf_counter(),
+                                                     PHASE_SLACK * max(seconds, wall_share)), 0.05)
         res = heuristic_incumbent(inst, tables, time_limit_s=wall, work_limit=warm_start_work(seconds),
                                   progress=progress, **kw)  # type: ignore[arg-type]
         log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
