@@ -426,10 +426,12 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
 
 
 def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target: float = INF,
-                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions()) -> MixedBound:
+                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions(),
+                stop: Callable[[], bool] | None = None) -> MixedBound:
     """A lower bound on the iteration time of every plan of k identical pipelines with stages of any
     replica groups (module docstring); min(``target``, ·), never below ``compute_floor``. ``deadline``
-    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor."""
+    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor; so do those left
+    once ``stop`` (determinism: e.g. ``Progress.stop_requested``) answers True."""
     from hgopt.search.mixed import compute_floor
 
     tables = tables or build_tables(instance)
@@ -446,7 +448,7 @@ def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target:
     C = len(instance.topology.clusters)
 
     def late() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
+        return (deadline is not None and time.perf_counter() > deadline) or (stop is not None and stop())
 
     # the (B, m) pairs one after another, each with the least bound so far as its target (a pair whose dual
     # reaches it has no plan below it: the search stops there); each search starts at the better of the
