@@ -70,9 +70,9 @@ def test_special_rows_at_config_raise_some_bound(monkeypatch: pytest.MonkeyPatch
 
 def test_count_bound_matches_a_brute_force_over_block_choices() -> None:
     """``relax_count._count_values`` on the whole window with lambda = 0 (no tails) equals, per stage
-    count, the least relaxed fill found by enumerating every choice of first, last and middle blocks
-    (cluster, row, trunk count) on a 3-cluster instance, and the count bound is at most the plain DP's
-    bound at lambda = 0 plus nothing (it is a min over counts of values >= the count's least fill)."""
+    count, the least relaxed fill found by enumerating every path of two or three clusters and every
+    choice of its first, middle and last blocks (row, trunk count) on a 3-cluster instance, or is below
+    it by no more than the path's untied start allows (and equal on some count)."""
     import itertools
 
     inst = _tail_instance(3)  # 3 clusters
@@ -83,7 +83,7 @@ def test_count_bound_matches_a_brute_force_over_block_choices() -> None:
     assert rs is not None and len(rs.names) == 3
     N, C = rs.trunk, len(rs.names)
     K = min(relax_count.STAGE_CAP, rs.num_microbatches)
-    checked = 0
+    checked = exact = 0
     for tau in sorted({float(t) for t in np.concatenate([x.ravel() for x in rs.T + rs.TB + rs.TE]) if np.isfinite(t)})[::3]:
         tau = max(tau, float(rs.wan.min()))
         got = relax_count._count_values(rs, tau, 1.0, 0.0, [None] * C, N, K)
@@ -109,9 +109,11 @@ def test_count_bound_matches_a_brute_force_over_block_choices() -> None:
                         s = min(sum(x for x, _, _ in pick), K)
                         want[s] = min(want[s], link + sum(f for _, _, f in pick) + rs.extra_fill)
         finite = np.isfinite(want)
-        # the DP does not tie the first block to the path's start: it may only be lower
-        assert np.all(got <= want * (1 + 1e-12) + 1e-15), (tau, got, want)
-        # on this symmetric-link instance it finds every count's least (the path's start is free there)
-        assert np.array_equal(np.isfinite(got), finite) or np.all(got[finite] <= want[finite])
+        # the DP does not tie the first block to the path's start (a relaxation: only lower), and it
+        # loses no more than that: the same counts are feasible and each within a hand-over of the least
+        assert np.all(got <= want * (1 + 1e-12)), (tau, got, want)
+        assert np.array_equal(np.isfinite(got), finite), (tau, got, want)
+        assert np.all(got[finite] >= 0.9 * want[finite]), (tau, got, want)
+        exact += int(np.isclose(got[finite], want[finite], rtol=1e-12, atol=0.0).sum())
         checked += int(finite.sum())
-    assert checked >= 3
+    assert checked >= 3 and exact >= 1
