@@ -10,6 +10,9 @@ instead: for every count S the DP gives the least fill (+ tail) of a relaxed pla
 the condition is checked, and weighted, with S fixed. A plan with one more stage is a plan of count
 S + 1, checked against tau·(S + 1) with its own (larger) fill; adding a stage no longer lowers the
 bound of the count it left. Counts from ``STAGE_CAP`` on share one state, checked against tau·m.
+[R6w]: the same for the windows without the first stage (and the link after it) and without the last
+(and the link before it). Off by default (``relax.COUNT_ROWS``): valid, but on the five-zone instances
+it lifts the weakest split's bound by 0.02-0.3 % for ~6x the DP's time (bench/RESULTS.md, gaps4).
 """
 
 from __future__ import annotations
