@@ -24,6 +24,7 @@ from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, stage_line
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
+from hgopt.search.relax_count import count_bound
 from hgopt.spec import Instance
 
 __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
@@ -31,6 +32,12 @@ __all__ = ["MAX_CLUSTERS", "RelaxedSplit", "relax_split"]
 INF = math.inf
 MAX_CLUSTERS = 12
 """Above this many clusters the subset DP (2^C states) is skipped and the cheap bound is used."""
+COUNT_ROWS = False
+"""gaps4 [R6s]/[R6w]: also bound each bottleneck per stage count with the windows without the first or
+the last stage (``relax_count``; valid, ~6x the DP time for +0.02 % on sailor-geo-5x32: off)."""
+SPECIAL_AT_CONFIG = True
+"""gaps4 [R1c]: the [R1e] rows count the prefix (suffix) at their own config (False: at the least over
+every config, in ``extra_fill`` only; what rounds 6-7 did)."""
 LAMBDAS = (0.0, 0.5, 2.0, 8.0)
 """Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
 when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
@@ -90,6 +97,16 @@ class RelaxedSplit:
     stage_line: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """replay3 [R4s] (m − 1 + ρ, ρ, E) under the replay (``pipeline.stage_line``), (0, 0, 0) under the closed form:
     a plan of S stages with bottleneck >= a costs >= (m − 1 + ρ)·a + E − (ρ·a + E)·S + fill + tail."""
+    num_microbatches: int = 0
+    """gaps4 [R6s]: the split's m (the round trip's window holds min(S, m) microbatches); 0: unknown."""
+    first_scomp: tuple[np.ndarray, ...] = ()
+    """gaps4 [R6w]: per cluster, for each row of ``TB``, x = 0..N: compute of the first stage holding
+    the prefix and x trunk layers at the row's config (empty: no prefix)."""
+    first_send: tuple[np.ndarray, ...] = ()
+    """gaps4 [R6w]: per cluster, for each row of ``TB``: its intra-cluster send (one direction)."""
+    end_scomp: tuple[np.ndarray, ...] = ()
+    """gaps4 [R6w]: the same for the rows of ``TE`` (the last stage holding the suffix and x)."""
+    end_send: tuple[np.ndarray, ...] = ()
 
     def bound_at(self, tau: float, reward: float = 0.0) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
@@ -128,6 +145,8 @@ class RelaxedSplit:
             if lam or reward:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
                 g -= ((lam * tau if lam else 0.0) + reward) * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
+        if COUNT_ROWS and math.isfinite(tau) and not replay_bounds():  # gaps4 [R6s]: per stage count
+            best = max(best, count_bound(self, tau, tails))
         return best + self._tail_lb(tau)
 
     def _tail_lb(self, tau: float) -> float:
@@ -264,11 +283,13 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     Ts, Fs, Ns = [], [], []
     TEs, FEs, NEs, TBs, FBs, NBs = [], [], [], [], [], []
     TLs, TCs, TKs = [], [], []  # gaps3 [R5t]
+    SBs, DBs, SEs, DEs = [], [], [], []  # gaps4 [R6w]
     extra = {l: INF for l in [*range(shape.p), *range(shape.num_layers - shape.q, shape.num_layers)]}
     for c in instance.topology.clusters:
         budget = c.num_gpus // replicas
         rows_t, rows_f, rows_n = [], [], []
         ends_t, ends_f, ends_n = [], [], []
+        sc_b, sd_b, sc_e, sd_e = [], [], [], []  # gaps4 [R6w]
         firsts_t, firsts_f, firsts_n = [], [], []
         firsts_tail, firsts_comp, firsts_caps = [], [], []
         for cfg in local_configs(instance, c.name, microbatch, tables):  # with recomputation [I3r]
@@ -286,11 +307,17 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             if shape.q:
                 lo, hi = L - shape.q - xs, np.full_like(xs, L)
                 te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
-                ends_t.append(te), ends_f.append(fe), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
+                ends_t.append(te), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
+                ends_f.append(fe + _at_config(sm, L - shape.q, L))  # gaps4 [R1c]
+                sc_e.append(np.repeat(sm.compute(lo, hi)[None, :], len(te), axis=0))
+                sd_e.append(np.full(len(te), tc.t_send))
             if shape.p:
                 lo, hi = np.zeros_like(xs), shape.p + xs
                 tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
-                firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
+                firsts_t.append(tb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
+                firsts_f.append(fb + _at_config(sm, 0, shape.p))  # gaps4 [R1c]
+                sc_b.append(np.repeat(sm.compute(lo, hi)[None, :], len(tb), axis=0))
+                sd_b.append(np.full(len(tb), tc.t_send))
                 tl, caps = _first_tail_rows(tc, sm, lo, hi, len(tb), m)
                 firsts_tail.append(np.repeat(tl[None, :], len(tb), axis=0))
                 firsts_comp.append(np.repeat(np.maximum.accumulate(tc.t_comp)[None, :], len(tb), axis=0))
@@ -307,6 +334,17 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
         TLs.append(np.concatenate(firsts_tail) if firsts_tail else np.zeros((0, N + 1)))
         TCs.append(np.concatenate(firsts_comp) if firsts_comp else np.zeros((0, N + 1)))
         TKs.append(_pad_rows(firsts_caps))
+        SBs.append(np.concatenate(sc_b) if sc_b else np.zeros((0, N + 1)))
+        DBs.append(np.concatenate(sd_b) if sd_b else np.zeros(0))
+        SEs.append(np.concatenate(sc_e) if sc_e else np.zeros((0, N + 1)))
+        DEs.append(np.concatenate(sd_e) if sd_e else np.zeros(0))
+    # gaps4: the [R1e] rows carry their own config's compute of the suffix (prefix), less the least
+    # over every config that ``extra_fill`` counts (a prefix or suffix on fewer GPUs costs more there)
+    sfx = sum(v for l, v in extra.items() if l >= shape.p)
+    pfx = sum(v for l, v in extra.items() if l < shape.p)
+    if SPECIAL_AT_CONFIG:
+        FEs = [f - sfx for f in FEs]
+        FBs = [f - pfx for f in FBs]
     pol = links or LinkPolicy()
     table = arcs if arcs is not None else arc_table(instance, tables, microbatch, replicas, pol, shape)  # [M8f]
     wan = np.full((len(pol.pairs), len(names), len(names)), INF)
@@ -318,10 +356,12 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                     wan[k, i, j], wan_fill[k, i, j] = e.bound_pace(1.0), e.fill(1.0)  # [C3b]
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
-                        s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
+                        s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy, num_microbatches=m,
                         stage_line=stage_line(num_microbatches, *cheap.fwd_share) if replay_bounds() else (0.0, 0.0, 0.0),
-                        **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
-                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs),
+                        **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs), "end_scomp": tuple(SEs),
+                            "end_send": tuple(DEs)} if shape.q else {}),
+                        **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs), "first_scomp": tuple(SBs),
+                            "first_send": tuple(DBs),
                             "first_tail": tuple(TLs), "first_comp": tuple(TCs), "first_caps": tuple(TKs)}
                            if shape.p else {}))
 
@@ -373,6 +413,11 @@ def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndar
         bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
         caps[r:, r - 1] = int(bad[0]) if bad.size else N  # rows s >= r + 1 have a stage at distance r
     return tail, caps
+
+
+def _at_config(sm: StageModel, lo: int, hi: int) -> float:
+    """gaps4 [R1c] Compute of the special layers [lo, hi) at ``sm``'s config (0 with the flag off)."""
+    return float(sm.compute(np.array([lo]), np.array([hi]))[0]) if SPECIAL_AT_CONFIG else 0.0
 
 
 def _pad_rows(blocks: list[np.ndarray]) -> np.ndarray:
