@@ -564,9 +564,9 @@ depend on the machine)."""
 
 
 def spans_clusters(pipe: Pipeline) -> bool:
-    """[C3s] Whether a stage of ``pipe`` has replica groups in more than one cluster: its boundaries'
-    pieces then run on different links and the stage-level composition does not describe the runner."""
-    return pipe.schedule == "1f1b" and len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
+    """[C3s] Whether a stage of ``pipe`` (1F1B or GPipe: ``piece_timeline`` replays either order) has replica
+    groups in more than one cluster: its pieces then run on different links and the stage-level form does not describe the runner."""
+    return len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
 
 
 def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: int = 1,
