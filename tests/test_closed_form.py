@@ -120,3 +120,28 @@ def test_round7_misses_now_exact(key: str) -> None:
     sim = simulate(plan, inst, tables)
     assert closed.pipeline_time_s == pytest.approx(replay.pipeline_time_s, rel=1e-9)
     assert closed.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_exact_planner_bound_valid_under_the_cap(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/test_milp.py's tiny instances (latency-bound WAN round trips), with the cap on (the
+    default), in the k-identical space its brute force covers (grouped plans off, as there): the
+    MILP's reported bound never exceeds the best evaluate() over that space, and its plan is never
+    below it. (Its exactness is checked there, with the fluid form the rows model.)"""
+    import math
+
+    monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
+
+    from hgopt.search import PlanOptions
+    from hgopt.search.exact import plan_exact
+    from tests.test_milp import _instance, brute_force
+
+    inst = _instance(seed)
+    expect = brute_force(inst)
+    res = plan_exact(inst, PlanOptions(time_limit_s=60, gap=1e-7, extra={"warm_start": "none", "relaxation": "off"}))
+    if not math.isfinite(expect):
+        assert res.plan is None
+        return
+    assert res.plan is not None and res.lower_bound_s is not None
+    assert res.lower_bound_s <= expect * (1 + 1e-9)
+    assert evaluate(res.plan, inst).iteration_time_s >= expect * (1 - 1e-9)

@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "EVALUATE_1F1B",
+    "CLOSED_CAP",
     "ROUND_TRIP_WINDOWS",
     "bound_offset",
     "bound_weight",
@@ -134,6 +135,16 @@ is still built on; ``"replay"`` is the exact timeline ([C3n] where NIC sharing c
 under ``"replay"`` the cheap bounds, the relaxation and the grouped bound take [C3b]'s forms and the
 MILP's own dual bound (a bound of [C3] only) is not reported, so the two flip together
 (``formulations/cost_model.md`` [C3b]; bench/RESULTS.md says what the bounds lose)."""
+
+
+CLOSED_CAP: bool = True
+"""[C3c] Whether the closed form caps max([C3], [C3p]) by the exact timeline where it exceeds
+:func:`stage_floor` (a constant, not a setting; read at call time). ``True``: ``evaluate``'s closed form
+is :func:`closed_time`, and the search's bounds leave [C3]'s windows out and count sends by occupancy
+(:func:`search_windows`, :func:`occupancy_bounds`): every bound holds for the capped form, but the
+MILP no longer models a window-bound plan exactly (it proves such an optimum only up to the floor).
+``False``: the fluid form of round 7 (max([C3], [C3p], [C3n])), which the MILP's rows [M12]-[M16]/[M15w]
+model exactly and which over-prices short latency- or window-bound pipelines (bench/RESULTS.md, round 8)."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
@@ -510,8 +521,8 @@ def search_windows() -> bool:
     S − s − 1 ≥ m − 1), so it may not carry :func:`bound_weight`; under the closed form [C3c] the
     window term is capped by that exact timeline (:func:`closed_time`), so it may not carry m − 1
     either. The rows are left out (a weaker, still valid, relaxation); what every 1F1B plan keeps is
-    :func:`stage_floor`."""
-    return False
+    :func:`stage_floor`. With ``CLOSED_CAP`` off: under the closed form only, as before."""
+    return not replay_bounds() and not CLOSED_CAP
 
 
 def occupancy_bounds() -> bool:
@@ -519,8 +530,8 @@ def occupancy_bounds() -> bool:
     part that holds the boundary) instead of its whole pace: always. The exact timeline pipelines a
     link's latency, and the closed form's floor :func:`stage_floor` counts only occupancy (a
     latency-bound link paces nothing), so a bound weighing m − 1 (or ``bound_weight``) by the whole
-    send would not hold for either."""
-    return True
+    send would not hold for either. With ``CLOSED_CAP`` off: under the replay only, as before."""
+    return replay_bounds() or CLOSED_CAP
 
 
 def stage_floor(t: Sequence[float], occ_f: Sequence[float], occ_b: Sequence[float], fill: float,
@@ -542,7 +553,10 @@ def closed_time(stage_ops: StageOps, fwd: Sequence[float], bwd: Sequence[float],
     of a window of d stages where the runner's order runs ⌊(m − 2 − w_s)/d⌋ + 1 and a shorter tail,
     and a latency counted as occupancy paces a link that pipelines its messages: both over-price
     short pipelines (bench/RESULTS.md, round 8). Result ≥ min([C3], [C3x]) ≥ every [C3b] form
-    (:func:`replay_floor`) and ≥ the floor, so both families of bounds stay valid."""
+    (:func:`replay_floor`) and ≥ the floor, so both families of bounds stay valid. ``fluid`` itself when
+    ``CLOSED_CAP`` is off."""
+    if not CLOSED_CAP:
+        return fluid
     lf, lb, cf, cb, t, fill = _chain(fwd, bwd, send_f, send_b, latency_f, latency_b)
     S = len(t)
     floor = stage_floor(t, [cf[i] - lf[i] for i in range(S - 1)], [cb[i] - lb[i] for i in range(S - 1)], fill,
