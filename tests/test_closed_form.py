@@ -30,6 +30,12 @@ from hgopt.simulate import simulate
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the capped closed form, whatever ``pipeline.CLOSED_CAP``'s default."""
+    monkeypatch.setattr("hgopt.cost.pipeline.CLOSED_CAP", True)
+
+
 def _fluid(f: list[float], b: list[float], cf: list[float], cb: list[float], m: int,
            lf: list[float], lb: list[float]) -> float:
     """max([C3], [C3p]): the closed form before [C3c]."""

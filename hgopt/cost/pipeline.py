@@ -137,14 +137,16 @@ MILP's own dual bound (a bound of [C3] only) is not reported, so the two flip to
 (``formulations/cost_model.md`` [C3b]; bench/RESULTS.md says what the bounds lose)."""
 
 
-CLOSED_CAP: bool = True
+CLOSED_CAP: bool = False
 """[C3c] Whether the closed form caps max([C3], [C3p]) by the exact timeline where it exceeds
 :func:`stage_floor` (a constant, not a setting; read at call time). ``True``: ``evaluate``'s closed form
-is :func:`closed_time`, and the search's bounds leave [C3]'s windows out and count sends by occupancy
-(:func:`search_windows`, :func:`occupancy_bounds`): every bound holds for the capped form, but the
-MILP no longer models a window-bound plan exactly (it proves such an optimum only up to the floor).
-``False``: the fluid form of round 7 (max([C3], [C3p], [C3n])), which the MILP's rows [M12]-[M16]/[M15w]
-model exactly and which over-prices short latency- or window-bound pipelines (bench/RESULTS.md, round 8)."""
+is :func:`closed_time` (every cached fidelity plan within 2 % of the simulator), and the search's
+bounds leave [C3]'s windows out and count sends by occupancy (:func:`search_windows`,
+:func:`occupancy_bounds`): every bound holds for the capped form, but they are weaker where a window
+or a latency paced the bound (sailor-geo-5x32's least split bound 1.941 → 1.900 s, the MILP's proofs
+on round-trip-bound tiny instances; bench/RESULTS.md, round 8), so it is off. ``False``: the fluid
+form (max([C3], [C3p], [C3n])), which the MILP's rows [M12]-[M16]/[M15w] model exactly and which
+over-prices short latency- or window-bound pipelines."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
@@ -516,21 +518,21 @@ def search_composition(num_microbatches: int, max_stages: int, fwd_share: float,
 
 def search_windows() -> bool:
     """[C3b] Whether the search's rows may price [C3]'s round-trip windows with the steady weight
-    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace): never. Under the replay a window
-    of d stages starting at stage s completes only ``window_cycles`` round trips (none once
-    S − s − 1 ≥ m − 1), so it may not carry :func:`bound_weight`; under the closed form [C3c] the
-    window term is capped by that exact timeline (:func:`closed_time`), so it may not carry m − 1
-    either. The rows are left out (a weaker, still valid, relaxation); what every 1F1B plan keeps is
-    :func:`stage_floor`. With ``CLOSED_CAP`` off: under the closed form only, as before."""
+    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace, relax's [R6] Lagrangian): under
+    the fluid closed form only. Under the replay a window of d stages starting at stage s completes
+    only ``window_cycles`` round trips (none once S − s − 1 ≥ m − 1), so it may not carry
+    :func:`bound_weight`; under the capped closed form [C3c] (``CLOSED_CAP``) the window term is capped
+    by that exact timeline (:func:`closed_time`), so it may not carry m − 1 either. There the rows are
+    left out (a weaker, still valid, relaxation); what every 1F1B plan keeps is :func:`stage_floor`."""
     return not replay_bounds() and not CLOSED_CAP
 
 
 def occupancy_bounds() -> bool:
     """[C3b]/[C3c] Whether the search's bounds count a send by its occupancy (transfer less latency, the
-    part that holds the boundary) instead of its whole pace: always. The exact timeline pipelines a
-    link's latency, and the closed form's floor :func:`stage_floor` counts only occupancy (a
-    latency-bound link paces nothing), so a bound weighing m − 1 (or ``bound_weight``) by the whole
-    send would not hold for either. With ``CLOSED_CAP`` off: under the replay only, as before."""
+    part that holds the boundary) instead of its whole pace: under the replay and under the capped
+    closed form (``CLOSED_CAP``). The exact timeline pipelines a link's latency and the capped form's
+    floor :func:`stage_floor` counts only occupancy, so a bound weighing m − 1 (or ``bound_weight``)
+    by the whole send would not hold for either; the fluid form does count the whole send."""
     return replay_bounds() or CLOSED_CAP
 
 
