@@ -39,7 +39,6 @@ from hgopt.cost.pipeline import (
     path_time,
     pipeline_bottleneck,
     pipeline_time,
-    closed_time,
     replay_shared_nics,
     replay_stage_ends,
     round_trip_pace,
@@ -297,7 +296,7 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
                               fill_drain_s=fill, time_s=max(ends), stage_ends=tuple(ends))
     if pipe.schedule == "1f1b" and len(st) > 1:  # [C3c] max([C3], [C3p]) capped by [C3x] above the floor
         fluid = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
-        time_s = closed_time(stage_ops, fwd, bwd, send_f, send_b, m, fluid, lat_f, lat_b)
+        time_s = _pipeline.closed_time(stage_ops, fwd, bwd, send_f, send_b, m, fluid, lat_f, lat_b)
     if nics is not None:  # [C3n]: a stage's NIC carries both its boundaries' messages, per direction
         time_s = max(time_s, max(replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics)))
     return PipelineReport(
@@ -564,8 +563,8 @@ depend on the machine)."""
 
 
 def spans_clusters(pipe: Pipeline) -> bool:
-    """[C3s] Whether a stage of ``pipe`` (1F1B or GPipe: ``piece_timeline`` replays either order) has replica
-    groups in more than one cluster: its pieces then run on different links and the stage-level form does not describe the runner."""
+    """[C3s] Whether a stage of ``pipe`` (1F1B or GPipe) has replica groups in more than one cluster: its
+    pieces then run on different links and the stage-level form does not describe the runner."""
     return len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
 
 
