@@ -4,7 +4,7 @@ simulate, ratio) and the worst case.
 
     PYTHONPATH=$PWD .venv/bin/python bench/cost_fidelity.py [--time-limit 5] [--instances ...]
         [--planners ...] [--cache DIR] [--refresh] [--out bench/cost_fidelity.json]
-        [--evaluate default|closed|replay]
+        [--evaluate default|closed|replay] [--closed-cap default|on|off]
 
 Plans are cached in ``--cache`` (default ``bench/cost_fidelity_plans.json``, committed) keyed by
 instance, planner and time limit, so a re-run on a new cost model re-scores the same plans in about
@@ -167,9 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluate", choices=("default", "closed", "replay"), default="default",
                     help="evaluate's 1F1B pipeline time: the kernel's default (pipeline.EVALUATE_1F1B), the closed "
                          "form, or the exact replay [C3x]/[C3n] ([C3b])")
+    ap.add_argument("--closed-cap", choices=("default", "on", "off"), default="default",
+                    help="[C3c] the closed form capped by the exact timeline (pipeline.CLOSED_CAP) or the fluid form")
     ap.add_argument("--bounds", action="store_true",
                     help="only print the relaxations' bound per instance under the closed form and the replay [C3b]")
     args = ap.parse_args(argv)
+    if args.closed_cap != "default":
+        import hgopt.cost.pipeline as pipeline_mod
+
+        pipeline_mod.CLOSED_CAP = args.closed_cap == "on"
     if args.bounds:
         print("| instance | relaxation bound, closed form (s) | relaxation bound, replay-valid (s) | change |")
         print("|---|---:|---:|---:|")

@@ -25,6 +25,14 @@ def _k_identical_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
     the certificate over grouped plans too is tests/test_master.py's."""
     monkeypatch.setattr("hgopt.search.exact.GROUPED_BOUND_DEFAULT", "off")
 
+
+@pytest.fixture(autouse=True)
+def _fluid_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """closed8: the MILP's rows model the fluid closed form (round trips [M12]-[M16]/[M15w]) exactly, so its
+    exactness is checked against that form (``pipeline.CLOSED_CAP`` off); with the cap (the default) its
+    bounds' validity is tests/test_closed_form.py's."""
+    monkeypatch.setattr("hgopt.cost.pipeline.CLOSED_CAP", False)
+
 BACKENDS = available_backends()
 SEEDS = 10
 

@@ -276,11 +276,10 @@ def _shared_nic_inputs(inst: Instance, tables: CostTables, pipe: Pipeline, st: l
 def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
                      latency: Sequence[tuple[float, float]] | None = None,
                      nics: _NicInputs | None = None, exact: bool = False) -> PipelineReport:
-    """[C3] composition of one pipeline; for 1F1B the larger of it and the dependency-path form [C3p]
-    (``pipeline.path_time``, a lower bound of the exact timeline [C3x]): [C3] alone is optimistic where a
-    slow link queues the warm-up forwards and cool-down backwards (``bench/cost_fidelity.py``). The max
-    only raises [C3], so every bound built on [C3] stays one. ``latency``: per boundary (fwd, bwd)
-    latency parts of the sends (``boundary_latency``)."""
+    """[C3] composition of one pipeline; for 1F1B [C3c] (``pipeline.closed_time``): max([C3], [C3p]) capped by
+    the exact timeline [C3x] where it exceeds the floor R_0 + (m − 1)·max(t, occupancy) the bounds are built
+    on, and [C3n] where NIC sharing can matter. ``latency``: per boundary (fwd, bwd) latency parts of the
+    sends (``boundary_latency``)."""
     m = pipe.num_microbatches
     t = [s.fwd_s + s.bwd_s for s in st]
     fwd, bwd = [s.fwd_s for s in st], [s.bwd_s for s in st]
@@ -295,8 +294,9 @@ def _pipeline_report(index: int, pipe: Pipeline, st: list[StageReport],
                 else replay_stage_ends(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, lat_f, lat_b))
         return PipelineReport(index=index, num_microbatches=m, microbatch=pipe.microbatch, bottleneck_s=bottleneck,
                               fill_drain_s=fill, time_s=max(ends), stage_ends=tuple(ends))
-    if pipe.schedule == "1f1b" and len(st) > 1:
-        time_s = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
+    if pipe.schedule == "1f1b" and len(st) > 1:  # [C3c] max([C3], [C3p]) capped by [C3x] above the floor
+        fluid = max(time_s, path_time(fwd, bwd, send_f, send_b, m, lat_f, lat_b))
+        time_s = _pipeline.closed_time(stage_ops, fwd, bwd, send_f, send_b, m, fluid, lat_f, lat_b)
     if nics is not None:  # [C3n]: a stage's NIC carries both its boundaries' messages, per direction
         time_s = max(time_s, max(replay_shared_nics(stage_ops, "1f1b", fwd, bwd, send_f, send_b, m, *nics)))
     return PipelineReport(
@@ -563,9 +563,9 @@ depend on the machine)."""
 
 
 def spans_clusters(pipe: Pipeline) -> bool:
-    """[C3s] Whether a stage of ``pipe`` has replica groups in more than one cluster: its boundaries'
-    pieces then run on different links and the stage-level composition does not describe the runner."""
-    return pipe.schedule == "1f1b" and len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
+    """[C3s] Whether a stage of ``pipe`` (1F1B or GPipe) has replica groups in more than one cluster: its
+    pieces then run on different links and the stage-level form does not describe the runner."""
+    return len(pipe.stages) > 1 and any(len(st.clusters()) > 1 for st in pipe.stages)
 
 
 def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: int = 1,

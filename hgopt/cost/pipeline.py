@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "EVALUATE_1F1B",
+    "CLOSED_CAP",
     "ROUND_TRIP_WINDOWS",
     "BUSY_SHARES",
     "bound_offset",
@@ -31,6 +32,9 @@ __all__ = [
     "search_offset",
     "search_weight",
     "search_windows",
+    "closed_time",
+    "occupancy_bounds",
+    "stage_floor",
     "forward_share",
     "replay_floor",
     "warmup_cap",
@@ -135,6 +139,18 @@ is still built on; ``"replay"`` is the exact timeline ([C3n] where NIC sharing c
 under ``"replay"`` the cheap bounds, the relaxation and the grouped bound take [C3b]'s forms and the
 MILP's own dual bound (a bound of [C3] only) is not reported, so the two flip together
 (``formulations/cost_model.md`` [C3b]; bench/RESULTS.md says what the bounds lose)."""
+
+
+CLOSED_CAP: bool = False
+"""[C3c] Whether the closed form caps max([C3], [C3p]) by the exact timeline where it exceeds
+:func:`stage_floor` (a constant, not a setting; read at call time). ``True``: ``evaluate``'s closed form
+is :func:`closed_time` (every cached fidelity plan within 2 % of the simulator), and the search's
+bounds leave [C3]'s windows out and count sends by occupancy (:func:`search_windows`,
+:func:`occupancy_bounds`): every bound holds for the capped form, but they are weaker where a window
+or a latency paced the bound (sailor-geo-5x32's least split bound 1.941 → 1.900 s, the MILP's proofs
+on round-trip-bound tiny instances; bench/RESULTS.md, round 8), so it is off. ``False``: the fluid
+form (max([C3], [C3p], [C3n])), which the MILP's rows [M12]-[M16]/[M15w] model exactly and which
+over-prices short latency- or window-bound pipelines."""
 
 
 def round_trip_pace(t: Sequence[float], send_f: Sequence[float], send_b: Sequence[float], num_microbatches: int,
@@ -540,11 +556,55 @@ def search_composition(num_microbatches: int, max_stages: int, fwd_share: float,
 
 def search_windows() -> bool:
     """[C3b] Whether the search's rows may price [C3]'s round-trip windows with the steady weight
-    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace): under the closed form only. Under the
-    replay a window of d stages starting at stage s completes only ``window_cycles`` round trips
-    (none once S − s − 1 ≥ m − 1), so it may not carry :func:`bound_weight`; the rows are left out (a
-    weaker, still valid, relaxation)."""
-    return not replay_bounds()
+    (the MILP's [M12]-[M16]/[M15w], the options' inner window pace, relax's [R6] Lagrangian): under
+    the fluid closed form only. Under the replay a window of d stages starting at stage s completes
+    only ``window_cycles`` round trips (none once S − s − 1 ≥ m − 1), so it may not carry
+    :func:`bound_weight`; under the capped closed form [C3c] (``CLOSED_CAP``) the window term is capped
+    by that exact timeline (:func:`closed_time`), so it may not carry m − 1 either. There the rows are
+    left out (a weaker, still valid, relaxation); what every 1F1B plan keeps is :func:`stage_floor`."""
+    return not replay_bounds() and not CLOSED_CAP
+
+
+def occupancy_bounds() -> bool:
+    """[C3b]/[C3c] Whether the search's bounds count a send by its occupancy (transfer less latency, the
+    part that holds the boundary) instead of its whole pace: under the replay and under the capped
+    closed form (``CLOSED_CAP``). The exact timeline pipelines a link's latency and the capped form's
+    floor :func:`stage_floor` counts only occupancy, so a bound weighing m − 1 (or ``bound_weight``)
+    by the whole send would not hold for either; the fluid form does count the whole send."""
+    return replay_bounds() or CLOSED_CAP
+
+
+def stage_floor(t: Sequence[float], occ_f: Sequence[float], occ_b: Sequence[float], fill: float,
+                num_microbatches: int) -> float:
+    """[C3c] R_0 + (m − 1)·max_s max(t_s, o^f_s, o^b_s), o = send − latency the seconds a message holds
+    its boundary: the part of [C3] that the closed form keeps however short the pipeline (the
+    bounds under ``EVALUATE_1F1B = "closed"`` are built on it with weight m − 1)."""
+    pace = max([*t, *occ_f, *occ_b, 0.0])
+    return float(pipeline_time(num_microbatches, pace, fill))
+
+
+def closed_time(stage_ops: StageOps, fwd: Sequence[float], bwd: Sequence[float], send_f: Sequence[float],
+                send_b: Sequence[float], num_microbatches: int, fluid: float,
+                latency_f: Sequence[float] | None = None, latency_b: Sequence[float] | None = None) -> float:
+    """[C3c] The closed form's 1F1B pipeline time from max([C3], [C3p]) (``fluid``) and
+    :func:`stage_floor`: where the fluid form exceeds the floor (a window's round trip or a
+    latency-bound send binds) it is capped by the exact timeline :func:`replay_stage_ends` ([C3x],
+    computed only then), never below the floor. [C3]'s fluid window pace counts (m − 1)/d round trips
+    of a window of d stages where the runner's order runs ⌊(m − 2 − w_s)/d⌋ + 1 and a shorter tail,
+    and a latency counted as occupancy paces a link that pipelines its messages: both over-price
+    short pipelines (bench/RESULTS.md, round 8). Result ≥ min([C3], [C3x]) ≥ every [C3b] form
+    (:func:`replay_floor`) and ≥ the floor, so both families of bounds stay valid. ``fluid`` itself when
+    ``CLOSED_CAP`` is off."""
+    if not CLOSED_CAP:
+        return fluid
+    lf, lb, cf, cb, t, fill = _chain(fwd, bwd, send_f, send_b, latency_f, latency_b)
+    S = len(t)
+    floor = stage_floor(t, [cf[i] - lf[i] for i in range(S - 1)], [cb[i] - lb[i] for i in range(S - 1)], fill,
+                        num_microbatches)
+    if fluid <= floor * (1.0 + 1e-12):
+        return max(fluid, floor)
+    exact = max(replay_stage_ends(stage_ops, "1f1b", fwd, bwd, send_f, send_b, num_microbatches, latency_f, latency_b))
+    return max(floor, min(fluid, exact))
 
 
 def window_cycles(num_microbatches: int, window_stages: int, warmup: int) -> int:

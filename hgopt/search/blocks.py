@@ -31,6 +31,7 @@ from hgopt.cost.links import handover_floor, handover_lower_bound, replicas_per_
 from hgopt.cost.compute import forward_share_of
 from hgopt.cost.pipeline import (
     ROUND_TRIP_WINDOWS,
+    occupancy_bounds,
     replay_bounds,
     round_trip_pace,
     search_offset,
@@ -805,7 +806,7 @@ class ArcPrecision:
     def bound_pace(self, mu: float) -> float:
         """The pace the bounds weigh: :meth:`occupancy` under the replay, :meth:`pace` under the
         closed form (``pipeline.replay_bounds``)."""
-        return self.occupancy(mu) if replay_bounds() else self.pace(mu)
+        return self.occupancy(mu) if occupancy_bounds() else self.pace(mu)  # [C3c] closed8
 
 
 HandoverKey = tuple[int, int, int]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, stage_line, weighted_time
+from hgopt.cost.pipeline import in_flight, occupancy_bounds, replay_bounds, search_windows, stage_fill, stage_line, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -40,8 +40,9 @@ SPECIAL_AT_CONFIG = True
 every config, in ``extra_fill`` only; what rounds 6-7 did)."""
 LAMBDAS = (0.0, 0.5, 2.0, 8.0)
 """Lagrangian weights of the round-trip condition fill <= tau·S tried at each bottleneck [R6]; only 0
-when the bounds must hold for the exact timeline ([C3b], ``pipeline.replay_bounds``: the condition is
-[C3]'s window pace, and a window of S >= m stages completes no round trip there, ``window_cycles``)."""
+unless ``pipeline.search_windows`` (false under the replay and with ``CLOSED_CAP``: the condition is [C3]'s
+window pace, which neither the exact timeline, where a window of S >= m stages completes no round trip, ``window_cycles``, nor the
+closed form [C3c], capped by it, carries)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +127,7 @@ class RelaxedSplit:
         # gaps3 [R5t]: the first block's rows carry its first stage's tail (never weighted by lambda)
         tails = self._first_tails(tau) if self.TB and self.first_tail else [None] * len(self.TB)
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() and not reward else (0.0,):
+        for lam in LAMBDAS if math.isfinite(tau) and search_windows() and not reward else (0.0,):  # [C3c] closed8
             rows = [(_weighted(t, f, st, tau, lam, reward=reward) if len(t) else np.full(N, INF))
                     for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
@@ -145,7 +146,7 @@ class RelaxedSplit:
             if lam or reward:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
                 g -= ((lam * tau if lam else 0.0) + reward) * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
-        if COUNT_ROWS and math.isfinite(tau) and not replay_bounds():  # gaps4 [R6s]: per stage count
+        if COUNT_ROWS and math.isfinite(tau) and search_windows():  # gaps4 [R6s]: per stage count
             best = max(best, count_bound(self, tau, tails))
         return best + self._tail_lb(tau)
 
@@ -299,7 +300,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             for l in extra:
                 extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
-            lat = c.inter_node.latency_s if replay_bounds() else 0.0
+            lat = c.inter_node.latency_s if occupancy_bounds() else 0.0  # [C3c] closed8
             t, f = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
             rows_t.append(t), rows_f.append(f)
             rows_n.append(np.arange(1, len(t) + 1, dtype=float))
