@@ -92,35 +92,17 @@ def test_evaluate_without_the_cap_prices_the_sync_alone() -> None:
     assert ev.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
 
 
-def test_delay_by_hand() -> None:
-    from hgopt.cost.gradsync import LinkMessage, sync_contention_delay
-
-    ring = [(1.0, 3.0)]  # the ring alone on the link from 1 s to 3 s
-    # a message of 16 small flows, 0.5 s of the cap, from 1 s: the ring waits for all of it
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=1.0, busy_s=0.5, flows=16)]) == pytest.approx(0.5)
-    # started at 0.8 s: 0.2 s of it ran alone before the ring phase
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.8, busy_s=0.5, flows=16)]) == pytest.approx(0.3)
-    # one flow of 5 s from 2.5 s: the ring (0.5 s left) shares half the cap with it: 0.5 s more
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=2.5, busy_s=5.0, flows=1)]) == pytest.approx(0.5)
-    # after the ring's end, or before its phase and done by then: nothing
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=3.0, busy_s=1.0)]) == 0.0
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.0, busy_s=0.9)]) == 0.0
-    # a second message that starts after the end alone but before the delayed end still counts
-    two = [LinkMessage(start_s=2.0, busy_s=1.5, flows=4), LinkMessage(start_s=3.2, busy_s=0.1, flows=4)]
-    assert sync_contention_delay(ring, 3.0, two) == pytest.approx(1.6)
-    # two phases with a gap: a message inside the gap runs alone until the second phase
-    gap = [(1.0, 2.0), (3.0, 4.0)]
-    assert sync_contention_delay(gap, 4.0, [LinkMessage(start_s=2.5, busy_s=1.0, flows=8)]) == pytest.approx(0.5)
-
-
 def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     """The hand case with 3e8 activation bytes per sample: the message is 0.3 s of the cap, one flow,
-    longer than the ring's 0.140 s. Forward: stage 1's b replica starts at 0.01 + 0.3 + 0.01 s and
-    ends its backward at E_1 = 0.41 s. Both flows share the cap at half each until the ring's work is
-    done, 2 · 0.140 s later: the sync ends at 0.41 + 0.280 = 0.69 s (0.140 s late, min(message,
-    ring)); the message has 0.160 s left, alone: through at 0.85 s, arrives 0.86 s, 0.140 s late,
-    which stage 0's replica 1 waits for: its backward ends at 0.88 s, then its sync inside a (one node:
-    the intra-node ring of 40 MB among 2) and its optimizer step (1 ms) end the iteration."""
+    longer than the ring's 0.140 s (0.120 s of bytes, then its 2 · 10 ms of latency, off the link).
+    Forward: stage 1's b replica starts at 0.01 + 0.3 + 0.01 s and ends its backward at E_1 = 0.41 s.
+    Both flows share the cap at half each until the ring's 120 MB are through, 0.240 s later; its
+    latency ends the sync at 0.41 + 0.26 = 0.67 s (0.120 s late, min(message, ring bytes)). The ring
+    taken as its 2 steps (60 MB, then 10 ms) gives the same: each step's bytes at half the cap, the
+    message alone in the latency gaps. The message has 0.180 s left, alone: through at 0.83 s,
+    arrives 0.84 s, 0.120 s late, which stage 0's replica 1 waits for: its backward ends at 0.86 s,
+    then its sync inside a (one node: the intra-node ring of 40 MB among 2) and its optimizer step
+    (1 ms) end the iteration."""
     from hgopt.cost.tables import allreduce_time
 
     topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
@@ -129,8 +111,8 @@ def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=3e8)
     inst = tiny_instance(global_batch=2, model=model, topology=topo)
     plan = _contended_plan()
-    e1, late = 0.41, RING
-    end = 0.88 + allreduce_time(inst.topology.cluster("a").intra_node, 4e7, 2) + 0.001
+    e1, late = 0.41, 0.120
+    end = 0.86 + allreduce_time(inst.topology.cluster("a").intra_node, 4e7, 2) + 0.001
     sim = simulate(plan, inst)
     sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
     assert (sync.start, sync.end) == pytest.approx((e1, e1 + RING + late), rel=1e-12)
@@ -143,20 +125,6 @@ def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     assert by[0].last_backward_end_s == pytest.approx(0.74 + late, rel=1e-12)
     assert ev.pipeline_time_s == pytest.approx(0.74, rel=1e-12)  # the pipeline alone, as [C3] prices it
     assert ev.iteration_time_s == pytest.approx(end, rel=1e-12)
-
-
-def test_message_delay_by_hand() -> None:
-    from hgopt.cost.gradsync import LinkMessage, message_contention_delay
-
-    ring = [[(1.0, 3.0)]]
-    # 16 flows, 0.5 s of the cap from 1 s: each flow waits for the ring as long as itself, 0.5 / 16
-    assert message_contention_delay(LinkMessage(start_s=1.0, busy_s=0.5, flows=16), ring) == pytest.approx(0.5 / 16)
-    # one flow of 5 s from 2.5 s: the ring has 0.5 s left
-    assert message_contention_delay(LinkMessage(start_s=2.5, busy_s=5.0), ring) == pytest.approx(0.5)
-    # from 0.8 s: 0.2 s ran alone; two ring flows each take their share
-    two = [[(1.0, 3.0)], [(1.0, 1.1)]]
-    assert message_contention_delay(LinkMessage(start_s=0.8, busy_s=0.5), two) == pytest.approx(0.3 + 0.1)
-    assert message_contention_delay(LinkMessage(start_s=3.0, busy_s=1.0), ring) == 0.0
 
 
 def _without_contention(monkeypatch: pytest.MonkeyPatch) -> None:
