@@ -31,7 +31,7 @@ def main() -> None:
     mod = importlib.import_module("hgopt.cost.evaluate")
     on = mod._contended_sync
 
-    def off(plan, inst, tables, first, ends, buckets, rings):  # type: ignore[no-untyped-def]
+    def off(plan, inst, tables, first, ends, buckets, rings, **kw):  # type: ignore[no-untyped-def]
         return (ends, *bucket_schedule_starts(buckets, ends))
 
     topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))

@@ -134,7 +134,7 @@ def _without_contention(monkeypatch: pytest.MonkeyPatch) -> None:
 
     mod = importlib.import_module("hgopt.cost.evaluate")
     monkeypatch.setattr(mod, "_contended_sync",
-                        lambda plan, inst, tables, first, ends, buckets, rings: (ends, *bucket_schedule_starts(buckets, ends)))
+                        lambda plan, inst, tables, first, ends, buckets, rings, **kw: (ends, *bucket_schedule_starts(buckets, ends)))
 
 
 def _mixed_plans() -> list[Plan]:

@@ -986,7 +986,8 @@ def _bucketed_sync(
             phases.append(RingPhase(intra_s=seg.intra, inter_s=seg.inter, flow=ring and ring[0], tail_s=ring[1] if ring else 0.0))
     # [C5w] / [C7c]: the rings over a capped link share it with the rings and the last backward
     # messages on it at the same moment (processor sharing, hgopt/cost/sharing.py)
-    ends, sync_end, _ = _contended_sync(plan, inst, tables, first, ends, buckets, phases)
+    ends, sync_end, _ = _contended_sync(plan, inst, tables, first, ends, buckets, phases,
+                                        op_times={k: (report[k].fwd_s, report[k].bwd_s, report[k].send_bwd_s) for k in where})
     rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
@@ -995,7 +996,8 @@ def _bucketed_sync(
 
 # ---- [C5w] / [C7c] rings and the last backward sends sharing capped links ----------------------------
 def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[Pipeline, int],
-                    ends: dict[tuple[int, int], float], buckets: list[Bucket], phases: list[RingPhase]
+                    ends: dict[tuple[int, int], float], buckets: list[Bucket], phases: list[RingPhase],
+                    op_times: dict[tuple[int, int], tuple[float, float, float]] | None = None,
                     ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[tuple[int, int], float]]:
     """[C5w] / [C7c] The bucket schedule ([C7o], ``gradsync.bucket_schedule_starts``: each stage's sync
     end and first bucket start) and each stage's last backward end, where the buckets' cross-cluster
@@ -1004,7 +1006,13 @@ def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[
     microbatch's backward messages of every pipeline on it (``_last_backward_messages``), by processor
     sharing (``sharing.shared_bucket_schedule``). A message late by δ (against the messages alone)
     moves the last backward of the stage it feeds and of every stage before it by δ, and their
-    buckets with it. Without a capped link under any cross-cluster ring this is the plain schedule.
+    buckets with it. With overlap an early bucket can start while an earlier microbatch's backward
+    message is still on the link: those messages are on it too (``_earlier_backward_starts``, each
+    boundary's messages one after another), and move only the messages after them. A stage whose
+    last backward did not wait for the message (it starts later than the message arrives alone) moves
+    only by the part of the delay beyond that slack. ``op_times``: each stage's forward, backward and
+    backward-receive seconds (None: the last messages only, no slack). Without a capped link under
+    any cross-cluster ring this is the plain schedule.
     It is never earlier than the schedule without sharing (every bound of the uncontended [C7o]
     stays one). Returns (ends, sync_end, first_start)."""
     if not any(ph.flow is not None for ph in phases):
@@ -1014,14 +1022,49 @@ def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[
     used = {d for ph in phases if ph.flow is not None for d in ph.flow.dirs}
     caps = {d: topo.link_spec(*d).aggregate for d in used}
     copies = Counter(plan.pipelines)
+    horizon = min((r for bk, ph in zip(buckets, phases) if ph.flow is not None for r in bk.ready.values()), default=math.inf)
     messages = []
     for pipe, pi in first.items():
         for j in reversed(range(len(pipe.stages) - 1)):
             parts = tuple(CapFlow(nbytes=total / n, limit=bandwidth_bytes_per_s(per_flow, total / n), dirs=(d,), flows=n)
                           for d, total, n, per_flow in _last_backward_messages(inst, tables, pipe, j, copies[pipe])
                           if d in used and total > 0)
-            messages.append(BoundaryMessage(start_s=ends[(pi, j + 1)], sender=(pi, j + 1), receiver=(pi, j), parts=parts))
+            earlier: tuple[tuple[float, tuple[CapFlow, ...]], ...] = ()
+            slack = 0.0
+            if parts and op_times is not None:
+                slack = max(0.0, ends[(pi, j)] - op_times[(pi, j)][1] - ends[(pi, j + 1)] - op_times[(pi, j)][2])
+                least = max(max(p.nbytes / p.limit,
+                                p.flows * p.message / bandwidth_bytes_per_s(caps[p.dirs[0]], p.flows * p.message))  # type: ignore[arg-type]
+                            for p in parts)
+                starts = _earlier_backward_starts(pipe, j + 1, ends[(pi, j + 1)], *op_times[(pi, j + 1)][:2], least,
+                                                  horizon - least)
+                earlier = tuple((t, parts) for t in starts)
+            messages.append(BoundaryMessage(start_s=ends[(pi, j + 1)], sender=(pi, j + 1), receiver=(pi, j), parts=parts,
+                                            earlier=earlier, slack_s=slack))
     return shared_bucket_schedule(buckets, phases, ends, caps, messages)  # type: ignore[arg-type]
+
+
+def _earlier_backward_starts(pipe: Pipeline, si: int, last_end: float, fwd_s: float, bwd_s: float,
+                             message_s: float, after: float) -> list[float]:
+    """[C7c] When stage ``si``'s backward messages before its last one leave: each when its backward
+    ends, its operations (the runner's order, ``stage_ops``) taken back to back up to its last
+    backward's end ``last_end`` (the latest they can end: a wait between them only moves them
+    earlier), and through (``message_s`` alone) before the next one leaves, as the uncontended
+    schedule has the last one leave at ``last_end``; those that leave at ``after`` or later, in
+    time order."""
+    ops = stage_ops(pipe.schedule, si, len(pipe.stages), pipe.num_microbatches)
+    out = []
+    t = last_end - bwd_s
+    nxt = last_end
+    for op in reversed(ops[:-1]):
+        if op.kind == "B":
+            start = min(t, nxt - message_s)
+            if start < after:
+                break
+            out.append(start)
+            nxt = start
+        t -= bwd_s if op.kind == "B" else fwd_s
+    return out[::-1]
 
 
 def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,

@@ -114,12 +114,51 @@ class BoundaryMessage:
     when its last backward ends (``start_s`` uncontended, later by the sender's own delay), received
     by stage ``receiver``, whose last backward (and its buckets' ready times) moves by the sender's
     delay plus how much later the message is through than without rings (the latest of its
-    ``parts``, one per capped direction it crosses)."""
+    ``parts``, one per capped direction it crosses). ``earlier``: the earlier microbatches' backward
+    messages over the boundary that may still be on the link then, (uncontended start, parts) in
+    time order; each leaves after the one before it (one connection per rank pair, as the runner
+    and the simulator send them), the last message after them all; they move nothing else."""
 
     start_s: float
     sender: Hashable
     receiver: Hashable
     parts: tuple[CapFlow, ...] = ()
+    earlier: tuple[tuple[float, tuple[CapFlow, ...]], ...] = ()
+    slack_s: float = 0.0
+    """How much later than the message arrives alone the receiver's last backward starts anyway (it
+    moves only by what goes beyond: max(0, sender's delay + the message's − slack))."""
+
+
+def _send_chain(links: FluidLinks, msg: BoundaryMessage, shift: float,
+                done: Callable[[list[float]], None]) -> None:
+    """Put ``msg``'s earlier messages and then ``msg`` on ``links``, each from its start + ``shift``
+    and after the previous one is through; ``done`` gets the end of each of ``msg``'s parts."""
+    chain = [*msg.earlier, (msg.start_s, msg.parts)]
+
+    def go(q: int) -> None:
+        start, parts = chain[q]
+        ends = [0.0] * len(parts)
+        left = [len(parts)]
+
+        def part_done(pj: int, t: float) -> None:
+            ends[pj] = t
+            left[0] -= 1
+            if left[0] == 0:
+                finished(t if not parts else max(ends))
+
+        def finished(t: float) -> None:
+            if q + 1 < len(chain):
+                links.at(max(chain[q + 1][0] + shift, t), lambda: go(q + 1))
+            else:
+                done(ends)
+
+        if not parts:
+            finished(links.now)
+            return
+        for pj, part in enumerate(parts):
+            links.start(part, lambda t, pj=pj: part_done(pj, t))  # type: ignore[misc]
+
+    links.at(chain[0][0] + shift, lambda: go(0))
 
 
 def shared_bucket_schedule(
@@ -136,14 +175,12 @@ def shared_bucket_schedule(
 
     Returns (each holder's last backward end, its last bucket's end (at least that), its first
     bucket's start (holders with buckets only))."""
-    alone: dict[tuple[int, int], float] = {}  # (message, part) -> seconds with the messages alone
+    base_end: dict[int, list[float]] = {}  # per message, its parts' ends with the messages alone
     if messages:
         base = FluidLinks(caps)
         for mi, msg in enumerate(messages):
-            for pj, part in enumerate(msg.parts):
-                def put(mi: int = mi, pj: int = pj, part: CapFlow = part, t0: float = msg.start_s) -> None:
-                    base.start(part, lambda t: alone.__setitem__((mi, pj), t - t0))
-                base.at(msg.start_s, put)
+            if msg.parts:
+                _send_chain(base, msg, 0.0, lambda ends, mi=mi: base_end.__setitem__(mi, ends))  # type: ignore[misc]
         base.run()
 
     links = FluidLinks(caps)
@@ -201,20 +238,12 @@ def shared_bucket_schedule(
         if not msg.parts:
             known(msg.receiver, s)
             return
-        t0 = msg.start_s + s
-        left = [len(msg.parts)]
-        late = [0.0]
 
-        def part_done(pj: int, t: float) -> None:
-            late[0] = max(late[0], t - t0 - alone[(mi, pj)])
-            left[0] -= 1
-            if left[0] == 0:
-                known(msg.receiver, s + max(late[0], 0.0))
+        def through(ends: list[float]) -> None:
+            late = max(e - b - s for e, b in zip(ends, base_end[mi]))
+            known(msg.receiver, max(0.0, s + max(late, 0.0) - msg.slack_s))
 
-        def put() -> None:
-            for pj, part in enumerate(msg.parts):
-                links.start(part, lambda t, pj=pj: part_done(pj, t))  # type: ignore[misc]
-        links.at(t0, put)
+        _send_chain(links, msg, s, through)
 
     for h in backward_end:
         if h not in receivers:
