@@ -205,3 +205,66 @@ def test_geo3r_uniform_sync_is_priced_with_the_send_it_shares_the_link_with() ->
     assert s1.sync_end_s - s1.last_backward_end_s > 9.0
     sim1 = next(s for s in sim.stages if s.stage == 1)
     assert sim1.sync_end_s - sim1.compute_end_s > 9.0
+
+
+def test_an_earlier_backward_message_shares_the_cap_with_an_early_bucket() -> None:
+    """Beyond the last microbatch: m = 2, stage 0 = layer 0 on a and b, stage 1 = layers 1-3 on b and
+    a (one replica each, row 0 / row 1), 1e8 activation bytes per sample (each backward message 100
+    MB, 0.1 s of the 1 GB/s cap), 40 MB of gradients per layer in 5 MiB buckets (one layer each: ring
+    0.04 s of bytes + 0.02 s of latency), overlap on. Stage 1's backward of microbatch 0 ends at 0.21
+    s and its message runs alone until 0.27 s (60 MB), when stage 1's first bucket (layer 3, ready a
+    third into its last backward, 0.25 .. 0.31 s) starts: both at half the cap, the message's last
+    40 MB and the ring's 40 MB are through at 0.35 s, the ring ends at 0.37 s. The last message
+    (ready at E_1 = 0.31 s) leaves after the first, at 0.35 s: 20 MB alone until bucket 2 starts at
+    0.37 s, 40 MB with it until 0.45 s, 20 MB alone during its latency, the last 20 MB with bucket 3
+    (from 0.47 s) until 0.51 s; bucket 3's other 20 MB alone, its latency: stage 1's sync ends at
+    0.55 s. The message arrives at 0.52 s (uncontended 0.42 s): stage 0's last backward 0.52 .. 0.54
+    s, its ring (40 MB, alone) to 0.60 s, its optimizer step (1 ms) to 0.601 s. With the last message
+    alone on the cap (round 7's term) evaluate said 0.561 s."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e8)
+    inst = tiny_instance(global_batch=4, model=model, topology=topo)
+    s0 = Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
+    s1 = Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
+    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    sim = simulate(plan, inst)
+    syncs = sorted(t for e in sim.events if e.kind == "sync" and e.stage == 1 for t in (e.start, e.end))
+    assert syncs == pytest.approx([0.27, 0.37, 0.37, 0.47, 0.47, 0.55], rel=1e-12)
+    first = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 0 and e.replica == 0)
+    last = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 1 and e.replica == 0)
+    assert (first.start, first.end, last.start, last.end) == pytest.approx((0.21, 0.36, 0.35, 0.52), rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(0.601, rel=1e-12)
+    for mode in ("closed", "replay"):
+        ev = evaluate(plan, inst, pipeline=mode)  # type: ignore[arg-type]
+        by = {s.stage: s for s in ev.stages}
+        assert by[1].last_backward_end_s == pytest.approx(0.31, rel=1e-12)
+        assert by[1].sync_end_s == pytest.approx(0.55, rel=1e-12)
+        assert by[0].last_backward_end_s == pytest.approx(0.54, rel=1e-12)
+        assert ev.iteration_time_s == pytest.approx(0.601, rel=1e-12)
+
+
+def test_a_receiver_that_did_not_wait_for_the_message_does_not_move() -> None:
+    """m = 2, stage 0 = layers 0-2, stage 1 = layer 3 (both on a and b), 1e7 activation bytes (10 MB
+    messages), 5 MiB buckets. Stage 1's last backward ends at E_1 = 0.11 s and its one bucket (40
+    MB) starts with the last message: the message's 10 MB at half the cap, through at 0.13 s, arrives
+    at 0.14 s (0.01 s late). Stage 0 is still busy with microbatch 0's backward (0.10 .. 0.16 s), so
+    its last backward starts at 0.16 s either way: E_0 stays 0.22 s (moving it by the whole delay, as
+    round 7's term did, gave 0.23 s)."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e7)
+    inst = tiny_instance(global_batch=4, model=model, topology=topo)
+    s0 = Stage(start=0, end=3, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
+    s1 = Stage(start=3, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
+    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    sim = simulate(plan, inst)
+    last = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 1 and e.replica == 0)
+    assert (last.start, last.end) == pytest.approx((0.11, 0.14), rel=1e-12)
+    assert next(s for s in sim.stages if s.stage == 0).compute_end_s == pytest.approx(0.22, rel=1e-12)
+    ev = evaluate(plan, inst, pipeline="replay")
+    by = {s.stage: s for s in ev.stages}
+    assert by[0].last_backward_end_s == pytest.approx(0.22, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-12)
