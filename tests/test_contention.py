@@ -219,8 +219,8 @@ def test_an_earlier_backward_message_shares_the_cap_with_an_early_bucket() -> No
     0.37 s, 40 MB with it until 0.45 s, 20 MB alone during its latency, the last 20 MB with bucket 3
     (from 0.47 s) until 0.51 s; bucket 3's other 20 MB alone, its latency: stage 1's sync ends at
     0.55 s. The message arrives at 0.52 s (uncontended 0.42 s): stage 0's last backward 0.52 .. 0.54
-    s, its ring (40 MB, alone) to 0.60 s, its optimizer step (1 ms) to 0.601 s. With the last message
-    alone on the cap (round 7's term) evaluate said 0.561 s."""
+    s, its ring (40 MB, alone) to 0.60 s, its optimizer step (1 ms) to 0.601 s. Counting only the last
+    message on the cap, evaluate said 0.561 s."""
     topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
     topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
                                  "aggregate": {"gbit_s": 8.0}}}
@@ -250,8 +250,8 @@ def test_a_receiver_that_did_not_wait_for_the_message_does_not_move() -> None:
     messages), 5 MiB buckets. Stage 1's last backward ends at E_1 = 0.11 s and its one bucket (40
     MB) starts with the last message: the message's 10 MB at half the cap, through at 0.13 s, arrives
     at 0.14 s (0.01 s late). Stage 0 is still busy with microbatch 0's backward (0.10 .. 0.16 s), so
-    its last backward starts at 0.16 s either way: E_0 stays 0.22 s (moving it by the whole delay, as
-    round 7's term did, gave 0.23 s)."""
+    its last backward starts at 0.16 s either way: E_0 stays 0.22 s (moving it by the whole delay
+    gave 0.23 s)."""
     topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
     topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
                                  "aggregate": {"gbit_s": 8.0}}}
