@@ -1,10 +1,13 @@
-"""[C7c] on toy plans: simulate / evaluate (replay mode) of the 36 two-stage plans of
+"""[C5w] / [C7c] on toy plans: simulate / evaluate (replay mode) of the 36 two-stage plans of
 ``tests/test_contention.py::_mixed_plans`` (both stages span clusters a and b, whose link is 1 GB/s per
-flow and as each direction's cap, 10 ms), with and without the contention term (``_contended_sync``
-switched off), for three activation sizes. Prints min / max ratio, how many within 2 % and how many
-exact (1e-9).
+flow and as each direction's cap, 10 ms), with and without the sharing of capped directions
+(``_contended_sync`` switched off: every ring and message alone, the plain [C7o] bucket schedule;
+until round 7 "without" still had the [C5w] every-ring-together floor), for three activation sizes.
+Prints min / max ratio, how many within 2 % and how many exact (1e-9).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/contention_toy.py
+    PYTHONPATH=$PWD .venv/bin/python bench/contention_toy.py [closed|replay]
+
+(the argument: evaluate's pipeline mode, default replay)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def _summary(xs: list[float]) -> str:
 
 
 def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "replay"
     mod = importlib.import_module("hgopt.cost.evaluate")
     on = mod._contended_sync
 
@@ -45,7 +49,7 @@ def main() -> None:
             sim = simulate(plan, inst).iteration_time_s
             for label, fn in (("with", on), ("without", off)):
                 mod._contended_sync = fn
-                ratios[label].append(sim / evaluate(plan, inst, pipeline="replay").iteration_time_s)
+                ratios[label].append(sim / evaluate(plan, inst, pipeline=mode).iteration_time_s)
             mod._contended_sync = on
         print(f"activation {act:.0e} B/sample: with [C7c] {_summary(ratios['with'])} | without {_summary(ratios['without'])}")
 
