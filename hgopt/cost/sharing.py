@@ -129,36 +129,52 @@ class BoundaryMessage:
     moves only by what goes beyond: max(0, sender's delay + the message's − slack))."""
 
 
-def _send_chain(links: FluidLinks, msg: BoundaryMessage, shift: float,
-                done: Callable[[list[float]], None]) -> None:
-    """Put ``msg``'s earlier messages and then ``msg`` on ``links``, each from its start + ``shift``
-    and after the previous one is through; ``done`` gets the end of each of ``msg``'s parts."""
-    chain = [*msg.earlier, (msg.start_s, msg.parts)]
+class _Boundary:
+    """One boundary's messages on ``links``: the earlier ones from their starts (they do not move with
+    the sender's delay: it moves only its last backward), each after the one before it is through;
+    the last one from its start + the sender's delay (``release``) and after them; ``done`` gets the
+    end of each of its parts."""
 
-    def go(q: int) -> None:
-        start, parts = chain[q]
-        ends = [0.0] * len(parts)
+    def __init__(self, links: FluidLinks, msg: BoundaryMessage, done: Callable[[list[float]], None]) -> None:
+        self.links, self.msg, self.done = links, msg, done
+        self.free: float | None = None if msg.earlier else -math.inf  # when the earlier ones are through
+        self.shift: float | None = None
+        if msg.earlier:
+            links.at(msg.earlier[0][0], lambda: self._go(0))
+
+    def release(self, shift: float) -> None:
+        self.shift = shift
+        self._last()
+
+    def _last(self) -> None:
+        if self.free is None or self.shift is None:
+            return
+        self.links.at(max(self.msg.start_s + self.shift, self.free), lambda: self._put(self.msg.parts, self.done))
+
+    def _go(self, q: int) -> None:
+        def through(_: list[float]) -> None:
+            if q + 1 < len(self.msg.earlier):
+                self.links.at(max(self.msg.earlier[q + 1][0], self.links.now), lambda: self._go(q + 1))
+            else:
+                self.free = self.links.now
+                self._last()
+        self._put(self.msg.earlier[q][1], through)
+
+    def _put(self, parts: tuple[CapFlow, ...], done: Callable[[list[float]], None]) -> None:
+        ends = [self.links.now] * len(parts)
         left = [len(parts)]
+        if not parts:
+            done(ends)
+            return
 
         def part_done(pj: int, t: float) -> None:
             ends[pj] = t
             left[0] -= 1
             if left[0] == 0:
-                finished(t if not parts else max(ends))
-
-        def finished(t: float) -> None:
-            if q + 1 < len(chain):
-                links.at(max(chain[q + 1][0] + shift, t), lambda: go(q + 1))
-            else:
                 done(ends)
 
-        if not parts:
-            finished(links.now)
-            return
         for pj, part in enumerate(parts):
-            links.start(part, lambda t, pj=pj: part_done(pj, t))  # type: ignore[misc]
-
-    links.at(chain[0][0] + shift, lambda: go(0))
+            self.links.start(part, lambda t, pj=pj: part_done(pj, t))  # type: ignore[misc]
 
 
 def shared_bucket_schedule(
@@ -180,7 +196,7 @@ def shared_bucket_schedule(
         base = FluidLinks(caps)
         for mi, msg in enumerate(messages):
             if msg.parts:
-                _send_chain(base, msg, 0.0, lambda ends, mi=mi: base_end.__setitem__(mi, ends))  # type: ignore[misc]
+                _Boundary(base, msg, lambda ends, mi=mi: base_end.__setitem__(mi, ends)).release(0.0)  # type: ignore[misc]
         base.run()
 
     links = FluidLinks(caps)
@@ -233,17 +249,19 @@ def shared_bucket_schedule(
         for mi in by_sender.get(h, []):
             send(mi, s)
 
+    def through(mi: int, ends: list[float]) -> None:
+        msg, s = messages[mi], shift[messages[mi].sender]
+        late = max(e - b - s for e, b in zip(ends, base_end[mi]))
+        known(msg.receiver, max(0.0, s + max(late, 0.0) - msg.slack_s))
+
+    boundaries = {mi: _Boundary(links, m, lambda ends, mi=mi: through(mi, ends))  # type: ignore[misc]
+                  for mi, m in enumerate(messages) if m.parts}
+
     def send(mi: int, s: float) -> None:
-        msg = messages[mi]
-        if not msg.parts:
-            known(msg.receiver, s)
-            return
-
-        def through(ends: list[float]) -> None:
-            late = max(e - b - s for e, b in zip(ends, base_end[mi]))
-            known(msg.receiver, max(0.0, s + max(late, 0.0) - msg.slack_s))
-
-        _send_chain(links, msg, s, through)
+        if mi in boundaries:
+            boundaries[mi].release(s)
+        else:
+            known(messages[mi].receiver, s)
 
     for h in backward_end:
         if h not in receivers:
