@@ -25,7 +25,7 @@ from hgopt.cost.gradsync import (
     bucket_schedule_starts,
     iteration_end,
 )
-from hgopt.cost.sharing import BoundaryMessage, CapFlow, RingPhase, shared_bucket_schedule
+from hgopt.cost.sharing import BoundaryMessage, CapFlow, RingPhase, earlier_backward_starts, shared_bucket_schedule
 from hgopt.cost.memory import stage_memory_terms, zero_shards
 from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
@@ -1007,8 +1007,8 @@ def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[
     sharing (``sharing.shared_bucket_schedule``). A message late by δ (against the messages alone)
     moves the last backward of the stage it feeds and of every stage before it by δ, and their
     buckets with it. With overlap an early bucket can start while an earlier microbatch's backward
-    message is still on the link: those messages are on it too (``_earlier_backward_starts``, each
-    boundary's messages one after another), and move only the messages after them. A stage whose
+    message is still on the link: those messages are on it too (each
+    boundary's messages one after another, ``sharing.earlier_backward_starts``), and move only the messages after them. A stage whose
     last backward did not wait for the message (it starts later than the message arrives alone) moves
     only by the part of the delay beyond that slack. ``op_times``: each stage's forward, backward and
     backward-receive seconds (None: the last messages only, no slack). Without a capped link under
@@ -1036,35 +1036,12 @@ def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[
                 least = max(max(p.nbytes / p.limit,
                                 p.flows * p.message / bandwidth_bytes_per_s(caps[p.dirs[0]], p.flows * p.message))  # type: ignore[arg-type]
                             for p in parts)
-                starts = _earlier_backward_starts(pipe, j + 1, ends[(pi, j + 1)], *op_times[(pi, j + 1)][:2], least,
-                                                  horizon - least)
+                starts = earlier_backward_starts(stage_ops(pipe.schedule, j + 1, len(pipe.stages), pipe.num_microbatches),
+                                                 ends[(pi, j + 1)], *op_times[(pi, j + 1)][:2], least, horizon - least)
                 earlier = tuple((t, parts) for t in starts)
             messages.append(BoundaryMessage(start_s=ends[(pi, j + 1)], sender=(pi, j + 1), receiver=(pi, j), parts=parts,
                                             earlier=earlier, slack_s=slack))
     return shared_bucket_schedule(buckets, phases, ends, caps, messages)  # type: ignore[arg-type]
-
-
-def _earlier_backward_starts(pipe: Pipeline, si: int, last_end: float, fwd_s: float, bwd_s: float,
-                             message_s: float, after: float) -> list[float]:
-    """[C7c] When stage ``si``'s backward messages before its last one leave: each when its backward
-    ends, its operations (the runner's order, ``stage_ops``) taken back to back up to its last
-    backward's end ``last_end`` (the latest they can end: a wait between them only moves them
-    earlier), and through (``message_s`` alone) before the next one leaves, as the uncontended
-    schedule has the last one leave at ``last_end``; those that leave at ``after`` or later, in
-    time order."""
-    ops = stage_ops(pipe.schedule, si, len(pipe.stages), pipe.num_microbatches)
-    out = []
-    t = last_end - bwd_s
-    nxt = last_end
-    for op in reversed(ops[:-1]):
-        if op.kind == "B":
-            start = min(t, nxt - message_s)
-            if start < after:
-                break
-            out.append(start)
-            nxt = start
-        t -= bwd_s if op.kind == "B" else fwd_s
-    return out[::-1]
 
 
 def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
 from hgopt.cost.gradsync import Bucket
+from hgopt.cost.schedule import Op
 from hgopt.cost.tables import bandwidth_bytes_per_s
 from hgopt.spec import Bandwidth
 
-__all__ = ["BoundaryMessage", "CapFlow", "FluidLinks", "RingPhase", "shared_bucket_schedule"]
+__all__ = ["BoundaryMessage", "CapFlow", "FluidLinks", "RingPhase", "earlier_backward_starts", "shared_bucket_schedule"]
 
 _TOL = 1e-12
 
@@ -270,3 +271,25 @@ def shared_bucket_schedule(
     ends = {h: e + shift.get(h, 0.0) for h, e in backward_end.items()}
     sync_end = {h: max(last_end.get(h, -math.inf), ends[h]) for h in backward_end}
     return ends, sync_end, first
+
+
+def earlier_backward_starts(ops: Sequence[Op], last_end: float, fwd_s: float, bwd_s: float,
+                            message_s: float, after: float) -> list[float]:
+    """[C7c] When a stage's backward messages before its last one leave: each when its backward ends,
+    its operations ``ops`` (the runner's order, ``schedule.stage_ops``; the last one its last
+    backward) taken back to back up to that backward's end ``last_end`` (the latest they can end: a
+    wait between them only moves them earlier), and through (``message_s`` alone) before the next one
+    leaves, as the uncontended schedule has the last one leave at ``last_end``; those that leave at
+    ``after`` or later, in time order."""
+    out = []
+    t = last_end - bwd_s
+    nxt = last_end
+    for op in reversed(ops[:-1]):
+        if op.kind == "B":
+            start = min(t, nxt - message_s)
+            if start < after:
+                break
+            out.append(start)
+            nxt = start
+        t -= bwd_s if op.kind == "B" else fwd_s
+    return out[::-1]
