@@ -176,9 +176,9 @@ def instance(net: Net, prof: dict[str, Any], links: dict[str, dict[str, float]])
         wan = dict(links[net.name])  # the fitted intercept: per-message cost of TCP, tbf and wake-ups
     else:
         wan = {"gbit_s": net.mbit_s / 1000.0, "latency_ms": net.latency_ms}
-    # What the emulation implements: one shaped veth (netns) or one delivery queue per sending rank
-    # (delay; one sender per boundary in these plans) per cluster pair and direction, which every flow
-    # between the two clusters shares -- a shared pipe, not per-flow links.
+    # What the emulation implements: one shaped veth (netns) or one shared hop in the delay mode's
+    # ledger (hgopt/runner/linkemu.py) per cluster pair and direction, which every flow between the two
+    # clusters shares -- a shared pipe, not per-flow links.
     wan = {"kind": "shared_pipe", **wan, "source": f"emulated: {net.mode} link of {net.mbit_s:g} Mbit/s"
            + (f" + {net.latency_ms:g} ms" if net.latency_ms else "") + " per cluster pair and direction"}
     clusters = [{"name": c, "region": f"r{c}", "gpu": "cpu", "gpu_memory_gb": 16, "nodes": 1,

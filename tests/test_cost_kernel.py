@@ -376,3 +376,84 @@ def test_replay_along_the_operation_sequence_equals_the_event_loop(monkeypatch: 
     monkeypatch.setattr(pipeline_mod, "_op_sequence", lambda *a: None)
     slow = [replay_stage_ends(stage_ops, sch, f, b, cf, cb, m, lat, lat) for sch, f, b, cf, cb, m, lat in cases]
     assert fast == slow
+
+
+def test_busy_blend_is_a_lower_bound_of_the_replay() -> None:
+    """[C3b] replay3 [R0s]: on random 1F1B pipelines of S stages (1-3 layers each, sends with a latency
+    part), for every busy share σ, ``busy_blend_bound`` of V = w'·B + R_0 (w' = ``busy_blend_weight``
+    of ``bound_weight(m, S, ρ)`` at the pipeline's own S, B its largest stage f + b or send pace, no tail)
+    with λ the largest latency and ``bound_offset(m, S, E)`` stays at or below the exact timeline
+    [C3x]; σ = 1 is the warm-up form, and some pipelines are bounded higher by σ < 1 than by σ = 1
+    (the busy chain m·B' is what lifts them), so the blend is not dead weight."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from hgopt.cost.pipeline import (BUSY_SHARES, bound_offset, bound_weight, busy_blend_bound,
+                                     busy_blend_weight)
+    from tests.factories import draw_pipeline
+
+    lifted: list[bool] = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), data=hs.data())
+    def check(S: int, m: int, data: hs.DataObject) -> None:
+        _, _, _, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
+        big = max(t + [max(cf[i], cb[i]) for i in range(S - 1)])
+        lam = max(lat[: S - 1], default=0.0)
+        w, off = bound_weight(m, S, rho), bound_offset(m, S, e)
+        vals = []
+        for share in BUSY_SHARES:
+            w2 = busy_blend_weight(w, m, share)
+            vals.append(busy_blend_bound(w2 * big + r0, share, w2, lam, off, 0.0))
+            assert vals[-1] <= rep * (1 + 1e-12) + 1e-12, (share, vals[-1], rep)
+        assert BUSY_SHARES[0] == 1.0 and vals[0] == pytest.approx(w * big + r0 - w * lam - off, rel=1e-12, abs=1e-12)
+        lifted.append(max(vals[1:]) > vals[0] * (1 + 1e-9))
+
+    check()
+    assert any(lifted)
+
+
+def test_busy_blend_hand_case() -> None:
+    """[C3b] By hand: one stage f = 1, b = 2 (t = 3), m = 4, so the replay is m·t = 12 (no fill beyond the
+    stage); w = m − 1 = 3, w·t + R_0 = 12 at σ = 1; at σ = 0.5, w' = 3 + 4 = 7, V = 7·3 + 3 = 24, and
+    0.5·24 + 0.5·tail_floor 0 = 12 too (both forms are exact here); with a tail floor 1 and V
+    including a tail 1 (V = 25) the bound is 0.5·25 + 0.5·1 = 13 = 12 + the tail."""
+    from hgopt.cost.pipeline import bound_weight, busy_blend_bound, busy_blend_weight
+
+    rep = max(replay_stage_ends(stage_ops, "1f1b", [1.0], [2.0], [0.0], [0.0], 4))
+    assert rep == pytest.approx(12.0)
+    w = bound_weight(4, 1, 0.9)
+    assert w == 3.0
+    assert busy_blend_weight(w, 4, 0.5) == 7.0
+    assert busy_blend_bound(24.0, 0.5, 7.0, 0.0, 0.0, 0.0) == pytest.approx(12.0)
+    assert busy_blend_bound(25.0, 0.5, 7.0, 0.0, 0.0, 1.0) == pytest.approx(13.0)
+
+
+def test_stage_line_is_a_lower_bound_of_the_replay() -> None:
+    """[C3b] replay3 [R4s]: on random 1F1B pipelines of S stages, with B' the largest stage f + b or send
+    occupancy (send − latency) and any a <= B', (m − 1 + ρ)·a + E − (ρ·a + E)·S + R_0 (``stage_line``)
+    stays at or below the exact timeline [C3x]; it equals the warm-up form at the split's S̄ = S when
+    S <= m, and the S̄-form with S̄ = 26 is below it on some pipelines (what the line lifts)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    from hgopt.cost.pipeline import bound_offset, bound_weight, stage_line
+    from tests.factories import draw_pipeline
+
+    lifted: list[bool] = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(S=hs.integers(1, 6), m=hs.integers(1, 24), data=hs.data())
+    def check(S: int, m: int, data: hs.DataObject) -> None:
+        _, _, _, lat, cf, cb, rep, t, r0, rho, e = draw_pipeline(data, S, m)
+        big = max(t + [max(cf[i] - lat[i], cb[i] - lat[i]) for i in range(S - 1)])
+        a = big * data.draw(hs.floats(0.0, 1.0))
+        slope, r, ex = stage_line(m, rho, e)
+        line = slope * a + ex - (r * a + ex) * S + r0
+        assert line <= rep * (1 + 1e-12) + 1e-12
+        if S <= m:
+            assert line == pytest.approx(bound_weight(m, S, rho) * a - bound_offset(m, S, e) + r0, rel=1e-9, abs=1e-9)
+        lifted.append(line > bound_weight(m, 26, rho) * a - bound_offset(m, 26, e) + r0 + 1e-9)
+
+    check()
+    assert any(lifted)

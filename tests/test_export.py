@@ -211,7 +211,7 @@ def test_link_emulation_warns_where_per_flow_links_carry_several_node_pairs(capl
         replace(lk, kind="per_flow", aggregate=None) for lk in inst.topology.links)))
     assert {lk.kind for lk in inst.topology.links} == {"shared_pipe"}
     for instance, emulate, warned in ((inst, "netns", False), (per_flow, "off", False), (per_flow, "netns", True),
-                                      (per_flow, "delay", True)):
+                                      (per_flow, "delay", False)):  # emulate: delay emulates per-flow links
         caplog.clear()
         with caplog.at_level("WARNING", logger="hgopt.export.build"):
             rp = build_runner_plan(plan, instance, ExportOptions(emulate_links=emulate))  # type: ignore[arg-type]
@@ -233,9 +233,10 @@ def test_link_emulation_warns_where_a_cluster_s_inter_node_traffic_goes_unshaped
     several = runner_instance(gpus_per_cluster=(2, 1))  # two nodes of one GPU per cluster
     one_node = runner_instance(gpus_per_cluster=(1, 2))
     plan = Plan(pipelines=(pipeline([((0, 2), [G("a", dp=2, mbs=2)]), ((2, 4), [G("b", dp=2, mbs=2)])], m=2),))
-    for instance, emulate, warned in ((several, "delay", True), (several, "netns", True), (several, "off", False),
+    for instance, emulate, warned in ((several, "delay", False), (several, "netns", True), (several, "off", False),
                                       (one_node, "delay", False)):
         caplog.clear()
         with caplog.at_level("WARNING", logger="hgopt.export.build"):
             build_runner_plan(plan, instance, ExportOptions(emulate_links=emulate))  # type: ignore[arg-type]
-        assert ("shapes only the links between clusters; inside a, b" in caplog.text) == warned, (emulate, caplog.text)
+        assert ("shapes only the links between clusters (netns; the delay mode emulates node NICs); inside a, b"
+                in caplog.text) == warned, (emulate, caplog.text)

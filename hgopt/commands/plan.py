@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop once the relative gap to the lower bound is <= G (default 0.01)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="solver threads (default 1)")
     p.add_argument("--seed", type=int, default=0, help="solver random seed")
+    p.add_argument("--work-limit", type=float, default=None, metavar="W",  # determinism (issue #11 item 5)
+                   help="nominal seconds of work the exact planner's phases may spend (hgopt.search.work; default: the "
+                        "search's part of --time-limit): the same input, W and --seed give the same plan and bound "
+                        "unless --time-limit, the watchdog, cuts a phase first (then a note says so)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--timeline", metavar="FILE.png", help="draw the plan's pipeline timeline to FILE.png")
@@ -88,6 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _options(args: argparse.Namespace) -> PlanOptions:
     if not args.time_limit > 0:
         raise ValueError(f"--time-limit: must be > 0 seconds, got {args.time_limit}")
+    if getattr(args, "work_limit", None) is not None and not 0 < args.work_limit < math.inf:  # determinism
+        raise ValueError(f"--work-limit: must be > 0 nominal seconds, got {args.work_limit}")
     if not 0 <= args.gap < 1:
         raise ValueError(f"--gap: must be in [0, 1), got {args.gap}")
     if args.threads < 1:
@@ -164,7 +170,8 @@ def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
         return plan_cost.run_cost(args, inst, opts, deadline=dl)
     tables = build_tables(inst)
     progress = Progress(args.planner)
-    opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit))  # deadline: the search's share
+    opts = dataclasses.replace(opts, time_limit_s=search_limit(args.time_limit),  # deadline: the search's share
+                               work_limit_s=getattr(args, "work_limit", None))  # determinism: its work (None: the same)
     try:
         res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress, stop_at=dl.stop_at,
                           stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)

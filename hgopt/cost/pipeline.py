@@ -19,8 +19,12 @@ import numpy as np
 __all__ = [
     "EVALUATE_1F1B",
     "ROUND_TRIP_WINDOWS",
+    "BUSY_SHARES",
     "bound_offset",
     "bound_weight",
+    "busy_blend_bound",
+    "busy_blend_weight",
+    "stage_line",
     "Composition",
     "replay_bounds",
     "search_composition",
@@ -428,6 +432,40 @@ def forward_share(fwd: Sequence[float], bwd: Sequence[float], skip: int = 1) -> 
     rho = max((fwd[i] / (fwd[i] + bwd[i]) for i in core if fwd[i] + bwd[i] > 0), default=0.0)
     excess = sum(max(f - rho * (f + b), 0.0) for f, b in zip(fwd, bwd))
     return rho, excess
+
+
+BUSY_SHARES: tuple[float, ...] = (1.0, 0.75, 0.5, 0.3, 0.15)
+"""[C3b] The shares σ at which :func:`busy_blend_weight` blends the busy chain into a stage-count bound
+(σ = 1: the warm-up form alone)."""
+
+
+def busy_blend_weight(weight: float, num_microbatches: int, share: float) -> float:
+    """[C3b] w' = w + (1 − σ)/σ·m: a plan whose every microbatch-weighted form is known by its largest
+    piece B' (stage f + b or boundary occupancy), its fill R_0 and its first stage's tail U has
+    T ≥ w·B' + R_0 + U − offset (the warm-up form) and T ≥ m·B' + U (the busy chain A_s + B_s + m·t_s,
+    or R_0 + (m − 1)·o ≥ m·o for a boundary); their σ-combination is σ·(w'·B' + R_0 + U) − σ·offset +
+    (1 − σ)·U, so the least of w'·B + R_0 + U over a plan family bounds the family by
+    :func:`busy_blend_bound`. ``share`` in (0, 1]."""
+    return weight + (1.0 - share) / share * num_microbatches
+
+
+def busy_blend_bound(value: float, share: float, blend_weight: float, latency: float, offset: float,
+                     tail_floor: float) -> float:
+    """[C3b] σ·(V − w'·λ − offset) + (1 − σ)·U_lb: the lower bound of every plan of a family whose least
+    w'·B + R_0 + U is ``value`` (w' = :func:`busy_blend_weight`, B counting sends by pace, so B' ≥ B − λ
+    with λ = ``latency`` the largest latency of the family's sends), ``offset`` the warm-up form's
+    :func:`bound_offset` and ``tail_floor`` ≤ every plan's tail U."""
+    return share * (value - blend_weight * latency - offset) + (1.0 - share) * tail_floor
+
+
+def stage_line(num_microbatches: int, fwd_share: float, fwd_excess: float) -> tuple[float, float, float]:
+    """[C3b] (m − 1 + ρ, ρ, E): for a plan of S stages whose pieces are at least a, the warm-up form's
+    w(S)·a − offset(S) = (m − 1 − ρ·min(S − 1, m − 1))·a − min(S − 1, m − 1)·E is at least the line
+    (m − 1 + ρ)·a + E − (ρ·a + E)·S in S (its supporting line for S ≤ m; above it beyond), so a
+    relaxation that knows S only through a per-stage term may charge −(ρ·a + E) per stage on top of
+    (m − 1 + ρ)·a + E (replay3 [R4s]; ``bound_weight``/``bound_offset`` at the split's S̄ is the other
+    supporting line, flat from S = m on)."""
+    return float(num_microbatches - 1) + fwd_share, fwd_share, fwd_excess
 
 
 def replay_bounds() -> bool:

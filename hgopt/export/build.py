@@ -17,6 +17,7 @@ from hgopt.export.runner_plan import (
     Device,
     Emulation,
     LinkSpec,
+    NicSpec,
     ModelConfig,
     NodeSpec,
     OuterConfig,
@@ -102,7 +103,7 @@ def build_runner_plan(plan: Plan, instance: Instance, opts: ExportOptions) -> Ru
         timeout_s=opts.timeout_s, heartbeat_timeout_s=opts.heartbeat_timeout_s, device=opts.device,
         instance=instance.name, planner=plan.planner, meta=plan.meta,
     )
-    rp = replace(rp, links=_links(rp, instance, opts), sync_groups=_sync_groups(rp))
+    rp = replace(rp, links=_links(rp, instance, opts), nics=_nics(rp, instance, opts), sync_groups=_sync_groups(rp))
     if plan.outer is not None:  # issue #15 (diloco): gradients synchronised inside each group only
         rp = _with_outer(rp, plan)
     check_runner_plan(rp, "<export>")
@@ -272,19 +273,17 @@ def _runner_mbs(g: ReplicaGroup, unit: int, opts: ExportOptions) -> int:
 # ---- links and gradient-sync groups -----------------------------------------------------------
 def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[LinkSpec, ...]:
     """Every ordered pair of used clusters. The bandwidth is the topology's achieved rate for one
-    microbatch of the runner's activations (curve links depend on message size), times ``link_scale``.
+    microbatch of the runner's activations (curve links depend on message size), times ``link_scale``;
+    the link's kind and aggregate cap go with it.
 
-    What the emulation implements (``netns``: one tbf-shaped veth per cluster pair and direction;
-    ``delay``: one delivery queue per sending rank and destination cluster) is a shared pipe at that
-    rate. That is the link model's ``shared_pipe`` exactly; a ``per_flow`` link whose two clusters
-    use several nodes lets flows between different node pairs run in parallel in ``evaluate`` and
-    ``simulate``, which the emulation does not: a warning says so (the emulated run is then slower
-    than the prediction wherever such flows overlap). Traffic inside a cluster is not shaped at all
-    (its ranks talk over this host's loopback): where the plan uses several nodes of a cluster, whose
-    inter-node transfers and rings the model prices at the cluster's ``inter_node`` figure (one NIC per
-    node, shared by its GPUs), a second warning says so."""
-    itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
-    message = max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
+    What the emulation implements: ``delay`` (:mod:`hgopt.runner.linkemu`) the link model itself, a
+    per-flow queue per node pair, an aggregate cap per direction, one pipe per direction for a
+    ``shared_pipe`` link and every node's NIC (:func:`_nics`); ``netns`` one tbf-shaped veth per
+    cluster pair and direction (a shared pipe at the per-flow rate) and nothing inside a cluster. With
+    ``netns`` a ``per_flow`` link whose clusters use several nodes (flows between different node pairs
+    run in parallel in ``evaluate`` and ``simulate``) and a cluster whose plan uses several nodes
+    (inter-node traffic priced at ``inter_node``, carried at loopback speed) get a warning."""
+    message = _message_bytes(rp, instance, opts)
     used_nodes = {c: len({n.cluster_node for n in rp.nodes if n.cluster == c}) for c in rp.clusters}
     out, parallel = [], []
     for a in rp.clusters:
@@ -292,22 +291,42 @@ def _links(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[Lin
             if a != b:
                 spec = instance.topology.link_spec(a, b)
                 bw = spec.bandwidth
+                agg = None
+                if spec.kind == "per_flow" and spec.aggregate is not None:
+                    agg = bandwidth_bytes_per_s(spec.aggregate, message) * opts.link_scale
                 out.append(LinkSpec(src=a, dst=b, bytes_per_s=bandwidth_bytes_per_s(bw, message) * opts.link_scale,
-                                    latency_s=bw.latency_s))
+                                    latency_s=bw.latency_s, kind=spec.kind, aggregate_bytes_per_s=agg))
                 if spec.kind == "per_flow" and spec.aggregate != spec.bandwidth and used_nodes[a] * used_nodes[b] > 1:
                     parallel.append(f"{a}->{b}")
-    if parallel and opts.emulate_links != "off":
-        log.warning("link emulation %s shapes one shared pipe per cluster pair and direction at the per-flow rate; "
-                    "the links %s are per_flow and the plan uses several node pairs on them, whose flows evaluate "
-                    "and simulate run in parallel: emulated steps where such flows overlap are slower than predicted",
-                    opts.emulate_links, ", ".join(parallel))
-    # validation3: nothing inside a cluster is shaped (its ranks share one namespace / talk directly)
+    if parallel and opts.emulate_links in ("netns", "auto"):
+        log.warning("link emulation %s shapes one shared pipe per cluster pair and direction at the per-flow rate "
+                    "(netns; the delay mode emulates per-flow links): the links %s are per_flow and the plan uses "
+                    "several node pairs on them, whose flows evaluate and simulate run in parallel: emulated steps "
+                    "where such flows overlap are slower than predicted", opts.emulate_links, ", ".join(parallel))
+    # validation3: netns shapes nothing inside a cluster (its ranks share one namespace)
     multi = [c for c in rp.clusters if used_nodes[c] > 1]
-    if multi and opts.emulate_links != "off":
-        log.warning("link emulation %s shapes only the links between clusters; inside %s the plan uses several "
-                    "nodes, whose traffic evaluate and simulate price at the cluster's inter_node figure (each "
-                    "node's NIC shared by its GPUs) and the emulation carries unshaped (this host's loopback)",
-                    opts.emulate_links, ", ".join(multi))
+    if multi and opts.emulate_links in ("netns", "auto"):
+        log.warning("link emulation %s shapes only the links between clusters (netns; the delay mode emulates "
+                    "node NICs); inside %s the plan uses several nodes, whose traffic evaluate and simulate price at "
+                    "the cluster's inter_node figure (each node's NIC shared by its GPUs) and the emulation carries "
+                    "unshaped (this host's loopback)", opts.emulate_links, ", ".join(multi))
+    return tuple(out)
+
+
+def _message_bytes(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> float:
+    """Bytes of one microbatch of the runner's activations (the message size curve links are read at)."""
+    itemsize = {"float64": 8, "bfloat16": 2}.get(_dtype(instance, opts), 4)
+    return max(p.microbatch for p in rp.pipelines) * opts.seq * opts.hidden * itemsize
+
+
+def _nics(rp: RunnerPlan, instance: Instance, opts: ExportOptions) -> tuple[NicSpec, ...]:
+    """emulate: every used cluster's node NIC (``inter_node`` at one microbatch's message size; not
+    scaled by ``link_scale``, which scales the links between clusters)."""
+    message = _message_bytes(rp, instance, opts)
+    out = []
+    for c in rp.clusters:
+        bw = instance.topology.cluster(c).inter_node
+        out.append(NicSpec(cluster=c, bytes_per_s=bandwidth_bytes_per_s(bw, message), latency_s=bw.latency_s))
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "Emulation",
     "LinkSpec",
     "ModelConfig",
+    "NicSpec",
     "NodeSpec",
     "OuterConfig",
     "Piece",
@@ -145,6 +146,22 @@ class LinkSpec:
 
     src: str
     dst: str
+    bytes_per_s: float
+    """Per flow (one node pair) for kind ``per_flow``; the whole direction for ``shared_pipe``."""
+    latency_s: float
+    # emulate: the link model's kind and cap ([C4w]) for the delay mode's per-node emulation
+    # (hgopt.runner.linkemu); files without them load as one shared pipe per direction
+    kind: str = "shared_pipe"
+    """``per_flow`` or ``shared_pipe`` (see :class:`hgopt.spec.Link`)."""
+    aggregate_bytes_per_s: float | None = None
+    """``per_flow`` only: the direction's cap shared by every flow (None: no cap)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NicSpec:
+    """emulate: one node's NIC of a cluster (``inter_node``), shared by the node's ranks, per direction."""
+
+    cluster: str
     bytes_per_s: float
     latency_s: float
 
@@ -296,6 +313,8 @@ class RunnerPlan:
     links: tuple[LinkSpec, ...] = ()
     sync_groups: tuple[SyncGroup, ...] = ()
     emulate_links: Emulation = "off"
+    nics: tuple[NicSpec, ...] = ()
+    """emulate: every used cluster's node NIC (empty in older files: NICs not emulated)."""
     local: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
@@ -397,8 +416,12 @@ def _to_dict(rp: RunnerPlan) -> dict[str, Any]:
                  "master_port": rp.master_port, "timeout_s": rp.timeout_s,
                  "heartbeat_timeout_s": rp.heartbeat_timeout_s, "device": rp.device},
         "clusters": list(rp.clusters),
-        "links": [{"src": lk.src, "dst": lk.dst, "bytes_per_s": lk.bytes_per_s, "latency_s": lk.latency_s}
+        "links": [{"src": lk.src, "dst": lk.dst, "bytes_per_s": lk.bytes_per_s, "latency_s": lk.latency_s,
+                   "kind": lk.kind, **({"aggregate_bytes_per_s": lk.aggregate_bytes_per_s}
+                                       if lk.aggregate_bytes_per_s is not None else {})}
                   for lk in rp.links],
+        **({"nics": [{"cluster": n.cluster, "bytes_per_s": n.bytes_per_s, "latency_s": n.latency_s}
+                     for n in rp.nics]} if rp.nics else {}),
         "nodes": [{"index": n.index, "cluster": n.cluster, "cluster_node": n.cluster_node, "ranks": list(n.ranks)}
                   for n in rp.nodes],
         "pipelines": [_pipeline_dict(p) for p in rp.pipelines],
@@ -484,7 +507,13 @@ def _from_dict(data: Any, source: str) -> RunnerPlan:
         nodes=tuple(_read_node(rd, n, f"nodes[{i}]") for i, n in enumerate(rd.get(top, "nodes", "<top>", list))),
         clusters=tuple(rd.get(top, "clusters", "<top>", list)),
         links=tuple(LinkSpec(src=lk["src"], dst=lk["dst"], bytes_per_s=float(lk["bytes_per_s"]),
-                             latency_s=float(lk["latency_s"])) for lk in top.get("links", [])),
+                             latency_s=float(lk["latency_s"]),
+                             kind=rd.choice(lk, "kind", f"links[{i}]", ("per_flow", "shared_pipe"), "shared_pipe"),
+                             aggregate_bytes_per_s=(None if lk.get("aggregate_bytes_per_s") is None
+                                                    else float(lk["aggregate_bytes_per_s"])))
+                    for i, lk in enumerate(top.get("links", []))),
+        nics=tuple(NicSpec(cluster=str(n["cluster"]), bytes_per_s=float(n["bytes_per_s"]),
+                           latency_s=float(n["latency_s"])) for n in top.get("nics", [])),
         sync_groups=tuple(SyncGroup(start=g["layers"][0], end=g["layers"][1], ranks=tuple(g["ranks"]),
                                     mode=g.get("mode", "shard"), clusters=tuple(g.get("clusters", ())),
                                     zero=int(g.get("zero", 0)))

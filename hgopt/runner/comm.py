@@ -12,11 +12,15 @@ i-th send on a (group, pair) is the i-th receive, which is the in-order matching
 the directions on separate groups also keeps nccl from queueing a posted gradient receive in front
 of an activation send on the one stream of a pair (the lookahead receives would deadlock there).
 
-Emulation: a cross-cluster transfer carries a small header with the time at which the data would
+Emulation: an emulated transfer carries a small header with the time at which the data would
 arrive over the emulated link; the receiver, once the bytes are in, waits until then. In ``delay`` mode
-that time is ``max(now, link free) + bytes / bandwidth + latency`` (the sender's own queue onto the
-link is modelled); in ``netns`` mode the kernel shapes the bandwidth, so only the latency is added. All
-ranks of an emulation share one machine, hence one clock."""
+the header is the message's id in :mod:`hgopt.runner.linkemu`'s ledger, which every rank of the run
+shares (the link model: per-node NICs shared by a node's ranks, a per-flow hop per node pair, an
+aggregate cap or a shared pipe per direction, processor sharing as in the simulator), and the
+receiver waits until the ledger says the message has arrived; every transfer between two nodes is
+emulated, inside a cluster too when the plan carries the NICs. In ``netns`` mode the kernel shapes the bandwidth of
+cross-cluster transfers, so only the latency is added. All ranks of an emulation share one machine,
+hence one clock."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch.distributed as dist
 
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner.codec import WireSpec
+from hgopt.runner.linkemu import Ledger, LinkEmulator, MemoryLedger, send, wait_arrival
 
 __all__ = ["Pending", "Wire", "tag"]
 
@@ -47,12 +52,17 @@ class Pending:
     works: list[dist.Work]
     buffers: list[torch.Tensor]
     header: torch.Tensor | None = None
+    ledger: Ledger | None = None
+    """``delay`` mode: the header is the message's id in this ledger (else its arrival time)."""
 
     def wait(self) -> list[torch.Tensor]:
         for w in self.works:
             w.wait()
         if self.header is not None:
-            delay = float(self.header[0]) - time.time()
+            arrival = float(self.header[0])
+            if self.ledger is not None:
+                arrival = wait_arrival(self.ledger, int(arrival), time.time, time.sleep)
+            delay = arrival - time.time()
             if delay > 0:
                 time.sleep(delay)
         return self.buffers
@@ -70,13 +80,26 @@ class Wire:
     """Process group of gradient (``bwd``) transfers; None: the default group (tests of one direction)."""
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Bytes handed to send, per ``p<i>.b<k>.<fwd|bwd>`` (and ``….wan`` for the cross-cluster part)."""
+    ledger: Ledger = field(default_factory=MemoryLedger)
+    """``delay`` mode: the hops' free times, shared by every rank of the run (a FileLedger)."""
     _works: list[tuple[dist.Work, torch.Tensor]] = field(default_factory=list)
-    _link_free: dict[str, float] = field(default_factory=dict)
+    _emu: LinkEmulator | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode == "delay":
+            self._emu = LinkEmulator(self.plan)
+
+    @property
+    def emulator(self) -> LinkEmulator | None:
+        """``delay`` mode: the plan's link routes (None in the other modes)."""
+        return self._emu
 
     def _group(self, direction: str) -> Any:
         return self.backward_group if direction == "bwd" else None
 
     def _emulated(self, me: int, peer: int) -> bool:
+        if self._emu is not None:
+            return self._emu.route(me, peer) is not None
         return self.mode != "off" and self.cluster_of[me] != self.cluster_of[peer]
 
     def send(self, tensors: list[torch.Tensor], me: int, dst: int, microbatch: int, direction: str, key: str) -> None:
@@ -92,14 +115,14 @@ class Wire:
             self._works.append((dist.isend(header, dst, group=group, tag=tag(microbatch, direction, _SLOTS - 1)), header))
 
     def _arrival(self, me: int, dst: int, nbytes: int) -> float:
+        if self._emu is not None:
+            route = self._emu.route(me, dst)
+            assert route is not None
+            with self.ledger.open() as state:
+                return float(send(state, route, nbytes, time.time()))  # the message's id
         link = self.plan.link(self.cluster_of[me], self.cluster_of[dst])
         assert link is not None, "the export lists every pair of used clusters"
-        now = time.time()
-        if self.mode == "netns":
-            return now + link.latency_s
-        done = max(now, self._link_free.get(self.cluster_of[dst], 0.0)) + nbytes / link.bytes_per_s
-        self._link_free[self.cluster_of[dst]] = done
-        return done + link.latency_s
+        return time.time() + link.latency_s
 
     def recv(self, specs: list[WireSpec], me: int, src: int, microbatch: int, direction: str) -> Pending:
         group = self._group(direction)
@@ -109,7 +132,7 @@ class Wire:
         if self._emulated(me, src):
             header = torch.empty(1, dtype=torch.float64, device=self.device)
             works.append(dist.irecv(header, src, group=group, tag=tag(microbatch, direction, _SLOTS - 1)))
-        return Pending(works=works, buffers=bufs, header=header)
+        return Pending(works=works, buffers=bufs, header=header, ledger=self.ledger if self._emu is not None else None)
 
     def wait_sends(self) -> None:
         for w, _ in self._works:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from hgopt.runner.comm import Pending, Wire
 from hgopt.runner.data import IGNORE, Dataset, replica_rows
 from hgopt.runner.device import synchronize
 from hgopt.runner.grad_sync import GradSync, emulated_ring_s
+from hgopt.runner.linkemu import Route, send, wait_arrival
 from hgopt.runner.memory import MemoryMeter
 from hgopt.runner.model import DTYPES, StageModel
 from hgopt.cost.schedule import Op, stage_ops
@@ -132,7 +133,9 @@ class StageWorker:
         self.b_out = None if self.last else self.pipe.boundaries[self.si]
         self.dims = split_dims(model)
         self.grad_sync = GradSync(rp, model, groups.sync, tp=groups.tp, dims=self.dims, zero=self.zero,
-                                  wire_dtype=self._wire_dtype, emulate=self._emulated_link)
+                                  wire_dtype=self._wire_dtype, emulate=self._emulated_link,
+                                  ring_on_shared=self._ring_on_shared)
+        self._rings = 0
         self._last_backward = max(i for i, op in enumerate(self.ops) if op.kind == "B")
         self.memory = MemoryMeter(model, self.device)
         self._recvs: dict[tuple[str, int], list[Pending]] = {}
@@ -282,11 +285,37 @@ class StageWorker:
         return low if len(sg.clusters) > 1 and low is not None and low != dtype else None
 
     def _emulated_link(self, sg: SyncGroup) -> tuple[float, float] | None:
-        """``delay`` mode, group across clusters: (bytes/s, latency s) of its slowest link, else None."""
-        if self.wire.mode != "delay" or len(sg.clusters) < 2:
+        """``delay`` mode, group across clusters: (bytes/s, latency s) of its slowest link; (emulate) a
+        group inside one cluster whose members sit on several nodes: the cluster's node NIC ([C5]'s
+        ``inter_node`` ring) where the plan carries it; else None."""
+        if self.wire.mode != "delay":
             return None
+        if len(sg.clusters) < 2:
+            nic = next((n for n in self.rp.nics if n.cluster in sg.clusters), None)
+            nodes = {self.rp.rank_info(r).node for r in sg.ranks}
+            return (nic.bytes_per_s, nic.latency_s) if nic is not None and len(nodes) > 1 else None
         links = [lk for a in sg.clusters for b in sg.clusters if a != b and (lk := self.rp.link(a, b)) is not None]
         return min(lk.bytes_per_s for lk in links), max(lk.latency_s for lk in links)
+
+    def _ring_on_shared(self, sg: SyncGroup, nbytes: float) -> Callable[[], float] | None:
+        """emulate, ``delay`` mode ([C7c]): where this member's ring edge to the next member crosses
+        into another cluster over a link with a shared hop (aggregate cap, shared pipe), its ``nbytes``
+        join that hop now, shared with the pipeline's messages there; a function that waits until they
+        are through and returns when (None: no shared hop)."""
+        emu = self.wire.emulator
+        if emu is None or len(sg.clusters) < 2 or self.rank not in sg.ranks:
+            return None
+        nxt = sg.ranks[(sg.ranks.index(self.rank) + 1) % len(sg.ranks)]
+        a, b = self.rp.rank_info(self.rank).cluster, self.rp.rank_info(nxt).cluster
+        hop = emu.aggregate_hop(a, b) if a != b else None
+        if hop is None:
+            return None
+        self._rings += 1
+        route = Route(channel=f"ring:{self.rank}:{self._rings}", hops=(hop,), latency_s=0.0)
+        ledger = self.wire.ledger
+        with ledger.open() as state:
+            msg = send(state, route, nbytes, time.time())
+        return lambda: wait_arrival(ledger, msg, time.time, time.sleep)
 
     def _emulate_collective(self, sg: SyncGroup, nbytes: int, t0: float, phases: int) -> None:
         """``delay`` mode: a collective begun at ``t0`` over a cross-cluster group takes at least

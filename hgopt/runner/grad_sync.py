@@ -24,6 +24,11 @@
   slowest link, latency per bucket); the members' launch times are exchanged with a MAX all-reduce,
   and :meth:`GradSync.finish` sleeps until the last bucket's emulated end. (A member's own chain of
   earlier buckets is not exchanged: a small approximation when members sync different segments.)
+  Where a member's ring edge crosses a link with a shared hop (aggregate cap, shared pipe), the
+  edge's ``phases·(n−1)/n·bytes`` join that hop in the link emulation's ledger at the bucket's launch
+  (this member's launch; one message, sharing the hop with the pipeline's messages there, [C7c]);
+  the bucket ends no earlier than they are through. A group inside one cluster whose members sit on
+  several nodes rings at the node NIC's rate.
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ class _InFlight:
     launched: float
     stamp: torch.Tensor | None = None
     """``delay`` emulation: the members' latest launch time (MAX all-reduce)."""
+    shared: Callable[[], float] | None = None
+    """``delay`` emulation: waits for the ring edge's bytes on the link's shared hop; returns when."""
     zero_out: torch.Tensor | None = None
 
 
@@ -125,13 +132,18 @@ class GradSync:
     def __init__(self, rp: RunnerPlan, model: nn.Module, sync: Sequence[tuple[SyncGroup, Any]], *, tp: TpGroup,
                  dims: dict[str, int | None], zero: dict[SyncGroup, ZeroShard],
                  wire_dtype: Callable[[SyncGroup, torch.dtype], torch.dtype | None],
-                 emulate: Callable[[SyncGroup], tuple[float, float] | None]) -> None:
+                 emulate: Callable[[SyncGroup], tuple[float, float] | None],
+                 ring_on_shared: Callable[[SyncGroup, float], Callable[[], float] | None] | None = None) -> None:
         """``wire_dtype(sg, dtype)``: the narrowed dtype of ``sg``'s collectives or None; ``emulate(sg)``:
-        ``(bytes/s, latency s)`` of the link a ``delay``-emulated cross-cluster group runs over, or None."""
+        ``(bytes/s, latency s)`` of the link a ``delay``-emulated group runs over, or None;
+        ``ring_on_shared(sg, bytes)`` (emulate, [C7c]), called at a bucket's launch: this member's ring
+        edge's bytes join the link's shared hop; a function that waits until they are through (None:
+        no shared hop)."""
         self.overlap = rp.train.overlap_grad_sync
         self.cap = rp.train.grad_bucket_mb * MIB
         self.tp, self.dims, self.zero = tp, dims, zero
         self.wire_dtype, self.emulate = wire_dtype, emulate
+        self.ring_on_shared = ring_on_shared
         self.groups: list[_Group] = []
         self.owner: dict[str, tuple[_Group, int]] = {}
         for sg, pg in sync:
@@ -241,6 +253,10 @@ class GradSync:
         if self.emulate(g.sg) is not None:
             fl.stamp = torch.tensor([fl.launched], dtype=torch.float64, device=flat.device)
             fl.works.append(dist.all_reduce(fl.stamp, op=dist.ReduceOp.MAX, group=g.pg, async_op=True))
+            if self.ring_on_shared is not None:  # emulate: the ring edge's bytes on a shared hop ([C7c])
+                n = len(g.sg.ranks)
+                phases = 1 if z is not None and z.reduce_scatter_ok else 2
+                fl.shared = self.ring_on_shared(g.sg, phases * (n - 1) / n * fl.flat.numel() * fl.flat.element_size())
         self._inflight.append(fl)
         self.launches.append(LaunchRecord(group=g.index, bucket=b.index, layers=b.layers,
                                           wire_bytes=fl.flat.numel() * fl.flat.element_size(),
@@ -292,8 +308,11 @@ class GradSync:
                 phases = 2
             link = self.emulate(g.sg)
             if link is not None and fl.stamp is not None:
-                ring = emulated_ring_s(fl.flat.numel() * fl.flat.element_size(), len(g.sg.ranks), *link, phases)
-                emulated_end = max(float(fl.stamp[0]), emulated_end) + ring
+                nbytes, n = fl.flat.numel() * fl.flat.element_size(), len(g.sg.ranks)
+                start = max(float(fl.stamp[0]), emulated_end)
+                emulated_end = start + emulated_ring_s(nbytes, n, *link, phases)
+                if fl.shared is not None:  # emulate: the edge's bytes on a shared hop ([C7c])
+                    emulated_end = max(emulated_end, fl.shared())
         self._inflight.clear()
         wait = emulated_end - time.time()
         if wait > 0:

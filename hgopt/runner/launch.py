@@ -68,8 +68,10 @@ class LaunchOptions:
 def resolve_emulation(mode: str, rp: RunnerPlan, device: str = "cpu") -> str:
     """``off``, ``delay`` or ``netns`` for ``mode``. Namespaces shape the TCP sockets gloo uses; nccl on
     GPUs does not go through them, so with ``device`` cuda ``auto`` means delay and netns is refused."""
-    if len(rp.clusters) < 2 or mode == "off":
+    if mode == "off":
         return "off"
+    if len(rp.clusters) < 2:  # emulate: one cluster on several nodes: only delay emulates node NICs
+        return "delay" if mode == "delay" and rp.nics and len(rp.nodes) > 1 else "off"
     if device == "cuda":
         if mode == "netns":
             raise ValueError("--emulate-links netns is CPU/gloo-only (namespaces shape gloo's TCP sockets, not nccl's "

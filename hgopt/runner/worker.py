@@ -17,6 +17,7 @@ import torch.distributed as dist
 from hgopt.export.runner_plan import RunnerPlan
 from hgopt.runner import checkpoint
 from hgopt.runner.comm import Wire
+from hgopt.runner.linkemu import LEDGER_FILE, FileLedger
 from hgopt.runner.device import DeviceChoice, local_index, rank_device, resolve_device
 from hgopt.runner.engine import StageWorker, StepStats, make_groups, make_optimizer
 from hgopt.runner.model import build_stage
@@ -91,12 +92,14 @@ def _train(rp: RunnerPlan, rank: int, opts: RankOptions, timeout: timedelta, cho
     if rank == 0 and not opts.resume:  # a fresh run: forget the previous run's metrics and checkpoint marker
         for stale in ("metrics.jsonl", "summary.json", "checkpoints/latest.json"):
             (opts.out_dir / stale).unlink(missing_ok=True)
+    if rank == 0:  # emulate: every run (resumed ones too) starts with an empty link ledger
+        (opts.out_dir / LEDGER_FILE).unlink(missing_ok=True)
     dist.barrier()
     done = checkpoint.restore(rp, rank, model, opt, groups.tp, opts.out_dir, zero) if opts.resume else 0
     if outer is not None and done:
         outer_restore(outer, checkpoint._dir(opts.out_dir, done))
     wire = Wire(plan=rp, cluster_of={r.rank: r.cluster for r in rp.ranks()}, mode=opts.emulation, device=device,
-                backward_group=groups.backward)
+                backward_group=groups.backward, ledger=FileLedger(path=opts.out_dir / LEDGER_FILE))  # emulate
     worker = StageWorker(rp, rank, model, groups, wire, opt, device=device, zero=zero)
     steps = rp.train.steps if opts.steps is None else opts.steps
     if rank == 0:

@@ -33,6 +33,10 @@ class PlanOptions:
 
     time_limit_s: float = 60.0
     """Wall-clock budget of the whole search."""
+    work_limit_s: float | None = None
+    """determinism: the work budget (nominal seconds, ``hgopt.search.work``) of the phases whose end changes
+    the result, where a planner counts work (the exact planner); None: ``time_limit_s``. The wall clock
+    (``time_limit_s``) stays the watchdog."""
     gap: float = 0.01
     """Stop once (iteration time − lower bound) / iteration time <= gap."""
     solver: str = "highs"

@@ -33,6 +33,7 @@ from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
 from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
+from hgopt.search.work import GROUPED_QUERY_S, MIXED_PAIR_S, PHASE_SLACK, counted_stop
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
@@ -88,6 +89,9 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     """``plan_milp`` warm-started by the heuristic (and, under a compressing link policy, by the
     native search's plan), with the outside-space note."""
     t0 = time.perf_counter()
+    hard = t0 + options.time_limit_s  # determinism: the wall clock is the watchdog; the phases count work
+    cuts: list[str] = []  # determinism: sub-phases the wall clock, not their work, ended
+    work = _work_of(options)
     policy = options.extra.get("link_precision", "native") or "native"
     links = link_policy(instance, options.extra)
     # sigint: the sub-searches below see the search's stop flag, their reports are not the search's
@@ -102,20 +106,29 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     early_bound = _early_mixed_bound(instance, options, early, t0)  # hetgap: before the MILP takes the limit
     narrow: Plan | None = None
     narrow_note: tuple[str, ...] = ()
-    if links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic":
+    pre_search = links.compresses and options.extra.get("warm_start", "heuristic") == "heuristic"
+    if pre_search:
         extra = {k: v for k, v in options.extra.items() if k not in ("link_precision", "max_compressed_links",
                                                                      "link_penalty")}
         first = plan_milp(instance, dataclasses.replace(
-            options, time_limit_s=NARROW_SHARE * options.time_limit_s, extra={**extra, "outside_check": "off"},
-            progress=quiet), warm_start=_heuristic_warm_start("native", None, quiet))
+            options, time_limit_s=NARROW_SHARE * options.time_limit_s, work_limit_s=NARROW_SHARE * work,
+            extra={**extra, "outside_check": "off"}, progress=quiet),
+            warm_start=_heuristic_warm_start("native", None, quiet, hard, cuts,
+                                             min(10.0, 0.2 * NARROW_SHARE * options.time_limit_s)))
         narrow = first.plan
+        narrow_note = tuple(n for n in first.notes if n.startswith("stopped by the time limit"))  # determinism
         if narrow is not None:
-            narrow_note = (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
+            narrow_note += (f"warm start of this search: the native-link search's plan ({first.iteration_time_s:.6g} s, "
                            f"{first.status}, {first.search_time_s:.1f} s) against the heuristic's under "
                            f"--link-precision {policy}",)
     left = max(options.time_limit_s - (time.perf_counter() - t0), 0.05)
+    # determinism: the k-identical search's work is a fixed function of the limit: what the native pre-search
+    # and the early [H11b] bound may take comes off it by their shares, not by the clock
+    work_left = (work * (1 - NARROW_SHARE * pre_search)
+                 - (MIXED_BOUND_SHARE * work if early_bound is not None else 0.0))
     heuristic = _heuristic_warm_start(policy if links.compresses else "native",
-                                      links.max_compressed if links.compresses else None, quiet)
+                                      links.max_compressed if links.compresses else None, quiet, hard, cuts,
+                                      min(10.0, 0.2 * options.time_limit_s))
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         cands = [p for p in (heuristic(inst, tables, seconds), narrow) if p is not None]
@@ -126,8 +139,10 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
     found: list[tuple[Plan, float]] = []  # colgen: the grouped plan [H9] is inside the certificate's space
 
     def outside(inst: Instance, tables: CostTables, incumbent_s: float, seconds: float) -> tuple[float, str] | None:
-        alt = grouped_alternative(inst, incumbent_s, tables=tables,
-                                  options=HeuristicOptions(time_limit_s=seconds, link_precision=policy, progress=quiet))
+        # determinism: ended by its work units (a fixed function of the limit), the clock its watchdog
+        alt = grouped_alternative(inst, incumbent_s, tables=tables, options=HeuristicOptions(
+            time_limit_s=seconds, work_limit=warm_start_work(min(10.0, 0.2 * work)), link_precision=policy,
+            progress=quiet))
         if alt is None or alt.plan is None:
             return None
         found.append((alt.plan, alt.iteration_time_s))
@@ -135,11 +150,15 @@ def plan_exact(instance: Instance, options: PlanOptions) -> PlanResult:
 
     # colgen: the k-identical search leaves GROUPED_SHARE of the time to the grouped space's bound
     share = 0.0 if options.extra.get("grouped_bound", GROUPED_BOUND_DEFAULT) == "off" else GROUPED_SHARE
-    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share)),
+    res = plan_milp(instance, dataclasses.replace(options, time_limit_s=left * (1 - share),
+                                                  work_limit_s=max(work_left, 0.0) * (1 - share)),
                     warm_start=warm, outside=outside)
     res = _with_grouped_bound(instance, options, res, policy, links, t0, found[-1] if found else None)
     res = _with_mixed_stages(instance, options, res, t0, early, early_bound)
-    return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note))
+    cut_note = tuple(f"stopped by the time limit: the wall clock ended the {c} before its work limit — the same input, "
+                     "limit and seed may give another plan on a faster or less loaded machine; the bound still holds"
+                     for c in dict.fromkeys(cuts))
+    return dataclasses.replace(res, search_time_s=time.perf_counter() - t0, notes=(*res.notes, *narrow_note, *cut_note))
 
 
 def _priced_warm_start(options: PlanOptions, progress: Progress | None = None) -> WarmStart:
@@ -185,9 +204,11 @@ def _with_grouped_bound(instance: Instance, options: PlanOptions, res: PlanResul
         return name_outside(res)  # "auto": the wider space only when a grouped plan is the result
     # at most GROUPED_SHARE of the limit after the k-identical search, never past the limit: a search
     # that ends early leaves time to the caller (e.g. the why-not lines)
-    deadline = min(t0 + options.time_limit_s, time.perf_counter() + GROUPED_SHARE * options.time_limit_s)
+    # determinism: ended by its counted work (GROUPED_SHARE of the work budget); the limit's end is the watchdog
     gb = grouped_bound(instance, build_tables(instance), links, link_precision=policy, target=res.lower_bound_s,
-                       deadline=deadline)
+                       deadline=min(t0 + options.time_limit_s, time.perf_counter() + PHASE_SLACK * GROUPED_SHARE
+                                    * options.time_limit_s),
+                       stop=counted_stop(GROUPED_SHARE * _work_of(options), GROUPED_QUERY_S, _stop_of(options)))
     return certify(res, gb, gap=options.gap, grouped_plan=grouped)
 
 
@@ -228,7 +249,8 @@ def _mixed_stop(options: PlanOptions, t0: float) -> Callable[[], bool]:
 MIXED_BOUND_SHARE = 0.25
 """hetgap: share of the time limit ``mixed_bound`` may take right after the mixed-stage family, before
 the MILP (which runs to its limit when it does not prove optimality); at its deadline it falls back to the
-compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine (bench/RESULTS.md)."""
+compute floor. sailor-het-80+240: ~7-16 s CPU on the loaded 2-core machine in round 7, 5.1 s after hetgap2
+(load ~22; bench/RESULTS.md "[H11b] cheaper and tighter")."""
 
 
 def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, t0: float) -> MixedBound | None:
@@ -236,8 +258,10 @@ def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, 
     (None: no mixed plan, too many clusters, or the family was not searched early)."""
     if not isinstance(early, MixedPlan) or len(instance.topology.clusters) > MIXED_BOUND_CLUSTERS:
         return None
+    # determinism: ended by its counted work (MIXED_BOUND_SHARE of the work budget); the limit's end is the watchdog
     return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
-                       deadline=t0 + MIXED_BOUND_SHARE * options.time_limit_s)
+                       deadline=t0 + min(1.0, PHASE_SLACK * MIXED_BOUND_SHARE) * options.time_limit_s,
+                       stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
 
 
 def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
@@ -290,7 +314,8 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     floor = compute_floor(instance, tables)
     mb = early_bound
     if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
-        mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline)
+        mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline,
+                         stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
     mbv = max(floor, mb.value) if mb is not None else floor
     t = mixed.iteration_time_s if adopt else res.iteration_time_s
     if not adopt:
@@ -326,19 +351,37 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
                                plan_space=space, notes=(*res.notes, note))
 
 
-def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None) -> WarmStart:
+def _work_of(options: PlanOptions) -> float:
+    """determinism: the search's work budget (nominal seconds, ``hgopt.search.work``)."""
+    return options.time_limit_s if options.work_limit_s is None else options.work_limit_s
+
+
+def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:
+    """determinism: the search's stop flag (``Progress.stop_requested``) for the bound routines, or None."""
+    return options.progress.stop_requested if options.progress is not None else None
+
+
+def _heuristic_warm_start(policy: str, max_compressed: int | None, progress: Progress | None = None,
+                          hard: float | None = None, cuts: list[str] | None = None, wall_share: float = 0.0) -> WarmStart:
     """The heuristic's plan under ``policy`` (k identical pipelines: in the MILP's space). sigint:
     ``progress`` (the search's ``Progress.stop_only()`` view) lets a stop request end it, with its
-    incumbent (or none)."""
+    incumbent (or none). determinism: its work limit (``warm_start_work`` of its share) ends it; the
+    wall clock only at ``PHASE_SLACK`` × its share (of the work, or ``wall_share``, its share of the wall
+    limit, when larger: ``--work-limit`` below ``--time-limit``) or at ``hard`` (``time.perf_counter()`` time:
+    the search's own deadline), whichever comes first — the watchdog, no longer the share itself."""
 
     def warm(inst: Instance, tables: CostTables, seconds: float) -> Plan | None:
         kw: dict[str, object] = {}
         if policy != "native":
             kw = {"link_precision": policy, "max_compressed_links": max_compressed}
-        res = heuristic_incumbent(inst, tables, time_limit_s=seconds, work_limit=warm_start_work(seconds),
+        wall = seconds if hard is None else max(min(hard - time.perf_counter(),
+                                                     PHASE_SLACK * max(seconds, wall_share)), 0.05)
+        res = heuristic_incumbent(inst, tables, time_limit_s=wall, work_limit=warm_start_work(seconds),
                                   progress=progress, **kw)  # type: ignore[arg-type]
         log.info("warm start: heuristic %s after %d work units (%s)", res.plan and f"{res.iteration_time_s:.6g} s",
                  res.work, res.stopped or "complete")
+        if cuts is not None and res.stopped == "time limit":  # determinism: the clock, not its work, ended it
+            cuts.append("warm start's heuristic")
         return res.plan
 
     return warm

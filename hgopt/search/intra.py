@@ -676,6 +676,34 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
 def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int, s_min: int = 1) -> _Choice | None:
     """Exact [I1] for any layers: suffixes [l, end) split into r stages keep their Pareto set of
     (bottleneck, first stage's tail, sends); fill = compute of the range (additive) + 2·sends."""
+    front, comp = _generic_fronts(sm, start, end, s_max, d, m)
+    best: _Choice | None = None
+    for r in range(max(s_min, 1), s_max + 1):  # (cli: min_gpus)
+        for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, []) if r < len(front) else []):
+            # [C7o] the tail of the pipeline's first stage (LocalPlan.sync_opt_s)
+            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + (sv if start == 0 else 0.0)
+            if best is None or val < best.value:
+                best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
+    return best
+
+
+def generic_stage_points(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int
+                         ) -> tuple[float, list[list[tuple[float, float, float]]]]:
+    """[I5] (compute of [start, end), per stage count r = 1..s_max the Pareto points (bottleneck T,
+    first stage's tail U, sends Σc) of its partitions into r local stages with ``d`` stages after): every
+    partition's (T, U, fill = compute + 2·sends) is dominated by one point, so min over the points of
+    w·T + fill + U is the least of that objective over the partitions for any weight w ≥ 0 (replay3
+    [R0s]: the stage-count bounds take w per r). U is 0 unless ``start`` is 0."""
+    front, comp = _generic_fronts(sm, start, end, s_max, d, m)
+    pts = [[(t, sv if start == 0 else 0.0, sd) for t, sv, sd, _, _ in (front[r].get(start, []) if r < len(front) else [])]
+           for r in range(1, s_max + 1)]
+    return comp[(start, end)], pts
+
+
+def _generic_fronts(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int
+                    ) -> tuple[list[dict[int, list[tuple[float, float, float, int, int]]]], dict[tuple[int, int], float]]:
+    """[I5]'s Pareto fronts front[r][lo] (suffixes [lo, end) in r stages) for r = 1..s_max, and the compute
+    of every range."""
     n = end - start
     los, his = np.triu_indices(n + 1, 1)
     los, his = los + start, his + start
@@ -691,18 +719,9 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
     front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
     front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
                   for lo in range(start, end) if fit[(lo, end)] >= in_flight_depth(1 + d, 0, m)})
-    best: _Choice | None = None
-    for r in range(1, s_max + 1):
-        if r > 1:
-            front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
-        if r < s_min:  # (cli: min_gpus)
-            continue
-        for i, (t, sv, sd, _, _) in enumerate(front[r].get(start, [])):
-            # [C7o] the tail of the pipeline's first stage (LocalPlan.sync_opt_s)
-            val = pipeline_time(m, t, stage_fill(comp[(start, end)], sd, sd)) + (sv if start == 0 else 0.0)
-            if best is None or val < best.value:
-                best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
-    return best
+    for r in range(2, s_max + 1):
+        front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
+    return front, comp
 
 
 def _extend(

@@ -82,7 +82,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -175,9 +175,10 @@ class ShareTable:
     Raises _OutOfTime at ``deadline`` (what is memoised stays valid)."""
 
     def __init__(self, instance: Instance, tables: CostTables, group: tuple[str, ...], links: LinkPolicy, *,
-                 limit: float = INF, deadline: float = INF) -> None:
+                 limit: float = INF, deadline: float = INF, stop: Callable[[], bool] | None = None) -> None:
         self.sub = sub_instance(instance, group, instance.job.global_batch)
         self.tables, self.links, self.limit, self.deadline = tables, links, limit, deadline
+        self.stop = stop  # determinism: a stop request ends it like the deadline
         self.G = instance.job.global_batch
         self.rate = sum(rate_bound(instance, tables, c) for c in group)
         self.gpus = self.sub.topology.num_gpus()
@@ -258,7 +259,7 @@ class ShareTable:
 
     def _structure(self, key: tuple[int, int], k: int, B: int) -> CheapBounds:
         if key not in self._cheap:
-            if time.perf_counter() > self.deadline:
+            if time.perf_counter() > self.deadline or (self.stop is not None and self.stop()):
                 raise _OutOfTime
             self._cheap[key] = cheap_bounds(self.sub, self.tables, replicas=k, microbatch=B, num_microbatches=1,
                                             links=self.links)
@@ -363,8 +364,9 @@ def gradient_floor(instance: Instance, tables: CostTables, part: tuple[tuple[str
 
 
 def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, link_precision: str = "native",
-                  target: float = INF, deadline: float = INF) -> GroupedBound:
-    """[G3] A lower bound on every grouped plan's iteration time, min(target, ...)."""
+                  target: float = INF, deadline: float = INF, stop: Callable[[], bool] | None = None) -> GroupedBound:
+    """[G3] A lower bound on every grouped plan's iteration time, min(target, ...). determinism: ``stop``
+    (e.g. ``Progress.stop_requested``) answering True ends it as the deadline does [G4]: still a bound."""
     names = [c.name for c in instance.topology.clusters]
     precs = grad_precisions(instance, allowed_link_precisions(instance, link_precision))
     cheapest = precs[-1]
@@ -408,14 +410,14 @@ def grouped_bound(instance: Instance, tables: CostTables, links: LinkPolicy, *, 
         if floor_p >= best:
             by_rate += 1
             continue
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline or (stop is not None and stop()):
             complete = False
             best, best_part, best_x = floor_p, part, x  # sorted: the least floor left bounds the rest
             break
         for g in part:
             key = _alike(instance, g)
             if key not in tabs:
-                tabs[key] = ShareTable(instance, tables, g, links, limit=limit, deadline=deadline)
+                tabs[key] = ShareTable(instance, tables, g, links, limit=limit, deadline=deadline, stop=stop)
         gt = [tabs[_alike(instance, g)] for g in part]
         try:
             lo = partition_time(gt, G, floor_t, best - x)

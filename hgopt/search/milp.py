@@ -47,6 +47,8 @@ from hgopt.search.blocks import (
 )
 from hgopt.search.polish import polish
 from hgopt.search.precisions import allowed_link_precisions
+from hgopt.search.work import (WorkMeter, block_options_work, cheap_bound_work, milp_root_work, milp_work, node_limit,
+                               relaxation_work)
 from hgopt.solvers import SolveOptions, SolveResult, solve
 from hgopt.solvers.model import LinearModel
 from hgopt.spec import Instance
@@ -87,6 +89,9 @@ LOAD_S_PER_NONZERO = 2e-5
 2-core machine, sailor-het-32+96): a MILP is built only when the time left covers its estimate."""
 WIDEN = 1.6
 """Factor by which the bottleneck cap grows when the cap, not the MILP, limits the bound."""
+WARM_START_CHARGE = 0.5
+"""determinism: the work (share of its seconds) charged for the warm start, whose own limit is in work units
+(``exact.warm_start_work``): a fixed charge, so that the phases after it start at the same point of the budget."""
 POLISH_WITHIN = 1.02
 """gaps3: a split's plan is polished (``_polished``) when it is within this factor of the incumbent."""
 
@@ -626,14 +631,16 @@ def solve_split(
     instance: Instance, tables: CostTables, split: BatchSplit, bounds: CheapBounds, *, solver: str,
     solve_options: SolveOptions, incumbent: float = math.inf, deadline: float = math.inf,
     lb_above: Callable[[float], float] | None = None, links: LinkPolicy | None = None, hint: Plan | None = None,
-    arcs: ArcTable | None = None,
+    arcs: ArcTable | None = None, meter: WorkMeter | None = None,
 ) -> SplitOutcome:
     """Solve the split's MILP with a bottleneck cap; widen the cap while it, not the MILP, limits
     the bound [M0]. Plans using an option above the cap cost at least weight·cap + f_lb + s_lb.
     ``hint`` (a plan of this split, e.g. the warm start) goes to the solver as a hint (``plan_hint``).
     No cutoff is passed to the solver: with HiGHS's ``objective_bound`` a split of sailor-het-32+96
     came back 'optimal' at 4.75459 whose optimum is 4.67836 (issue #11); ``incumbent`` only sets
-    the first cap and the stopping test, so every bound taken from a solve is the solver's own."""
+    the first cap and the stopping test, so every bound taken from a solve is the solver's own.
+    determinism: with ``meter`` each solve gets the node limit its work left allows (``work.node_limit``)
+    and is charged what it explored; a MILP whose root the work left does not cover is not built."""
     pol = links or LinkPolicy()
     w = bounds.weight
     t_cap = _cap_for(bounds, incumbent)
@@ -656,6 +663,8 @@ def solve_split(
                                  window=window, deadline=deadline)
             log.debug("split %s cap %.4g: %d block options in %.1f s", split, t_cap,
                       sum(len(v) for v in opts.values()), time.perf_counter() - t_opts)
+            if meter is not None:  # determinism: generating the options is work too
+                meter.charge(block_options_work(sum(len(v) for v in opts.values())))
         except OutOfTime:
             # the time limit ran out while generating the options: no MILP for this cap; the split
             # keeps the bound it has (a MILP over incomplete options would not bound anything)
@@ -665,10 +674,13 @@ def solve_split(
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         size = estimated_nonzeros(opts, len(instance.topology.clusters))
         left = deadline - time.perf_counter()
-        if size > MAX_NONZEROS or size * LOAD_S_PER_NONZERO > left:
+        by_work = meter is not None and milp_root_work(size) > meter.left()  # determinism: the work left
+        if meter is not None and not by_work and size <= MAX_NONZEROS and size * LOAD_S_PER_NONZERO > left:
+            meter.note_cut("MILP phase")  # the watchdog, not the work budget, leaves it unbuilt
+        if size > MAX_NONZEROS or by_work or size * LOAD_S_PER_NONZERO > left:
             # the size guard: a MILP that the remaining time (or memory) cannot load is not built
-            log.info("split %s: MILP of ~%d nonzeros not built (%.1f s left; limit %d nonzeros)", split, size,
-                     left, MAX_NONZEROS)
+            log.info("split %s: MILP of ~%d nonzeros not built (%.1f s left, %.3g nominal s of work; limit %d "
+                     "nonzeros)", split, size, left, meter.left() if meter is not None else math.inf, MAX_NONZEROS)
             return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
                                 solves=tuple(solves), variables=nv, rows=nr, penalty=best_pen, unfinished=True)
         if arcs is None:  # [M8f] once per split, not per cap
@@ -678,9 +690,15 @@ def solve_split(
             form.model.hint = plan_hint(instance, form, hint)
         nv, nr = len(form.model.vars), len(form.model.rows)
         limit = max(0.5, min(solve_options.time_limit_s, deadline - time.perf_counter()))
+        nnz = form.model.num_nonzeros
+        nodes = node_limit(nnz, meter.left()) if meter is not None else solve_options.node_limit
         res = solve(form.model, solver, SolveOptions(time_limit_s=limit, relative_gap=solve_options.relative_gap,
                                                      threads=solve_options.threads, seed=solve_options.seed,
-                                                     time_quantum_s=solve_options.time_quantum_s))
+                                                     time_quantum_s=solve_options.time_quantum_s, node_limit=nodes))
+        if meter is not None:  # determinism: charged by the nodes explored; the clock's cut is recorded
+            meter.charge(milp_work(nnz, res.nodes, nodes or 1))
+            if res.limit == "time":
+                meter.note_cut("MILP phase")
         solves.append(res)
         log.debug("split %s cap %.4g: %s, %s -> %s obj %.6g bound %.6g in %.2fs", split, t_cap, form.model.size(),
                   res.solver, res.status, res.objective, res.bound, res.wall_s)
@@ -694,6 +712,8 @@ def solve_split(
         lb = max(bounds.value, min(milp_lb, cap_lb))
         capped = cap_lb <= min(milp_lb, best_val, incumbent) * (1 + 1e-12) and math.isfinite(t_cap)
         if not capped or time.perf_counter() >= deadline or res.status == "error":
+            break
+        if meter is not None and meter.left() <= 0:  # determinism: the work budget is spent
             break
         t_cap = max(t_cap * WIDEN, _cap_for(bounds, best_val)) if math.isfinite(best_val) else t_cap * WIDEN
     return SplitOutcome(split=split, plan=best_plan, value=best_val, lower_bound=min(lb, best_val),
@@ -735,6 +755,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     sets which precisions inter-cluster boundaries may carry [M17]-[M19]."""
     t_start = time.perf_counter()
     deadline = t_start + options.time_limit_s
+    # determinism: the phases end by counted work (hgopt.search.work), the deadline is the watchdog
+    meter = WorkMeter(options.time_limit_s if options.work_limit_s is None else options.work_limit_s, deadline)
     tables = build_tables(instance)
     model_shape(instance)  # fails early, naming the setting, when the model is not trunk-shaped
     links = link_policy(instance, options.extra)
@@ -745,17 +767,17 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
     # [M0] the cheap bounds of the splits, for up to OPENING of the budget before the warm start and
     # up to twice that after it; a split without one is bounded by work_lower_bound and gets no MILP
     cheap: dict[BatchSplit, CheapBounds] = {}
-    _cheap_until(instance, tables, splits, cheap, links, t_start + OPENING * options.time_limit_s, prog)
+    _cheap_until(instance, tables, splits, cheap, links, OPENING, prog, meter)
     floor = work_lower_bound(instance, tables)  # the bound of a split without a cheap bound
     lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     if prog:  # progress (cli-explain)
         prog.report("warm start", bound_s=_global_lb(lbs, None))
-    best = _polished(instance, tables, _warm_start(instance, tables, options, t_start, links, warm_start), links,
-                     options, deadline)
+    best = _polished(instance, tables, _warm_start(instance, tables, options, t_start, links, warm_start, meter),
+                     links, options, deadline)
     first = best.split if best else None
     if first is not None:
-        _cheap_until(instance, tables, [first], cheap, links, deadline, prog)
-    _cheap_until(instance, tables, splits, cheap, links, t_start + 2 * OPENING * options.time_limit_s, prog)
+        _cheap_until(instance, tables, [first], cheap, links, math.inf, prog, meter)
+    _cheap_until(instance, tables, splits, cheap, links, 2 * OPENING, prog, meter)
     lbs = {sp: cheap[sp].value if sp in cheap else floor for sp in splits}
     log.debug("cheap bounds of %d of %d splits after %.1f s", len(cheap), len(splits), time.perf_counter() - t_start)
     solver_name = ""
@@ -781,9 +803,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
         # the first split's MILP can), and the MILPs are visited in the order of those bounds.
         # gaps2: the weakest split first (the global bound is the least split bound), a split the
         # opening left without a cheap bound getting it here (it is bounded by `floor` until then)
-        half = t_start + RELAX_SHARE * options.time_limit_s
         visited: set[BatchSplit] = set()
-        while time.perf_counter() < half:
+        while meter.within(RELAX_SHARE, "relaxation phase"):  # determinism: by work, the clock the watchdog
             target = (best.value if best else math.inf) * (1 - options.gap / 2)
             todo = [sp for sp in splits if sp not in visited and lbs[sp] < target and math.isfinite(lbs[sp])]
             if not todo:
@@ -796,7 +817,7 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                     break
             sp = min(todo, key=lambda x: (lbs[x], splits.index(x)))
             if sp not in cheap:  # the cheap bound first (it is the weakest: bounded by `floor`)
-                _cheap_until(instance, tables, [sp], cheap, links, deadline, prog)
+                _cheap_until(instance, tables, [sp], cheap, links, math.inf, prog, meter)
                 if sp not in cheap:
                     break
                 lbs[sp] = max(lbs[sp], cheap[sp].value)
@@ -804,6 +825,7 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             visited.add(sp)
             value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
                                                    arcs_for(sp))
+            meter.charge(relaxation_work(instance))
             lbs[sp] = max(lbs[sp], value)
     unbounded = [sp for sp in splits if sp not in cheap]
     order = sorted(cheap, key=lambda sp: (sp != first, lbs[sp]))
@@ -815,12 +837,14 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
         target = ub * (1 - options.gap / 2)
         if lbs[sp] >= target or not math.isfinite(lbs[sp]):
             continue
-        if time.perf_counter() >= deadline or (prog and prog.stop_requested()):  # progress (cli-explain): stop
+        if (meter.left() <= 0 or meter.past_deadline("MILP phase")
+                or (prog and prog.stop_requested())):  # progress (cli-explain): stop; determinism: work spent
             unfinished.append(sp)  # not pruned by its bound, and no time left for its MILP
             continue
         if use_relax and sp not in relaxed:
             value, relaxed[sp] = _relaxation_bound(instance, tables, sp, cheap[sp], target, deadline, links,
                                                    arcs_for(sp))
+            meter.charge(relaxation_work(instance))
             lbs[sp] = max(lbs[sp], value)
         above = relaxed.get(sp)
         if lbs[sp] >= target:
@@ -828,7 +852,8 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
             continue
         out = solve_split(instance, tables, sp, cheap[sp], solver=options.solver, solve_options=sopts,
                           incumbent=ub, deadline=deadline, lb_above=above, links=links,
-                          hint=best.plan if best is not None and best.split == sp else None, arcs=arcs_for(sp))
+                          hint=best.plan if best is not None and best.split == sp else None, arcs=arcs_for(sp),
+                          meter=meter)
         if out.unfinished:
             unfinished.append(sp)
         solver_name = out.solves[-1].version if out.solves else solver_name
@@ -857,6 +882,10 @@ def plan_milp(instance: Instance, options: PlanOptions, *, warm_start: WarmStart
                                 penalty=best.penalty, unfinished=True)
     if best is not None and best.plan is not None and not (prog and prog.stop_requested()):  # (cli-explain)
         notes.extend(_outside_space_note(instance, tables, best.value - best.penalty, options, deadline, outside))
+    if meter.cut:  # determinism: the watchdog, not the work budget, ended a phase: say so
+        notes.append(f"stopped by the time limit: the wall clock ended the {meter.cut} before its work share "
+                     f"({meter.spent_s:.3g} of {meter.budget_s:.3g} nominal s spent) — the same input, limit and seed "
+                     "may give another plan on a faster or less loaded machine; the bound still holds")
     return _result(instance, best, lbs, options, solver_name, time.perf_counter() - t_start, links, tuple(notes))
 
 
@@ -885,15 +914,18 @@ def work_lower_bound(instance: Instance, tables: CostTables) -> float:
 
 
 def _cheap_until(instance: Instance, tables: CostTables, splits: list[BatchSplit], cheap: dict[BatchSplit, CheapBounds],
-                 links: LinkPolicy, until: float, prog: object) -> None:
-    """The cheap bounds [M0] of the splits of ``splits`` not in ``cheap`` yet, until ``until`` (or a stop)."""
+                 links: LinkPolicy, share: float, prog: object, meter: WorkMeter) -> None:
+    """The cheap bounds [M0] of the splits of ``splits`` not in ``cheap`` yet, in their order, until ``share``
+    of the work budget is spent (determinism: each is charged ``work.cheap_bound_work``), the watchdog's
+    deadline passes or a stop."""
     for sp in splits:
         if sp in cheap:
             continue
-        if time.perf_counter() >= until or (prog is not None and prog.stop_requested()):  # type: ignore[attr-defined]
+        if not meter.within(share, "cheap bounds") or (prog is not None and prog.stop_requested()):  # type: ignore[attr-defined]
             return
         cheap[sp] = cheap_bounds(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
                                  num_microbatches=sp.num_microbatches, links=links)
+        meter.charge(cheap_bound_work(instance))
 
 
 def _outside_space_note(instance: Instance, tables: CostTables, value: float, options: PlanOptions,
@@ -930,7 +962,7 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
                      cheap=cheap, links=links, arcs=arcs)
     if rs is None:
         return cheap.value, None
-    single = _best_single(instance, tables, sp, cheap)
+    single = _best_single(instance, tables, sp, cheap, target)
 
     def above(t: float) -> float:
         return split_bound(rs, cheap, target=target, deadline=deadline, single=single, above=t)
@@ -938,37 +970,44 @@ def _relaxation_bound(instance: Instance, tables: CostTables, sp: BatchSplit, ch
     return split_bound(rs, cheap, target=target, deadline=deadline, single=single), above
 
 
-def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds) -> float:
+def _best_single(instance: Instance, tables: CostTables, sp: BatchSplit, cheap: CheapBounds,
+                 target: float = math.inf) -> float:
     """[R0] A lower bound on every plan of the split on one cluster: from the intra-cluster DP over all
     layers, D* <= (m − 1)·B + F + S for each such plan ([C3] with B its largest stage compute or
     send, F its fill, S its first stage's sync + optimizer [C7o]; no WAN). The exact timeline [C3x]
     is >= w·B' + F + S − offset ([C3b]: w = ``cheap.weight``, B' = B less at most the largest NIC
-    latency λ), so with κ = w / (m − 1) every plan costs >= κ·D* + (1 − κ)·s_lb − w·λ − offset (under
-    the closed form, D* itself)."""
+    latency λ). Under the closed form D* itself; under the replay (replay3 [R0s]) the plan's own stage
+    count S sets the weight: ``single_bound.single_cluster_replay_bound`` (the intra DP per S with
+    ``bound_weight(m, S, ρ)``, blended with the busy chain), where round 7 scaled D* by κ = w/(m − 1)
+    with the split's most stages S̄ (on default's k=1 B=32 m=16: 2.27 s against D* = 5.60 s)."""
     from hgopt.search.intra import best_local_plan
+    from hgopt.search.single_bound import single_cluster_replay_bound
 
-    best = math.inf
-    for c in instance.topology.clusters:
+    def closed_optimum(name: str) -> float:
+        c = instance.topology.cluster(name)
         lp = best_local_plan(instance, tables, c.name, 0, instance.model.num_layers, microbatch=sp.microbatch,
                              num_microbatches=sp.num_microbatches, gpu_budget=c.num_gpus // sp.k, replicas=sp.k)
-        if lp is not None:
-            best = min(best, lp.objective(sp.num_microbatches))
+        return lp.objective(sp.num_microbatches) if lp is not None else math.inf
+
     if not _pipeline.replay_bounds():
-        return best  # [C3]: D* bounds the closed form itself
-    lam = max(c.inter_node.latency_s for c in instance.topology.clusters)
-    return (_pipeline.reweighted_bound(best, cheap.weight, sp.num_microbatches, cheap.s_lb)
-            - cheap.weight * lam - cheap.offset)
+        return min(closed_optimum(c.name) for c in instance.topology.clusters)  # [C3]: D* bounds the closed form
+
+    return single_cluster_replay_bound(instance, tables, replicas=sp.k, microbatch=sp.microbatch,
+                                       num_microbatches=sp.num_microbatches, tail_floor=cheap.s_lb, target=target)
 
 
 def _warm_start(instance: Instance, tables: CostTables, options: PlanOptions, t_start: float,
-                links: LinkPolicy | None, warm_start: WarmStart | None) -> SplitOutcome | None:
+                links: LinkPolicy | None, warm_start: WarmStart | None, meter: WorkMeter | None = None) -> SplitOutcome | None:
     """The injected warm start's plan (the heuristic's, under the same link precision settings) as the
     first incumbent (its objective — evaluate's time plus its link penalty — prunes splits and block
     options; a plan of the same space). ``extra['warm_start'] = 'none'`` turns it off."""
     if warm_start is None or options.extra.get("warm_start", "heuristic") != "heuristic":
         return None
     pol = links or LinkPolicy()
-    budget = min(10.0, 0.2 * options.time_limit_s)
+    total = options.time_limit_s if options.work_limit_s is None else options.work_limit_s
+    budget = min(10.0, 0.2 * total)  # determinism: a fixed function of the limit (the work limit follows it)
+    if meter is not None:
+        meter.charge(WARM_START_CHARGE * budget)
     try:
         plan = warm_start(instance, tables, budget)
     except ValueError as exc:  # the heuristic declines some instances; the MILP still runs
@@ -994,7 +1033,8 @@ def _polished(instance: Instance, tables: CostTables, out: SplitOutcome | None, 
     space, e.g. a cluster boundary inside the prefix, which only tightens the incumbent)."""
     if out is None or out.plan is None or options.extra.get("polish", "on") == "off":
         return out
-    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline)
+    plan, value = polish(instance, tables, out.plan, penalty=links.plan_penalty, deadline=deadline,
+                         stop=options.progress.stop_requested if options.progress is not None else None)
     if value >= out.value:
         return out
     return dataclasses.replace(out, plan=plan, value=value, penalty=links.plan_penalty(plan.pipelines))

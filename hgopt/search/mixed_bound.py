@@ -19,8 +19,17 @@ The GPUs are coupled by a Lagrangian relaxation: with prices λ_c ≥ 0 per GPU 
 its best samples per GPU within that time and memory, at most N_c / k GPUs). Stage times are taken on
 a geometric grid (a time in (θ_{j−1}, θ_j] counts θ_{j−1}, its groups all within θ_j), τ likewise, and a
 DP over the layers gives the least sum for every stage count S. Every λ gives a valid bound; λ is
-searched by coordinate scaling. The bound is the least over (B, m, k) of the best λ found, and at
-least ``mixed.compute_floor``.
+searched by coordinate scaling, from the scale prices and from the previous (B, m) pair's prices
+relative to its scale (the better of the two; a pair that would set a new least from the warm start
+runs the scale start's search too), and the pair that sets the bound so far is polished with finer
+scalings (any λ is valid). The bound is the least over (B, m, k) of the best λ
+found, and at least ``mixed.compute_floor``.
+
+Computation (hetgap2): the arrays run over the (level, range) entries where some group runs one sample
+in time (the others are infeasible); the levels below the bottleneck's window enter only through their
+least, so per (depth, range) only the feasible levels whose GPUs differ from the level below are kept
+(one with the same GPUs and a higher level is never less); the price product over the clusters is one
+matrix product. ``_setup(..., compact=False)`` is the plain definition (tests: the same values).
 
 With k ≥ 2 pipelines the first stage's layer-0 gradient collective among ≥ k holders follows the
 pipeline (:func:`_tail_floor`). Not modelled (each only adds to ``evaluate``): boundary sends, the rest
@@ -30,12 +39,13 @@ not identical) are not covered.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import get_args
+from typing import Callable, get_args
 
 import numpy as np
 
@@ -65,6 +75,12 @@ class MixedBoundOptions:
     """Scalings of one cluster's price tried per step (one batch)."""
     rounds: int = 3
     """Passes of coordinate scaling over the clusters."""
+    polish_factors: tuple[float, ...] = (0.8, 0.9, 0.95, 1.05, 1.1, 1.25)
+    """Finer scalings tried on the pair that sets the bound."""
+    polish_rounds: int = 4
+    """Passes of the finer scaling (0: none)."""
+    warm_start: bool = True
+    """Also start each pair's search at the previous pair's prices relative to its scale."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -231,10 +247,13 @@ def _tail_floor(inst: Instance, tables: CostTables, k: int) -> float:
     return 0.0 if not math.isfinite(best) else best
 
 
-def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarray, hi: np.ndarray,
-                B: int, m: int, k: int, floor: float, target: float, rho_e: tuple[float, float],
-                opts: MixedBoundOptions) -> float:
-    """The bound over plans of k identical pipelines of m microbatches of B samples (min(target, ·))."""
+def _setup(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarray, hi: np.ndarray,
+           B: int, m: int, k: int, floor: float, target: float, rho_e: tuple[float, float],
+           opts: MixedBoundOptions, compact: bool = True) -> Callable[[np.ndarray], np.ndarray]:
+    """The Lagrangian dual function of plans of k identical pipelines of m microbatches of B samples: a
+    function from price vectors (Λ, C) to their bounds (Λ,) (each a valid bound; the stage-time grid ends at
+    ``target`` / (m − 1)). ``compact=False``: every level below the window enters the least (the plain
+    definition; the same values, for tests)."""
     L = tables.num_layers
     topo = inst.topology
     C = len(topo.clusters)
@@ -246,19 +265,24 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
     J = len(theta)
     D = min(L, m)
     depths = np.arange(1, D + 1)
-    rate = np.zeros((C, J, len(lo), D))
-    for kd in kinds:
-        # a stage has at most min(B, its pipeline's GPUs) replicas: its ZeRO-1 shard count
-        shards = max(1, min(B, int(math.floor(N.sum() + 1e-9))))
-        n = np.minimum(_time_limit(kd, theta)[:, :, None],
-                       _mem_limit(inst, tables, kd, topo.clusters[kd.cluster].gpu_memory_bytes, B, shards, depths)[None])
-        n = np.minimum(n, B)
-        np.maximum(rate[kd.cluster], np.where(n >= 1, n / kd.tp, 0.0), out=rate[kd.cluster])
-    cap = rate * N[:, None, None, None]
+    R = len(lo)
     below = np.concatenate(([0.0], theta[:-1]))  # a stage time in (θ_{j−1}, θ_j] counts θ_{j−1}
     # ... or the least time any group can take on the range (one sample, fastest kind), if more
     tmin = np.min([kd.times[0] for kd in kinds], axis=0)  # (R,)
     floor_jr = np.maximum(below[:, None], tmin[None, :])  # (J, R)
+    # only the (level, range) entries where some group runs one sample in time: every other one is
+    # infeasible (no kind's time limit admits a sample), so the arrays below are over those entries only
+    # (``compact=False``: every entry, the infeasible ones too: the plain definition)
+    jx, rx = np.nonzero((theta[:, None] * (1 + 1e-12) >= tmin[None, :]) | (not compact))
+    rate = np.zeros((C, len(jx), D))
+    # a stage has at most min(B, its pipeline's GPUs) replicas: its ZeRO-1 shard count
+    shards = max(1, min(B, int(math.floor(N.sum() + 1e-9))))
+    for kd in kinds:
+        n = np.minimum(_time_limit(kd, theta)[jx, rx][:, None],
+                       _mem_limit(inst, tables, kd, topo.clusters[kd.cluster].gpu_memory_bytes, B, shards, depths)[rx])
+        n = np.minimum(n, B)
+        np.maximum(rate[kd.cluster], np.where(n >= 1, n / kd.tp, 0.0), out=rate[kd.cluster])
+    cap = rate * N[:, None, None]
     # the taus: bottleneck in (θ_{i−1}, θ_i] for θ_i ≥ the window (τ ≥ compute_floor / m)
     taus = np.nonzero(theta >= window * (1 - 1e-12))[0]
     opt0 = np.full(L + 1, INF)  # the first stage's optimizer step [0, b) (unsharded at most B ways)
@@ -273,65 +297,141 @@ def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.n
 
     fills, infeasible = _allocations(B, rate, cap)
     del rate, cap
+    i0 = int(taus[0])
+    F = np.stack(fills)  # (O, C, E, D): one price vector's knapsack cost is one product over the clusters
+    del fills
+    O = F.shape[0]
+    add = np.where(infeasible, INF, floor_jr[jx, rx][:, None])  # (E, D)
+    # levels up to i0 enter only through their least (the bottleneck is at least θ_{i0}): per (d, r) keep
+    # the feasible levels whose GPUs differ from the level below (one with the same GPUs and a higher
+    # level is never less), as one flat list grouped by (d, r)
+    index = np.full((J, R), -1)
+    index[jx, rx] = np.arange(len(jx))
+    head_e = np.flatnonzero(jx <= i0)
+    keep = np.isfinite(add[head_e]) if compact else np.ones((len(head_e), D), dtype=bool)
+    if compact:
+        prev = np.where(jx[head_e] > 0, index[np.maximum(jx[head_e] - 1, 0), rx[head_e]], -1)
+        has = prev >= 0
+        same = np.zeros_like(keep)
+        same[has] = np.all(F[:, :, head_e[has]] == F[:, :, prev[has]], axis=(0, 1)) & np.isfinite(add[prev[has]])
+        keep &= ~same
+    ee, dd = np.nonzero(keep)
+    ee = head_e[ee]
+    rr, jj = rx[ee], jx[ee]
+    order = np.lexsort((jj, rr, dd))
+    ee, dd, rr = ee[order], dd[order], rr[order]
+    group = dd * R + rr
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(0, np.int64)
+    Gh = np.ascontiguousarray(F[:, :, ee, dd].transpose(1, 0, 2))  # (C, O, E'): a plain matrix product
+    addh = add[ee, dd]
+    slots = group[starts]
+    # levels above i0 dense (I − 1, D, R), entries left out infeasible
+    tail_e = np.flatnonzero(jx > i0)
+    Ft = np.zeros((O, C, J - i0 - 1, D, R))
+    Ft[:, :, jx[tail_e] - i0 - 1, :, rx[tail_e]] = F[:, :, tail_e].transpose(2, 0, 1, 3)
+    Ft = np.ascontiguousarray(Ft.reshape(O, C, -1).transpose(1, 0, 2))
+    addt = np.full((J - i0 - 1, D, R), INF)
+    addt[jx[tail_e] - i0 - 1, :, rx[tail_e]] = add[tail_e]
+    del F
+    steady = np.maximum(below[taus], window)  # (I,)
+    opt_min = float(np.min(opt0[1:]))
 
     def evaluate(lam: np.ndarray) -> np.ndarray:
         """(Λ,) the bound at each price vector."""
-        cost = None
-        for g in fills:
-            v = sum(lam[:, c, None, None, None] * g[c][None] for c in range(C))
-            cost = v if cost is None else np.minimum(cost, v)
-        cost = np.where(infeasible[None], INF, cost) + floor_jr[None, :, :, None]  # (Λ, J, R, D)
-        i0 = int(taus[0])  # (Λ, I, R, D): stage times ≤ θ_i, i from the window on
-        head = cost[:, : i0 + 1].min(axis=1, keepdims=True)
-        best = np.minimum.accumulate(np.concatenate((head, cost[:, i0 + 1 :]), axis=1), axis=1)
-        Λ, I = best.shape[0], best.shape[1]
-        M = np.full((Λ, I, L + 1, L + 1, D), INF)
-        M[:, :, lo, hi, :] = best
+        Λ = lam.shape[0]
+        head = np.full((Λ, D * R), INF)
+        if len(starts):
+            ch = np.tensordot(lam, Gh, axes=([1], [0])).min(axis=1) + addh[None]
+            head[:, slots] = np.minimum.reduceat(ch, starts, axis=1)
+        cost = np.tensordot(lam, Ft, axes=([1], [0])).min(axis=1).reshape(Λ, -1, D, R) + addt[None]
+        # (Λ, I, D, R): stage times ≤ θ_i, i from the window on
+        best = np.minimum.accumulate(np.concatenate((head.reshape(Λ, 1, D, R), cost), axis=1), axis=1)
+        I = best.shape[1]
+        M = np.full((Λ, I, D, L + 1, L + 1), INF)
+        M[..., lo, hi] = best
         V = np.full((Λ, I, L + 1), INF)  # V[..., a]: stages covering [a, L) (q of them)
         V[..., L] = 0.0
         out = np.full((Λ, I), INF)
         for q in range(1, L + 1):
             d = min(q, m) - 1
-            nxt = (M[..., d] + V[:, :, None, :]).min(axis=3)
+            nxt = (M[:, :, d] + V[:, :, None, :]).min(axis=3)
             nxt[..., L] = INF
             V = nxt
             # closing stage [0, b): its optimizer step after the last backward
-            total = V[..., 0]
-            out = np.minimum(out, weights[q - 1] * np.maximum(below[taus], window)[None, :] - offsets[q - 1] + total)
+            out = np.minimum(out, weights[q - 1] * steady[None, :] - offsets[q - 1] + V[..., 0])
         # the first stage's optimizer step: a valid (tiny) addition taken over every first-stage end
-        res = out - (lam * N[None, :]).sum(axis=1)[:, None] + float(np.min(opt0[1:])) + tail
+        res = out - (lam * N[None, :]).sum(axis=1)[:, None] + opt_min + tail
         return np.min(res, axis=1)
 
-    # prices: a GPU-second scale, λ_c ∝ the cluster's compute speed, scaled by search
-    lam = np.array([[floor / m / max(N.sum(), 1e-9)] * C])
-    best = float(evaluate(lam)[0])
-    if best >= target:
-        return target
-    for _ in range(opts.rounds):
-        improved = False
-        for c in range(-1, C):  # all prices together, then one cluster's at a time
-            trial = np.repeat(lam, len(opts.factors), axis=0)
-            f = np.array(opts.factors)
-            if c < 0:
-                trial *= np.where(f > 0, f, 1.0 / 8.0)[:, None]
-            else:
-                trial[:, c] *= f
-            vals = evaluate(trial)
-            i = int(np.argmax(vals))
-            if vals[i] > best + 1e-15:
-                best, lam, improved = float(vals[i]), trial[i : i + 1].copy(), True
-                if best >= target:
-                    return target
-        if not improved:
-            break
-    return min(best, target)
+    return evaluate
+
+
+def _start(inst: Instance, floor: float, m: int, k: int) -> np.ndarray:
+    """The first price vector: a GPU-second scale (the floor's per-microbatch time over the pipeline's
+    GPUs), the same for every cluster."""
+    N = sum(c.num_gpus // k for c in inst.topology.clusters)
+    return np.array([[floor / m / max(float(N), 1e-9)] * len(inst.topology.clusters)])
+
+
+def _trials(lam: np.ndarray, c: int, opts: MixedBoundOptions) -> np.ndarray:
+    """One step of coordinate scaling: every price scaled together (c < 0) or cluster c's alone."""
+    trial = np.repeat(lam, len(opts.factors), axis=0)
+    f = np.array(opts.factors)
+    if c < 0:
+        trial *= np.where(f > 0, f, 1.0 / 8.0)[:, None]
+    else:
+        trial[:, c] *= f
+    return trial
+
+
+@dataclass(slots=True)
+class _Search:
+    """One (B, m) pair's coordinate scaling of the prices, one step at a time (any λ gives a valid bound:
+    ``value`` is one at every step)."""
+
+    B: int
+    m: int
+    lam: np.ndarray
+    value: float
+    step: int = 0
+    """Steps done: step // (C + 1) the round, step % (C + 1) - 1 the cluster scaled (-1: all)."""
+    improved: bool = False
+    done: bool = False
+
+    def advance(self, evaluate: Callable[[np.ndarray], np.ndarray], C: int, opts: MixedBoundOptions) -> None:
+        trial = _trials(self.lam, self.step % (C + 1) - 1, opts)
+        vals = evaluate(trial)
+        i = int(np.argmax(vals))
+        if vals[i] > self.value + 1e-15:
+            self.value, self.lam, self.improved = float(vals[i]), trial[i : i + 1].copy(), True
+        self.step += 1
+        if self.step % (C + 1) == 0:
+            if not self.improved or self.step >= opts.rounds * (C + 1):
+                self.done = True
+            self.improved = False
+
+
+def _pair_bound(inst: Instance, tables: CostTables, kinds: list[_Kind], lo: np.ndarray, hi: np.ndarray,
+                B: int, m: int, k: int, floor: float, target: float, rho_e: tuple[float, float],
+                opts: MixedBoundOptions) -> float:
+    """The bound over plans of k identical pipelines of m microbatches of B samples (min(target, ·)):
+    the coordinate scaling run to its end."""
+    evaluate = _setup(inst, tables, kinds, lo, hi, B, m, k, floor, target, rho_e, opts)
+    lam = _start(inst, floor, m, k)
+    s = _Search(B=B, m=m, lam=lam, value=float(evaluate(lam)[0]))
+    C = len(inst.topology.clusters)
+    while s.value < target and not s.done:
+        s.advance(evaluate, C, opts)
+    return min(s.value, target)
 
 
 def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target: float = INF,
-                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions()) -> MixedBound:
+                deadline: float | None = None, options: MixedBoundOptions = MixedBoundOptions(),
+                stop: Callable[[], bool] | None = None) -> MixedBound:
     """A lower bound on the iteration time of every plan of k identical pipelines with stages of any
     replica groups (module docstring); min(``target``, ·), never below ``compute_floor``. ``deadline``
-    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor."""
+    (``time.perf_counter()``): the (B, m) pairs left when it passes count at the floor; so do those left
+    once ``stop`` (determinism: e.g. ``Progress.stop_requested``) answers True."""
     from hgopt.search.mixed import compute_floor
 
     tables = tables or build_tables(instance)
@@ -345,16 +445,44 @@ def mixed_bound(instance: Instance, tables: CostTables | None = None, *, target:
         return MixedBound(value=floor, floor=floor)
     G = instance.job.global_batch
     rho_e = forward_share_of(tables, G)
+    C = len(instance.topology.clusters)
+
+    def late() -> bool:
+        return (deadline is not None and time.perf_counter() > deadline) or (stop is not None and stop())
+
+    # the (B, m) pairs one after another, each with the least bound so far as its target (a pair whose dual
+    # reaches it has no plan below it: the search stops there); each search starts at the better of the
+    # scale prices and the previous pair's prices relative to its scale (neighbouring pairs price alike)
     best, where, complete = target, (0, 0, 0), True
+    ratio: np.ndarray | None = None
     for B in (d for d in range(1, G + 1) if G % d == 0):
         for m in (d for d in range(1, G // B + 1) if (G // B) % d == 0):
-            if deadline is not None and time.perf_counter() > deadline:
+            if late():
                 complete = False
                 best = min(best, floor)
                 continue
-            v = _pair_bound(instance, tables, kinds, lo, hi, B, m, G // (B * m), floor, best, rho_e, options)
-            if v < best:
-                best, where = v, (B, m, G // (B * m))
+            k = G // (B * m)
+            ev = _setup(instance, tables, kinds, lo, hi, B, m, k, floor, best, rho_e, options)
+            lam0 = _start(instance, floor, m, k)
+            first = lam0 if ratio is None or not options.warm_start else np.vstack((lam0, lam0 * ratio))
+            vals = ev(first)
+            i = int(np.argmax(vals))
+            one = _Search(B=B, m=m, lam=first[i : i + 1].copy(), value=float(vals[i]))
+            while one.value < best and not one.done:
+                one.advance(ev, C, options)
+            ratio = one.lam / lam0
+            if one.value < best and i > 0:  # a new least from the warm start: the scale start's path too
+                other = _Search(B=B, m=m, lam=lam0, value=float(vals[0]))
+                while other.value < best and not other.done:
+                    other.advance(ev, C, options)
+                one = max(one, other, key=lambda x: x.value)
+            if one.value < best and options.polish_rounds > 0:  # it sets the bound: polish its prices
+                fine = dataclasses.replace(options, factors=options.polish_factors, rounds=options.polish_rounds)
+                one.step, one.done, one.improved = 0, False, False
+                while one.value < best and not one.done:
+                    one.advance(ev, C, fine)
+            if one.value < best:
+                best, where = one.value, (B, m, k)
     value = max(best, floor) if best < target else target
     if value == floor:
         where = (0, 0, 0)

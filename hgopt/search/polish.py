@@ -33,15 +33,21 @@ MAX_EVALS = 200
 
 
 def polish(instance: Instance, tables: CostTables, plan: Plan, *, penalty: Callable[[tuple[Pipeline, ...]], float],
-           deadline: float = math.inf, max_evals: int = MAX_EVALS) -> tuple[Plan, float]:
+           deadline: float = math.inf, max_evals: int = MAX_EVALS,
+           stop: Callable[[], bool] | None = None) -> tuple[Plan, float]:
     """The best plan the walk reaches from ``plan`` and its objective (``evaluate``'s iteration time +
-    ``penalty`` of its pipelines); ``plan`` itself when no neighbour beats it."""
+    ``penalty`` of its pipelines); ``plan`` itself when no neighbour beats it. determinism: ``stop`` (e.g.
+    ``Progress.stop_requested``) answering True ends the walk like the deadline, with the best plan so far."""
+
+    def halted() -> bool:
+        return time.perf_counter() >= deadline or (stop is not None and stop())
+
     best, best_val = plan, _score(instance, tables, plan, penalty)
     evals = 1
     start = best_val
-    while evals < max_evals and time.perf_counter() < deadline:
+    while evals < max_evals and not halted():
         for cand in _neighbours(instance, best):
-            if evals >= max_evals or time.perf_counter() >= deadline:
+            if evals >= max_evals or halted():
                 break
             evals += 1
             v = _score(instance, tables, cand, penalty)

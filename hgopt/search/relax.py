@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, weighted_time
+from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, stage_line, weighted_time
 from hgopt.cost.tables import CostTables
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
@@ -87,8 +87,11 @@ class RelaxedSplit:
     """[C3b] ``CheapBounds.offset``, subtracted once from every bound."""
     busy: float = 0.0
     """[C3b] ``CheapBounds.busy``: every plan also costs >= busy·bottleneck + s_lb."""
+    stage_line: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """replay3 [R4s] (m − 1 + ρ, ρ, E) under the replay (``pipeline.stage_line``), (0, 0, 0) under the closed form:
+    a plan of S stages with bottleneck >= a costs >= (m − 1 + ρ)·a + E − (ρ·a + E)·S + fill + tail."""
 
-    def bound_at(self, tau: float) -> float:
+    def bound_at(self, tau: float, reward: float = 0.0) -> float:
         """[R4] Least fill + tail of any plan on two or more clusters whose bottleneck is <= tau
         (plans on one cluster are bounded exactly, see ``split_bound``). Besides every stage and
         WAN send within tau, the 1F1B round trip of the first stage needs fill <= tau·min(S, m),
@@ -98,30 +101,32 @@ class RelaxedSplit:
         the [R1e] rows of the first and last blocks count all of theirs (a stage of the prefix or
         the suffix alone too), so S is counted exactly; only without them (p or q = 0 rows) is 1
         per missing side subtracted (gaps3; before, 2 always). The first block's rows also carry its
-        first stage's tail [R5t] (``_first_tails``), unweighted."""
+        first stage's tail [R5t] (``_first_tails``), unweighted. ``reward`` (replay3 [R4s], lambda 0
+        only): every row's fill less ``reward`` per stage it counts, i.e. the least fill + tail − reward·S
+        (the missing sides' stages subtracted too, so S is never undercounted)."""
         N = self.trunk
         best = -INF
         # gaps3 [R5t]: the first block's rows carry its first stage's tail (never weighted by lambda)
         tails = self._first_tails(tau) if self.TB and self.first_tail else [None] * len(self.TB)
         # the Lagrangian term needs a finite tau (at tau = inf it is -inf, not a bound)
-        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() else (0.0,):
-            rows = [(_weighted(t, f, st, tau, lam) if len(t) else np.full(N, INF))
+        for lam in LAMBDAS if math.isfinite(tau) and not replay_bounds() and not reward else (0.0,):
+            rows = [(_weighted(t, f, st, tau, lam, reward=reward) if len(t) else np.full(N, INF))
                     for t, f, st in zip(self.T, self.F, self.stages)]
             # the cheapest allowed precision of each link whose pace fits tau [R3]
             arcs = np.where(self.wan <= tau, (1.0 + lam) * self.wan_fill, INF).min(axis=0)
             # gaps2 [R1e]: the blocks that begin and end the pipeline hold the prefix and the suffix too
             ends = None if not self.TE else np.array([
-                _weighted(t, f, st, tau, lam) if len(t) else np.full(N + 1, INF)
+                _weighted(t, f, st, tau, lam, reward=reward) if len(t) else np.full(N + 1, INF)
                 for t, f, st in zip(self.TE, self.FE, self.stages_end)])
             firsts = None if not self.TB else np.array([
-                _weighted(t, f, st, tau, lam, tl) if len(t) else np.full(N + 1, INF)
+                _weighted(t, f, st, tau, lam, tl, reward=reward) if len(t) else np.full(N + 1, INF)
                 for t, f, st, tl in zip(self.TB, self.FB, self.stages_first, tails)])
             g = _subset_dp(np.array(rows), arcs, N, ends, firsts)
             if not math.isfinite(g):
                 return INF
             g += (1.0 + lam) * self.extra_fill
-            if lam:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
-                g -= lam * tau * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
+            if lam or reward:  # gaps3: only stages no row counts (a prefix or suffix alone: none with the [R1e] rows)
+                g -= ((lam * tau if lam else 0.0) + reward) * (int(self.p > 0 and not self.TB) + int(self.q > 0 and not self.TE))
             best = max(best, g)
         return best + self._tail_lb(tau)
 
@@ -156,10 +161,11 @@ class RelaxedSplit:
 
 
 def _weighted(t: np.ndarray, f: np.ndarray, st: np.ndarray, tau: float, lam: float,
-              tail: np.ndarray | None = None) -> np.ndarray:
+              tail: np.ndarray | None = None, reward: float = 0.0) -> np.ndarray:
     """Per trunk count, the least over rows whose largest stage fits ``tau`` of (1 + lam)·fill −
-    lam·tau·stages [R6] (+ ``tail``, per row, [R5t])."""
-    v = (1.0 + lam) * f - lam * tau * st[:, None] if lam else f
+    (lam·tau + reward)·stages [R6] / [R4s] (+ ``tail``, per row, [R5t])."""
+    per = (lam * tau if lam else 0.0) + reward  # (0·inf is not 0: tau may be inf with lam 0)
+    v = (1.0 + lam) * f - per * st[:, None] if per else f
     if tail is not None:
         v = v + tail
     return np.where(t <= tau, v, INF).min(axis=0)
@@ -313,6 +319,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
     return RelaxedSplit(names=names, T=tuple(Ts), F=tuple(Fs), wan=wan, wan_fill=wan_fill, stages=tuple(Ns),
                         extra_fill=sum(extra.values()), p=shape.p, q=shape.q, trunk=N, weight=cheap.weight,
                         s_lb=cheap.s_lb, offset=cheap.offset, busy=cheap.busy,
+                        stage_line=stage_line(num_microbatches, *cheap.fwd_share) if replay_bounds() else (0.0, 0.0, 0.0),
                         **({"TE": tuple(TEs), "FE": tuple(FEs), "stages_end": tuple(NEs)} if shape.q else {}),
                         **({"TB": tuple(TBs), "FB": tuple(FBs), "stages_first": tuple(NBs),
                             "first_tail": tuple(TLs), "first_comp": tuple(TCs), "first_caps": tuple(TKs)}
@@ -439,8 +446,13 @@ def _multi_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, deadlin
             memo[tau] = rs.bound_at(tau)
         return memo[tau]
 
+    slope, rho, excess = rs.stage_line
+
     def val_at(a: float, b: float) -> float:  # [C3b] offset, and the busy chain m·a + s_lb under the replay
-        return max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
+        v = max(weighted_time(w, a, at(b)) - rs.offset, rs.busy * a + rs.s_lb)
+        if slope and v < target:  # replay3 [R4s] the stage-count line at a, where it may matter
+            v = max(v, slope * a + excess + rs.bound_at(b, reward=rho * a + excess))
+        return v
 
     if not math.isfinite(hi_t):  # no target (no incumbent yet): one interval [lo_t, inf)
         return val_at(lo_t, INF)

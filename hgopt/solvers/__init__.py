@@ -3,7 +3,8 @@
 Every backend is a module with ``NAME``, ``available() -> bool``, ``version() -> str`` and
 ``solve(model: LinearModel, options: SolveOptions) -> SolveResult``; :data:`BACKENDS` maps the
 names users type to those modules (imported on first use). Shared options: time limit, relative
-gap, threads, seed. Pitfalls handled here (measured, docs/sources.md): OR-Tools is imported before PuLP (PuLP
+gap, threads, seed and a deterministic work limit (``node_limit``: the same model, options and seed give
+the same result whatever the machine's load, unlike a time limit, which stays the watchdog). Pitfalls handled here (measured, docs/sources.md): OR-Tools is imported before PuLP (PuLP
 first makes OR-Tools' HiGHS segfault); HiGHS runs through MathOpt (pywraplp drops the incumbent at a
 time limit); PuLP's "Optimal" is checked against ``sol_status``; CP-SAT gets integer coefficients.
 """
@@ -58,6 +59,13 @@ class SolveOptions:
     proves only that nothing lies below the cutoff — on 'infeasible' the bound reported is the cutoff.
     The exact planner passes none: on a split of sailor-het-32+96 HiGHS returned 'optimal' with
     objective = bound = 4.75459 under one, optimum 4.67836 (issue #11)."""
+    node_limit: int | None = None
+    """determinism: the work limit — branch-and-bound nodes (HiGHS ``mip_max_nodes``, SCIP
+    ``limits/nodes`` through MathOpt's ``node_limit``, CBC ``maxNodes``, PuLP-HiGHS ``mip_max_nodes``;
+    CP-SAT has no nodes: ``max_deterministic_time`` = ``node_limit`` × ``cpsat_backend.DTIME_PER_NODE``
+    with its workers interleaved, which makes it deterministic). Reached: status ``feasible`` (an
+    incumbent) or ``no_solution``, with the solver's bound, and ``SolveResult.limit`` = "work". None: none.
+    ``time_limit_s`` still applies (the wall-clock watchdog; ``limit`` = "time" when it ended the solve)."""
     time_quantum_s: float = 1e-6
     """CP-SAT only: seconds per integer unit when times are scaled to integers."""
     verbose: bool = False
@@ -75,6 +83,12 @@ class SolveResult:
     version: str
     values: np.ndarray | None = None
     message: str = ""
+    nodes: int = -1
+    """determinism: branch-and-bound nodes the solve explored (-1: the backend does not say)."""
+    limit: Literal["", "time", "work"] = ""
+    """determinism: which limit ended a solve that did not finish: "work" (``node_limit``: the same run
+    on any machine ends there), "time" (``time_limit_s``: depends on the load), "" (it finished, or an
+    other limit or the gap ended it)."""
 
     @property
     def gap(self) -> float:

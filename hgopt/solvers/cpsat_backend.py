@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +23,10 @@ from hgopt.solvers.model import LinearModel, Row
 __all__ = ["CPSAT"]
 
 _BIG = 10**12
+DTIME_PER_NODE = 0.01
+"""determinism: CP-SAT's deterministic time (its own work measure, about seconds) per unit of
+``SolveOptions.node_limit``: CP-SAT explores no branch-and-bound nodes to count (``SolveResult.nodes`` is its
+deterministic time in these units)."""
 _EPS = 1e-9
 
 
@@ -73,8 +78,17 @@ class CpSatBackend:
         solver.parameters.num_workers = max(2, options.threads)
         solver.parameters.random_seed = options.seed
         solver.parameters.log_search_progress = options.verbose
+        if options.node_limit is not None:  # determinism: a work limit the same on every machine
+            solver.parameters.max_deterministic_time = max(options.node_limit, 1) * DTIME_PER_NODE
+            solver.parameters.interleave_search = True  # the workers in a fixed order: a deterministic search
+            solver.parameters.interleave_batch_size = 1  # one task a batch: 100x faster than the default here
         code = solver.Solve(cp)
         wall = time.perf_counter() - t0
+        limit: Literal["", "time", "work"] = ""
+        dtime = solver.ResponseProto().deterministic_time
+        if code in (cp_model.FEASIBLE, cp_model.UNKNOWN):
+            by_work = options.node_limit is not None and dtime >= solver.parameters.max_deterministic_time
+            limit = "work" if by_work else "time"
         status: SolveStatus = {
             cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
             cp_model.UNKNOWN: "no_solution",
@@ -89,7 +103,8 @@ class CpSatBackend:
         if status == "infeasible":
             bound = math.inf
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,
-                           version=self.version(), values=values, message=solver.StatusName(code))
+                           version=self.version(), values=values, message=solver.StatusName(code),
+                           nodes=math.ceil(dtime / DTIME_PER_NODE), limit=limit)  # its work in node units
 
 
 def _quantum(model: LinearModel, floor: float) -> float:

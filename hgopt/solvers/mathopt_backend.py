@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -47,6 +49,7 @@ class MathOptBackend:
             relative_gap_tolerance=options.relative_gap,
             enable_output=options.verbose,
             random_seed=options.seed,
+            node_limit=options.node_limit,
         )
         # HiGHS prunes nodes whose bound reaches the cutoff (it then reports infeasible). SCIP's
         # cutoff_limit is not used: OR-Tools 9.15's Python layer fails to parse the CUTOFF limit.
@@ -66,7 +69,8 @@ class MathOptBackend:
             log.warning("%s failed: %s", self.name, exc)
             return SolveResult(status="error", objective=math.inf, bound=-math.inf, wall_s=time.perf_counter() - t0,
                                solver=self.name, version=self.version(), message=str(exc))
-        return self._result(res, mo, model, time.perf_counter() - t0, options.bound_limit, options.relative_gap)
+        out = self._result(res, mo, model, time.perf_counter() - t0, options.bound_limit, options.relative_gap)
+        return dataclasses.replace(out, nodes=int(res.solve_stats.node_count), limit=_limit_of(res))
 
     def _result(self, res: object, mo: object, model: LinearModel, wall: float, options_bound: float,
                 relative_gap: float) -> SolveResult:
@@ -100,6 +104,16 @@ class MathOptBackend:
             bound = options_bound if math.isfinite(options_bound) else math.inf
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,
                            version=self.version(), values=values, message=str(res.termination.detail))  # type: ignore[attr-defined]
+
+
+def _limit_of(res: object) -> Literal["", "time", "work"]:
+    """determinism: "work" when the node limit ended the solve, "time" for the time limit, else ""."""
+    from ortools.math_opt.python import mathopt
+
+    limit = res.termination.limit  # type: ignore[attr-defined]
+    if limit == mathopt.Limit.NODE:
+        return "work"
+    return "time" if limit == mathopt.Limit.TIME else ""
 
 
 HIGHS = MathOptBackend("highs", "HIGHS")

@@ -12,6 +12,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -55,14 +56,18 @@ class PulpBackend:
             if self.kind == "cbc":
                 solver = pulp.PULP_CBC_CMD(msg=options.verbose, timeLimit=options.time_limit_s,
                                            gapRel=options.relative_gap, threads=options.threads, logPath=log_path,
-                                           warmStart=bool(model.hint), options=[f"randomCbcSeed {options.seed + 1}"])
+                                           warmStart=bool(model.hint), options=[f"randomCbcSeed {options.seed + 1}"],
+                                           maxNodes=options.node_limit)
             else:
+                nodes = {} if options.node_limit is None else {"mip_max_nodes": int(options.node_limit)}
                 solver = pulp.HiGHS(msg=options.verbose, timeLimit=options.time_limit_s, gapRel=options.relative_gap,
-                                    threads=options.threads, random_seed=options.seed)
+                                    threads=options.threads, random_seed=options.seed, **nodes)
             try:
                 with quiet_stdout():
                     prob.solve(solver)
             except Exception as exc:  # solver-side failures of every kind become an 'error' result
+                if self.kind == "highs" and _node_limited(prob):  # determinism: PuLP 3.3 has no status for it
+                    return self._node_limited(prob, xs, model, time.perf_counter() - t0)
                 return SolveResult(status="error", objective=math.inf, bound=-math.inf,
                                    wall_s=time.perf_counter() - t0, solver=self.name, version=self.version(),
                                    message=str(exc))
@@ -88,8 +93,48 @@ class PulpBackend:
             values = np.array([x.value() if x.value() is not None else 0.0 for x in xs], dtype=float)
             objective = model.objective_value(values)
         bound = self._bound(prob, status, objective, log_text, model.offset)
+        nodes, limit = self._work(prob, status, log_text)
         return SolveResult(status=status, objective=objective, bound=bound, wall_s=wall, solver=self.name,
-                           version=self.version(), values=values, message=str(pulp.LpStatus[prob.status]))  # type: ignore[attr-defined]
+                           version=self.version(), values=values, message=str(pulp.LpStatus[prob.status]),  # type: ignore[attr-defined]
+                           nodes=nodes, limit=limit)
+
+    def _node_limited(self, prob: object, xs: list[object], model: LinearModel, wall: float) -> SolveResult:
+        """determinism: HiGHS stopped by ``mip_max_nodes`` (model status kSolutionLimit, which PuLP's
+        HiGHS interface does not map): its incumbent, if it has one, and its dual bound."""
+        info = prob.solverModel.getInfo()  # type: ignore[attr-defined]
+        values = None
+        objective = math.inf
+        status: SolveStatus = "no_solution"
+        if int(info.primal_solution_status) == 2:  # kSolutionStatusFeasible
+            values = np.array([x.value() if x.value() is not None else 0.0 for x in xs], dtype=float)
+            objective, status = model.objective_value(values), "feasible"
+        bound = float(info.mip_dual_bound) + model.offset  # PuLP hands HiGHS the objective without its constant
+        return SolveResult(status=status, objective=objective, bound=min(bound, objective), wall_s=wall,
+                           solver=self.name, version=self.version(), values=values,
+                           message="HiGHS: node limit reached", nodes=int(info.mip_node_count), limit="work")
+
+    def _work(self, prob: object, status: SolveStatus, log_text: str) -> tuple[int, Literal["", "time", "work"]]:
+        """determinism: nodes explored and the limit that ended an unfinished solve (CBC: its log's
+        "Stopped on nodes" / "Stopped on time"; HiGHS: its model status)."""
+        if status not in ("feasible", "no_solution"):
+            limit: Literal["", "time", "work"] = ""
+        elif self.kind == "cbc":
+            low = log_text.lower()
+            limit = "work" if "stopped on node" in low else "time" if "stopped on time" in low else ""
+        else:
+            try:
+                ms = str(prob.solverModel.getModelStatus())  # type: ignore[attr-defined]
+            except Exception:  # highspy without it
+                ms = ""
+            limit = "time" if "TimeLimit" in ms else "work" if ("SolutionLimit" in ms or "Node" in ms) else ""
+        found = re.findall(r"Enumerated nodes:\s*([0-9]+)", log_text)
+        nodes = int(found[-1]) if found else -1
+        if self.kind == "highs":
+            try:
+                nodes = int(prob.solverModel.getInfo().mip_node_count)  # type: ignore[attr-defined]
+            except Exception:  # highspy without that info field
+                nodes = -1
+        return nodes, limit
 
     def _bound(self, prob: object, status: SolveStatus, objective: float, log_text: str, offset: float) -> float:
         if status == "infeasible":
@@ -112,6 +157,15 @@ class PulpBackend:
                 return min(float(found[-1]) + offset, objective)
             return objective - abs(objective) * _gap_of(log_text)
         return -math.inf
+
+
+def _node_limited(prob: object) -> bool:
+    try:
+        import highspy
+
+        return bool(prob.solverModel.getModelStatus() == highspy.HighsModelStatus.kSolutionLimit)  # type: ignore[attr-defined]
+    except Exception:  # no solver model: not this case
+        return False
 
 
 def _gap_of(log_text: str) -> float:
