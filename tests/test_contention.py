@@ -92,35 +92,17 @@ def test_evaluate_without_the_cap_prices_the_sync_alone() -> None:
     assert ev.iteration_time_s == pytest.approx(E1 + RING + 0.003, rel=1e-12)
 
 
-def test_delay_by_hand() -> None:
-    from hgopt.cost.gradsync import LinkMessage, sync_contention_delay
-
-    ring = [(1.0, 3.0)]  # the ring alone on the link from 1 s to 3 s
-    # a message of 16 small flows, 0.5 s of the cap, from 1 s: the ring waits for all of it
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=1.0, busy_s=0.5, flows=16)]) == pytest.approx(0.5)
-    # started at 0.8 s: 0.2 s of it ran alone before the ring phase
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.8, busy_s=0.5, flows=16)]) == pytest.approx(0.3)
-    # one flow of 5 s from 2.5 s: the ring (0.5 s left) shares half the cap with it: 0.5 s more
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=2.5, busy_s=5.0, flows=1)]) == pytest.approx(0.5)
-    # after the ring's end, or before its phase and done by then: nothing
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=3.0, busy_s=1.0)]) == 0.0
-    assert sync_contention_delay(ring, 3.0, [LinkMessage(start_s=0.0, busy_s=0.9)]) == 0.0
-    # a second message that starts after the end alone but before the delayed end still counts
-    two = [LinkMessage(start_s=2.0, busy_s=1.5, flows=4), LinkMessage(start_s=3.2, busy_s=0.1, flows=4)]
-    assert sync_contention_delay(ring, 3.0, two) == pytest.approx(1.6)
-    # two phases with a gap: a message inside the gap runs alone until the second phase
-    gap = [(1.0, 2.0), (3.0, 4.0)]
-    assert sync_contention_delay(gap, 4.0, [LinkMessage(start_s=2.5, busy_s=1.0, flows=8)]) == pytest.approx(0.5)
-
-
 def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     """The hand case with 3e8 activation bytes per sample: the message is 0.3 s of the cap, one flow,
-    longer than the ring's 0.140 s. Forward: stage 1's b replica starts at 0.01 + 0.3 + 0.01 s and
-    ends its backward at E_1 = 0.41 s. Both flows share the cap at half each until the ring's work is
-    done, 2 · 0.140 s later: the sync ends at 0.41 + 0.280 = 0.69 s (0.140 s late, min(message,
-    ring)); the message has 0.160 s left, alone: through at 0.85 s, arrives 0.86 s, 0.140 s late,
-    which stage 0's replica 1 waits for: its backward ends at 0.88 s, then its sync inside a (one node:
-    the intra-node ring of 40 MB among 2) and its optimizer step (1 ms) end the iteration."""
+    longer than the ring's 0.140 s (0.120 s of bytes, then its 2 · 10 ms of latency, off the link).
+    Forward: stage 1's b replica starts at 0.01 + 0.3 + 0.01 s and ends its backward at E_1 = 0.41 s.
+    Both flows share the cap at half each until the ring's 120 MB are through, 0.240 s later; its
+    latency ends the sync at 0.41 + 0.26 = 0.67 s (0.120 s late, min(message, ring bytes)). The ring
+    taken as its 2 steps (60 MB, then 10 ms) gives the same: each step's bytes at half the cap, the
+    message alone in the latency gaps. The message has 0.180 s left, alone: through at 0.83 s,
+    arrives 0.84 s, 0.120 s late, which stage 0's replica 1 waits for: its backward ends at 0.86 s,
+    then its sync inside a (one node: the intra-node ring of 40 MB among 2) and its optimizer step
+    (1 ms) end the iteration."""
     from hgopt.cost.tables import allreduce_time
 
     topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
@@ -129,8 +111,8 @@ def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=3e8)
     inst = tiny_instance(global_batch=2, model=model, topology=topo)
     plan = _contended_plan()
-    e1, late = 0.41, RING
-    end = 0.88 + allreduce_time(inst.topology.cluster("a").intra_node, 4e7, 2) + 0.001
+    e1, late = 0.41, 0.120
+    end = 0.86 + allreduce_time(inst.topology.cluster("a").intra_node, 4e7, 2) + 0.001
     sim = simulate(plan, inst)
     sync = next(e for e in sim.events if e.kind == "sync" and e.stage == 1)
     assert (sync.start, sync.end) == pytest.approx((e1, e1 + RING + late), rel=1e-12)
@@ -145,20 +127,6 @@ def test_a_message_larger_than_the_ring_waits_for_it_too() -> None:
     assert ev.iteration_time_s == pytest.approx(end, rel=1e-12)
 
 
-def test_message_delay_by_hand() -> None:
-    from hgopt.cost.gradsync import LinkMessage, message_contention_delay
-
-    ring = [[(1.0, 3.0)]]
-    # 16 flows, 0.5 s of the cap from 1 s: each flow waits for the ring as long as itself, 0.5 / 16
-    assert message_contention_delay(LinkMessage(start_s=1.0, busy_s=0.5, flows=16), ring) == pytest.approx(0.5 / 16)
-    # one flow of 5 s from 2.5 s: the ring has 0.5 s left
-    assert message_contention_delay(LinkMessage(start_s=2.5, busy_s=5.0), ring) == pytest.approx(0.5)
-    # from 0.8 s: 0.2 s ran alone; two ring flows each take their share
-    two = [[(1.0, 3.0)], [(1.0, 1.1)]]
-    assert message_contention_delay(LinkMessage(start_s=0.8, busy_s=0.5), two) == pytest.approx(0.3 + 0.1)
-    assert message_contention_delay(LinkMessage(start_s=3.0, busy_s=1.0), ring) == 0.0
-
-
 def _without_contention(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
@@ -166,7 +134,7 @@ def _without_contention(monkeypatch: pytest.MonkeyPatch) -> None:
 
     mod = importlib.import_module("hgopt.cost.evaluate")
     monkeypatch.setattr(mod, "_contended_sync",
-                        lambda plan, inst, tables, first, ends, buckets, rings: (ends, *bucket_schedule_starts(buckets, ends)))
+                        lambda plan, inst, tables, first, ends, buckets, rings, **kw: (ends, *bucket_schedule_starts(buckets, ends)))
 
 
 def _mixed_plans() -> list[Plan]:
@@ -237,3 +205,66 @@ def test_geo3r_uniform_sync_is_priced_with_the_send_it_shares_the_link_with() ->
     assert s1.sync_end_s - s1.last_backward_end_s > 9.0
     sim1 = next(s for s in sim.stages if s.stage == 1)
     assert sim1.sync_end_s - sim1.compute_end_s > 9.0
+
+
+def test_an_earlier_backward_message_shares_the_cap_with_an_early_bucket() -> None:
+    """Beyond the last microbatch: m = 2, stage 0 = layer 0 on a and b, stage 1 = layers 1-3 on b and
+    a (one replica each, row 0 / row 1), 1e8 activation bytes per sample (each backward message 100
+    MB, 0.1 s of the 1 GB/s cap), 40 MB of gradients per layer in 5 MiB buckets (one layer each: ring
+    0.04 s of bytes + 0.02 s of latency), overlap on. Stage 1's backward of microbatch 0 ends at 0.21
+    s and its message runs alone until 0.27 s (60 MB), when stage 1's first bucket (layer 3, ready a
+    third into its last backward, 0.25 .. 0.31 s) starts: both at half the cap, the message's last
+    40 MB and the ring's 40 MB are through at 0.35 s, the ring ends at 0.37 s. The last message
+    (ready at E_1 = 0.31 s) leaves after the first, at 0.35 s: 20 MB alone until bucket 2 starts at
+    0.37 s, 40 MB with it until 0.45 s, 20 MB alone during its latency, the last 20 MB with bucket 3
+    (from 0.47 s) until 0.51 s; bucket 3's other 20 MB alone, its latency: stage 1's sync ends at
+    0.55 s. The message arrives at 0.52 s (uncontended 0.42 s): stage 0's last backward 0.52 .. 0.54
+    s, its ring (40 MB, alone) to 0.60 s, its optimizer step (1 ms) to 0.601 s. Counting only the last
+    message on the cap, evaluate said 0.561 s."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e8)
+    inst = tiny_instance(global_batch=4, model=model, topology=topo)
+    s0 = Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
+    s1 = Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
+    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    sim = simulate(plan, inst)
+    syncs = sorted(t for e in sim.events if e.kind == "sync" and e.stage == 1 for t in (e.start, e.end))
+    assert syncs == pytest.approx([0.27, 0.37, 0.37, 0.47, 0.47, 0.55], rel=1e-12)
+    first = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 0 and e.replica == 0)
+    last = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 1 and e.replica == 0)
+    assert (first.start, first.end, last.start, last.end) == pytest.approx((0.21, 0.36, 0.35, 0.52), rel=1e-12)
+    assert sim.iteration_time_s == pytest.approx(0.601, rel=1e-12)
+    for mode in ("closed", "replay"):
+        ev = evaluate(plan, inst, pipeline=mode)  # type: ignore[arg-type]
+        by = {s.stage: s for s in ev.stages}
+        assert by[1].last_backward_end_s == pytest.approx(0.31, rel=1e-12)
+        assert by[1].sync_end_s == pytest.approx(0.55, rel=1e-12)
+        assert by[0].last_backward_end_s == pytest.approx(0.54, rel=1e-12)
+        assert ev.iteration_time_s == pytest.approx(0.601, rel=1e-12)
+
+
+def test_a_receiver_that_did_not_wait_for_the_message_does_not_move() -> None:
+    """m = 2, stage 0 = layers 0-2, stage 1 = layer 3 (both on a and b), 1e7 activation bytes (10 MB
+    messages), 5 MiB buckets. Stage 1's last backward ends at E_1 = 0.11 s and its one bucket (40
+    MB) starts with the last message: the message's 10 MB at half the cap, through at 0.13 s, arrives
+    at 0.14 s (0.01 s late). Stage 0 is still busy with microbatch 0's backward (0.10 .. 0.16 s), so
+    its last backward starts at 0.16 s either way: E_0 stays 0.22 s (moving it by the whole delay
+    gave 0.23 s)."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e7)
+    inst = tiny_instance(global_batch=4, model=model, topology=topo)
+    s0 = Stage(start=0, end=3, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
+    s1 = Stage(start=3, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
+    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    sim = simulate(plan, inst)
+    last = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 1 and e.replica == 0)
+    assert (last.start, last.end) == pytest.approx((0.11, 0.14), rel=1e-12)
+    assert next(s for s in sim.stages if s.stage == 0).compute_end_s == pytest.approx(0.22, rel=1e-12)
+    ev = evaluate(plan, inst, pipeline="replay")
+    by = {s.stage: s for s in ev.stages}
+    assert by[0].last_backward_end_s == pytest.approx(0.22, rel=1e-12)
+    assert ev.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-12)

@@ -103,22 +103,33 @@ def _crossed_plan(bucket_mb: float, overlap: bool) -> Plan:
 @pytest.mark.parametrize("bucket_mb", [100.0, 5.0])
 def test_aggregate_cap_is_shared_per_bucket(bucket_mb: float) -> None:
     """Two pipelines a|b and b|a: sync segments [0, 2) and [2, 4) (8e6 bytes each) are each
-    all-reduced by a ring over {a, b}, both over the capped link: load(a, b) = 16e6 bytes, which the
-    cap carries in 2·(1/2)·16e6 / 0.25e9 = 0.064 s. As in [C7] ([C5w]), a stage's sync cannot end
-    before that, counted from its first bucket's start; a bucket's own ring alone takes x / 2e9 +
-    2·0.01 s (the NICs: x / 12.5e9): one bucket per segment 0.024 s, 5 MiB buckets (one layer each,
-    x = 4e6) 2·0.022 s, both below the cap's 0.064 s. Without overlap every bucket starts when both
-    holders' last backward has ended: sync ends max(E of the two holders) + 0.064 s either way, and
-    [C7]'s stage sync is 0.064 s."""
+    all-reduced by a ring over {a, b}, both over the capped link. A bucket's ring alone takes
+    max(x / 2e9 + 2·0.01 s, x / 0.25e9) [C5] (the NICs: x / 12.5e9): one bucket per segment
+    0.032 s (the cap binds), 5 MiB buckets (one layer each, x = 4e6) 2·0.022 s. Without overlap
+    every bucket starts when both holders' last backward has ended. The two segments' rings do not
+    run at the same time (stage 1's ends before stage 0's starts), so neither waits for the other
+    ([C5w] counts only concurrent rings, moment by moment; before, each stage waited for the cap to
+    carry both, 0.064 s): stage 0's sync ends its start + 0.032 / 0.044 s; stage 1's ring shares the
+    cap with the last backward message it starts with (1e6 B per direction, 0.004 s of the cap, one
+    flow, smaller than the ring: the ring waits for all of it), + 0.004 s. [C7]'s stage sync (all
+    rings together after the drain) is still 0.064 s. The simulator runs the same rings."""
+    from hgopt.simulate import simulate
+
     inst = _crossed_instance()
-    ev = evaluate(_crossed_plan(bucket_mb, overlap=False), inst)
+    plan = _crossed_plan(bucket_mb, overlap=False)
+    ev = evaluate(plan, inst)
+    sim = simulate(plan, inst)
     assert ev.feasible
+    alone = 0.032 if bucket_mb == 100.0 else 2 * 0.022
     by = {(r.pipeline, r.stage): r for r in ev.stages}
-    for si in (0, 1):
+    by_sim = {(r.pipeline, r.stage): r for r in sim.stages}
+    for si, late in ((0, 0.0), (1, 0.004)):
         both = [by[(0, si)], by[(1, si)]]
         start = max(r.last_backward_end_s for r in both)
-        for r in both:
-            assert r.sync_end_s == pytest.approx(start + 0.064, rel=1e-9)
+        start_sim = max(by_sim[(pi, si)].compute_end_s for pi in (0, 1))
+        for pi, r in enumerate(both):
+            assert r.sync_end_s == pytest.approx(start + alone + late, rel=1e-9)
+            assert by_sim[(pi, si)].sync_end_s == pytest.approx(start_sim + alone + late, rel=1e-9)
             assert r.sync_s == pytest.approx(0.064, rel=1e-9)  # [C7] shares the cap the same way
 
 

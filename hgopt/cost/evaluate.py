@@ -22,13 +22,10 @@ from hgopt.cost.gradsync import (
     Bucket,
     bucket_ranges,
     bucket_ready_time,
-    LinkMessage,
     bucket_schedule_starts,
-    bucket_start_times,
     iteration_end,
-    message_contention_delay,
-    sync_contention_delay,
 )
+from hgopt.cost.sharing import BoundaryMessage, CapFlow, RingPhase, earlier_backward_starts, shared_bucket_schedule
 from hgopt.cost.memory import stage_memory_terms, zero_shards
 from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
@@ -50,6 +47,7 @@ from hgopt.cost.tables import (
     bandwidth_bytes_per_s,
     build_tables,
     link_bytes_factor,
+    ring_latency_s,
 )
 from hgopt.cost.links import flows_time, nic_time, replicas_per_node, ring_bandwidth, ring_time
 from hgopt.plan import Pipeline, Plan, Stage, validate
@@ -807,6 +805,12 @@ class SegmentSync:
     ends), alone on the WAN [C5]."""
     clusters: tuple[str, ...]
     wan_bytes: float
+    cap_s: float = 0.0
+    """[C5w] The cross-cluster ring with only the aggregate caps it crosses limiting it (the slowest
+    capped direction's ring of ``wan_bytes``; 0 without one): its work on a cap, in seconds of it
+    alone (``segment_ring_flow``)."""
+    lat_s: float = 0.0
+    """The latency part of ``inter`` (2(k − 1) hops of the per-flow link whose ring is slowest)."""
 
     def pairs(self) -> list[frozenset[str]]:
         return [frozenset((a, b)) for i, a in enumerate(self.clusters) for b in self.clusters[i + 1 :]]
@@ -814,12 +818,14 @@ class SegmentSync:
     def scaled(self, f: float) -> SegmentSync:
         """This collective's seconds and WAN bytes times ``f`` (a ring's reduce-scatter or all-gather
         phase: ``gradsync.ZERO_PHASE``)."""
-        return SegmentSync(intra=self.intra * f, inter=self.inter * f, clusters=self.clusters, wan_bytes=self.wan_bytes * f)
+        return SegmentSync(intra=self.intra * f, inter=self.inter * f, clusters=self.clusters, wan_bytes=self.wan_bytes * f,
+                           cap_s=self.cap_s * f, lat_s=self.lat_s * f)
 
     def plus(self, other: SegmentSync) -> SegmentSync:
         """Two collectives of the same holders one after the other."""
         return SegmentSync(intra=self.intra + other.intra, inter=self.inter + other.inter, clusters=self.clusters,
-                           wan_bytes=self.wan_bytes + other.wan_bytes)
+                           wan_bytes=self.wan_bytes + other.wan_bytes, cap_s=self.cap_s + other.cap_s,
+                           lat_s=self.lat_s + other.lat_s)
 
 
 SegmentsAndLoads = tuple[dict[tuple[int, int], SegmentSync], dict[frozenset[str], float]]
@@ -853,13 +859,38 @@ def segment_allreduce(
         intra = max(intra, allreduce_time(ring_bw, shard_bytes, n))
     names = tuple(per_cluster)
     k = len(names)
-    inter = wan_bytes = 0.0
+    inter = wan_bytes = cap_s = lat_s = 0.0
     if k > 1:
         wan_bytes = full_bytes * link_bytes_factor(inst.model.dtype, wan_precision)
         # each edge of the ring is one flow (node pair): per-flow rate, and the NICs at its ends
-        inter = max(max(ring_time(topo.link_spec(a, b), wan_bytes, k) for a in names for b in names if a != b),
-                    max(allreduce_time(topo.cluster(c).inter_node, wan_bytes, k) for c in names))
-    return SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes)
+        edge, slowest = max(((ring_time(topo.link_spec(a, b), wan_bytes, k), topo.link_spec(a, b))
+                             for a in names for b in names if a != b), key=lambda tl: tl[0])
+        inter = max(edge, max(allreduce_time(topo.cluster(c).inter_node, wan_bytes, k) for c in names))
+        lat_s = ring_latency_s(slowest.bandwidth.latency_s, k)
+        cap_s = max(_capped_ring(topo.link_spec(a, b), wan_bytes, k) for a in names for b in names if a != b)
+    return SegmentSync(intra=intra, inter=inter, clusters=names if k > 1 else (), wan_bytes=wan_bytes, cap_s=cap_s,
+                       lat_s=lat_s)
+
+
+def segment_ring_flow(topo: Topology, seg: SegmentSync) -> tuple[CapFlow, float] | None:
+    """[C5w] A collective's cross-cluster ring on the aggregate caps of every ordered pair of its
+    clusters (a ring over k clusters counted on each pair, as ``_segments_and_loads`` counts it): one
+    flow of ``cap_s`` seconds of the slowest cap's rate (read at the ring's chunk, wan_bytes / k), at
+    most that work / (``inter`` − tail) bytes/s, then its latency tail off the link (the ring's
+    2(k − 1) hops ``lat_s``, at most ``inter`` − ``cap_s``: [C5] prices the ring as the larger of its
+    per-flow time with latency and its cap time, so alone it takes ``inter``). Under sharing it gets
+    the cap's rate / n, so rings over a cap of c flows' worth slow down only beyond c of them
+    (min(n·per_flow, aggregate)). Returns (the flow, its latency tail); None without a capped
+    direction. The simulator runs the same flow (``hgopt.simulate``)."""
+    dirs = tuple((a, b) for a in seg.clusters for b in seg.clusters
+                 if a != b and topo.link_spec(a, b).aggregate is not None)
+    tail = min(seg.lat_s, seg.inter - seg.cap_s)  # [C5] takes max(per flow + latency, cap): alone = inter
+    if not dirs or seg.cap_s <= 0 or seg.inter - tail <= 0:
+        return None
+    chunk = seg.wan_bytes / len(seg.clusters)
+    solo = min(bandwidth_bytes_per_s(topo.link_spec(a, b).aggregate, chunk) for a, b in dirs)  # type: ignore[arg-type]
+    work = seg.cap_s * solo
+    return CapFlow(nbytes=work, limit=work / (seg.inter - tail), dirs=dirs, size=chunk), tail
 
 
 # ---- bucketed gradient sync overlapped with the last backward [C7o] ------------------------------
@@ -934,16 +965,14 @@ def _bucketed_sync(
     cuts = sorted({s.start for p in plan.pipelines for s in p.stages} | {tables.num_layers})
     segs, load = segs_loads or _segments_and_loads(plan, inst, tables)
     buckets: list[Bucket] = []
-    rings: list[tuple[float, float, tuple[str, ...]]] = []  # per bucket: intra, inter, ring clusters [C7c]
+    phases: list[RingPhase] = []  # per bucket: its rings, the cross-cluster one on the caps [C5w]
     gathers: list[tuple[float, list[tuple[int, int]]]] = []  # ZeRO-1 all-gathers, ascending layers
-    sharded: set[tuple[int, int]] = set()
     for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
         keys = [k for k, st in where.items() if st.start <= lo and hi <= st.end]
         holders = [st for st in every if st.start <= lo and hi <= st.end]
         gather = segment_gather(inst, tables, holders, lo, hi)
         if gather is not None:
             gathers.insert(0, (gather.intra + gather.inter, keys))
-            sharded.add((lo, hi))
         for (x, y), seg in segment_bucket_syncs(inst, tables, holders, lo, hi, plan.grad_bucket_mb,
                                                 plan.grad_sync_precision):
             ready = {}
@@ -953,105 +982,74 @@ def _bucketed_sync(
                 done = tab.times(mbs, x, st.end)[1] / total if total > 0 else 1.0
                 ready[k] = bucket_ready_time(ends[k], report[k].bwd_s, done, plan.overlap_grad_sync)
             buckets.append(Bucket(layers=(x, y), duration_s=seg.intra + seg.inter, ready=ready))
-            rings.append((seg.intra, seg.inter, seg.clusters))
-    ends, sync_end, first_start = _contended_sync(plan, inst, tables, first, ends, buckets, rings)
-    # [C5w] as in [C7]: a stage cannot end its sync before every segment's rings over a capped link
-    # it uses have crossed it (all taken to run together), counted from its first bucket's start
-    # (a stage whose segments are all ZeRO-1 sharded: their reduce-scatter phase, ZERO_PHASE of it)
-    for k, st in where.items():
-        mine = {(lo, hi): v for (lo, hi), v in segs.items() if st.start <= lo and hi <= st.end}
-        if k in first_start:
-            f = ZERO_PHASE if mine and set(mine) <= sharded else 1.0
-            sync_end[k] = max(sync_end[k], first_start[k] + f * _shared_sync(inst.topology, list(mine.values()), load))
+            ring = segment_ring_flow(inst.topology, seg)
+            phases.append(RingPhase(intra_s=seg.intra, inter_s=seg.inter, flow=ring and ring[0], tail_s=ring[1] if ring else 0.0))
+    # [C5w] / [C7c]: the rings over a capped link share it with the rings and the last backward
+    # messages on it at the same moment (processor sharing, hgopt/cost/sharing.py)
+    ends, sync_end, _ = _contended_sync(plan, inst, tables, first, ends, buckets, phases,
+                                        op_times={k: (report[k].fwd_s, report[k].bwd_s, report[k].send_bwd_s) for k in where})
     rep = {pi: first[p] for pi, p in enumerate(plan.pipelines)}
     out = [replace(r, last_backward_end_s=ends[(rep[r.pipeline], r.stage)], sync_end_s=sync_end[(rep[r.pipeline], r.stage)])
            for r in stages]
     return out, iteration_end(sync_end, {k: report[k].optimizer_s for k in sync_end}, gathers)
 
 
-# ---- [C7c] a stage's sync and the pipeline's last backward sends on one capped link ------------------
+# ---- [C5w] / [C7c] rings and the last backward sends sharing capped links ----------------------------
 def _contended_sync(plan: Plan, inst: Instance, tables: CostTables, first: dict[Pipeline, int],
-                    ends: dict[tuple[int, int], float], buckets: list[Bucket],
-                    rings: list[tuple[float, float, tuple[str, ...]]]
+                    ends: dict[tuple[int, int], float], buckets: list[Bucket], phases: list[RingPhase],
+                    op_times: dict[tuple[int, int], tuple[float, float, float]] | None = None,
                     ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[tuple[int, int], float]]:
-    """[C7c] The bucket schedule (``gradsync.bucket_schedule_starts``: each stage's sync end and first
-    bucket start) and each stage's last backward end, where the cross-cluster rings of the gradient
-    buckets share a direction of a link with an aggregate cap with the last microbatch's backward
-    messages of any pipeline (``_last_backward_messages``): under processor sharing both wait for each
-    other. First each message is delayed by the rings it meets (``gradsync.message_contention_delay``),
-    which moves the last backward of every stage it feeds, and of the stages before them, later (a
-    stage's delay is the sum of the delays of the messages on the boundaries after it, the latest of
-    a message's directions); the buckets are scheduled again from the moved backward ends; then each
-    stage's sync ends later by its most contended direction's ``gradsync.sync_contention_delay``. A
-    bucket's ring runs from its start + its clusters' rings (``intra``) for ``inter`` seconds
-    (``gradsync.bucket_start_times``, the one schedule); the buckets of one holder set are one ring
-    flow. Everything is computed once from the uncontended schedule (first order). Without a capped
-    link under any cross-cluster ring nothing changes. Only raises: every bound built on [C7o]
-    without it stays one. Returns (ends, sync_end, first_start)."""
-    sync_end, first_start = bucket_schedule_starts(buckets, ends)
-    topo = inst.topology
-    per_set: dict[tuple[str, ...], list[tuple[str, str]]] = {}
-    for _, _, cl in rings:
-        if cl not in per_set:
-            per_set[cl] = [(a, b) for a in cl for b in cl if a != b and topo.link_spec(a, b).aggregate is not None]
-    if not any(per_set.values()):
-        return ends, sync_end, first_start
-    capped = [per_set[cl] for _, _, cl in rings]
-    copies = Counter(plan.pipelines)
-    by_pipe = {pi: [(j, _last_backward_messages(inst, tables, pipe, j, copies[pipe]))
-                    for j in reversed(range(len(pipe.stages) - 1))] for pipe, pi in first.items()}
-    used = {d for dirs in capped for d in dirs}
-    if not any(d in used for parts in by_pipe.values() for _, ms in parts for d, _ in ms):
-        return ends, sync_end, first_start
-
-    def wan_phases(bks: list[Bucket]) -> dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]]:
-        out: dict[tuple[str, str], dict[frozenset[object], list[tuple[float, float]]]] = {}
-        for bk, t0, (intra, inter, _), dirs in zip(bks, bucket_start_times(bks), rings, capped):
-            for d in dirs:
-                if inter > 0:
-                    out.setdefault(d, {}).setdefault(frozenset(bk.ready), []).append((t0 + intra, t0 + intra + inter))
-        return out
-
-    phases = wan_phases(buckets)
-    shift: dict[tuple[int, int], float] = {}
-    for pi, parts in by_pipe.items():
-        acc = 0.0
-        for j, ms in parts:  # from the last boundary back: stage j waits for boundary j's message
-            tau = ends[(pi, j + 1)] + acc
-            acc += max((message_contention_delay(LinkMessage(start_s=tau, busy_s=busy, flows=n),
-                                                 [sorted(w) for w in phases.get(d, {}).values()])
-                        for d, (busy, n) in ms), default=0.0)
-            if acc > 0:
-                shift[(pi, j)] = acc
-    if shift:
-        ends = {k: e + shift.get(k, 0.0) for k, e in ends.items()}
-        buckets = [replace(bk, ready={k: r + shift.get(k, 0.0) for k, r in bk.ready.items()})  # type: ignore[misc]
-                   for bk in buckets]
+    """[C5w] / [C7c] The bucket schedule ([C7o], ``gradsync.bucket_schedule_starts``: each stage's sync
+    end and first bucket start) and each stage's last backward end, where the buckets' cross-cluster
+    rings cross directions of links with an aggregate cap (``segment_ring_flow``): there every ring
+    is a flow that shares the cap, moment by moment, with the other rings on it and with the last
+    microbatch's backward messages of every pipeline on it (``_last_backward_messages``), by processor
+    sharing (``sharing.shared_bucket_schedule``). A message late by δ (against the messages alone)
+    moves the last backward of the stage it feeds and of every stage before it by δ, and their
+    buckets with it. With overlap an early bucket can start while an earlier microbatch's backward
+    message is still on the link: those messages are on it too (each
+    boundary's messages one after another, ``sharing.earlier_backward_starts``), and move only the messages after them. A stage whose
+    last backward did not wait for the message (it starts later than the message arrives alone) moves
+    only by the part of the delay beyond that slack. ``op_times``: each stage's forward, backward and
+    backward-receive seconds (None: the last messages only, no slack). Without a capped link under
+    any cross-cluster ring this is the plain schedule.
+    It is never earlier than the schedule without sharing (every bound of the uncontended [C7o]
+    stays one). Returns (ends, sync_end, first_start)."""
+    if not any(ph.flow is not None for ph in phases):
         sync_end, first_start = bucket_schedule_starts(buckets, ends)
-        phases = wan_phases(buckets)
-    msgs: dict[tuple[str, str], list[LinkMessage]] = {}
-    for pi, parts in by_pipe.items():
-        for j, ms in parts:
-            for d, (busy, n) in ms:
-                msgs.setdefault(d, []).append(LinkMessage(start_s=ends[(pi, j + 1)], busy_s=busy, flows=n))
-    delay: dict[tuple[int, int], float] = {}
-    for d, chains in phases.items():
-        for holders, wan in chains.items():
-            if d in msgs:
-                for k in holders:
-                    x = sync_contention_delay(sorted(wan), sync_end[k], msgs[d])  # type: ignore[index]
-                    delay[k] = max(delay.get(k, 0.0), x)  # type: ignore[index]
-    for k, x in delay.items():
-        sync_end[k] += x
-    return ends, sync_end, first_start
+        return ends, sync_end, first_start
+    topo = inst.topology
+    used = {d for ph in phases if ph.flow is not None for d in ph.flow.dirs}
+    caps = {d: topo.link_spec(*d).aggregate for d in used}
+    copies = Counter(plan.pipelines)
+    horizon = min((r for bk, ph in zip(buckets, phases) if ph.flow is not None for r in bk.ready.values()), default=math.inf)
+    messages = []
+    for pipe, pi in first.items():
+        for j in reversed(range(len(pipe.stages) - 1)):
+            parts = tuple(CapFlow(nbytes=total / n, limit=bandwidth_bytes_per_s(per_flow, total / n), dirs=(d,), flows=n)
+                          for d, total, n, per_flow in _last_backward_messages(inst, tables, pipe, j, copies[pipe])
+                          if d in used and total > 0)
+            earlier: tuple[tuple[float, tuple[CapFlow, ...]], ...] = ()
+            slack = 0.0
+            if parts and op_times is not None:
+                slack = max(0.0, ends[(pi, j)] - op_times[(pi, j)][1] - ends[(pi, j + 1)] - op_times[(pi, j)][2])
+                least = max(max(p.nbytes / p.limit,
+                                p.flows * p.message / bandwidth_bytes_per_s(caps[p.dirs[0]], p.flows * p.message))  # type: ignore[arg-type]
+                            for p in parts)
+                starts = earlier_backward_starts(stage_ops(pipe.schedule, j + 1, len(pipe.stages), pipe.num_microbatches),
+                                                 ends[(pi, j + 1)], *op_times[(pi, j + 1)][:2], least, horizon - least)
+                earlier = tuple((t, parts) for t in starts)
+            messages.append(BoundaryMessage(start_s=ends[(pi, j + 1)], sender=(pi, j + 1), receiver=(pi, j), parts=parts,
+                                            earlier=earlier, slack_s=slack))
+    return shared_bucket_schedule(buckets, phases, ends, caps, messages)  # type: ignore[arg-type]
 
 
 def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, si: int,
-                            copies: int) -> list[tuple[tuple[str, str], tuple[float, int]]]:
+                            copies: int) -> list[tuple[tuple[str, str], float, int, Bandwidth]]:
     """[C7c] The backward message of the last microbatch over boundary si (stage si + 1 to si, sent when
     stage si + 1's last backward ends) of ``copies`` identical pipelines, per direction of a link with
-    an aggregate cap: its bytes at the cap's rate (seconds) and its flows (one per replica pair whose
-    rows overlap, the runner's pieces)."""
+    an aggregate cap: its bytes, its flows (one per replica pair whose rows overlap, the runner's
+    pieces) and the link's per-flow bandwidth."""
     topo = inst.topology
     flows = _boundary_flows(inst, tables, pipe, si, nodes=False)
     nbytes = flows.per_sample * link_bytes_factor(inst.model.dtype, pipe.boundary(si).bwd)
@@ -1071,9 +1069,7 @@ def _last_backward_messages(inst: Instance, tables: CostTables, pipe: Pipeline, 
         link = topo.link_spec(b, a)
         if link.aggregate is None:
             continue
-        total = copies * n * nbytes
-        busy = total / bandwidth_bytes_per_s(link.aggregate, total) if total > 0 else 0.0
-        out.append(((b, a), (busy, copies * max(pairs[(b, a)], 1))))
+        out.append(((b, a), copies * n * nbytes, copies * max(pairs[(b, a)], 1), link.bandwidth))
     return out
 
 

@@ -27,9 +27,8 @@ import numpy as np
 
 Num = TypeVar("Num", float, np.ndarray)
 
-__all__ = ["ZERO_PHASE", "Bucket", "LinkMessage", "bucket_ranges", "bucket_ready_time", "bucket_schedule",
-           "bucket_schedule_starts", "bucket_start_times", "exposed_sync_floor", "iteration_end",
-           "message_contention_delay", "step_ends", "sync_contention_delay"]
+__all__ = ["ZERO_PHASE", "Bucket", "bucket_ranges", "bucket_ready_time", "bucket_schedule",
+           "bucket_schedule_starts", "bucket_start_times", "exposed_sync_floor", "iteration_end", "step_ends"]
 
 MIB = float(2**20)
 """``grad_bucket_mb`` is in MiB, as torch DDP's ``bucket_cap_mb``."""
@@ -105,63 +104,6 @@ def bucket_start_times(buckets: Sequence[Bucket]) -> list[float]:
             free[h] = t0 + bk.duration_s
         out.append(t0)
     return out
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LinkMessage:
-    """[C7c] A pipeline message on one direction of a capped link while a gradient sync may use it."""
-
-    start_s: float
-    """When its bytes start to flow (the sender's operation ends)."""
-    busy_s: float
-    """Its bytes at the link's aggregate rate: the seconds of the cap it takes."""
-    flows: int = 1
-    """How many concurrent flows (rank pairs) it is made of."""
-
-
-def sync_contention_delay(wan: Sequence[tuple[float, float]], end_s: float, messages: Sequence[LinkMessage]) -> float:
-    """[C7c] How much later a stage's gradient sync ends because pipeline ``messages`` share one direction
-    of a capped link with its cross-cluster rings: per-flow fair sharing (processor sharing, [C4w]) of
-    the cap between the ring (one flow) and the message's flows.
-
-    ``wan``: the (start, end) of the sync's WAN ring phases on that direction as scheduled alone, in
-    time order; ``end_s``: the sync's end alone (at least the last phase's end). Messages in start
-    order, each starting before the (delayed) end: the part of it that runs while no ring phase is on
-    the link (until the next phase starts) passes alone; the rest shares the cap with the ring, which
-    under processor sharing then waits for the message's flows, each at most as long as the ring's
-    remaining work W (a flow smaller than the ring passes entirely before it, a larger one only W of
-    it): the delay grows by min(busy − alone, flows · W). Exact for one ring flow and messages on a
-    link where the cap is what binds them (the hand case of ``tests/test_contention.py``); messages
-    that overlap each other are counted one after another (their shares of the cap add up)."""
-    delay = 0.0
-    for msg in sorted(messages, key=lambda mg: mg.start_s):
-        tau = msg.start_s
-        if tau >= end_s + delay or msg.busy_s <= 0:
-            continue
-        nxt = next((a if a > tau else tau for a, b in wan if b > tau), tau)
-        remaining = sum(b - max(a, tau) for a, b in wan if b > tau) + delay
-        delay += max(0.0, min(msg.busy_s - (nxt - tau), msg.flows * remaining))
-    return delay
-
-
-def message_contention_delay(msg: LinkMessage, rings: Sequence[Sequence[tuple[float, float]]]) -> float:
-    """[C7c] How much later a pipeline message's bytes are through because it shares one direction of a
-    capped link with gradient rings (the other side of :func:`sync_contention_delay`): ``rings``, per
-    ring flow (one chain of buckets that run one after another), its WAN phases on that direction as
-    scheduled alone, in time order. Under processor sharing each of the message's equal flows waits
-    for each ring flow at most as long as that ring's remaining work, and at most its own remaining
-    cap-seconds (what is left of the message's ``busy_s`` when the ring's next phase starts, over its
-    flows): the sum over the rings of min(those two)."""
-    tau = msg.start_s
-    delay = 0.0
-    for wan in rings:
-        nxt = next((a if a > tau else tau for a, b in wan if b > tau), None)
-        if nxt is None:
-            continue
-        remaining = sum(b - max(a, tau) for a, b in wan if b > tau)
-        per_flow = max(0.0, msg.busy_s - (nxt - tau)) / max(msg.flows, 1)
-        delay += min(per_flow, remaining)
-    return delay
 
 
 def step_ends(sync_end: Mapping[Hashable, float], optimizer_s: Mapping[Hashable, float],

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hgopt.cost import build_tables, evaluate
-from hgopt.cost.evaluate import SegmentSync, quantisation_time, segment_bucket_syncs, segment_gather
+from hgopt.cost.evaluate import SegmentSync, quantisation_time, segment_bucket_syncs, segment_gather, segment_ring_flow
 from hgopt.cost.compute import stage_times
 from hgopt.cost.tables import CostTables, link_bytes_factor
 from hgopt.plan import Plan, Stage, validate
@@ -148,6 +148,11 @@ class _Collective:
     wan: tuple[Resource, ...]
     wan_bytes: float
     chunk: float
+    work: float = 0.0
+    """[C5w] Its cross-cluster ring's bytes on the caps, at most ``limit`` bytes/s, then ``tail_s`` of
+    latency off them (``evaluate.segment_ring_flow``)."""
+    limit: float = math.inf
+    tail_s: float = 0.0
     ready: int = 0
     start: float = 0.0
     gather: bool = False
@@ -162,6 +167,7 @@ class _Flow:
     resources: tuple[_Res, ...]
     counted: float
     on_done: Any
+    limit: float = math.inf
     rate: float = 0.0
     t_last: float = 0.0
     version: int = 0
@@ -258,9 +264,15 @@ class _Replay:
         """One collective of ``members`` priced by the kernel's ``seg`` (a bucket's all-reduce or
         reduce-scatter, or a segment's ZeRO-1 all-gather: both carry intra, inter, wan_bytes and the
         clusters of the ring its WAN flow runs on)."""
+        ring = segment_ring_flow(self.inst.topology, seg) if self.net.per_flow_links else None
+        wan = self.net.ring(seg.clusters)
+        work, limit, tail = (ring[0].nbytes, ring[0].limit, ring[1]) if ring else (0.0, math.inf, 0.0)
+        if ring is None and wan and seg.inter > 0:  # the older one-pipe model: the pipe's whole rate
+            work = seg.inter * min(r.rate(seg.wan_bytes / max(len(seg.clusters), 1), 1) for r in wan)
         return _Collective(layers=layers, members=members, intra_s=seg.intra, inter_s=seg.inter,
-                           wan=self.net.ring(seg.clusters), wan_bytes=seg.wan_bytes,
-                           chunk=seg.wan_bytes / max(len(seg.clusters), 1), gather=gather)
+                           wan=wan if work > 0 else (), wan_bytes=seg.wan_bytes,
+                           chunk=seg.wan_bytes / max(len(seg.clusters), 1), gather=gather,
+                           work=work, limit=limit, tail_s=tail)
 
     # ---- event loop ----
     def push(self, t: float, fn: Any, *args: Any) -> None:
@@ -360,13 +372,15 @@ class _Replay:
 
     # ---- flows under processor sharing ----
     def start_flow(self, size: float, work: float, res: tuple[Resource, ...], on_done: Any,
-                   counted: float | None = None) -> None:
+                   counted: float | None = None, limit: float = math.inf) -> None:
         """A flow of ``work`` bytes looked up at message size ``size``; ``on_done(t)`` when its last
-        byte is through. ``counted``: bytes it adds to the resources' totals (default ``work``)."""
+        byte is through. ``counted``: bytes it adds to the resources' totals (default ``work``);
+        ``limit``: bytes/s it never exceeds (its own rate alone, e.g. a gradient ring's)."""
         fid = next(self.fid)
         states = tuple(self._state(r) for r in res)
         f = self.flows[fid] = _Flow(size=size, rem=work, resources=states,
-                                    counted=work if counted is None else counted, on_done=on_done, t_last=self.now)
+                                    counted=work if counted is None else counted, on_done=on_done, t_last=self.now,
+                                    limit=limit)
         touched: set[int] = set()
         for st in states:
             if not st.flows:
@@ -388,7 +402,7 @@ class _Replay:
     def _rerate(self, fids: set[int]) -> None:
         for fid in sorted(fids):
             f = self.flows[fid]
-            rate = min((st.rate(f.size) for st in f.resources), default=math.inf)
+            rate = min(min((st.rate(f.size) for st in f.resources), default=math.inf), f.limit)
             if rate == f.rate:
                 continue  # its completion event stands
             f.rem = max(f.rem - f.rate * (self.now - f.t_last), 0.0)
@@ -396,7 +410,7 @@ class _Replay:
             self._rate(fid, f, rate)
 
     def _rate(self, fid: int, f: _Flow, rate: float | None = None) -> None:
-        f.rate = min((st.rate(f.size) for st in f.resources), default=math.inf) if rate is None else rate
+        f.rate = min(min((st.rate(f.size) for st in f.resources), default=math.inf), f.limit) if rate is None else rate
         f.version += 1
         eta = self.now if f.rem <= 0 or math.isinf(f.rate) else self.now + f.rem / f.rate
         self.push(eta, self.flow_end, fid, f.version)
@@ -439,8 +453,8 @@ class _Replay:
         if c.inter_s <= 0 or not c.wan:  # nothing it shares: its own duration
             self.push(self.now + c.inter_s, self.bucket_end, c, self.now + c.inter_s)
             return
-        solo = min(r.rate(c.chunk, 1) for r in c.wan)
-        self.start_flow(c.chunk, c.inter_s * solo, c.wan, lambda t: self.bucket_end(c, t), counted=c.wan_bytes)
+        self.start_flow(c.chunk, c.work, c.wan, lambda t: self.push(t + c.tail_s, self.bucket_end, c, t + c.tail_s),
+                        counted=c.wan_bytes, limit=c.limit)
 
     def bucket_end(self, c: _Collective, t: float) -> None:
         """``c`` ended at ``t``: each member moves on to its next bucket (or its optimizer step), or
