@@ -1,0 +1,150 @@
+"""relaxspeed: the relaxation's tables, the one-cluster bound [R0], the cheap bound [B4] and the block
+options [B1] are bit-identical to what the code before the speed-up (commit 696958f) computed.
+
+The reference values in ``tests/relax_speed_snapshot.json`` were written by the OLD code path, with
+this file copied into a ``git archive 696958f`` tree:
+
+    git archive 696958f | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/
+    cd /tmp/old && PYTHONPATH=$PWD .venv/bin/python -m tests.test_relax_speed --write SNAPSHOT.json
+
+Floats are stored as ``repr`` (exact), block options as a SHA-256 of their canonical repr (every field,
+every option, keys sorted) and their count. The memo (``CostTables.memo``) is shared across splits as in one
+``plan_milp`` call, and one split is recomputed on fresh tables, so a value that depended on the order
+splits are visited in would fail here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hgopt.cost import build_tables
+from hgopt.cost.pipeline import stages_that_matter
+from hgopt.instances import load_instance
+from hgopt.search.blocks import Window, arc_table, block_options, cheap_bounds, model_shape
+from hgopt.search.milp import WIDEN, _best_single, batch_splits, link_policy, milp_composition
+from hgopt.search.relax import relax_split, split_bound
+
+COMMAND = ("git archive 696958f | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/ && cd /tmp/old && "
+           "PYTHONPATH=$PWD .venv/bin/python -m tests.test_relax_speed --write SNAPSHOT.json")
+SNAPSHOT = Path(__file__).with_name("relax_speed_snapshot.json")
+CASES = {  # instance: (split indices in batch_splits order, indices whose block options are checked)
+    "sailor-geo-5x32": ((0, 7, 13, 21, 30, 44, 59), (13, 30)),
+    "sailor-het-32+96": ((0, 9, 20, 33, 47, 59), (20,)),
+    "geo-4r-llama7b": ((0, 5, 11), (5,)),
+}
+
+
+def _arr(a: np.ndarray) -> str:
+    """Exact digest of an array (dtype, shape, bytes)."""
+    a = np.ascontiguousarray(a)
+    return hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()[:16]
+
+
+def _relaxed_digest(rs: object) -> dict[str, str]:
+    out = {}
+    for f in rs.__slots__:  # type: ignore[attr-defined]
+        v = getattr(rs, f)
+        if isinstance(v, np.ndarray):
+            out[f] = _arr(v)
+        elif isinstance(v, tuple) and v and isinstance(v[0], np.ndarray):
+            out[f] = ",".join(_arr(x) for x in v)
+        else:
+            out[f] = repr(v)
+    return out
+
+
+def _options_digest(opts: dict) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    for key in sorted(opts, key=repr):
+        for o in opts[key]:
+            h.update(repr((key, o)).encode())
+            n += 1
+    return n, h.hexdigest()
+
+
+def split_values(name: str, indices: tuple[int, ...], with_options: tuple[int, ...]) -> dict[str, object]:
+    """Per chosen split: the cheap bound's fields, the relaxation's tables (digests), [R0], the split
+    bound without a target, and (for ``with_options``) the first cap's block options."""
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    links = link_policy(inst, {})
+    shape = model_shape(inst)
+    splits = batch_splits(inst)
+    out: dict[str, object] = {}
+    for i in indices:
+        sp = splits[i]
+        cb = cheap_bounds(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                          links=links)
+        arcs = arc_table(inst, tables, sp.microbatch, sp.k, links, shape)
+        rs = relax_split(inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                         cheap=cb, links=links, arcs=arcs)
+        single = _best_single(inst, tables, sp, cb)
+        row: dict[str, object] = {
+            "cheap": [repr(cb.t_lb), repr(cb.s_lb), repr(cb.weight), repr(cb.f_lb), repr(cb.value),
+                      _arr(np.array(cb.grid)), _arr(np.array(cb.fill_at))],
+            "single": repr(single),
+            "relaxed": _relaxed_digest(rs) if rs is not None else None,
+            "bound": repr(split_bound(rs, cb, target=math.inf, single=single)) if rs is not None else None,
+        }
+        if i in with_options:
+            t_cap = cb.t_lb * WIDEN if cb.weight > 0 else math.inf
+            win = Window(t_lb=cb.t_lb, s_lb=cb.s_lb, t_cap=t_cap, weight=cb.weight, mbs_matters=links.compresses,
+                         per_stage=milp_composition(inst, sp, cb).per_stage)
+            row["options"] = list(_options_digest(block_options(
+                inst, tables, replicas=sp.k, microbatch=sp.microbatch, num_microbatches=sp.num_microbatches,
+                d_cap=stages_that_matter(sp.num_microbatches), window=win)))
+        out[str(sp)] = row
+    return out
+
+
+def _snapshot() -> dict[str, object]:
+    return json.loads(SNAPSHOT.read_text())["values"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bit_identical_to_the_old_code(name: str) -> None:
+    indices, with_options = CASES[name]
+    got = split_values(name, indices, with_options)
+    want = _snapshot()[name]
+    assert set(got) == set(want)
+    for sp in want:
+        assert got[sp] == want[sp], (name, sp)
+
+
+def test_fresh_tables_give_the_same_split() -> None:
+    """A split computed on fresh tables (empty memo) equals the one computed after other splits filled it."""
+    name = "sailor-geo-5x32"
+    indices, _ = CASES[name]
+    got = split_values(name, (indices[3],), ())
+    want = _snapshot()[name]
+    sp = next(iter(got))
+    assert got[sp] == {k: v for k, v in want[sp].items() if k != "options"}
+
+
+def test_snapshot_can_fail() -> None:
+    """The comparison sees a change in the last bit of one float (a guard against a vacuous digest)."""
+    want = _snapshot()["sailor-het-32+96"]
+    sp = next(iter(want))
+    x = float(want[sp]["single"])  # type: ignore[index]
+    assert repr(float(np.nextafter(x, math.inf))) != want[sp]["single"]  # type: ignore[index]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--write":
+        print("usage: python -m tests.test_relax_speed --write FILE", file=sys.stderr)
+        return 2
+    values = {name: split_values(name, *CASES[name]) for name in sorted(CASES)}
+    Path(argv[1]).write_text(json.dumps({"command": COMMAND, "values": values}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
