@@ -44,7 +44,7 @@ from hgopt.cost.memory import (
 )
 from hgopt.cost.pipeline import in_flight as in_flight_depth
 from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weighted_time
-from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
+from hgopt.cost.tables import CostTables, GpuTpTable, build_tables, memoised
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
 from hgopt.search.sync_choice import DEFAULT_BUCKET_MB
@@ -166,13 +166,20 @@ class StageModel:
         self.workspace = instance.job.workspace_bytes
         self.capacity = cluster.gpu_memory_bytes
         self.act_bytes = tables.activation_bytes
+        self.tables = tables
         if cfg.recompute:  # [C6r] kept layer inputs (prefix sums) and the largest layer per range
-            self._inputs = recompute_inputs_prefix(instance)
-            self._largest = recompute_largest_table(self.tab)
+            self._inputs = memoised(tables, ("recompute_inputs", instance.model.seq_len), lambda: recompute_inputs_prefix(instance))
+            self._largest = memoised(tables, ("recompute_largest", cluster.gpu, cfg.tp),
+                                     lambda: recompute_largest_table(self.tab))
         n = replicas * cfg.dp
         self.ring = n
         self.ring_bw = ring_bandwidth(cluster.intra_node, cluster.inter_node, cluster.gpus_per_node, n, cfg.tp, cfg.tp)  # links
-        self._sync_floor_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # relaxspeed: memo keys (``tables.memo``) naming what each cost depends on besides the tables: compute
+        # the GPU, tp, mbs and recomputation; memory also dp (ZeRO-1 shards), the GPU's memory and the
+        # workspace; sends and the sync floor the cluster (its links) and the ring (replicas · dp)
+        self.key_compute = (cluster.gpu, cfg.tp, cfg.mbs, cfg.recompute)
+        self.key_memory = (*self.key_compute, cfg.dp, cluster.gpu_memory_bytes, self.workspace)
+        self.key_ring = (cluster, cfg.tp, n, cfg.mbs, cfg.recompute)
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """fwd + bwd seconds [C2] (with recomputation the backward repeats the forward [C2r])."""
@@ -216,22 +223,22 @@ class StageModel:
 
     def _sync_floor_from(self, lo: int) -> tuple[np.ndarray, np.ndarray]:
         """``first_tail``'s sync floor of [lo, h) for h = lo + 1 .. L, and its suffix minimum (cached per lo)."""
-        cache = self._sync_floor_cache
-        if lo not in cache:
-            t = self.tab
-            hi = np.arange(lo + 1, len(t.params))
-            los = np.full_like(hi, lo)
-            nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
-            sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
-            back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
-            # gaps3: the last bucket holds layer lo whole (buckets never split a layer), so it all-reduces
-            # at least that layer's bytes (``links.least_allreduce_time_from``; before: its latency terms only)
-            last = least_allreduce_time_from(self.ring_bw, float(gradient_bytes(t.params[lo + 1] - t.params[lo],
-                                                                                 self.dtype_bytes)), self.ring)
-            floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
-            floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
-            cache[lo] = (floor, np.minimum.accumulate(floor[::-1])[::-1])
-        return cache[lo]
+        return memoised(self.tables, ("sync_floor", self.key_ring, lo), lambda: self._sync_floor(lo))
+
+    def _sync_floor(self, lo: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self.tab
+        hi = np.arange(lo + 1, len(t.params))
+        los = np.full_like(hi, lo)
+        nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
+        sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
+        back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
+        # gaps3: the last bucket holds layer lo whole (buckets never split a layer), so it all-reduces
+        # at least that layer's bytes (``links.least_allreduce_time_from``; before: its latency terms only)
+        last = least_allreduce_time_from(self.ring_bw, float(gradient_bytes(t.params[lo + 1] - t.params[lo],
+                                                                             self.dtype_bytes)), self.ring)
+        floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
+        floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
+        return floor, np.minimum.accumulate(floor[::-1])[::-1]
 
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
@@ -247,13 +254,21 @@ class StageModel:
                             shards=self.cfg.dp if zero else 1, workspace=self.workspace)
 
     def max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf) [C6]."""
+        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf) [C6]; read-only (shared)."""
+        lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("max_in_flight_v", self.key_memory, _akey(lo_a), _akey(hi_a)),
+                        lambda: self._max_in_flight_v(lo_a, hi_a))
+
+    def _max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         base = self.memory(lo, hi, 0)
         return max_in_flight_v(base, self.memory(lo, hi, 1) - base, self.capacity, lambda k: self.memory(lo, hi, k))
 
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
         -1 when even the weights do not fit) [C6]."""
+        return memoised(self.tables, ("max_in_flight", self.key_memory, lo, hi), lambda: self._max_in_flight(lo, hi))
+
+    def _max_in_flight(self, lo: int, hi: int) -> float:
         if self.cfg.recompute:  # the same [C6r] sum on Python floats (the scalar path is hot in [I5])
             t = self.tab
             params = float(t.params[hi] - t.params[lo])
@@ -267,6 +282,11 @@ class StageModel:
         base = float(self.memory(lo_a, hi_a, 0))
         act = float(self.memory(lo_a, hi_a, 1)) - base
         return max_in_flight(base, act, self.capacity, lambda k: self.memory(lo_a, hi_a, k))
+
+
+def _akey(a: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
+    """relaxspeed: an exact memo key of an array (dtype, shape, bytes)."""
+    return a.dtype.str, a.shape, a.tobytes()
 
 
 # --------------------------------------------------------------------------------------------
