@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgopt.cost.pipeline import in_flight, replay_bounds, stage_fill, weighted_time
-from hgopt.cost.tables import CostTables
+from hgopt.cost.tables import CostTables, memoised
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.spec import Instance
@@ -322,33 +322,48 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
     distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
-    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
+    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send.
+    relaxspeed: the send-free part (``_trunk_compute_rows``) is memoised by the config's compute and
+    memory key, so clusters of one GPU type and splits of one microbatch size share it."""
     N = tc.xmax
-    km = tc.kmax("t")
-    xs = np.arange(N + 1)
-    caps = []
-    for r in range(1, s_max + 1):
-        ok = km[1:] >= in_flight(r, 0, m)
-        bad = np.flatnonzero(~ok)
-        caps.append(int(bad[0]) if bad.size else N)
-    caps_a = np.array(caps)
-    G = np.cumsum(np.minimum(caps_a[:, None], xs[None, :]), axis=0)  # G[s-1, x]
+    caps = _caps(tc.kmax("t"), s_max, m, N)
+    key = ("relax_trunk_rows", tc.sm.key_memory, tc.geo.t0, N, caps.tobytes())
+    comp, ok = memoised(tc.sm.tables, key, lambda: _trunk_compute_rows(tc, caps))
     n = np.arange(1, N + 1)
-    T = np.full((s_max, N), INF)
-    F = np.full((s_max, N), INF)
+    sends = np.arange(s_max)[:, None] * tc.t_send  # (s − 1)·send per row
+    send_pace = max(tc.t_send - latency, 0.0)
+    t = comp.copy()
+    t[1:] = np.maximum(comp[1:], send_pace)
+    T = np.where(ok, t, INF)
+    F = np.where(ok, stage_fill(tc.t_comp[n][None, :], sends, sends), INF)
+    return T, F
+
+
+def _caps(km: np.ndarray, s_max: int, m: int, N: int) -> np.ndarray:
+    """Per distance r = 1..s_max from the pipeline's end: the most trunk layers x such that stages of
+    1..x layers all keep in_flight(r, 0, m) microbatches ([C6], ``km``: most in flight per x); N when all do."""
+    need = np.asarray(in_flight(np.arange(1, s_max + 1), 0, m))
+    bad = ~(km[1:][None, :] >= need[:, None])
+    return np.where(bad.any(axis=1), bad.argmax(axis=1), N).astype(np.int64)
+
+
+def _trunk_compute_rows(tc: TrunkCosts, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_trunk_rows`` without sends: per s (rows) and n = 1..N, the compute of the largest stage when the
+    s stages (memory caps ``caps`` by distance) hold n trunk layers, and whether they can."""
+    N = tc.xmax
+    s_max = len(caps)
+    xs = np.arange(N + 1)
+    G = np.cumsum(np.minimum(caps[:, None], xs[None, :]), axis=0)  # G[s-1, x]
+    n = np.arange(1, N + 1)
+    comp = np.zeros((s_max, N))
+    ok = np.zeros((s_max, N), dtype=bool)
     for si in range(s_max):
-        s = si + 1
-        if caps_a[si] < 1:
+        if caps[si] < 1:
             break  # caps shrink with distance: no deeper pipeline fits either
         xm = np.searchsorted(G[si], n, side="left")
-        ok = (xm <= N) & (n >= s)
-        xm = np.minimum(xm, N)
-        t = tc.t_comp[xm]
-        if s >= 2:
-            t = np.maximum(t, max(tc.t_send - latency, 0.0))
-        T[si] = np.where(ok, t, INF)
-        F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
-    return T, F
+        ok[si] = (xm <= N) & (n >= si + 1)
+        comp[si] = tc.t_comp[np.minimum(xm, N)]
+    return comp, ok
 
 
 def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndarray, s_max: int,
@@ -385,34 +400,36 @@ def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m:
     distances 1 + shift .. s − 1 + shift from the pipeline's end (the last block's are 2..s; the first
     block's are at least 1..s − 1); the least largest stage (and the intra-cluster send for s >= 2),
     and the fill of the n trunk layers and the 2(s − 1) sends, as [R1]. Every block that holds the
-    suffix (prefix) is one of these, so the rows bound it."""
+    suffix (prefix) is one of these, so the rows bound it. relaxspeed: the send-free part
+    (``_end_compute_rows``, all s at once) is memoised by the config's compute and memory key."""
     N = tc.xmax
-    km = tc.kmax("t")
     xs = np.arange(N + 1)
-    caps = []
-    for r in range(1, s_max + 1):
-        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
-        caps.append(int(bad[0]) if bad.size else N)
+    caps = _caps(tc.kmax("t"), s_max, m, N)
     head = np.where(kmax >= in_flight(1, 0, m), comp, INF)  # (N + 1,) the special stage with x trunk layers
+    key = ("relax_end_rows", tc.sm.key_memory, tc.geo.t0, N, shift, caps.tobytes(), head.tobytes())
+    t0 = memoised(tc.sm.tables, key, lambda: _end_compute_rows(tc.t_comp, head, caps, shift, N))
+    t = t0.copy()
+    t[1:] = np.maximum(t0[1:], max(tc.t_send - latency, 0.0))  # a send counts by its occupancy, less ``latency`` [C3b]
+    sends = np.arange(s_max)[:, None] * tc.t_send  # (s − 1)·send per row
+    F = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs][None, :], sends, sends), INF)
+    return t, F
+
+
+def _end_compute_rows(t_comp: np.ndarray, head: np.ndarray, caps: np.ndarray, shift: int, N: int) -> np.ndarray:
+    """``_end_rows`` without sends, every s at once: T[s − 1, n] = min over x <= n of max(head[x], the
+    largest of s − 1 trunk stages holding n − x layers under the caps at distances 1 + shift ..)."""
+    s_max = len(caps)
+    xs = np.arange(N + 1)
+    rest = np.full((s_max, N + 1), INF)
+    rest[0] = np.where(xs == 0, 0.0, INF)
+    if s_max > 1:
+        G = np.cumsum(np.minimum(caps[shift: shift + s_max - 1][:, None], xs[None, :]), axis=0).astype(float)
+        for si in range(1, s_max):  # capacity of the s − 1 trunk stages
+            xm = np.searchsorted(G[si - 1], xs, side="left")
+            rest[si] = np.where((xm <= N) & (xs >= si), t_comp[np.minimum(xm, N)], INF)
     idx = xs[:, None] - xs[None, :]  # idx[n, x] = n − x: trunk layers left for the other stages
-    T = np.full((s_max, N + 1), INF)
-    F = np.full((s_max, N + 1), INF)
-    G = np.zeros(N + 1)
-    for si in range(s_max):
-        s = si + 1
-        if s == 1:
-            rest = np.where(xs == 0, 0.0, INF)
-        else:
-            G = G + np.minimum(caps[s - 2 + shift], xs)  # capacity of the trunk stages
-            xm = np.searchsorted(G, xs, side="left")
-            rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)
-        both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
-        t = both.min(axis=1)
-        if s >= 2:  # a send counts by its occupancy, less ``latency`` [C3b], as in [R1]
-            t = np.maximum(t, max(tc.t_send - latency, 0.0))
-        T[si] = t
-        F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
-    return T, F
+    both = np.where(idx[None] >= 0, np.maximum(head[None, None, :], rest[:, np.clip(idx, 0, N)]), INF)
+    return both.min(axis=2)
 
 
 def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: float, deadline: float = INF,
