@@ -121,12 +121,20 @@ def local_configs(instance: Instance, cluster: str, microbatch: int,
     kept input is the same wherever it sits, except layer 0's (token ids), so identical layers still
     cost the same at every position but the first (the searches treat layer 0 as special)."""
     c = instance.topology.cluster(cluster)
+    if tables is None:
+        return _local_configs(instance, c, microbatch, build_tables(instance))
+    # relaxspeed: memoised (every phase of every split asks for each cluster's configs)
+    key = ("local_configs", c.gpu, c.gpus_per_node, c.gpu_memory_bytes, microbatch, instance.job.recompute,
+           instance.job.global_batch, instance.job.workspace_bytes)
+    return memoised(tables, key, lambda: _local_configs(instance, c, microbatch, tables))
+
+
+def _local_configs(instance: Instance, c: Cluster, microbatch: int, tables: CostTables) -> tuple[LocalConfig, ...]:
     tps = [tp for tp in instance.model.tps(c.gpu) if c.gpus_per_node % tp == 0]
     dps = [dp for dp in range(1, microbatch + 1) if microbatch % dp == 0]
     plain = tuple(LocalConfig(tp=tp, dp=dp, mbs=microbatch // dp) for tp in tps for dp in dps)
     if instance.job.recompute == "off" or len({layer.activation_bytes for layer in instance.model.layers[:-1]}) > 1:
         return plain
-    tables = tables if tables is not None else build_tables(instance)
     deepest = max(1, instance.job.global_batch // microbatch)
     return plain + tuple(replace(cfg, recompute=True) for cfg in plain
                          if _memory_binds(instance, tables, c, cfg, deepest))
@@ -696,17 +704,7 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
 def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: int, s_min: int = 1) -> _Choice | None:
     """Exact [I1] for any layers: suffixes [l, end) split into r stages keep their Pareto set of
     (bottleneck, first stage's tail, sends); fill = compute of the range (additive) + 2·sends."""
-    n = end - start
-    los, his = np.triu_indices(n + 1, 1)
-    los, his = los + start, his + start
-    comp = dict(zip(zip(los.tolist(), his.tolist()), sm.compute(los, his).tolist()))
-    so = dict(zip(zip(los.tolist(), his.tolist()), sm.first_tail(los, his).tolist()))
-    snd = dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist()))
-    fit: dict[tuple[int, int], float]
-    if sm.cfg.recompute:  # [C6r] the scalar path (its own float sums)
-        fit = {(lo, hi): sm.max_in_flight(lo, hi) for lo, hi in zip(los.tolist(), his.tolist())}
-    else:  # [C6] every range at once: the same largest count that fits (replan speed)
-        fit = dict(zip(zip(los.tolist(), his.tolist()), sm.max_in_flight_v(los, his).tolist()))
+    comp, so, snd, fit = _range_costs(sm, start, end)
     # front[r][l] = list of (T, S, sends, h, index into front[r-1][h])
     front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
     front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
@@ -723,6 +721,37 @@ def _generic_best(sm: StageModel, start: int, end: int, s_max: int, d: int, m: i
             if best is None or val < best.value:
                 best = _Choice(value=val, cfg=sm.cfg, bounds=_walk(front, r, start, i))
     return best
+
+
+RangeCosts = tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[int, float],
+                   dict[tuple[int, int], float]]
+
+
+def _range_costs(sm: StageModel, start: int, end: int) -> RangeCosts:
+    """[I5]'s inputs for every sub-range [lo, hi) of [start, end): compute, first-stage tail, send out of
+    hi, most microbatches in flight. relaxspeed: each memoised by what it depends on (``StageModel``'s
+    keys), so splits of one microbatch size share the compute and memory tables (the dicts are shared:
+    read only)."""
+    n = end - start
+    los, his = np.triu_indices(n + 1, 1)
+    los, his = los + start, his + start
+    pairs = lambda: list(zip(los.tolist(), his.tolist()))  # noqa: E731
+    tabs = sm.tables
+    comp = memoised(tabs, ("range_compute", sm.key_compute, start, end),
+                    lambda: dict(zip(pairs(), sm.compute(los, his).tolist())))
+    so = memoised(tabs, ("range_tail", sm.key_ring, sm.cfg.dp, start, end),
+                  lambda: dict(zip(pairs(), sm.first_tail(los, his).tolist())))
+    snd = memoised(tabs, ("range_send", sm.key_ring, start, end),
+                   lambda: dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist())))
+
+    def fits() -> dict[tuple[int, int], float]:
+        if sm.cfg.recompute:  # [C6r] the scalar path (its own float sums)
+            return {(lo, hi): sm.max_in_flight(lo, hi) for lo, hi in pairs()}
+        # [C6] every range at once: the same largest count that fits (replan speed)
+        return dict(zip(pairs(), sm.max_in_flight_v(los, his).tolist()))
+
+    fit = memoised(tabs, ("range_fit", sm.key_memory, start, end), fits)
+    return comp, so, snd, fit
 
 
 def _extend(
