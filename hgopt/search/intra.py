@@ -193,6 +193,18 @@ class StageModel:
         """fwd + bwd seconds [C2] (with recomputation the backward repeats the forward [C2r])."""
         return stage_compute_v(self.tab, self.cfg.mbs, lo, hi, self.cfg.recompute)
 
+    def compute_memo(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """relaxspeed: :meth:`compute`, memoised by the config's compute key (read-only; for the ranges every
+        split asks for: trunk tables, special layers; not per block option)."""
+        lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("compute", self.key_compute, _akey(lo_a), _akey(hi_a)),
+                        lambda: self.compute(lo_a, hi_a))
+
+    def send_memo(self, hi: np.ndarray) -> np.ndarray:
+        """relaxspeed: :meth:`send`, memoised by the cluster and ring (read-only)."""
+        hi_a = np.asarray(hi)
+        return memoised(self.tables, ("send", self.key_ring, _akey(hi_a)), lambda: self.send(hi_a))
+
     def send(self, hi: np.ndarray) -> np.ndarray:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
         local stage: mbs samples over the cluster's inter-node link [C4] (same both directions)."""
@@ -220,8 +232,13 @@ class StageModel:
         the last bucket — ready only when the backward ends — at least the all-reduce of layer lo's
         gradients, which it holds whole: ``links.least_allreduce_time_from``, gaps3). ``monotone``: the sync part made
         non-decreasing in ``hi`` (its least value over every [lo, h), h >= hi), so that the tail of a
-        range bounds every first stage holding it (``blocks.cheap_bounds``)."""
+        range bounds every first stage holding it (``blocks.cheap_bounds``). relaxspeed: memoised by the
+        cluster, ring and dp (read-only)."""
         lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("first_tail", self.key_ring, self.cfg.dp, monotone, _akey(lo_a), _akey(hi_a)),
+                        lambda: self._first_tail(lo_a, hi_a, monotone))
+
+    def _first_tail(self, lo_a: np.ndarray, hi_a: np.ndarray, monotone: bool) -> np.ndarray:
         out = np.empty(np.broadcast(lo_a, hi_a).shape)
         lo_b, hi_b = np.broadcast_to(lo_a, out.shape), np.broadcast_to(hi_a, out.shape)
         for u in np.unique(lo_b):
@@ -530,17 +547,18 @@ class TrunkCosts:
         self.sm, self.geo, self.xmax = sm, geo, xmax
         x = np.arange(xmax + 1)
         lo_t, hi_t = np.full_like(x, geo.t0), geo.t0 + x
-        self.t_comp = sm.compute(lo_t, hi_t)
+        # relaxspeed: the arrays are the StageModel's memoised ones (read-only, shared across splits)
+        self.t_comp = sm.compute_memo(lo_t, hi_t)
         self.t_so = sm.first_tail(lo_t, hi_t)
-        self.t_send = float(sm.send(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
+        self.t_send = float(sm.send_memo(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
         self.t_lo, self.t_hi = lo_t, hi_t
         if geo.p:
             lo0, hi0 = np.full_like(x, geo.first), geo.first + geo.p + x
-            self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.first_tail(lo0, hi0), sm.send(hi0)
+            self.f_comp, self.f_so, self.f_send = sm.compute_memo(lo0, hi0), sm.first_tail(lo0, hi0), sm.send_memo(hi0)
             self.f_lo, self.f_hi = lo0, hi0
         if geo.q:
             lol, hil = geo.last_end - geo.q - x, np.full_like(x, geo.last_end)
-            self.l_comp = sm.compute(lol, hil)
+            self.l_comp = sm.compute_memo(lol, hil)
             self.l_lo, self.l_hi = lol, hil
 
         self._kmax: dict[str, np.ndarray] = {}

@@ -270,7 +270,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 continue
             sm = StageModel(instance, tables, c, cfg, replicas)
             for l in extra:
-                extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
+                extra[l] = min(extra[l], float(sm.compute_memo(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
             lat = c.inter_node.latency_s if replay_bounds() else 0.0
             t, f = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
@@ -279,11 +279,11 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
             if shape.q:
                 lo, hi = L - shape.q - xs, np.full_like(xs, L)
-                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
+                te, fe = _end_rows(tc, sm.compute_memo(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
                 ends_t.append(te), ends_f.append(fe), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
             if shape.p:
                 lo, hi = np.zeros_like(xs), shape.p + xs
-                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
+                tb, fb = _end_rows(tc, sm.compute_memo(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
                 firsts_t.append(tb), firsts_f.append(fb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
                 tl, caps = _first_tail_rows(tc, sm, lo, hi, len(tb), m)
                 firsts_tail.append(np.repeat(tl[None, :], len(tb), axis=0))
@@ -375,11 +375,11 @@ def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndar
     tail = sm.first_tail(lo, hi, monotone=True)
     tail = np.minimum.accumulate(tail[::-1])[::-1]
     N = tc.xmax
-    km = tc.kmax("t")
     caps = np.zeros((s_max, max(s_max - 1, 1)), dtype=np.int64)
-    for r in range(1, s_max):
-        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
-        caps[r:, r - 1] = int(bad[0]) if bad.size else N  # rows s >= r + 1 have a stage at distance r
+    if s_max > 1:
+        r = np.arange(1, s_max)  # distance r: rows s >= r + 1 (index >= r) have a stage there
+        caps[:, : s_max - 1] = np.where(np.arange(s_max)[:, None] >= r[None, :],
+                                        _caps(tc.kmax("t"), s_max - 1, m, N)[None, :], 0)
     return tail, caps
 
 
