@@ -239,6 +239,9 @@ class StageModel:
                         lambda: self._first_tail(lo_a, hi_a, monotone))
 
     def _first_tail(self, lo_a: np.ndarray, hi_a: np.ndarray, monotone: bool) -> np.ndarray:
+        if lo_a.ndim == 1 and lo_a.shape == hi_a.shape and lo_a.size and (lo_a == lo_a[0]).all():
+            u = int(lo_a[0])  # one start (the tables' ranges): no masks
+            return self._sync_floor_from(u)[int(monotone)][hi_a - u - 1] + optimizer_time(self.tab, lo_a, hi_a, self.cfg.dp)
         out = np.empty(np.broadcast(lo_a, hi_a).shape)
         lo_b, hi_b = np.broadcast_to(lo_a, out.shape), np.broadcast_to(hi_a, out.shape)
         for u in np.unique(lo_b):
@@ -547,14 +550,14 @@ class TrunkCosts:
         self.sm, self.geo, self.xmax = sm, geo, xmax
         x = np.arange(xmax + 1)
         lo_t, hi_t = np.full_like(x, geo.t0), geo.t0 + x
-        # relaxspeed: the arrays are the StageModel's memoised ones (read-only, shared across splits)
+        # relaxspeed: the arrays are the StageModel's memoised ones (read-only, shared across splits); the
+        # tails (t_so, f_so) are computed when first read (``__getattr__``: the relaxation reads none)
         self.t_comp = sm.compute_memo(lo_t, hi_t)
-        self.t_so = sm.first_tail(lo_t, hi_t)
         self.t_send = float(sm.send_memo(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
         self.t_lo, self.t_hi = lo_t, hi_t
         if geo.p:
             lo0, hi0 = np.full_like(x, geo.first), geo.first + geo.p + x
-            self.f_comp, self.f_so, self.f_send = sm.compute_memo(lo0, hi0), sm.first_tail(lo0, hi0), sm.send_memo(hi0)
+            self.f_comp, self.f_send = sm.compute_memo(lo0, hi0), sm.send_memo(hi0)
             self.f_lo, self.f_hi = lo0, hi0
         if geo.q:
             lol, hil = geo.last_end - geo.q - x, np.full_like(x, geo.last_end)
@@ -562,6 +565,16 @@ class TrunkCosts:
             self.l_lo, self.l_hi = lol, hil
 
         self._kmax: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """The first-stage tails of trunk stages (``t_so``) and of the special first stage (``f_so``, with
+        a prefix only), computed on first use."""
+        if name == "t_so" or (name == "f_so" and self.geo.p):
+            kind = name[0]
+            value = self.sm.first_tail(self.__dict__[f"{kind}_lo"], self.__dict__[f"{kind}_hi"])
+            setattr(self, name, value)
+            return value
+        raise AttributeError(name)
 
     def kmax(self, kind: str) -> np.ndarray:
         """Most in-flight microbatches per x for a stage of ``kind`` ('t', 'f', 'l') [C6]."""

@@ -326,7 +326,7 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tup
     relaxspeed: the send-free part (``_trunk_compute_rows``) is memoised by the config's compute and
     memory key, so clusters of one GPU type and splits of one microbatch size share it."""
     N = tc.xmax
-    caps = _caps(tc.kmax("t"), s_max, m, N)
+    caps = _trunk_caps(tc, s_max, m)
     key = ("relax_trunk_rows", tc.sm.key_memory, tc.geo.t0, N, caps.tobytes())
     comp, ok = memoised(tc.sm.tables, key, lambda: _trunk_compute_rows(tc, caps))
     n = np.arange(1, N + 1)
@@ -337,6 +337,12 @@ def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tup
     T = np.where(ok, t, INF)
     F = np.where(ok, stage_fill(tc.t_comp[n][None, :], sends, sends), INF)
     return T, F
+
+
+def _trunk_caps(tc: TrunkCosts, s_max: int, m: int) -> np.ndarray:
+    """``_caps`` of the trunk stages of ``tc``'s config, memoised by its memory key."""
+    return memoised(tc.sm.tables, ("relax_caps", tc.sm.key_memory, tc.geo.t0, tc.xmax, s_max, m),
+                    lambda: _caps(tc.kmax("t"), s_max, m, tc.xmax))
 
 
 def _caps(km: np.ndarray, s_max: int, m: int, N: int) -> np.ndarray:
@@ -379,7 +385,7 @@ def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndar
     if s_max > 1:
         r = np.arange(1, s_max)  # distance r: rows s >= r + 1 (index >= r) have a stage there
         caps[:, : s_max - 1] = np.where(np.arange(s_max)[:, None] >= r[None, :],
-                                        _caps(tc.kmax("t"), s_max - 1, m, N)[None, :], 0)
+                                        _trunk_caps(tc, s_max - 1, m)[None, :], 0)
     return tail, caps
 
 
@@ -388,7 +394,12 @@ def _pad_rows(blocks: list[np.ndarray]) -> np.ndarray:
     if not blocks:
         return np.zeros((0, 1), dtype=np.int64)
     w = max(b.shape[1] for b in blocks)
-    return np.concatenate([np.pad(b, ((0, 0), (0, w - b.shape[1]))) for b in blocks])
+    out = np.zeros((sum(b.shape[0] for b in blocks), w), dtype=np.result_type(*blocks))
+    i = 0
+    for b in blocks:
+        out[i: i + b.shape[0], : b.shape[1]] = b
+        i += b.shape[0]
+    return out
 
 
 def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int,
@@ -404,7 +415,7 @@ def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m:
     (``_end_compute_rows``, all s at once) is memoised by the config's compute and memory key."""
     N = tc.xmax
     xs = np.arange(N + 1)
-    caps = _caps(tc.kmax("t"), s_max, m, N)
+    caps = _trunk_caps(tc, s_max, m)
     head = np.where(kmax >= in_flight(1, 0, m), comp, INF)  # (N + 1,) the special stage with x trunk layers
     key = ("relax_end_rows", tc.sm.key_memory, tc.geo.t0, N, shift, caps.tobytes(), head.tobytes())
     t0 = memoised(tc.sm.tables, key, lambda: _end_compute_rows(tc.t_comp, head, caps, shift, N))
