@@ -137,6 +137,92 @@ def test_snapshot_can_fail() -> None:
     assert repr(float(np.nextafter(x, math.inf))) != want[sp]["single"]  # type: ignore[index]
 
 
+# ---- the vectorised helpers against the loops they replaced (kept here as reference functions) --------
+def _old_trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bool = False) -> tuple[np.ndarray, ...]:
+    """``intra._trunk_counts`` before relaxspeed (one stage after the other)."""
+    kt = len(caps)
+    counts = [np.ones_like(mid) for _ in range(kt)]
+    left = mid - kt
+    for i in (range(kt) if front else reversed(range(kt))):
+        add = np.clip(np.minimum(caps[i], xm) - 1, 0, None)
+        add = np.minimum(add, np.clip(left, 0, None))
+        counts[i] = counts[i] + add
+        left = left - add
+    return tuple(counts)
+
+
+def _old_dmax(tc: object, sol: object, m: int) -> np.ndarray:
+    """``blocks._dmax`` before relaxspeed (one trunk stage after the other)."""
+    s, geo = sol.s, tc.geo  # type: ignore[attr-defined]
+    parts = []
+    if s == 1:
+        lo = np.array([geo.whole(int(n))[0] for n in sol.ns])  # type: ignore[attr-defined]
+        hi = np.array([geo.whole(int(n))[1] for n in sol.ns])  # type: ignore[attr-defined]
+        parts.append((tc.sm.max_in_flight_v(lo, hi), 1))  # type: ignore[attr-defined]
+    else:
+        i = 0
+        if geo.p:
+            parts.append((tc.kmax("f")[sol.x0], s))  # type: ignore[attr-defined]
+            i = 1
+        for j, cnt in enumerate(sol.counts):  # type: ignore[attr-defined]
+            parts.append((tc.kmax("t")[cnt], s - i - j))  # type: ignore[attr-defined]
+        if geo.q:
+            parts.append((tc.kmax("l")[sol.xl], 1))  # type: ignore[attr-defined]
+    dm = np.full(len(sol.ns), math.inf)  # type: ignore[attr-defined]
+    for km, r in parts:
+        dm = np.minimum(dm, np.where(km < m, km - r, math.inf))
+    return dm
+
+
+def test_trunk_counts_as_the_loop() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from hgopt.search.intra import _trunk_counts
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(caps=st.lists(st.integers(0, 9), min_size=0, max_size=6), front=st.booleans(),
+           mid=st.lists(st.integers(-3, 40), min_size=6, max_size=6), xm=st.lists(st.integers(0, 12), min_size=6, max_size=6))
+    def check(caps: list[int], front: bool, mid: list[int], xm: list[int]) -> None:
+        a, b = np.array(mid, dtype=np.int64).reshape(2, 3), np.array(xm, dtype=np.int64).reshape(2, 3)
+        got, want = _trunk_counts(caps, a, b, front=front), _old_trunk_counts(caps, a, b, front=front)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
+
+    check()
+
+
+@pytest.mark.parametrize("name", ["sailor-geo-5x32", "geo-4r-llama7b"])
+def test_dmax_as_the_loop(name: str) -> None:
+    from hgopt.search.blocks import ROLES, _dmax, role_geometry
+    from hgopt.search.intra import StageModel, TrunkCosts, local_configs, solve_trunk
+
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    shape = model_shape(inst)
+    c = inst.topology.clusters[0]
+    checked = 0
+    for m, mb in ((4, 4), (64, 2)):
+        for cfg in local_configs(inst, c.name, mb, tables)[:6]:
+            sm = StageModel(inst, tables, c, cfg, 1)
+            for role in ROLES:
+                geo, ns = role_geometry(shape, role)
+                ns_a = np.arange(max(ns.start, 0), ns.stop)
+                if not len(ns_a):
+                    continue
+                tc = TrunkCosts(sm, geo, int(ns_a.max()))
+                for s in (1, 2, 3, 5):
+                    for d in (0, 1, 3):
+                        sol = solve_trunk(tc, s, d, m, ns_a, front=s >= 3)
+                        if sol is None:
+                            continue
+                        got, want = _dmax(tc, sol, m), _old_dmax(tc, sol, m)
+                        assert got.shape == want.shape and np.array_equal(got, want)
+                        checked += 1
+    assert checked > 50
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--write":
         print("usage: python -m tests.test_relax_speed --write FILE", file=sys.stderr)

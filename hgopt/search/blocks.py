@@ -271,11 +271,11 @@ def _cluster_role_candidates(
             if math.isfinite(win.usd_cap) and _usd_hopeless(win, replicas * s * cfg.gpus, cluster, ns, s, t1, geo):
                 continue  # costmilp [C4]: no option of s stages of this config is under the $ cap
             for front in ((False, True) if s >= 3 else (False,)):
-                for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front, weight=win.weight):
+                for sol, new, dm in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front, weight=win.weight):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
                     if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
                         new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
-                    dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
+                    _collect(cands, sol, new, cluster, role, cfg, tc, m, dm)
                     if not front:
                         stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send - win.per_stage)
     return cands
@@ -358,12 +358,13 @@ def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, 
 
 
 def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray, *,
-            front: bool = False, weight: float | None = None) -> list[tuple[TrunkSolution, np.ndarray]]:
+            front: bool = False, weight: float | None = None) -> list[tuple[TrunkSolution, np.ndarray, np.ndarray]]:
     """Solutions at d = d_lo, then at the next d where some n's best partition stops fitting, up to
     D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new). ``weight``:
     the objective's weight of the bottleneck (the window's; m − 1 when omitted), so that each
-    partition is the best one for the objective the options enter [C3b]."""
-    out: list[tuple[TrunkSolution, np.ndarray]] = []
+    partition is the best one for the objective the options enter [C3b]. relaxspeed: each with its
+    ``_dmax`` (computed once)."""
+    out: list[tuple[TrunkSolution, np.ndarray, np.ndarray]] = []
     d = d_lo
     covered = np.full(len(ns), -1.0)  # largest d already covered per n
     for step in range(D_STEPS + 2):
@@ -374,7 +375,7 @@ def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarra
         if not new.any() and not (sol.feasible & (covered < d_cap)).any():
             break
         dm = _dmax(tc, sol, m)
-        out.append((sol, new))
+        out.append((sol, new, dm))
         covered = np.where(new, np.minimum(dm, d_cap), covered)
         todo = sol.feasible & (covered < d_cap)
         if not todo.any() or d >= d_cap:
@@ -400,19 +401,21 @@ def _dmax(tc: TrunkCosts, sol: TrunkSolution, m: int) -> np.ndarray:
         if geo.p:
             parts.append((tc.kmax("f")[sol.x0], s))
             i = 1
-        for j, cnt in enumerate(sol.counts):
-            parts.append((tc.kmax("t")[cnt], s - i - j))
         if geo.q:
             parts.append((tc.kmax("l")[sol.xl], 1))
     dm = np.full(len(sol.ns), INF)
     for km, r in parts:
         dm = np.minimum(dm, np.where(km < m, km - r, INF))
+    if s > 1 and sol.counts:  # relaxspeed: the trunk stages at once (stage j at distance s − int(p > 0) − j)
+        km = tc.kmax("t")[np.stack(sol.counts)]
+        r = (s - int(bool(geo.p)) - np.arange(len(sol.counts)))[:, None]
+        dm = np.minimum(dm, np.where(km < m, km - r, INF).min(axis=0))
     return dm
 
 
 def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.ndarray, cluster: str, role: Role,
-             cfg: LocalConfig, tc: TrunkCosts, m: int) -> np.ndarray:
-    dm = _dmax(tc, sol, m)
+             cfg: LocalConfig, tc: TrunkCosts, m: int, dm: np.ndarray) -> None:
+    """The options of ``sol`` marked ``new`` into ``cands`` (``dm``: ``_dmax`` of ``sol``, from ``_ladder``)."""
     for i in np.flatnonzero(new):
         n = int(sol.ns[i])
         bounds = sol.bounds(int(i))
@@ -422,7 +425,6 @@ def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.nd
             bottleneck=max(float(sol.bottleneck[i]), inner), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
             dmax=float(dm[i]), suffix_fill=suffix, prefix_trip=prefix,
         ))
-    return dm
 
 
 def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:

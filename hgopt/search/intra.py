@@ -565,6 +565,13 @@ class TrunkCosts:
             self.l_lo, self.l_hi = lol, hil
 
         self._kmax: dict[str, np.ndarray] = {}
+        self._lead: dict[int, int] = {}
+
+    def leading_cap(self, in_flight: int) -> int:
+        """Most trunk layers x such that trunk stages of 1..x layers all fit at ``in_flight`` (cached)."""
+        if in_flight not in self._lead:
+            self._lead[in_flight] = _leading_true(self.cap("t", in_flight))
+        return self._lead[in_flight]
 
     def __getattr__(self, name: str) -> np.ndarray:
         """The first-stage tails of trunk stages (``t_so``) and of the special first stage (``f_so``, with
@@ -634,20 +641,18 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
     latest), which shortens the 1F1B round trip of the later stages [C3]. ``weight``: the bottleneck's
     weight in [I1] (default m − 1; the MILP's block options pass their objective's, [C3b])."""
     geo, w = tc.geo, steady_weight(m) if weight is None else weight
-    infl = [in_flight_depth(s + d, i, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
+    infl = in_flight_depth(np.full(s, s + d), np.arange(s), m).tolist()  # [C6] in-flight microbatches of local stage i
     if s == 1:
         return _solve_single(tc, infl[0], w, ns)
     has_f, has_l = bool(geo.p), bool(geo.q)
     t_idx = list(range(int(has_f), s - int(has_l)))
     kt = len(t_idx)
     X = tc.xmax
-    caps = [_leading_true(tc.cap("t", infl[i])) for i in t_idx]
+    caps = [tc.leading_cap(infl[i]) for i in t_idx]
     if kt and min(caps) < 1:
         return None
     xs = np.arange(X + 1)
-    g = np.zeros(X + 1, dtype=np.int64)
-    for cp in caps:
-        g += np.minimum(cp, xs)
+    g = np.minimum(np.array(caps, dtype=np.int64)[:, None], xs[None, :]).sum(axis=0) if kt else np.zeros(X + 1, dtype=np.int64)
     # choose the special stages' trunk layers on a grid: axis 0 = x0, axis 1 = xl, axis 2 = n
     x0 = np.arange(X + 1) if has_f else np.zeros(1, dtype=np.int64)
     xl = np.arange(X + 1) if has_l else np.zeros(1, dtype=np.int64)
@@ -721,13 +726,20 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
     """Trunk layers per trunk stage: one each, the rest filled up to min(cap, xm) from the back
     (later stages keep fewer microbatches in flight) or, with ``front``, from the front."""
     kt = len(caps)
-    counts = [np.ones_like(mid) for _ in range(kt)]
-    left = mid - kt
-    for i in (range(kt) if front else reversed(range(kt))):
-        add = np.clip(np.minimum(caps[i], xm) - 1, 0, None)
-        add = np.minimum(add, np.clip(left, 0, None))
-        counts[i] = counts[i] + add
-        left = left - add
+    if not kt:
+        return ()
+    # relaxspeed: all stages at once. Filling stage after stage in ``order``, stage i gets
+    # min(room_i, what is left) with room_i = max(min(cap_i, xm) − 1, 0), so the layers given before it are
+    # min(Σ_{j before i} room_j, L) with L = max(mid − kt, 0), and its share is min(room_i, max(L − Σ_{j before i} room_j, 0))
+    order = np.arange(kt) if front else np.arange(kt)[::-1]
+    cp = np.asarray(caps, dtype=np.int64)[order].reshape((kt,) + (1,) * np.ndim(mid))
+    room = np.clip(np.minimum(cp, xm) - 1, 0, None)
+    before = np.cumsum(room, axis=0) - room
+    add = np.minimum(room, np.clip(np.clip(mid - kt, 0, None) - before, 0, None))
+    ones = np.ones_like(mid)
+    counts: list[np.ndarray] = [ones] * kt
+    for k, i in enumerate(order.tolist()):
+        counts[i] = ones + add[k]
     return tuple(counts)
 
 
