@@ -137,6 +137,19 @@ def test_snapshot_can_fail() -> None:
     assert repr(float(np.nextafter(x, math.inf))) != want[sp]["single"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize("name", ["sailor-het-32+96", "geo-4r-llama7b"])
+def test_memo_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the maths of the day: every value with the memo on (tables shared by the splits, visited
+    in a scrambled order) equals the value with the memo off (``MEMO_MAX_ENTRIES = 0``)."""
+    import hgopt.cost.tables as ct
+
+    indices, with_options = CASES[name]
+    shared = split_values(name, tuple(reversed(indices)), with_options)
+    monkeypatch.setattr(ct, "MEMO_MAX_ENTRIES", 0)
+    off = split_values(name, indices, with_options)
+    assert shared == off
+
+
 # ---- the vectorised helpers against the loops they replaced (kept here as reference functions) --------
 def _old_trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bool = False) -> tuple[np.ndarray, ...]:
     """``intra._trunk_counts`` before relaxspeed (one stage after the other)."""
@@ -172,6 +185,108 @@ def _old_dmax(tc: object, sol: object, m: int) -> np.ndarray:
     for km, r in parts:
         dm = np.minimum(dm, np.where(km < m, km - r, math.inf))
     return dm
+
+
+def _old_trunk_rows(tc: object, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``relax._trunk_rows`` before relaxspeed (696958f)."""
+    from hgopt.cost.pipeline import in_flight, stage_fill
+
+    INF = math.inf
+    N = tc.xmax  # type: ignore[attr-defined]
+    km = tc.kmax("t")  # type: ignore[attr-defined]
+    xs = np.arange(N + 1)
+    caps = []
+    for r in range(1, s_max + 1):
+        ok = km[1:] >= in_flight(r, 0, m)
+        bad = np.flatnonzero(~ok)
+        caps.append(int(bad[0]) if bad.size else N)
+    caps_a = np.array(caps)
+    G = np.cumsum(np.minimum(caps_a[:, None], xs[None, :]), axis=0)
+    n = np.arange(1, N + 1)
+    T = np.full((s_max, N), INF)
+    F = np.full((s_max, N), INF)
+    for si in range(s_max):
+        s = si + 1
+        if caps_a[si] < 1:
+            break
+        xm = np.searchsorted(G[si], n, side="left")
+        ok = (xm <= N) & (n >= s)
+        xm = np.minimum(xm, N)
+        t = tc.t_comp[xm]  # type: ignore[attr-defined]
+        if s >= 2:
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))  # type: ignore[attr-defined]
+        T[si] = np.where(ok, t, INF)
+        F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)  # type: ignore[attr-defined]
+    return T, F
+
+
+def _old_end_rows(tc: object, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int, shift: int,
+                  latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``relax._end_rows`` before relaxspeed (696958f)."""
+    from hgopt.cost.pipeline import in_flight, stage_fill
+
+    INF = math.inf
+    N = tc.xmax  # type: ignore[attr-defined]
+    km = tc.kmax("t")  # type: ignore[attr-defined]
+    xs = np.arange(N + 1)
+    caps = []
+    for r in range(1, s_max + 1):
+        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))
+        caps.append(int(bad[0]) if bad.size else N)
+    head = np.where(kmax >= in_flight(1, 0, m), comp, INF)
+    idx = xs[:, None] - xs[None, :]
+    T = np.full((s_max, N + 1), INF)
+    F = np.full((s_max, N + 1), INF)
+    G = np.zeros(N + 1)
+    for si in range(s_max):
+        s = si + 1
+        if s == 1:
+            rest = np.where(xs == 0, 0.0, INF)
+        else:
+            G = G + np.minimum(caps[s - 2 + shift], xs)
+            xm = np.searchsorted(G, xs, side="left")
+            rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)  # type: ignore[attr-defined]
+        both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
+        t = both.min(axis=1)
+        if s >= 2:
+            t = np.maximum(t, max(tc.t_send - latency, 0.0))  # type: ignore[attr-defined]
+        T[si] = t
+        F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)  # type: ignore[attr-defined]
+    return T, F
+
+
+@pytest.mark.parametrize("name", ["sailor-geo-5x32", "geo-4r-llama7b"])
+def test_rows_as_the_loops(name: str) -> None:
+    """relax's [R1] and [R1e] rows (vectorised, memoised) against the loops of 696958f, bit for bit."""
+    from hgopt.search.blocks import role_geometry
+    from hgopt.search.intra import StageModel, TrunkCosts, local_configs
+    from hgopt.search.relax import _end_rows, _trunk_rows
+
+    inst = load_instance(name)
+    tables = build_tables(inst)
+    shape = model_shape(inst)
+    geo, _ = role_geometry(shape, "middle")
+    N, L = shape.trunk, shape.num_layers
+    xs = np.arange(N + 1)
+    checked = 0
+    for c in inst.topology.clusters[:2]:
+        for k, mb, m in ((1, 8, 3), (2, 4, 64), (1, 2, 1)):
+            for cfg in local_configs(inst, c.name, mb, tables):
+                sm = StageModel(inst, tables, c, cfg, k)
+                tc = TrunkCosts(sm, geo, N)
+                s_max = min(c.num_gpus // k // cfg.gpus, N)
+                if s_max < 1:
+                    continue
+                for lat in (0.0, 1e-4):
+                    got, want = _trunk_rows(tc, s_max, m, lat), _old_trunk_rows(tc, s_max, m, lat)
+                    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+                    for shift, (lo, hi) in ((1, (L - shape.q - xs, np.full_like(xs, L))),
+                                            (0, (np.zeros_like(xs), shape.p + xs))):
+                        args = (sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(s_max + 1, N + 1), m, shift, lat)
+                        got, want = _end_rows(tc, *args), _old_end_rows(tc, *args)
+                        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+                        checked += 1
+    assert checked > 20
 
 
 def test_trunk_counts_as_the_loop() -> None:

@@ -30,7 +30,7 @@ __all__ = [
 
 MEMO_MAX_ENTRIES = 200_000
 """relaxspeed: ``CostTables.memo`` is emptied when it holds more entries than this (memory stays bounded;
-values are recomputed, the same floats, after that)."""
+values are recomputed, the same floats, after that); 0 turns the memo off (tests compare both ways)."""
 
 U_RANGE = (-10.0, 14.0)
 """Clamp of u = log2(bytes / 1e6) in the bandwidth curve [C1]."""
@@ -132,6 +132,8 @@ def memoised(tables: CostTables, key: Hashable, compute: Callable[[], T]) -> T:
     """relaxspeed: ``compute()``, cached in ``tables.memo`` under ``key`` (which must name every input of
     ``compute`` other than ``tables``). numpy arrays in the value are made read-only, so that a caller
     that would modify a shared value fails instead of changing another caller's numbers."""
+    if MEMO_MAX_ENTRIES <= 0:
+        return compute()
     memo = tables.memo
     try:
         return memo[key]  # type: ignore[return-value]
