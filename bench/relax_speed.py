@@ -10,6 +10,7 @@ bound, relaxation, MILP options), all on one ``CostTables`` as in one ``plan_mil
     PYTHONPATH=$PWD .venv/bin/python bench/relax_speed.py sailor-geo-5x32 sailor-het-32+96
     PYTHONPATH=$PWD .venv/bin/python bench/relax_speed.py scale-16r-4096-gpt175b --splits 2 --options 2
     PYTHONPATH=$PWD .venv/bin/python bench/relax_speed.py sailor-geo-5x32 --profile 30
+    PYTHONPATH=$PWD .venv/bin/python bench/relax_speed.py sailor-geo-5x32 --target 2.2314 --options 0
 
 ``--options N``: block options on N of the splits (0: none; they are the slow part on large instances).
 ``--profile K``: cProfile of everything, the K functions of most cumulative time. ``--values``: print each
@@ -45,7 +46,7 @@ def _pick(n: int, k: int | None) -> list[int]:
     return sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
 
 
-def run(name: str, splits: int | None, options: int, values: bool) -> dict[str, float]:
+def run(name: str, splits: int | None, options: int, values: bool, target: float = math.inf) -> dict[str, float]:
     inst = load_instance(name)
     t = time.process_time()
     tables = build_tables(inst)
@@ -71,7 +72,7 @@ def run(name: str, splits: int | None, options: int, values: bool) -> dict[str, 
         if rs is not None:
             single = _best_single(inst, tables, sp, cb)
             cpu["single"] += (t4 := time.process_time()) - t3
-            bound = split_bound(rs, cb, target=math.inf, single=single)
+            bound = split_bound(rs, cb, target=target, single=single)
             cpu["bound"] += time.process_time() - t4
         if values:
             print(f"  {sp}: cheap {cb.value!r} single {single!r} relaxation {bound!r}")
@@ -102,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--options", type=int, default=1, help="block options on this many of those splits")
     ap.add_argument("--profile", type=int, default=0, help="cProfile: print the K functions of most cumulative time")
     ap.add_argument("--values", action="store_true", help="print each split's bounds (repr)")
+    ap.add_argument("--target", type=float, default=math.inf,
+                    help="the bound's target (the planner passes incumbent·(1 − gap/2)): intervals below it are refined")
     args = ap.parse_args(argv)
     prof = cProfile.Profile() if args.profile else None
     if prof:
         prof.enable()
     for name in args.instances:
-        run(name, args.splits, args.options, args.values)
+        run(name, args.splits, args.options, args.values, args.target)
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)

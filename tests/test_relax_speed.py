@@ -289,6 +289,92 @@ def test_rows_as_the_loops(name: str) -> None:
     assert checked > 20
 
 
+def _old_shift_matrix(f: np.ndarray, N: int) -> np.ndarray:
+    idx = np.arange(N + 1)[:, None] - np.arange(N + 1)[None, :]
+    return np.where(idx >= 0, f[np.clip(idx, 0, N)], math.inf)
+
+
+def _old_paths_to(arcs: np.ndarray, C: int) -> np.ndarray:
+    """``relax._paths_to`` before relaxspeed (696958f)."""
+    full = 1 << C
+    H = np.full((full, C), math.inf)
+    for c in range(C):
+        H[1 << c, c] = 0.0
+    for X in range(1, full):
+        row = H[X]
+        if not np.isfinite(row).any():
+            continue
+        for u in range(C):
+            if X >> u & 1:
+                continue
+            best = np.min(row + arcs[:, u])
+            Y = X | (1 << u)
+            if best < H[Y, u]:
+                H[Y, u] = best
+    return H
+
+
+def _old_subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | None = None,
+                   firsts: np.ndarray | None = None) -> float:
+    """``relax._subset_dp`` before relaxspeed (696958f)."""
+    INF = math.inf
+    C = fills.shape[0]
+    full = 1 << C
+    A = np.full((full, N + 1), INF)
+    A[0, 0] = 0.0
+    f1 = np.concatenate([np.full((C, 1), INF), fills], axis=1)
+    shifts = [_old_shift_matrix(f1[c], N) for c in range(C)]
+    for X in range(1, full):
+        c = (X & -X).bit_length() - 1
+        prev = A[X ^ (1 << c)]
+        if not np.isfinite(prev).any():
+            continue
+        A[X] = np.min(prev[None, :] + shifts[c], axis=1)
+    if firsts is not None:
+        A1 = np.full((full, N + 1), INF)
+        fshift = [_old_shift_matrix(firsts[c], N) for c in range(C)]
+        for X in range(1, full):
+            c = (X & -X).bit_length() - 1
+            Y = X ^ (1 << c)
+            A1[X] = np.minimum(np.min(A1[Y][None, :] + shifts[c], axis=1), np.min(A[Y][None, :] + fshift[c], axis=1))
+        A = A1
+    if ends is not None:
+        H = _old_paths_to(arcs, C)
+        xs, es = np.nonzero((np.arange(full)[:, None] >> np.arange(C)[None, :]) & 1)
+        per = H[xs, es] + np.min(A[xs ^ (1 << es)][:, ::-1] + ends[es], axis=1)
+        vals = np.full(full, INF)
+        np.minimum.at(vals, xs, per)
+        vals[[0, *[1 << c for c in range(C)]]] = INF
+        return float(vals.min())
+    P = _old_paths_to(arcs, C).min(axis=1)
+    vals = P + A[:, N]
+    vals[[0, *[1 << c for c in range(C)]]] = INF
+    return float(vals.min())
+
+
+def test_subset_dp_as_the_loops() -> None:
+    """[R3]'s subset DP and Held-Karp paths (by subset size) against the loops of 696958f, on random
+    tables with infinite entries (missing rows, arcs slower than tau), every combination of ends/firsts."""
+    from hgopt.search.relax import _paths_to, _subset_dp
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        C, N = int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        inf_share = rng.choice([0.0, 0.3, 0.8])
+
+        def table(shape: tuple[int, ...]) -> np.ndarray:
+            a = rng.random(shape) * rng.choice([1e-3, 1.0, 1e3])
+            a[rng.random(shape) < inf_share] = math.inf
+            return a
+
+        fills, arcs = table((C, N)), table((C, C))
+        assert np.array_equal(_paths_to(arcs, C), _old_paths_to(arcs, C))
+        for ends in (None, table((C, N + 1))):
+            for firsts in (None, table((C, N + 1))):
+                got, want = _subset_dp(fills, arcs, N, ends, firsts), _old_subset_dp(fills, arcs, N, ends, firsts)
+                assert got == want or (math.isinf(got) and math.isinf(want)), (trial, got, want)
+
+
 def test_trunk_counts_as_the_loop() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

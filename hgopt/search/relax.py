@@ -179,22 +179,21 @@ def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | N
     A = np.full((full, N + 1), INF)
     A[0, 0] = 0.0
     f1 = np.concatenate([np.full((C, 1), INF), fills], axis=1)  # f1[c, n] for n = 0..N (n=0 not allowed)
-    shifts = [_shift_matrix(f1[c], N) for c in range(C)]  # per cluster, not per subset
-    for X in range(1, full):
-        c = (X & -X).bit_length() - 1
-        prev = A[X ^ (1 << c)]
-        if not np.isfinite(prev).any():
-            continue
-        # min-plus convolution prev ⊕ f1[c]
-        A[X] = np.min(prev[None, :] + shifts[c], axis=1)
+    shifts = _shift_matrices(f1, N)  # per cluster, not per subset
+    # relaxspeed: the subsets of one size at once (each is built from the one without its lowest member,
+    # one smaller); the min-plus convolution prev ⊕ f1[c] of each, as before
+    layers, low = _subset_layers(C)
+    for X in layers:
+        Y = X ^ (1 << low[X])
+        A[X] = np.min(A[Y][:, None, :] + shifts[low[X]], axis=2)
     if firsts is not None:
         # A1[X]: the same with one member of X the first block (>= 0 trunk layers by firsts)
         A1 = np.full((full, N + 1), INF)
-        fshift = [_shift_matrix(firsts[c], N) for c in range(C)]
-        for X in range(1, full):
-            c = (X & -X).bit_length() - 1
+        fshift = _shift_matrices(firsts, N)
+        for X in layers:
+            c = low[X]
             Y = X ^ (1 << c)
-            A1[X] = np.minimum(np.min(A1[Y][None, :] + shifts[c], axis=1), np.min(A[Y][None, :] + fshift[c], axis=1))
+            A1[X] = np.minimum(np.min(A1[Y][:, None, :] + shifts[c], axis=2), np.min(A[Y][:, None, :] + fshift[c], axis=2))
         A = A1
     if ends is not None:
         H = _paths_to(arcs, C)
@@ -219,6 +218,24 @@ def _shift_matrix(f: np.ndarray, N: int) -> np.ndarray:
     return np.where(idx >= 0, f[np.clip(idx, 0, N)], INF)
 
 
+def _shift_matrices(f: np.ndarray, N: int) -> np.ndarray:
+    """``_shift_matrix`` of every row of ``f`` (C, N + 1) at once: (C, N + 1, N + 1)."""
+    idx = np.arange(N + 1)[:, None] - np.arange(N + 1)[None, :]
+    return np.where(idx[None] >= 0, f[:, np.clip(idx, 0, N)], INF)
+
+
+def _subset_layers(C: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """relaxspeed: the non-empty subsets of C clusters grouped by size (ascending), and each subset's
+    lowest member."""
+    X = np.arange(1, 1 << C)
+    size = np.zeros(len(X), dtype=np.int64)
+    for c in range(C):
+        size += (X >> c) & 1
+    low = np.zeros(1 << C, dtype=np.int64)
+    low[1:] = np.log2(X & -X).astype(np.int64)
+    return [X[size == k] for k in range(1, C + 1)], low
+
+
 def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
     """Held-Karp: P[X] = cheapest Hamiltonian path through the clusters of X (0 for one cluster)."""
     return _paths_to(arcs, C).min(axis=1)
@@ -230,17 +247,13 @@ def _paths_to(arcs: np.ndarray, C: int) -> np.ndarray:
     H = np.full((full, C), INF)
     for c in range(C):
         H[1 << c, c] = 0.0
-    for X in range(1, full):
-        row = H[X]
-        if not np.isfinite(row).any():
-            continue
-        for u in range(C):
-            if X >> u & 1:
-                continue
-            best = np.min(row + arcs[:, u])
-            Y = X | (1 << u)
-            if best < H[Y, u]:
-                H[Y, u] = best
+    # relaxspeed: the subsets of one size at once, every u outside them at once: the path through X ending at
+    # e, then the arc e -> u (the same sums, the same least value per (X | u, u))
+    us = np.arange(C)
+    for X in _subset_layers(C)[0][:-1]:
+        best = np.min(H[X][:, :, None] + arcs[None, :, :], axis=1)  # best[x, u] = min_e H[X_x, e] + arcs[e, u]
+        xi, ui = np.nonzero(((X[:, None] >> us[None, :]) & 1) == 0)
+        np.minimum.at(H, (X[xi] | (1 << ui), ui), best[xi, ui])
     return H
 
 
