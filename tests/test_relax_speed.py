@@ -424,6 +424,25 @@ def test_dmax_as_the_loop(name: str) -> None:
     assert checked > 50
 
 
+def test_fill_lb_parts_change_nothing() -> None:
+    """[B4] ``_fill_lb`` with its per-cluster parts shared across bottlenecks equals it without (every grid
+    point of a 16-config cluster set, several trunk counts and hand-over floors)."""
+    from hgopt.search.blocks import _Cfg, _fill_lb
+
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        rows = {f"c{i}": [_Cfg(stages=int(rng.integers(1, 9)), gpus=int(rng.choice([1, 2, 4, 8])),
+                               t1=float(rng.random() * 0.1 + 1e-3), jmax=int(rng.integers(1, 30)))
+                          for _ in range(int(rng.integers(1, 6)))] for i in range(int(rng.integers(1, 5)))}
+        budgets = {n: int(rng.integers(1, 64)) for n in rows}
+        trunk, wan, extra = int(rng.integers(1, 40)), (float(rng.random() * 0.05), float(rng.random())), 0.25
+        parts: dict = {}
+        for tau in np.geomspace(1e-3, 5.0, 80):
+            assert _fill_lb(rows, budgets, trunk, float(tau), wan, extra, parts) == \
+                _fill_lb(rows, budgets, trunk, float(tau), wan, extra)
+        assert parts
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--write":
         print("usage: python -m tests.test_relax_speed --write FILE", file=sys.stderr)

@@ -609,7 +609,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
-    floor = _fill_lb(rows, budgets, shape.trunk, top, wan, extra) if full else INF
+    parts: dict[tuple[int, bytes], tuple[float, np.ndarray | None]] = {}  # relaxspeed: _fill_lb's per-cluster parts
+    floor = _fill_lb(rows, budgets, shape.trunk, top, wan, extra, parts) if full else INF
     grid: list[float] = []
     fill: list[float] = []
     best = INF
@@ -617,7 +618,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
         if weighted_time(w, tau, floor) + s_lb - off >= best:
             break
         grid.append(tau)
-        fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
+        fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra, parts))
         if len(fill) >= 2:
             best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb - off)
     return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor,
@@ -638,7 +639,8 @@ def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
 
 
 def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, tau: float,
-             wan: tuple[float, float], extra: float) -> float:
+             wan: tuple[float, float], extra: float,
+             parts: dict[tuple[int, bytes], tuple[float, np.ndarray | None]] | None = None) -> float:
     """[B4] Least fill of the trunk when every stage's compute is <= tau: a cluster spends a fraction
     of its GPUs on each config; config i holds min(floor(tau/t1), jmax) layers per stage of g GPUs
     at t1 fill per layer (a fractional, convex relaxation solved greedily over marginal costs).
@@ -648,26 +650,45 @@ def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, t
     marginals = []
     single = INF
     for name, rs in rows.items():
-        pts = [(r.gpus / min(int(tau / r.t1 + 1e-9), r.jmax), r.t1) for r in rs if min(int(tau / r.t1 + 1e-9), r.jmax) >= 1]
-        if not pts:
-            continue
-        rho, cost = _lower_hull(pts)
-        n = np.arange(1, trunk + 1)
-        per = budgets[name] / n  # GPUs per layer available when hosting n layers
-        ok = per >= rho[0] * (1 - 1e-12)
-        h = np.interp(per, rho, cost)  # cost per layer at that resource per layer (convex, decreasing)
-        g = np.where(ok, n * h, INF)
-        if ok[-1]:
-            single = min(single, float(g[-1]))
-        with np.errstate(invalid="ignore"):
-            marg = np.diff(np.concatenate(([0.0], g)))
-        marginals.append(np.where(ok, marg, INF))
+        # relaxspeed: a cluster's part depends on tau only through the layers per stage of each config, so
+        # it is computed once per such vector (``parts``, one cheap_bounds call) and per cluster
+        per_stage = [min(int(tau / r.t1 + 1e-9), r.jmax) for r in rs]
+        key = (id(rs), budgets[name], np.array(per_stage, dtype=np.int64).tobytes())
+        if parts is None or key not in parts:
+            part = _cluster_fill(rs, per_stage, budgets[name], trunk)
+            if parts is not None:
+                parts[key] = part
+        else:
+            part = parts[key]
+        one, marg = part
+        single = min(single, one)
+        if marg is not None:
+            marginals.append(marg)
     multi = INF
     if marginals and tau >= wan[0]:
         allm = np.sort(np.concatenate(marginals))
         if len(allm) >= trunk and np.isfinite(allm[trunk - 1]):
             multi = float(allm[:trunk].sum()) + wan[1]
     return min(single, multi) + extra
+
+
+def _cluster_fill(rs: list[_Cfg], per_stage: list[int], budget: int, trunk: int) -> tuple[float, np.ndarray | None]:
+    """[B4] One cluster's part of ``_fill_lb`` with ``per_stage[i]`` layers per stage of config i: the
+    least fill of the whole trunk on it (inf: it cannot host it) and its marginal fill per layer hosted
+    (None: no config holds a layer)."""
+    pts = [(r.gpus / j, r.t1) for r, j in zip(rs, per_stage) if j >= 1]
+    if not pts:
+        return INF, None
+    rho, cost = _lower_hull(pts)
+    n = np.arange(1, trunk + 1)
+    per = budget / n  # GPUs per layer available when hosting n layers
+    ok = per >= rho[0] * (1 - 1e-12)
+    h = np.interp(per, rho, cost)  # cost per layer at that resource per layer (convex, decreasing)
+    g = np.where(ok, n * h, INF)
+    single = float(g[-1]) if ok[-1] else INF
+    with np.errstate(invalid="ignore"):
+        marg = np.diff(np.concatenate(([0.0], g)))
+    return single, np.where(ok, marg, INF)
 
 
 def _lower_hull(pts: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
