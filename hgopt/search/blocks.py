@@ -397,10 +397,8 @@ def _dmax(tc: TrunkCosts, sol: TrunkSolution, m: int) -> np.ndarray:
         hi = np.array([geo.whole(int(n))[1] for n in sol.ns])
         parts.append((tc.sm.max_in_flight_v(lo, hi), 1))
     else:
-        i = 0
         if geo.p:
             parts.append((tc.kmax("f")[sol.x0], s))
-            i = 1
         if geo.q:
             parts.append((tc.kmax("l")[sol.xl], 1))
     dm = np.full(len(sol.ns), INF)

@@ -393,7 +393,6 @@ def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndar
     with shift 0), 0-padded to s_max − 1 columns."""
     tail = sm.first_tail(lo, hi, monotone=True)
     tail = np.minimum.accumulate(tail[::-1])[::-1]
-    N = tc.xmax
     caps = np.zeros((s_max, max(s_max - 1, 1)), dtype=np.int64)
     if s_max > 1:
         r = np.arange(1, s_max)  # distance r: rows s >= r + 1 (index >= r) have a stage there
