@@ -8,7 +8,9 @@ the equations are in ``formulations/cost_model.md`` (labels in brackets refer to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,8 +24,13 @@ __all__ = [
     "ring_latency_s",
     "build_tables",
     "link_bytes_factor",
+    "memoised",
     "transfer_time",
 ]
+
+MEMO_MAX_ENTRIES = 200_000
+"""relaxspeed: ``CostTables.memo`` is emptied when it holds more entries than this (memory stays bounded;
+values are recomputed, the same floats, after that); 0 turns the memo off (tests compare both ways)."""
 
 U_RANGE = (-10.0, 14.0)
 """Clamp of u = log2(bytes / 1e6) in the bandwidth curve [C1]."""
@@ -108,9 +115,38 @@ class CostTables:
     layer_classes: tuple[int, ...] = ()
     """Class id per layer: layers with the same id have identical profile entries (timings,
     parameters, activations, per-tp memory), so they cost the same wherever they sit."""
+    memo: dict[Hashable, object] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    """relaxspeed: a cache of pure functions of these tables (``memoised``): the searches build one
+    ``CostTables`` per plan call and read it for every batch split, and much of a split's per-config work
+    (stage compute, memory caps, sync floors) depends only on the microbatch size or the cluster, not on
+    the split. Every key names all the inputs besides the tables themselves."""
 
     def table(self, gpu: str, tp: int) -> GpuTpTable:
         return self.by_gpu_tp[(gpu, tp)]
+
+
+T = TypeVar("T")
+
+
+def memoised(tables: CostTables, key: Hashable, compute: Callable[[], T]) -> T:
+    """relaxspeed: ``compute()``, cached in ``tables.memo`` under ``key`` (which must name every input of
+    ``compute`` other than ``tables``). numpy arrays in the value are made read-only, so that a caller
+    that would modify a shared value fails instead of changing another caller's numbers."""
+    if MEMO_MAX_ENTRIES <= 0:
+        return compute()
+    memo = tables.memo
+    try:
+        return memo[key]  # type: ignore[return-value]
+    except KeyError:
+        pass
+    value = compute()
+    for a in (value if isinstance(value, tuple) else (value,)):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    if len(memo) >= MEMO_MAX_ENTRIES:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def optimizer_bytes_per_param(model: ModelProfile, precision: str, optimizer: str) -> float:

@@ -272,11 +272,11 @@ def _cluster_role_candidates(
             if math.isfinite(win.usd_cap) and _usd_hopeless(win, replicas * s * cfg.gpus, cluster, ns, s, t1, geo):
                 continue  # costmilp [C4]: no option of s stages of this config is under the $ cap
             for front in ((False, True) if s >= 3 else (False,)):
-                for sol, new in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front, weight=win.weight):
+                for sol, new, dm in _ladder(tc, s, d_lo, d_cap if d_lo else 0, m, ns, front=front, weight=win.weight):
                     new = new & (sol.bottleneck <= win.t_cap) & (s <= stop_at)
                     if math.isfinite(win.usd_cap) and win.time_floor is not None:  # costmilp: $ pruning [C4]
                         new &= _usd_useful(win, sol, replicas * s * cfg.gpus, cluster, new)
-                    dm = _collect(cands, sol, new, cluster, role, cfg, tc, m)
+                    _collect(cands, sol, new, cluster, role, cfg, tc, m, dm)
                     if not front:
                         stop_at = _stop_rule(stop_at, sol, dm, s, d_cap if d_lo else 0, win, min_send - win.per_stage)
     return cands
@@ -359,12 +359,13 @@ def _stop_rule(stop_at: np.ndarray, sol: TrunkSolution, dm: np.ndarray, s: int, 
 
 
 def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarray, *,
-            front: bool = False, weight: float | None = None) -> list[tuple[TrunkSolution, np.ndarray]]:
+            front: bool = False, weight: float | None = None) -> list[tuple[TrunkSolution, np.ndarray, np.ndarray]]:
     """Solutions at d = d_lo, then at the next d where some n's best partition stops fitting, up to
     D_STEPS steps, then at d_cap [B1]. Returns (solution, mask of n whose option is new). ``weight``:
     the objective's weight of the bottleneck (the window's; m − 1 when omitted), so that each
-    partition is the best one for the objective the options enter [C3b]."""
-    out: list[tuple[TrunkSolution, np.ndarray]] = []
+    partition is the best one for the objective the options enter [C3b]. relaxspeed: each with its
+    ``_dmax`` (computed once)."""
+    out: list[tuple[TrunkSolution, np.ndarray, np.ndarray]] = []
     d = d_lo
     covered = np.full(len(ns), -1.0)  # largest d already covered per n
     for step in range(D_STEPS + 2):
@@ -375,7 +376,7 @@ def _ladder(tc: TrunkCosts, s: int, d_lo: int, d_cap: int, m: int, ns: np.ndarra
         if not new.any() and not (sol.feasible & (covered < d_cap)).any():
             break
         dm = _dmax(tc, sol, m)
-        out.append((sol, new))
+        out.append((sol, new, dm))
         covered = np.where(new, np.minimum(dm, d_cap), covered)
         todo = sol.feasible & (covered < d_cap)
         if not todo.any() or d >= d_cap:
@@ -397,23 +398,23 @@ def _dmax(tc: TrunkCosts, sol: TrunkSolution, m: int) -> np.ndarray:
         hi = np.array([geo.whole(int(n))[1] for n in sol.ns])
         parts.append((tc.sm.max_in_flight_v(lo, hi), 1))
     else:
-        i = 0
         if geo.p:
             parts.append((tc.kmax("f")[sol.x0], s))
-            i = 1
-        for j, cnt in enumerate(sol.counts):
-            parts.append((tc.kmax("t")[cnt], s - i - j))
         if geo.q:
             parts.append((tc.kmax("l")[sol.xl], 1))
     dm = np.full(len(sol.ns), INF)
     for km, r in parts:
         dm = np.minimum(dm, np.where(km < m, km - r, INF))
+    if s > 1 and sol.counts:  # relaxspeed: the trunk stages at once (stage j at distance s − int(p > 0) − j)
+        km = tc.kmax("t")[np.stack(sol.counts)]
+        r = (s - int(bool(geo.p)) - np.arange(len(sol.counts)))[:, None]
+        dm = np.minimum(dm, np.where(km < m, km - r, INF).min(axis=0))
     return dm
 
 
 def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.ndarray, cluster: str, role: Role,
-             cfg: LocalConfig, tc: TrunkCosts, m: int) -> np.ndarray:
-    dm = _dmax(tc, sol, m)
+             cfg: LocalConfig, tc: TrunkCosts, m: int, dm: np.ndarray) -> None:
+    """The options of ``sol`` marked ``new`` into ``cands`` (``dm``: ``_dmax`` of ``sol``, from ``_ladder``)."""
     for i in np.flatnonzero(new):
         n = int(sol.ns[i])
         bounds = sol.bounds(int(i))
@@ -423,7 +424,6 @@ def _collect(cands: dict[int, list[BlockOption]], sol: TrunkSolution, new: np.nd
             bottleneck=max(float(sol.bottleneck[i]), inner), fill=suffix[-1], sync_opt=float(sol.sync_opt[i]),
             dmax=float(dm[i]), suffix_fill=suffix, prefix_trip=prefix,
         ))
-    return dm
 
 
 def _trips(sm: StageModel, bounds: tuple[int, ...], m: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
@@ -608,7 +608,8 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
     # the least fill of any plan: at the grid's top every stage may hold its most layers; plans
     # across clusters need a bottleneck >= the fastest hand-over's pace, which may lie above it
     top = max(full[-1], wan[0]) if full and math.isfinite(wan[0]) else (full[-1] if full else INF)
-    floor = _fill_lb(rows, budgets, shape.trunk, top, wan, extra) if full else INF
+    parts: dict[tuple[int, bytes], tuple[float, np.ndarray | None]] = {}  # relaxspeed: _fill_lb's per-cluster parts
+    floor = _fill_lb(rows, budgets, shape.trunk, top, wan, extra, parts) if full else INF
     grid: list[float] = []
     fill: list[float] = []
     best = INF
@@ -616,7 +617,7 @@ def cheap_bounds(instance: Instance, tables: CostTables, *, replicas: int, micro
         if weighted_time(w, tau, floor) + s_lb - off >= best:
             break
         grid.append(tau)
-        fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra))
+        fill.append(_fill_lb(rows, budgets, shape.trunk, tau, wan, extra, parts))
         if len(fill) >= 2:
             best = min(best, weighted_time(w, grid[-2], fill[-1]) + s_lb - off)
     return CheapBounds(t_lb=t_lb, s_lb=s_lb, weight=w, grid=tuple(grid), fill_at=tuple(fill), f_lb=floor,
@@ -637,7 +638,8 @@ def _grid(t_lb: float, rows: dict[str, list[_Cfg]]) -> tuple[float, ...]:
 
 
 def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, tau: float,
-             wan: tuple[float, float], extra: float) -> float:
+             wan: tuple[float, float], extra: float,
+             parts: dict[tuple[int, bytes], tuple[float, np.ndarray | None]] | None = None) -> float:
     """[B4] Least fill of the trunk when every stage's compute is <= tau: a cluster spends a fraction
     of its GPUs on each config; config i holds min(floor(tau/t1), jmax) layers per stage of g GPUs
     at t1 fill per layer (a fractional, convex relaxation solved greedily over marginal costs).
@@ -647,26 +649,45 @@ def _fill_lb(rows: dict[str, list[_Cfg]], budgets: dict[str, int], trunk: int, t
     marginals = []
     single = INF
     for name, rs in rows.items():
-        pts = [(r.gpus / min(int(tau / r.t1 + 1e-9), r.jmax), r.t1) for r in rs if min(int(tau / r.t1 + 1e-9), r.jmax) >= 1]
-        if not pts:
-            continue
-        rho, cost = _lower_hull(pts)
-        n = np.arange(1, trunk + 1)
-        per = budgets[name] / n  # GPUs per layer available when hosting n layers
-        ok = per >= rho[0] * (1 - 1e-12)
-        h = np.interp(per, rho, cost)  # cost per layer at that resource per layer (convex, decreasing)
-        g = np.where(ok, n * h, INF)
-        if ok[-1]:
-            single = min(single, float(g[-1]))
-        with np.errstate(invalid="ignore"):
-            marg = np.diff(np.concatenate(([0.0], g)))
-        marginals.append(np.where(ok, marg, INF))
+        # relaxspeed: a cluster's part depends on tau only through the layers per stage of each config, so
+        # it is computed once per such vector (``parts``, one cheap_bounds call) and per cluster
+        per_stage = [min(int(tau / r.t1 + 1e-9), r.jmax) for r in rs]
+        key = (id(rs), budgets[name], np.array(per_stage, dtype=np.int64).tobytes())
+        if parts is None or key not in parts:
+            part = _cluster_fill(rs, per_stage, budgets[name], trunk)
+            if parts is not None:
+                parts[key] = part
+        else:
+            part = parts[key]
+        one, marg = part
+        single = min(single, one)
+        if marg is not None:
+            marginals.append(marg)
     multi = INF
     if marginals and tau >= wan[0]:
         allm = np.sort(np.concatenate(marginals))
         if len(allm) >= trunk and np.isfinite(allm[trunk - 1]):
             multi = float(allm[:trunk].sum()) + wan[1]
     return min(single, multi) + extra
+
+
+def _cluster_fill(rs: list[_Cfg], per_stage: list[int], budget: int, trunk: int) -> tuple[float, np.ndarray | None]:
+    """[B4] One cluster's part of ``_fill_lb`` with ``per_stage[i]`` layers per stage of config i: the
+    least fill of the whole trunk on it (inf: it cannot host it) and its marginal fill per layer hosted
+    (None: no config holds a layer)."""
+    pts = [(r.gpus / j, r.t1) for r, j in zip(rs, per_stage) if j >= 1]
+    if not pts:
+        return INF, None
+    rho, cost = _lower_hull(pts)
+    n = np.arange(1, trunk + 1)
+    per = budget / n  # GPUs per layer available when hosting n layers
+    ok = per >= rho[0] * (1 - 1e-12)
+    h = np.interp(per, rho, cost)  # cost per layer at that resource per layer (convex, decreasing)
+    g = np.where(ok, n * h, INF)
+    single = float(g[-1]) if ok[-1] else INF
+    with np.errstate(invalid="ignore"):
+        marg = np.diff(np.concatenate(([0.0], g)))
+    return single, np.where(ok, marg, INF)
 
 
 def _lower_hull(pts: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ from hgopt.cost.memory import (
 )
 from hgopt.cost.pipeline import in_flight as in_flight_depth
 from hgopt.cost.pipeline import pipeline_time, stage_fill, steady_weight, weighted_time
-from hgopt.cost.tables import CostTables, GpuTpTable, build_tables
+from hgopt.cost.tables import CostTables, GpuTpTable, build_tables, memoised
 from hgopt.cost.tables import layer_classes as tables_layer_classes
 from hgopt.plan import ReplicaGroup, Stage
 from hgopt.search.sync_choice import DEFAULT_BUCKET_MB
@@ -121,12 +121,20 @@ def local_configs(instance: Instance, cluster: str, microbatch: int,
     kept input is the same wherever it sits, except layer 0's (token ids), so identical layers still
     cost the same at every position but the first (the searches treat layer 0 as special)."""
     c = instance.topology.cluster(cluster)
+    if tables is None:
+        return _local_configs(instance, c, microbatch, build_tables(instance))
+    # relaxspeed: memoised (every phase of every split asks for each cluster's configs)
+    key = ("local_configs", c.gpu, c.gpus_per_node, c.gpu_memory_bytes, microbatch, instance.job.recompute,
+           instance.job.global_batch, instance.job.workspace_bytes)
+    return memoised(tables, key, lambda: _local_configs(instance, c, microbatch, tables))
+
+
+def _local_configs(instance: Instance, c: Cluster, microbatch: int, tables: CostTables) -> tuple[LocalConfig, ...]:
     tps = [tp for tp in instance.model.tps(c.gpu) if c.gpus_per_node % tp == 0]
     dps = [dp for dp in range(1, microbatch + 1) if microbatch % dp == 0]
     plain = tuple(LocalConfig(tp=tp, dp=dp, mbs=microbatch // dp) for tp in tps for dp in dps)
     if instance.job.recompute == "off" or len({layer.activation_bytes for layer in instance.model.layers[:-1]}) > 1:
         return plain
-    tables = tables if tables is not None else build_tables(instance)
     deepest = max(1, instance.job.global_batch // microbatch)
     return plain + tuple(replace(cfg, recompute=True) for cfg in plain
                          if _memory_binds(instance, tables, c, cfg, deepest))
@@ -166,17 +174,36 @@ class StageModel:
         self.workspace = instance.job.workspace_bytes
         self.capacity = cluster.gpu_memory_bytes
         self.act_bytes = tables.activation_bytes
+        self.tables = tables
         if cfg.recompute:  # [C6r] kept layer inputs (prefix sums) and the largest layer per range
-            self._inputs = recompute_inputs_prefix(instance)
-            self._largest = recompute_largest_table(self.tab)
+            self._inputs = memoised(tables, ("recompute_inputs", instance.model.seq_len), lambda: recompute_inputs_prefix(instance))
+            self._largest = memoised(tables, ("recompute_largest", cluster.gpu, cfg.tp),
+                                     lambda: recompute_largest_table(self.tab))
         n = replicas * cfg.dp
         self.ring = n
         self.ring_bw = ring_bandwidth(cluster.intra_node, cluster.inter_node, cluster.gpus_per_node, n, cfg.tp, cfg.tp)  # links
-        self._sync_floor_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # relaxspeed: memo keys (``tables.memo``) naming what each cost depends on besides the tables: compute
+        # the GPU, tp, mbs and recomputation; memory also dp (ZeRO-1 shards), the GPU's memory and the
+        # workspace; sends and the sync floor the cluster (its links) and the ring (replicas · dp)
+        self.key_compute = (cluster.gpu, cfg.tp, cfg.mbs, cfg.recompute)
+        self.key_memory = (*self.key_compute, cfg.dp, cluster.gpu_memory_bytes, self.workspace)
+        self.key_ring = (cluster, cfg.tp, n, cfg.mbs, cfg.recompute)
 
     def compute(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """fwd + bwd seconds [C2] (with recomputation the backward repeats the forward [C2r])."""
         return stage_compute_v(self.tab, self.cfg.mbs, lo, hi, self.cfg.recompute)
+
+    def compute_memo(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """relaxspeed: :meth:`compute`, memoised by the config's compute key (read-only; for the ranges every
+        split asks for: trunk tables, special layers; not per block option)."""
+        lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("compute", self.key_compute, _akey(lo_a), _akey(hi_a)),
+                        lambda: self.compute(lo_a, hi_a))
+
+    def send_memo(self, hi: np.ndarray) -> np.ndarray:
+        """relaxspeed: :meth:`send`, memoised by the cluster and ring (read-only)."""
+        hi_a = np.asarray(hi)
+        return memoised(self.tables, ("send", self.key_ring, _akey(hi_a)), lambda: self.send(hi_a))
 
     def send(self, hi: np.ndarray) -> np.ndarray:
         """Seconds to send one microbatch's activations from a stage ending at ``hi`` to the next
@@ -205,8 +232,16 @@ class StageModel:
         the last bucket — ready only when the backward ends — at least the all-reduce of layer lo's
         gradients, which it holds whole: ``links.least_allreduce_time_from``, gaps3). ``monotone``: the sync part made
         non-decreasing in ``hi`` (its least value over every [lo, h), h >= hi), so that the tail of a
-        range bounds every first stage holding it (``blocks.cheap_bounds``)."""
+        range bounds every first stage holding it (``blocks.cheap_bounds``). relaxspeed: memoised by the
+        cluster, ring and dp (read-only)."""
         lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("first_tail", self.key_ring, self.cfg.dp, monotone, _akey(lo_a), _akey(hi_a)),
+                        lambda: self._first_tail(lo_a, hi_a, monotone))
+
+    def _first_tail(self, lo_a: np.ndarray, hi_a: np.ndarray, monotone: bool) -> np.ndarray:
+        if lo_a.ndim == 1 and lo_a.shape == hi_a.shape and lo_a.size and (lo_a == lo_a[0]).all():
+            u = int(lo_a[0])  # one start (the tables' ranges): no masks
+            return self._sync_floor_from(u)[int(monotone)][hi_a - u - 1] + optimizer_time(self.tab, lo_a, hi_a, self.cfg.dp)
         out = np.empty(np.broadcast(lo_a, hi_a).shape)
         lo_b, hi_b = np.broadcast_to(lo_a, out.shape), np.broadcast_to(hi_a, out.shape)
         for u in np.unique(lo_b):
@@ -216,22 +251,22 @@ class StageModel:
 
     def _sync_floor_from(self, lo: int) -> tuple[np.ndarray, np.ndarray]:
         """``first_tail``'s sync floor of [lo, h) for h = lo + 1 .. L, and its suffix minimum (cached per lo)."""
-        cache = self._sync_floor_cache
-        if lo not in cache:
-            t = self.tab
-            hi = np.arange(lo + 1, len(t.params))
-            los = np.full_like(hi, lo)
-            nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
-            sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
-            back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
-            # gaps3: the last bucket holds layer lo whole (buckets never split a layer), so it all-reduces
-            # at least that layer's bytes (``links.least_allreduce_time_from``; before: its latency terms only)
-            last = least_allreduce_time_from(self.ring_bw, float(gradient_bytes(t.params[lo + 1] - t.params[lo],
-                                                                                 self.dtype_bytes)), self.ring)
-            floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
-            floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
-            cache[lo] = (floor, np.minimum.accumulate(floor[::-1])[::-1])
-        return cache[lo]
+        return memoised(self.tables, ("sync_floor", self.key_ring, lo), lambda: self._sync_floor(lo))
+
+    def _sync_floor(self, lo: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self.tab
+        hi = np.arange(lo + 1, len(t.params))
+        los = np.full_like(hi, lo)
+        nbytes = gradient_bytes(t.params[hi] - t.params[los], self.dtype_bytes)
+        sync = allreduce_time_v(self.ring_bw, nbytes, self.ring)
+        back = stage_times_v(t, self.cfg.mbs, los, hi, self.cfg.recompute)[1]
+        # gaps3: the last bucket holds layer lo whole (buckets never split a layer), so it all-reduces
+        # at least that layer's bytes (``links.least_allreduce_time_from``; before: its latency terms only)
+        last = least_allreduce_time_from(self.ring_bw, float(gradient_bytes(t.params[lo + 1] - t.params[lo],
+                                                                             self.dtype_bytes)), self.ring)
+        floor = np.asarray(exposed_sync_floor(sync, back, np.full_like(sync, last), zero=True))
+        floor = np.where(nbytes <= DEFAULT_BUCKET_MB * MIB, sync, floor)  # one bucket: the whole ring
+        return floor, np.minimum.accumulate(floor[::-1])[::-1]
 
     def memory(self, lo: np.ndarray, hi: np.ndarray, in_flight: np.ndarray | int, zero: bool = True) -> np.ndarray:
         """Peak bytes per GPU with ``in_flight`` microbatches kept [C6] (optimizer state sharded over
@@ -247,13 +282,21 @@ class StageModel:
                             shards=self.cfg.dp if zero else 1, workspace=self.workspace)
 
     def max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf) [C6]."""
+        """Vectorised :meth:`max_in_flight` (float array: -1, a count, or inf) [C6]; read-only (shared)."""
+        lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+        return memoised(self.tables, ("max_in_flight_v", self.key_memory, _akey(lo_a), _akey(hi_a)),
+                        lambda: self._max_in_flight_v(lo_a, hi_a))
+
+    def _max_in_flight_v(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         base = self.memory(lo, hi, 0)
         return max_in_flight_v(base, self.memory(lo, hi, 1) - base, self.capacity, lambda k: self.memory(lo, hi, k))
 
     def max_in_flight(self, lo: int, hi: int) -> float:
         """Largest in-flight count for which the stage fits (``inf`` when activations are free;
         -1 when even the weights do not fit) [C6]."""
+        return memoised(self.tables, ("max_in_flight", self.key_memory, lo, hi), lambda: self._max_in_flight(lo, hi))
+
+    def _max_in_flight(self, lo: int, hi: int) -> float:
         if self.cfg.recompute:  # the same [C6r] sum on Python floats (the scalar path is hot in [I5])
             t = self.tab
             params = float(t.params[hi] - t.params[lo])
@@ -267,6 +310,11 @@ class StageModel:
         base = float(self.memory(lo_a, hi_a, 0))
         act = float(self.memory(lo_a, hi_a, 1)) - base
         return max_in_flight(base, act, self.capacity, lambda k: self.memory(lo_a, hi_a, k))
+
+
+def _akey(a: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
+    """relaxspeed: an exact memo key of an array (dtype, shape, bytes)."""
+    return a.dtype.str, a.shape, a.tobytes()
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,20 +550,38 @@ class TrunkCosts:
         self.sm, self.geo, self.xmax = sm, geo, xmax
         x = np.arange(xmax + 1)
         lo_t, hi_t = np.full_like(x, geo.t0), geo.t0 + x
-        self.t_comp = sm.compute(lo_t, hi_t)
-        self.t_so = sm.first_tail(lo_t, hi_t)
-        self.t_send = float(sm.send(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
+        # relaxspeed: the arrays are the StageModel's memoised ones (read-only, shared across splits); the
+        # tails (t_so, f_so) are computed when first read (``__getattr__``: the relaxation reads none)
+        self.t_comp = sm.compute_memo(lo_t, hi_t)
+        self.t_send = float(sm.send_memo(np.array([geo.t0 + 1]))[0]) if xmax >= 1 else 0.0
         self.t_lo, self.t_hi = lo_t, hi_t
         if geo.p:
             lo0, hi0 = np.full_like(x, geo.first), geo.first + geo.p + x
-            self.f_comp, self.f_so, self.f_send = sm.compute(lo0, hi0), sm.first_tail(lo0, hi0), sm.send(hi0)
+            self.f_comp, self.f_send = sm.compute_memo(lo0, hi0), sm.send_memo(hi0)
             self.f_lo, self.f_hi = lo0, hi0
         if geo.q:
             lol, hil = geo.last_end - geo.q - x, np.full_like(x, geo.last_end)
-            self.l_comp = sm.compute(lol, hil)
+            self.l_comp = sm.compute_memo(lol, hil)
             self.l_lo, self.l_hi = lol, hil
 
         self._kmax: dict[str, np.ndarray] = {}
+        self._lead: dict[int, int] = {}
+
+    def leading_cap(self, in_flight: int) -> int:
+        """Most trunk layers x such that trunk stages of 1..x layers all fit at ``in_flight`` (cached)."""
+        if in_flight not in self._lead:
+            self._lead[in_flight] = _leading_true(self.cap("t", in_flight))
+        return self._lead[in_flight]
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """The first-stage tails of trunk stages (``t_so``) and of the special first stage (``f_so``, with
+        a prefix only), computed on first use."""
+        if name == "t_so" or (name == "f_so" and self.geo.p):
+            kind = name[0]
+            value = self.sm.first_tail(self.__dict__[f"{kind}_lo"], self.__dict__[f"{kind}_hi"])
+            setattr(self, name, value)
+            return value
+        raise AttributeError(name)
 
     def kmax(self, kind: str) -> np.ndarray:
         """Most in-flight microbatches per x for a stage of ``kind`` ('t', 'f', 'l') [C6]."""
@@ -575,20 +641,18 @@ def solve_trunk(tc: TrunkCosts, s: int, d: int, m: int, ns: np.ndarray, *, front
     latest), which shortens the 1F1B round trip of the later stages [C3]. ``weight``: the bottleneck's
     weight in [I1] (default m − 1; the MILP's block options pass their objective's, [C3b])."""
     geo, w = tc.geo, steady_weight(m) if weight is None else weight
-    infl = [in_flight_depth(s + d, i, m) for i in range(s)]  # [C6] in-flight microbatches of local stage i
+    infl = in_flight_depth(np.full(s, s + d), np.arange(s), m).tolist()  # [C6] in-flight microbatches of local stage i
     if s == 1:
         return _solve_single(tc, infl[0], w, ns)
     has_f, has_l = bool(geo.p), bool(geo.q)
     t_idx = list(range(int(has_f), s - int(has_l)))
     kt = len(t_idx)
     X = tc.xmax
-    caps = [_leading_true(tc.cap("t", infl[i])) for i in t_idx]
+    caps = [tc.leading_cap(infl[i]) for i in t_idx]
     if kt and min(caps) < 1:
         return None
     xs = np.arange(X + 1)
-    g = np.zeros(X + 1, dtype=np.int64)
-    for cp in caps:
-        g += np.minimum(cp, xs)
+    g = np.minimum(np.array(caps, dtype=np.int64)[:, None], xs[None, :]).sum(axis=0) if kt else np.zeros(X + 1, dtype=np.int64)
     # choose the special stages' trunk layers on a grid: axis 0 = x0, axis 1 = xl, axis 2 = n
     x0 = np.arange(X + 1) if has_f else np.zeros(1, dtype=np.int64)
     xl = np.arange(X + 1) if has_l else np.zeros(1, dtype=np.int64)
@@ -662,13 +726,20 @@ def _trunk_counts(caps: list[int], mid: np.ndarray, xm: np.ndarray, *, front: bo
     """Trunk layers per trunk stage: one each, the rest filled up to min(cap, xm) from the back
     (later stages keep fewer microbatches in flight) or, with ``front``, from the front."""
     kt = len(caps)
-    counts = [np.ones_like(mid) for _ in range(kt)]
-    left = mid - kt
-    for i in (range(kt) if front else reversed(range(kt))):
-        add = np.clip(np.minimum(caps[i], xm) - 1, 0, None)
-        add = np.minimum(add, np.clip(left, 0, None))
-        counts[i] = counts[i] + add
-        left = left - add
+    if not kt:
+        return ()
+    # relaxspeed: all stages at once. Filling stage after stage in ``order``, stage i gets
+    # min(room_i, what is left) with room_i = max(min(cap_i, xm) − 1, 0), so the layers given before it are
+    # min(Σ_{j before i} room_j, L) with L = max(mid − kt, 0), and its share is min(room_i, max(L − Σ_{j before i} room_j, 0))
+    order = np.arange(kt) if front else np.arange(kt)[::-1]
+    cp = np.asarray(caps, dtype=np.int64)[order].reshape((kt,) + (1,) * np.ndim(mid))
+    room = np.clip(np.minimum(cp, xm) - 1, 0, None)
+    before = np.cumsum(room, axis=0) - room
+    add = np.minimum(room, np.clip(np.clip(mid - kt, 0, None) - before, 0, None))
+    ones = np.ones_like(mid)
+    counts: list[np.ndarray] = [ones] * kt
+    for k, i in enumerate(order.tolist()):
+        counts[i] = ones + add[k]
     return tuple(counts)
 
 
@@ -704,17 +775,7 @@ def _generic_fronts(sm: StageModel, start: int, end: int, s_max: int, d: int, m:
                     ) -> tuple[list[dict[int, list[tuple[float, float, float, int, int]]]], dict[tuple[int, int], float]]:
     """[I5]'s Pareto fronts front[r][lo] (suffixes [lo, end) in r stages) for r = 1..s_max, and the compute
     of every range."""
-    n = end - start
-    los, his = np.triu_indices(n + 1, 1)
-    los, his = los + start, his + start
-    comp = dict(zip(zip(los.tolist(), his.tolist()), sm.compute(los, his).tolist()))
-    so = dict(zip(zip(los.tolist(), his.tolist()), sm.first_tail(los, his).tolist()))
-    snd = dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist()))
-    fit: dict[tuple[int, int], float]
-    if sm.cfg.recompute:  # [C6r] the scalar path (its own float sums)
-        fit = {(lo, hi): sm.max_in_flight(lo, hi) for lo, hi in zip(los.tolist(), his.tolist())}
-    else:  # [C6] every range at once: the same largest count that fits (replan speed)
-        fit = dict(zip(zip(los.tolist(), his.tolist()), sm.max_in_flight_v(los, his).tolist()))
+    comp, so, snd, fit = _range_costs(sm, start, end)
     # front[r][l] = list of (T, S, sends, h, index into front[r-1][h])
     front: list[dict[int, list[tuple[float, float, float, int, int]]]] = [{}]
     front.append({lo: [(comp[(lo, end)], so[(lo, end)], 0.0, end, -1)]
@@ -722,6 +783,37 @@ def _generic_fronts(sm: StageModel, start: int, end: int, s_max: int, d: int, m:
     for r in range(2, s_max + 1):
         front.append(_extend(front[r - 1], r, start, end, d, m, comp, so, snd, fit))
     return front, comp
+
+
+RangeCosts = tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], dict[int, float],
+                   dict[tuple[int, int], float]]
+
+
+def _range_costs(sm: StageModel, start: int, end: int) -> RangeCosts:
+    """[I5]'s inputs for every sub-range [lo, hi) of [start, end): compute, first-stage tail, send out of
+    hi, most microbatches in flight. relaxspeed: each memoised by what it depends on (``StageModel``'s
+    keys), so splits of one microbatch size share the compute and memory tables (the dicts are shared:
+    read only)."""
+    n = end - start
+    los, his = np.triu_indices(n + 1, 1)
+    los, his = los + start, his + start
+    pairs = lambda: list(zip(los.tolist(), his.tolist()))  # noqa: E731
+    tabs = sm.tables
+    comp = memoised(tabs, ("range_compute", sm.key_compute, start, end),
+                    lambda: dict(zip(pairs(), sm.compute(los, his).tolist())))
+    so = memoised(tabs, ("range_tail", sm.key_ring, sm.cfg.dp, start, end),
+                  lambda: dict(zip(pairs(), sm.first_tail(los, his).tolist())))
+    snd = memoised(tabs, ("range_send", sm.key_ring, start, end),
+                   lambda: dict(zip(range(start + 1, end + 1), sm.send(np.arange(start + 1, end + 1)).tolist())))
+
+    def fits() -> dict[tuple[int, int], float]:
+        if sm.cfg.recompute:  # [C6r] the scalar path (its own float sums)
+            return {(lo, hi): sm.max_in_flight(lo, hi) for lo, hi in pairs()}
+        # [C6] every range at once: the same largest count that fits (replan speed)
+        return dict(zip(pairs(), sm.max_in_flight_v(los, his).tolist()))
+
+    fit = memoised(tabs, ("range_fit", sm.key_memory, start, end), fits)
+    return comp, so, snd, fit
 
 
 def _extend(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgopt.cost.pipeline import in_flight, occupancy_bounds, replay_bounds, search_windows, stage_fill, stage_line, weighted_time
-from hgopt.cost.tables import CostTables
+from hgopt.cost.tables import CostTables, memoised
 from hgopt.search.blocks import ArcTable, CheapBounds, LinkPolicy, arc_table, model_shape, role_geometry
 from hgopt.search.intra import StageModel, TrunkCosts, local_configs
 from hgopt.search.relax_count import count_bound
@@ -205,22 +205,21 @@ def _subset_dp(fills: np.ndarray, arcs: np.ndarray, N: int, ends: np.ndarray | N
     A = np.full((full, N + 1), INF)
     A[0, 0] = 0.0
     f1 = np.concatenate([np.full((C, 1), INF), fills], axis=1)  # f1[c, n] for n = 0..N (n=0 not allowed)
-    shifts = [_shift_matrix(f1[c], N) for c in range(C)]  # per cluster, not per subset
-    for X in range(1, full):
-        c = (X & -X).bit_length() - 1
-        prev = A[X ^ (1 << c)]
-        if not np.isfinite(prev).any():
-            continue
-        # min-plus convolution prev ⊕ f1[c]
-        A[X] = np.min(prev[None, :] + shifts[c], axis=1)
+    shifts = _shift_matrices(f1, N)  # per cluster, not per subset
+    # relaxspeed: the subsets of one size at once (each is built from the one without its lowest member,
+    # one smaller); the min-plus convolution prev ⊕ f1[c] of each, as before
+    layers, low = _subset_layers(C)
+    for X in layers:
+        Y = X ^ (1 << low[X])
+        A[X] = np.min(A[Y][:, None, :] + shifts[low[X]], axis=2)
     if firsts is not None:
         # A1[X]: the same with one member of X the first block (>= 0 trunk layers by firsts)
         A1 = np.full((full, N + 1), INF)
-        fshift = [_shift_matrix(firsts[c], N) for c in range(C)]
-        for X in range(1, full):
-            c = (X & -X).bit_length() - 1
+        fshift = _shift_matrices(firsts, N)
+        for X in layers:
+            c = low[X]
             Y = X ^ (1 << c)
-            A1[X] = np.minimum(np.min(A1[Y][None, :] + shifts[c], axis=1), np.min(A[Y][None, :] + fshift[c], axis=1))
+            A1[X] = np.minimum(np.min(A1[Y][:, None, :] + shifts[c], axis=2), np.min(A[Y][:, None, :] + fshift[c], axis=2))
         A = A1
     if ends is not None:
         H = _paths_to(arcs, C)
@@ -245,6 +244,24 @@ def _shift_matrix(f: np.ndarray, N: int) -> np.ndarray:
     return np.where(idx >= 0, f[np.clip(idx, 0, N)], INF)
 
 
+def _shift_matrices(f: np.ndarray, N: int) -> np.ndarray:
+    """``_shift_matrix`` of every row of ``f`` (C, N + 1) at once: (C, N + 1, N + 1)."""
+    idx = np.arange(N + 1)[:, None] - np.arange(N + 1)[None, :]
+    return np.where(idx[None] >= 0, f[:, np.clip(idx, 0, N)], INF)
+
+
+def _subset_layers(C: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """relaxspeed: the non-empty subsets of C clusters grouped by size (ascending), and each subset's
+    lowest member."""
+    X = np.arange(1, 1 << C)
+    size = np.zeros(len(X), dtype=np.int64)
+    for c in range(C):
+        size += (X >> c) & 1
+    low = np.zeros(1 << C, dtype=np.int64)
+    low[1:] = np.log2(X & -X).astype(np.int64)
+    return [X[size == k] for k in range(1, C + 1)], low
+
+
 def _paths(arcs: np.ndarray, C: int) -> np.ndarray:
     """Held-Karp: P[X] = cheapest Hamiltonian path through the clusters of X (0 for one cluster)."""
     return _paths_to(arcs, C).min(axis=1)
@@ -256,17 +273,13 @@ def _paths_to(arcs: np.ndarray, C: int) -> np.ndarray:
     H = np.full((full, C), INF)
     for c in range(C):
         H[1 << c, c] = 0.0
-    for X in range(1, full):
-        row = H[X]
-        if not np.isfinite(row).any():
-            continue
-        for u in range(C):
-            if X >> u & 1:
-                continue
-            best = np.min(row + arcs[:, u])
-            Y = X | (1 << u)
-            if best < H[Y, u]:
-                H[Y, u] = best
+    # relaxspeed: the subsets of one size at once, every u outside them at once: the path through X ending at
+    # e, then the arc e -> u (the same sums, the same least value per (X | u, u))
+    us = np.arange(C)
+    for X in _subset_layers(C)[0][:-1]:
+        best = np.min(H[X][:, :, None] + arcs[None, :, :], axis=1)  # best[x, u] = min_e H[X_x, e] + arcs[e, u]
+        xi, ui = np.nonzero(((X[:, None] >> us[None, :]) & 1) == 0)
+        np.minimum.at(H, (X[xi] | (1 << ui), ui), best[xi, ui])
     return H
 
 
@@ -298,7 +311,7 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
                 continue
             sm = StageModel(instance, tables, c, cfg, replicas)
             for l in extra:
-                extra[l] = min(extra[l], float(sm.compute(np.array([l]), np.array([l + 1]))[0]))
+                extra[l] = min(extra[l], float(sm.compute_memo(np.array([l]), np.array([l + 1]))[0]))
             tc = TrunkCosts(sm, geo, N)
             lat = c.inter_node.latency_s if occupancy_bounds() else 0.0  # [C3c] closed8
             t, f = _trunk_rows(tc, min(budget // cfg.gpus, N), m, lat)
@@ -307,17 +320,17 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
             xs = np.arange(N + 1)  # gaps2 [R1e]: the suffix (prefix) and x = 0..N trunk layers in one stage
             if shape.q:
                 lo, hi = L - shape.q - xs, np.full_like(xs, L)
-                te, fe = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
+                te, fe = _end_rows(tc, sm.compute_memo(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 1, lat)
                 ends_t.append(te), ends_n.append(np.arange(1, len(te) + 1, dtype=float))
                 ends_f.append(fe + _at_config(sm, L - shape.q, L))  # gaps4 [R1c]
-                sc_e.append(np.repeat(sm.compute(lo, hi)[None, :], len(te), axis=0))
+                sc_e.append(np.repeat(sm.compute_memo(lo, hi)[None, :], len(te), axis=0))
                 sd_e.append(np.full(len(te), tc.t_send))
             if shape.p:
                 lo, hi = np.zeros_like(xs), shape.p + xs
-                tb, fb = _end_rows(tc, sm.compute(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
+                tb, fb = _end_rows(tc, sm.compute_memo(lo, hi), sm.max_in_flight_v(lo, hi), min(budget // cfg.gpus, N + 1), m, 0, lat)
                 firsts_t.append(tb), firsts_n.append(np.arange(1, len(tb) + 1, dtype=float))
                 firsts_f.append(fb + _at_config(sm, 0, shape.p))  # gaps4 [R1c]
-                sc_b.append(np.repeat(sm.compute(lo, hi)[None, :], len(tb), axis=0))
+                sc_b.append(np.repeat(sm.compute_memo(lo, hi)[None, :], len(tb), axis=0))
                 sd_b.append(np.full(len(tb), tc.t_send))
                 tl, caps = _first_tail_rows(tc, sm, lo, hi, len(tb), m)
                 firsts_tail.append(np.repeat(tl[None, :], len(tb), axis=0))
@@ -370,33 +383,54 @@ def relax_split(instance: Instance, tables: CostTables, *, replicas: int, microb
 def _trunk_rows(tc: TrunkCosts, s_max: int, m: int, latency: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """[R1] For s = 1..s_max stages of n = 1..N trunk layers, at the most permissive memory (stage at
     distance r keeps min(r, m) microbatches): the least largest stage (so least bottleneck and tail;
-    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send."""
+    a send counts by its occupancy, less ``latency`` [C3b]), and the fill n·t1 + 2(s−1)·send.
+    relaxspeed: the send-free part (``_trunk_compute_rows``) is memoised by the config's compute and
+    memory key, so clusters of one GPU type and splits of one microbatch size share it."""
     N = tc.xmax
-    km = tc.kmax("t")
-    xs = np.arange(N + 1)
-    caps = []
-    for r in range(1, s_max + 1):
-        ok = km[1:] >= in_flight(r, 0, m)
-        bad = np.flatnonzero(~ok)
-        caps.append(int(bad[0]) if bad.size else N)
-    caps_a = np.array(caps)
-    G = np.cumsum(np.minimum(caps_a[:, None], xs[None, :]), axis=0)  # G[s-1, x]
+    caps = _trunk_caps(tc, s_max, m)
+    key = ("relax_trunk_rows", tc.sm.key_memory, tc.geo.t0, N, caps.tobytes())
+    comp, ok = memoised(tc.sm.tables, key, lambda: _trunk_compute_rows(tc, caps))
     n = np.arange(1, N + 1)
-    T = np.full((s_max, N), INF)
-    F = np.full((s_max, N), INF)
+    sends = np.arange(s_max)[:, None] * tc.t_send  # (s − 1)·send per row
+    send_pace = max(tc.t_send - latency, 0.0)
+    t = comp.copy()
+    t[1:] = np.maximum(comp[1:], send_pace)
+    T = np.where(ok, t, INF)
+    F = np.where(ok, stage_fill(tc.t_comp[n][None, :], sends, sends), INF)
+    return T, F
+
+
+def _trunk_caps(tc: TrunkCosts, s_max: int, m: int) -> np.ndarray:
+    """``_caps`` of the trunk stages of ``tc``'s config, memoised by its memory key."""
+    return memoised(tc.sm.tables, ("relax_caps", tc.sm.key_memory, tc.geo.t0, tc.xmax, s_max, m),
+                    lambda: _caps(tc.kmax("t"), s_max, m, tc.xmax))
+
+
+def _caps(km: np.ndarray, s_max: int, m: int, N: int) -> np.ndarray:
+    """Per distance r = 1..s_max from the pipeline's end: the most trunk layers x such that stages of
+    1..x layers all keep in_flight(r, 0, m) microbatches ([C6], ``km``: most in flight per x); N when all do."""
+    need = np.asarray(in_flight(np.arange(1, s_max + 1), 0, m))
+    bad = ~(km[1:][None, :] >= need[:, None])
+    return np.where(bad.any(axis=1), bad.argmax(axis=1), N).astype(np.int64)
+
+
+def _trunk_compute_rows(tc: TrunkCosts, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_trunk_rows`` without sends: per s (rows) and n = 1..N, the compute of the largest stage when the
+    s stages (memory caps ``caps`` by distance) hold n trunk layers, and whether they can."""
+    N = tc.xmax
+    s_max = len(caps)
+    xs = np.arange(N + 1)
+    G = np.cumsum(np.minimum(caps[:, None], xs[None, :]), axis=0)  # G[s-1, x]
+    n = np.arange(1, N + 1)
+    comp = np.zeros((s_max, N))
+    ok = np.zeros((s_max, N), dtype=bool)
     for si in range(s_max):
-        s = si + 1
-        if caps_a[si] < 1:
+        if caps[si] < 1:
             break  # caps shrink with distance: no deeper pipeline fits either
         xm = np.searchsorted(G[si], n, side="left")
-        ok = (xm <= N) & (n >= s)
-        xm = np.minimum(xm, N)
-        t = tc.t_comp[xm]
-        if s >= 2:
-            t = np.maximum(t, max(tc.t_send - latency, 0.0))
-        T[si] = np.where(ok, t, INF)
-        F[si] = np.where(ok, stage_fill(tc.t_comp[n], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
-    return T, F
+        ok[si] = (xm <= N) & (n >= si + 1)
+        comp[si] = tc.t_comp[np.minimum(xm, N)]
+    return comp, ok
 
 
 def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndarray, s_max: int,
@@ -407,12 +441,11 @@ def _first_tail_rows(tc: TrunkCosts, sm: StageModel, lo: np.ndarray, hi: np.ndar
     with shift 0), 0-padded to s_max − 1 columns."""
     tail = sm.first_tail(lo, hi, monotone=True)
     tail = np.minimum.accumulate(tail[::-1])[::-1]
-    N = tc.xmax
-    km = tc.kmax("t")
     caps = np.zeros((s_max, max(s_max - 1, 1)), dtype=np.int64)
-    for r in range(1, s_max):
-        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
-        caps[r:, r - 1] = int(bad[0]) if bad.size else N  # rows s >= r + 1 have a stage at distance r
+    if s_max > 1:
+        r = np.arange(1, s_max)  # distance r: rows s >= r + 1 (index >= r) have a stage there
+        caps[:, : s_max - 1] = np.where(np.arange(s_max)[:, None] >= r[None, :],
+                                        _trunk_caps(tc, s_max - 1, m)[None, :], 0)
     return tail, caps
 
 
@@ -426,7 +459,12 @@ def _pad_rows(blocks: list[np.ndarray]) -> np.ndarray:
     if not blocks:
         return np.zeros((0, 1), dtype=np.int64)
     w = max(b.shape[1] for b in blocks)
-    return np.concatenate([np.pad(b, ((0, 0), (0, w - b.shape[1]))) for b in blocks])
+    out = np.zeros((sum(b.shape[0] for b in blocks), w), dtype=np.result_type(*blocks))
+    i = 0
+    for b in blocks:
+        out[i: i + b.shape[0], : b.shape[1]] = b
+        i += b.shape[0]
+    return out
 
 
 def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m: int,
@@ -438,34 +476,36 @@ def _end_rows(tc: TrunkCosts, comp: np.ndarray, kmax: np.ndarray, s_max: int, m:
     distances 1 + shift .. s − 1 + shift from the pipeline's end (the last block's are 2..s; the first
     block's are at least 1..s − 1); the least largest stage (and the intra-cluster send for s >= 2),
     and the fill of the n trunk layers and the 2(s − 1) sends, as [R1]. Every block that holds the
-    suffix (prefix) is one of these, so the rows bound it."""
+    suffix (prefix) is one of these, so the rows bound it. relaxspeed: the send-free part
+    (``_end_compute_rows``, all s at once) is memoised by the config's compute and memory key."""
     N = tc.xmax
-    km = tc.kmax("t")
     xs = np.arange(N + 1)
-    caps = []
-    for r in range(1, s_max + 1):
-        bad = np.flatnonzero(~(km[1:] >= in_flight(r, 0, m)))  # distance r
-        caps.append(int(bad[0]) if bad.size else N)
+    caps = _trunk_caps(tc, s_max, m)
     head = np.where(kmax >= in_flight(1, 0, m), comp, INF)  # (N + 1,) the special stage with x trunk layers
+    key = ("relax_end_rows", tc.sm.key_memory, tc.geo.t0, N, shift, caps.tobytes(), head.tobytes())
+    t0 = memoised(tc.sm.tables, key, lambda: _end_compute_rows(tc.t_comp, head, caps, shift, N))
+    t = t0.copy()
+    t[1:] = np.maximum(t0[1:], max(tc.t_send - latency, 0.0))  # a send counts by its occupancy, less ``latency`` [C3b]
+    sends = np.arange(s_max)[:, None] * tc.t_send  # (s − 1)·send per row
+    F = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs][None, :], sends, sends), INF)
+    return t, F
+
+
+def _end_compute_rows(t_comp: np.ndarray, head: np.ndarray, caps: np.ndarray, shift: int, N: int) -> np.ndarray:
+    """``_end_rows`` without sends, every s at once: T[s − 1, n] = min over x <= n of max(head[x], the
+    largest of s − 1 trunk stages holding n − x layers under the caps at distances 1 + shift ..)."""
+    s_max = len(caps)
+    xs = np.arange(N + 1)
+    rest = np.full((s_max, N + 1), INF)
+    rest[0] = np.where(xs == 0, 0.0, INF)
+    if s_max > 1:
+        G = np.cumsum(np.minimum(caps[shift: shift + s_max - 1][:, None], xs[None, :]), axis=0).astype(float)
+        for si in range(1, s_max):  # capacity of the s − 1 trunk stages
+            xm = np.searchsorted(G[si - 1], xs, side="left")
+            rest[si] = np.where((xm <= N) & (xs >= si), t_comp[np.minimum(xm, N)], INF)
     idx = xs[:, None] - xs[None, :]  # idx[n, x] = n − x: trunk layers left for the other stages
-    T = np.full((s_max, N + 1), INF)
-    F = np.full((s_max, N + 1), INF)
-    G = np.zeros(N + 1)
-    for si in range(s_max):
-        s = si + 1
-        if s == 1:
-            rest = np.where(xs == 0, 0.0, INF)
-        else:
-            G = G + np.minimum(caps[s - 2 + shift], xs)  # capacity of the trunk stages
-            xm = np.searchsorted(G, xs, side="left")
-            rest = np.where((xm <= N) & (xs >= s - 1), tc.t_comp[np.minimum(xm, N)], INF)
-        both = np.where(idx >= 0, np.maximum(head[None, :], rest[np.clip(idx, 0, N)]), INF)
-        t = both.min(axis=1)
-        if s >= 2:  # a send counts by its occupancy, less ``latency`` [C3b], as in [R1]
-            t = np.maximum(t, max(tc.t_send - latency, 0.0))
-        T[si] = t
-        F[si] = np.where(np.isfinite(t), stage_fill(tc.t_comp[xs], (s - 1) * tc.t_send, (s - 1) * tc.t_send), INF)
-    return T, F
+    both = np.where(idx[None] >= 0, np.maximum(head[None, None, :], rest[:, np.clip(idx, 0, N)]), INF)
+    return both.min(axis=2)
 
 
 def split_bound(rs: RelaxedSplit, cheap: CheapBounds, *, target: float, single: float, deadline: float = INF,
