@@ -1,10 +1,12 @@
 """relaxspeed: the relaxation's tables, the one-cluster bound [R0], the cheap bound [B4] and the block
-options [B1] are bit-identical to what the code before the speed-up (commit 696958f) computed.
+options [B1] are bit-identical to what the code before the speed-up (commit 696958f) computed (the snapshot was first written on 696958f; re-written by the lead on 76dc932, the integration tree
+just before relaxspeed's merge, i.e. with closed8's, replay3's and gaps4's changes of round 8 and without the
+speed-up).
 
 The reference values in ``tests/relax_speed_snapshot.json`` were written by the OLD code path, with
 this file copied into a ``git archive 696958f`` tree:
 
-    git archive 696958f | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/
+    git archive 76dc932 | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/
     cd /tmp/old && PYTHONPATH=$PWD .venv/bin/python -m tests.test_relax_speed --write SNAPSHOT.json
 
 Floats are stored as ``repr`` (exact), block options as a SHA-256 of their canonical repr (every field,
@@ -37,7 +39,7 @@ from hgopt.search.blocks import Window, arc_table, block_options, cheap_bounds, 
 from hgopt.search.milp import WIDEN, _best_single, batch_splits, link_policy, milp_composition
 from hgopt.search.relax import relax_split, split_bound
 
-COMMAND = ("git archive 696958f | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/ && cd /tmp/old && "
+COMMAND = ("git archive 76dc932 | tar -x -C /tmp/old && cp tests/test_relax_speed.py /tmp/old/tests/ && cd /tmp/old && "
            "PYTHONPATH=$PWD .venv/bin/python -m tests.test_relax_speed --write SNAPSHOT.json")
 SNAPSHOT = Path(__file__).with_name("relax_speed_snapshot.json")
 CASES = {  # instance: (split indices in batch_splits order, indices whose block options are checked)
