@@ -89,8 +89,7 @@ def test_the_stand_in_is_evaluated_once_and_its_time_is_evaluates(monkeypatch: p
     assert res.plan is not None and res.plan.planner == "uniform" and dict(res.plan.meta)["status"] == "feasible"
     ev = evaluate(res.plan, inst)
     assert ev.feasible and res.iteration_time_s == ev.iteration_time_s
-    assert len(calls) == 1  # the stand-in itself (before: quick_plan's and at_deadline's, both of the same plan)
-    assert calls[-1].pipelines == res.plan.pipelines  # type: ignore[attr-defined]
+    assert not calls  # the grid search's evaluate of it is reused (before: quick_plan's and at_deadline's, two more)
     assert any("uniform baseline" in n for n in res.notes)
 
 
@@ -98,3 +97,53 @@ def test_no_grid_no_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(uniform, "search_grid", lambda *a, **k: None)
     plan, notes, t = stand_in(load_instance("sailor-geo-5x32"))
     assert plan is None and math.isinf(t) and "no feasible plan" in notes[0]
+
+
+def _waiting_planner(report_plan: bool):  # type: ignore[no-untyped-def]
+    """A search that (optionally) reports an incumbent, then waits for the stop (at most WAIT_S):
+    its result says whether it saw one."""
+    import time
+
+    from tests.factories import tiny_instance
+
+    def planner(instance, options):  # type: ignore[no-untyped-def]
+        assert options.progress is not None
+        plan = None
+        if report_plan:
+            plan, _, _ = stand_in(tiny_instance())
+            options.progress.report("heuristic", plan=plan)
+        for _ in range(int(WAIT_S / 0.01)):
+            if options.progress.stop_requested():
+                break
+            time.sleep(0.01)
+        return PlanResult(planner="fake", status="heuristic" if plan else "interrupted", plan=plan,
+                          notes=("saw the stop",) if options.progress.stop_is_set() else ())
+    return planner
+
+
+WAIT_S = 3.0  # only reached when the stop never comes (the test then fails on its note)
+
+
+@pytest.mark.parametrize("report_plan", [False, True])
+def test_without_an_incumbent_the_stop_comes_the_stand_ins_time_early(report_plan: bool) -> None:
+    """The fake clock stands 5 s before ``stop_at`` with ``stand_in_s`` = 10: a search with no
+    incumbent is stopped (and gets the stand-in), one with an incumbent is left to its end."""
+    from hgopt.commands._search import run_planner
+    from hgopt.search import PlanOptions
+    from tests.factories import FakeClock, tiny_instance
+
+    clock = FakeClock(95.0)
+    res = run_planner("fake", _waiting_planner(report_plan), tiny_instance(), PlanOptions(time_limit_s=5.0),
+                      Progress("fake"), stop_at=100.0, stand_in_s=10.0, clock=clock, grace_s=WAIT_S + 5)
+    stopped = any("deadline" in n for n in res.notes)
+    assert stopped is (not report_plan)
+    if not report_plan:
+        assert res.plan is not None and res.plan.planner == "uniform"
+
+
+def test_the_reserve_grows_with_the_gpus_and_the_slowdown() -> None:
+    small, big = load_instance("default"), load_instance("scale-64r-16384-gpt175b")
+    from hgopt.commands._search import STAND_IN_CPU_S, stand_in_reserve_s
+
+    assert stand_in_reserve_s(small) < stand_in_reserve_s(big) == pytest.approx(STAND_IN_CPU_S[0] + STAND_IN_CPU_S[1] * 16384)
+    assert stand_in_reserve_s(big, 4.0) == pytest.approx(4.0 * stand_in_reserve_s(big))

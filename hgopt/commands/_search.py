@@ -32,7 +32,8 @@ from hgopt.progress import Progress
 from hgopt.search import Planner, PlanOptions, PlanResult
 
 __all__ = ["EXIT_CODES", "QUICK_PLANNER", "SEARCH_THREAD", "SearchInterrupted", "at_deadline", "exit_code",
-           "exit_past_searches", "quick_plan", "run_planner", "searches_left", "stand_in"]
+           "exit_past_searches", "quick_plan", "run_planner", "searches_left", "stand_in",
+           "stand_in_reserve_s"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def exit_code(progress: Progress) -> int | None:
 def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
                 *, grace_s: float = 5.0, stop_at: float | None = None, stop_grace_s: float = 1.0,
                 clock: Callable[[], float] = time.monotonic, fallback: bool = True,
-                give_up_at: float | None = None) -> PlanResult:
+                give_up_at: float | None = None, stand_in_s: float = 0.0) -> PlanResult:
     """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag).
     deadline: at ``stop_at`` (a ``clock()`` reading) the search is asked to stop as a signal would, and
     given ``stop_grace_s`` to return before its last reported incumbent is taken; the result keeps
@@ -99,7 +100,9 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan.
     ``give_up_at`` (deadline2, a ``clock()`` reading): after a deadline stop, wait for the search until
     then instead of ``stop_grace_s`` (compare: a planner stopped at the end of its slot may finish
-    in the time of the later ones, up to the command's own stop)."""
+    in the time of the later ones, up to the command's own stop). ``stand_in_s`` (deadline4): while
+    the search has reported no plan, the stop comes that many seconds before ``stop_at`` (the time
+    :func:`stand_in` will take after it; :func:`stand_in_reserve_s`)."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
     by_deadline = False
@@ -125,7 +128,9 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             waited_after_stop = 0.0
             while worker.is_alive():
                 worker.join(0.1)
-                if stop_at is not None and not progress.stop_is_set() and clock() >= stop_at:  # deadline
+                due = stop_at if stop_at is None or not stand_in_s or progress.state().plan is not None \
+                    else stop_at - stand_in_s  # deadline4: no incumbent yet: leave the stand-in its time
+                if due is not None and not progress.stop_is_set() and clock() >= due:  # deadline
                     log.warning("hgopt: the command's deadline is near: stopping the search, keeping its best plan")
                     progress.request_stop()
                     by_deadline = True
@@ -221,6 +226,19 @@ QUICK_PLANNER = "uniform"
 a CPU second even on 1024 GPUs: every cluster's GPUs as equal pipeline stages)."""
 
 
+STAND_IN_CPU_S = (0.1, 2.0e-5)
+"""deadline4: CPU seconds :func:`stand_in` takes, fixed + per GPU of the instance (measured after
+deadline4's changes, unloaded, 2-core development machine: scale-64r's 16384 GPUs 0.42 s,
+scale-16r's 4096 0.12 s, default 0.08 s, sailor-geo-5x128 0.04 s: ``bench/stand_in_cost.py``)."""
+
+
+def stand_in_reserve_s(instance: Any, slowdown: float = 1.0) -> float:
+    """deadline4: wall seconds to keep for :func:`stand_in` on ``instance`` at ``slowdown``
+    (``Deadline.slowdown``): ``STAND_IN_CPU_S`` stretched by it."""
+    fixed, per_gpu = STAND_IN_CPU_S
+    return (fixed + per_gpu * sum(c.num_gpus for c in instance.topology.clusters)) * slowdown
+
+
 QUICK_PLAN_S = 0.05
 """deadline2: the uniform baseline's time limit in :func:`quick_plan`: it keeps the first feasible grid
 of the largest ones once this is spent (sailor-geo-5x80: 0.03 CPU s instead of 1.0 s for all 48
@@ -238,17 +256,18 @@ def quick_plan(instance: Any) -> tuple[Plan | None, tuple[str, ...]]:
 def stand_in(instance: Any) -> tuple[Plan | None, tuple[str, ...], float]:
     """deadline4: :func:`quick_plan` and the stand-in's iteration time by ``evaluate`` (inf without
     one), evaluated once: the callers no longer evaluate it again. The plan is the uniform grid
-    search's own (``plan_uniform`` under ``QUICK_PLAN_S``: one ``evaluate`` of one finalist), without
+    search's own (``plan_uniform`` under ``QUICK_PLAN_S``: one ``evaluate`` of one finalist, reused here), without
     the registry's [C7o] bucket choice and its two more ``evaluate`` runs (the grid's 25 MiB default
     buckets stand): on scale-64r's 16384 GPUs one ``evaluate`` is ~0.2 CPU s, and at a fifth of a core
     each cost a second of the deadline's wall time."""
     from hgopt.search.baselines.uniform import plan_uniform
 
+    scores: dict[Plan, Any] = {}
     try:
-        plan = plan_uniform(instance, time_limit_s=QUICK_PLAN_S)
+        plan = plan_uniform(instance, time_limit_s=QUICK_PLAN_S, scores=scores)
     except Exception as exc:  # noqa: BLE001 - a fallback: its failure must not hide the interruption
         return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline failed: {exc}",), math.inf
-    ev = evaluate(plan, instance) if plan is not None else None
+    ev = (scores.get(plan) or evaluate(plan, instance)) if plan is not None else None
     if plan is None or ev is None or not ev.feasible:
         return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline has no feasible plan either",), math.inf
     plan = dataclasses.replace(plan, meta=(*plan.meta, ("status", "interrupted")))

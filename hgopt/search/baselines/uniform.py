@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from hgopt.cost import evaluate
+from hgopt.cost import Evaluation, evaluate
 from hgopt.cost.memory import stage_memory_parts
 from hgopt.cost.pipeline import in_flight
 from hgopt.cost.tables import CostTables, build_tables
@@ -57,15 +57,17 @@ class GridConfig:
 
 
 def plan_uniform(
-    instance: Instance, *, tables: CostTables | None = None, time_limit_s: float | None = None
+    instance: Instance, *, tables: CostTables | None = None, time_limit_s: float | None = None,
+    scores: dict[Plan, Evaluation] | None = None,
 ) -> Plan | None:
     """The best homogeneous PP×TP×DP grid on the largest set of GPUs where one fits (``None``: no
-    grid fits at all)."""
+    grid fits at all). ``scores`` (deadline4): filled with the ``evaluate`` of every grid scored."""
     tables = tables or build_tables(instance)
     layout = block_layout(instance)
     pps = tuple(p for p in range(1, layout.blocks + 1) if layout.blocks % p == 0)
     tps = tuple(sorted({t for c in instance.topology.clusters for t in instance.model.tps(c.gpu)}))
-    return search_grid(instance, tables, pps=pps, tps=tps, zeros=(0, 1), planner="uniform", time_limit_s=time_limit_s)
+    return search_grid(instance, tables, pps=pps, tps=tps, zeros=(0, 1), planner="uniform", time_limit_s=time_limit_s,
+                       scores=scores)
 
 
 def search_grid(
@@ -77,9 +79,10 @@ def search_grid(
     zeros: Sequence[int],
     planner: str,
     time_limit_s: float | None = None,
+    scores: dict[Plan, Evaluation] | None = None,
 ) -> Plan | None:
     """Enumerate grids, keep those on the most GPUs (then without ZeRO if possible) and return the
-    one ``evaluate`` scores best."""
+    one ``evaluate`` scores best (``scores``: every finalist's evaluation, by plan)."""
     budget = Budget(time_limit_s)
     found: list[tuple[GridConfig, tuple[Cluster, ...]]] = []
     shards: dict[tuple[object, ...], float] = {}  # deadline4: _needs_shards per GPU type, shared by the zeros
@@ -100,6 +103,8 @@ def search_grid(
     for cfg, clusters in finalists:
         plan = grid_plan(instance, cfg, clusters, planner=planner)
         ev = evaluate(plan, instance, tables)
+        if scores is not None:
+            scores[plan] = ev
         if ev.feasible and (best is None or ev.iteration_time_s < best[0]):
             best = (ev.iteration_time_s, plan)
         if budget.exhausted() and best is not None:
