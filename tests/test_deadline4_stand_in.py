@@ -104,13 +104,10 @@ def _waiting_planner(report_plan: bool):  # type: ignore[no-untyped-def]
     its result says whether it saw one."""
     import time
 
-    from tests.factories import tiny_instance
-
     def planner(instance, options):  # type: ignore[no-untyped-def]
         assert options.progress is not None
-        plan = None
-        if report_plan:
-            plan, _, _ = stand_in(tiny_instance())
+        plan = uniform.plan_uniform(instance) if report_plan else None
+        if plan is not None:
             options.progress.report("heuristic", plan=plan)
         for _ in range(int(WAIT_S / 0.01)):
             if options.progress.stop_requested():
@@ -121,24 +118,38 @@ def _waiting_planner(report_plan: bool):  # type: ignore[no-untyped-def]
     return planner
 
 
-WAIT_S = 3.0  # only reached when the stop never comes (the test then fails on its note)
+WAIT_S = 3.0  # only reached when nothing stops the search (the incumbent case, and a broken stop)
 
 
 @pytest.mark.parametrize("report_plan", [False, True])
-def test_without_an_incumbent_the_stop_comes_the_stand_ins_time_early(report_plan: bool) -> None:
+def test_without_an_incumbent_the_stand_in_is_made_before_the_stop(report_plan: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake clock stands 5 s before ``stop_at`` with ``stand_in_s`` = 10: a search with no
-    incumbent is stopped (and gets the stand-in), one with an incumbent is left to its end."""
+    incumbent gets the stand-in made then (once: the clock moves to the stop only when it is made,
+    and the deadline path takes it instead of making another); one with an incumbent gets none."""
     from hgopt.commands._search import run_planner
     from hgopt.search import PlanOptions
     from tests.factories import FakeClock, tiny_instance
 
     clock = FakeClock(95.0)
+    made: list[object] = []
+    real = search_mod.stand_in
+
+    def counted(instance):  # type: ignore[no-untyped-def]
+        made.append(instance)
+        clock.now = 100.0  # the stop is due right after it
+        return real(instance)
+
+    monkeypatch.setattr(search_mod, "stand_in", counted)
     res = run_planner("fake", _waiting_planner(report_plan), tiny_instance(), PlanOptions(time_limit_s=5.0),
                       Progress("fake"), stop_at=100.0, stand_in_s=10.0, clock=clock, grace_s=WAIT_S + 5)
-    stopped = any("deadline" in n for n in res.notes)
-    assert stopped is (not report_plan)
-    if not report_plan:
-        assert res.plan is not None and res.plan.planner == "uniform"
+    if report_plan:
+        assert not made and res.plan is not None and res.plan.planner == "uniform" and res.status == "heuristic"
+        assert not any("deadline" in n for n in res.notes)
+    else:
+        assert len(made) == 1 and res.plan is not None and res.plan.planner == "uniform"
+        assert any("deadline" in n for n in res.notes) and any("uniform baseline" in n for n in res.notes)
+        assert res.iteration_time_s == evaluate(res.plan, tiny_instance()).iteration_time_s
 
 
 def test_the_reserve_grows_with_the_gpus_and_the_slowdown() -> None:

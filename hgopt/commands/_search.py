@@ -100,9 +100,10 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan.
     ``give_up_at`` (deadline2, a ``clock()`` reading): after a deadline stop, wait for the search until
     then instead of ``stop_grace_s`` (compare: a planner stopped at the end of its slot may finish
-    in the time of the later ones, up to the command's own stop). ``stand_in_s`` (deadline4): while
-    the search has reported no plan, the stop comes that many seconds before ``stop_at`` (the time
-    :func:`stand_in` will take after it; :func:`stand_in_reserve_s`)."""
+    in the time of the later ones, up to the command's own stop). ``stand_in_s`` (deadline4): when the
+    search has reported no plan ``stand_in_s`` before ``stop_at`` (:func:`stand_in_reserve_s`), the
+    stand-in is made then, beside the search (which keeps running and may still report one), so that
+    after the stop only the command's own phases are left."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
     by_deadline = False
@@ -120,6 +121,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                     signal.Signals(signum).name)
         progress.request_stop(signum)
 
+    ready: list[tuple[Plan | None, tuple[str, ...], float]] = []  # deadline4: the stand-in, made before the stop
     worker = threading.Thread(target=work, name=f"{SEARCH_THREAD}{name}", daemon=True)
     saved = _install(on_signal)
     try:
@@ -128,9 +130,10 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             waited_after_stop = 0.0
             while worker.is_alive():
                 worker.join(0.1)
-                due = stop_at if stop_at is None or not stand_in_s or progress.state().plan is not None \
-                    else stop_at - stand_in_s  # deadline4: no incumbent yet: leave the stand-in its time
-                if due is not None and not progress.stop_is_set() and clock() >= due:  # deadline
+                if (stand_in_s and fallback and stop_at is not None and not ready and not progress.stop_is_set()
+                        and clock() >= stop_at - stand_in_s and progress.state().plan is None):
+                    ready.append(stand_in(instance))  # deadline4: no incumbent yet: the stand-in now, beside the search
+                if stop_at is not None and not progress.stop_is_set() and clock() >= stop_at:  # deadline
                     log.warning("hgopt: the command's deadline is near: stopping the search, keeping its best plan")
                     progress.request_stop()
                     by_deadline = True
@@ -147,7 +150,8 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                                     "incumbent it last reported", grace)
                         progress.park(worker)  # deadline2: it stops competing for the interpreter
                         deadline_stop = by_deadline and progress.signal is None
-                        snap = _from_snapshot(name, instance, progress, fallback or not deadline_stop)
+                        snap = _from_snapshot(name, instance, progress, fallback or not deadline_stop,
+                                              pre=ready[0] if ready else None)
                         return at_deadline(snap, progress, instance, fallback) if deadline_stop else snap
     finally:
         _restore(saved)
@@ -155,7 +159,8 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
         raise box["error"]
     res: PlanResult = box["result"]
     if by_deadline and progress.signal is None:  # deadline3: one that never saw the stop finished on its own
-        return at_deadline(res, progress, instance, fallback) if progress.stop_seen() else res
+        return at_deadline(res, progress, instance, fallback, pre=ready[0] if ready else None) \
+            if progress.stop_seen() else res
     if progress.stop_is_set():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
@@ -165,7 +170,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"),
                                                    ("status", "interrupted")))
         else:
-            plan, quick, t_quick = stand_in(instance)
+            plan, quick, t_quick = ready[0] if ready else stand_in(instance)
         solver = res.solver
         if "certified" in solver:  # the milp's words for "no MILP needed": untrue when it was stopped first
             solver = "none (stopped before any MILP was solved)"
@@ -178,13 +183,15 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     return res
 
 
-def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bool = True) -> PlanResult:
+def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bool = True, *,
+                pre: tuple[Plan | None, tuple[str, ...], float] | None = None) -> PlanResult:
     """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
     ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
-    ``heuristic`` without; the solver words that claim a certificate are dropped."""
+    ``heuristic`` without; the solver words that claim a certificate are dropped. ``pre`` (deadline4):
+    :func:`stand_in`'s answer when it was made before the stop."""
     quick: tuple[str, ...] = ()
     if fallback and res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
-        plan0, quick, t0 = stand_in(instance)
+        plan0, quick, t0 = pre or stand_in(instance)
         if plan0 is not None:
             res = dataclasses.replace(res, plan=plan0, iteration_time_s=t0)
     status = res.status
@@ -202,7 +209,8 @@ def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bo
     return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes, *quick))
 
 
-def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool = True) -> PlanResult:
+def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool = True, *,
+                   pre: tuple[Plan | None, tuple[str, ...], float] | None = None) -> PlanResult:
     st = progress.state()
     plan = st.plan if isinstance(st.plan, Plan) else None
     notes: tuple[str, ...] = ()
@@ -212,7 +220,7 @@ def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool 
                                    meta=(*plan.meta, ("status", "interrupted")))
         t = evaluate(plan, instance).iteration_time_s
     elif fallback:
-        plan, notes, t = stand_in(instance)  # deadline4: evaluated once, there
+        plan, notes, t = pre or stand_in(instance)  # deadline4: evaluated once, there
     sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
     bound = st.bound_s if st.bound_s is not None and math.isfinite(st.bound_s) else None
     return PlanResult(planner=name.partition(":")[0], status="interrupted", plan=plan,
