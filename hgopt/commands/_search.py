@@ -32,7 +32,8 @@ from hgopt.progress import Progress
 from hgopt.search import Planner, PlanOptions, PlanResult
 
 __all__ = ["EXIT_CODES", "QUICK_PLANNER", "SEARCH_THREAD", "SearchInterrupted", "at_deadline", "exit_code",
-           "exit_past_searches", "quick_plan", "run_planner", "searches_left"]
+           "exit_past_searches", "quick_plan", "run_planner", "searches_left", "stand_in",
+           "stand_in_reserve_s"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def exit_code(progress: Progress) -> int | None:
 def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions, progress: Progress,
                 *, grace_s: float = 5.0, stop_at: float | None = None, stop_grace_s: float = 1.0,
                 clock: Callable[[], float] = time.monotonic, fallback: bool = True,
-                give_up_at: float | None = None) -> PlanResult:
+                give_up_at: float | None = None, stand_in_s: float = 0.0) -> PlanResult:
     """``planner(instance, options with progress)`` under ``progress`` (heartbeat + stop flag).
     deadline: at ``stop_at`` (a ``clock()`` reading) the search is asked to stop as a signal would, and
     given ``stop_grace_s`` to return before its last reported incumbent is taken; the result keeps
@@ -99,7 +100,10 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
     (:func:`quick_plan`); False (deadline2: ``compare``, whose uniform row is there anyway): no plan.
     ``give_up_at`` (deadline2, a ``clock()`` reading): after a deadline stop, wait for the search until
     then instead of ``stop_grace_s`` (compare: a planner stopped at the end of its slot may finish
-    in the time of the later ones, up to the command's own stop)."""
+    in the time of the later ones, up to the command's own stop). ``stand_in_s`` (deadline4): when the
+    search has reported no plan ``stand_in_s`` before ``stop_at`` (:func:`stand_in_reserve_s`), the
+    stand-in is made then, beside the search (which keeps running and may still report one), so that
+    after the stop only the command's own phases are left."""
     opts = dataclasses.replace(options, progress=progress)
     box: dict[str, Any] = {}
     by_deadline = False
@@ -117,6 +121,7 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                     signal.Signals(signum).name)
         progress.request_stop(signum)
 
+    ready: list[tuple[Plan | None, tuple[str, ...], float]] = []  # deadline4: the stand-in, made before the stop
     worker = threading.Thread(target=work, name=f"{SEARCH_THREAD}{name}", daemon=True)
     saved = _install(on_signal)
     try:
@@ -125,6 +130,9 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             waited_after_stop = 0.0
             while worker.is_alive():
                 worker.join(0.1)
+                if (stand_in_s and fallback and stop_at is not None and not ready and not progress.stop_is_set()
+                        and clock() >= stop_at - stand_in_s and progress.state().plan is None):
+                    ready.append(stand_in(instance))  # deadline4: no incumbent yet: the stand-in now, beside the search
                 if stop_at is not None and not progress.stop_is_set() and clock() >= stop_at:  # deadline
                     log.warning("hgopt: the command's deadline is near: stopping the search, keeping its best plan")
                     progress.request_stop()
@@ -142,7 +150,8 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
                                     "incumbent it last reported", grace)
                         progress.park(worker)  # deadline2: it stops competing for the interpreter
                         deadline_stop = by_deadline and progress.signal is None
-                        snap = _from_snapshot(name, instance, progress, fallback or not deadline_stop)
+                        snap = _from_snapshot(name, instance, progress, fallback or not deadline_stop,
+                                              pre=ready[0] if ready else None)
                         return at_deadline(snap, progress, instance, fallback) if deadline_stop else snap
     finally:
         _restore(saved)
@@ -150,16 +159,18 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
         raise box["error"]
     res: PlanResult = box["result"]
     if by_deadline and progress.signal is None:  # deadline3: one that never saw the stop finished on its own
-        return at_deadline(res, progress, instance, fallback) if progress.stop_seen() else res
+        return at_deadline(res, progress, instance, fallback, pre=ready[0] if ready else None) \
+            if progress.stop_seen() else res
     if progress.stop_is_set():
         sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
         plan = res.plan
         quick: tuple[str, ...] = ()
+        t_quick = math.inf
         if plan is not None:
             plan = dataclasses.replace(plan, meta=(*((k, v) for k, v in plan.meta if k != "status"),
                                                    ("status", "interrupted")))
         else:
-            plan, quick = quick_plan(instance)
+            plan, quick, t_quick = ready[0] if ready else stand_in(instance)
         solver = res.solver
         if "certified" in solver:  # the milp's words for "no MILP needed": untrue when it was stopped first
             solver = "none (stopped before any MILP was solved)"
@@ -168,20 +179,21 @@ def run_planner(name: str, planner: Planner, instance: Any, options: PlanOptions
             + ("; the lower bound still holds" if res.lower_bound_s is not None else ""),
             *(n.replace("time limit reached before", "the search stopped before")
                .replace("the time limit ran out before", "the search stopped before") for n in res.notes), *quick),
-            iteration_time_s=res.iteration_time_s if res.plan is not None or plan is None
-            else evaluate(plan, instance).iteration_time_s)
+            iteration_time_s=res.iteration_time_s if res.plan is not None or plan is None else t_quick)
     return res
 
 
-def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bool = True) -> PlanResult:
+def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bool = True, *,
+                pre: tuple[Plan | None, tuple[str, ...], float] | None = None) -> PlanResult:
     """deadline: a result the command's deadline stopped: its plan and bound stand (a stop only
     ends the search early); ``optimal`` stays when proven, else ``feasible`` with a bound,
-    ``heuristic`` without; the solver words that claim a certificate are dropped."""
+    ``heuristic`` without; the solver words that claim a certificate are dropped. ``pre`` (deadline4):
+    :func:`stand_in`'s answer when it was made before the stop."""
     quick: tuple[str, ...] = ()
     if fallback and res.plan is None and res.status != "infeasible":  # stopped before any plan: the uniform baseline's
-        plan0, quick = quick_plan(instance)
+        plan0, quick, t0 = pre or stand_in(instance)
         if plan0 is not None:
-            res = dataclasses.replace(res, plan=plan0, iteration_time_s=evaluate(plan0, instance).iteration_time_s)
+            res = dataclasses.replace(res, plan=plan0, iteration_time_s=t0)
     status = res.status
     if res.plan is not None and status not in ("optimal",):
         status = "feasible" if res.lower_bound_s is not None else "heuristic"
@@ -197,18 +209,20 @@ def at_deadline(res: PlanResult, progress: Progress, instance: Any, fallback: bo
     return dataclasses.replace(res, status=status, plan=plan, solver=solver, notes=(note, *notes, *quick))
 
 
-def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool = True) -> PlanResult:
+def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool = True, *,
+                   pre: tuple[Plan | None, tuple[str, ...], float] | None = None) -> PlanResult:
     st = progress.state()
     plan = st.plan if isinstance(st.plan, Plan) else None
     notes: tuple[str, ...] = ()
+    t = math.inf
     if plan is not None:
         plan = dataclasses.replace(plan, planner=name.partition(":")[0], instance=instance.name,
                                    meta=(*plan.meta, ("status", "interrupted")))
-    else:
-        plan, notes = quick_plan(instance) if fallback else (None, ())
+        t = evaluate(plan, instance).iteration_time_s
+    elif fallback:
+        plan, notes, t = pre or stand_in(instance)  # deadline4: evaluated once, there
     sig = signal.Signals(progress.signal).name if progress.signal else "a stop request"
     bound = st.bound_s if st.bound_s is not None and math.isfinite(st.bound_s) else None
-    t = evaluate(plan, instance).iteration_time_s if plan is not None else math.inf
     return PlanResult(planner=name.partition(":")[0], status="interrupted", plan=plan,
                       iteration_time_s=t, lower_bound_s=bound, search_time_s=progress.elapsed_s(),
                       notes=(f"interrupted by {sig} during phase '{st.phase}': the incumbent last reported"
@@ -218,6 +232,19 @@ def _from_snapshot(name: str, instance: Any, progress: Progress, fallback: bool 
 QUICK_PLANNER = "uniform"
 """The planner whose plan an interrupted search returns when it had no incumbent yet (a fraction of
 a CPU second even on 1024 GPUs: every cluster's GPUs as equal pipeline stages)."""
+
+
+STAND_IN_CPU_S = (0.1, 2.0e-5)
+"""deadline4: CPU seconds :func:`stand_in` takes, fixed + per GPU of the instance (measured after
+deadline4's changes, unloaded, 2-core development machine: scale-64r's 16384 GPUs 0.42 s,
+scale-16r's 4096 0.12 s, default 0.08 s, sailor-geo-5x128 0.04 s: ``bench/stand_in_cost.py``)."""
+
+
+def stand_in_reserve_s(instance: Any, slowdown: float = 1.0) -> float:
+    """deadline4: wall seconds to keep for :func:`stand_in` on ``instance`` at ``slowdown``
+    (``Deadline.slowdown``): ``STAND_IN_CPU_S`` stretched by it."""
+    fixed, per_gpu = STAND_IN_CPU_S
+    return (fixed + per_gpu * sum(c.num_gpus for c in instance.topology.clusters)) * slowdown
 
 
 QUICK_PLAN_S = 0.05
@@ -230,18 +257,30 @@ def quick_plan(instance: Any) -> tuple[Plan | None, tuple[str, ...]]:
     """A valid plan at once, for a search stopped before it had one (the ``-o`` file still gets a
     plan): the ``uniform`` baseline's, with ``status`` interrupted in its meta; (None, why) if it
     has none either."""
-    from hgopt.search import get_planner
+    plan, notes, _ = stand_in(instance)
+    return plan, notes
 
+
+def stand_in(instance: Any) -> tuple[Plan | None, tuple[str, ...], float]:
+    """deadline4: :func:`quick_plan` and the stand-in's iteration time by ``evaluate`` (inf without
+    one), evaluated once: the callers no longer evaluate it again. The plan is the uniform grid
+    search's own (``plan_uniform`` under ``QUICK_PLAN_S``: one ``evaluate`` of one finalist, reused here), without
+    the registry's [C7o] bucket choice and its two more ``evaluate`` runs (the grid's 25 MiB default
+    buckets stand): on scale-64r's 16384 GPUs one ``evaluate`` is ~0.2 CPU s, and at a fifth of a core
+    each cost a second of the deadline's wall time."""
+    from hgopt.search.baselines.uniform import plan_uniform
+
+    scores: dict[Plan, Any] = {}
     try:
-        res = get_planner(QUICK_PLANNER)(instance, PlanOptions(time_limit_s=QUICK_PLAN_S))
+        plan = plan_uniform(instance, time_limit_s=QUICK_PLAN_S, scores=scores)
     except Exception as exc:  # noqa: BLE001 - a fallback: its failure must not hide the interruption
-        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline failed: {exc}",)
-    ev = evaluate(res.plan, instance) if res.plan is not None else None
-    if res.plan is None or ev is None or not ev.feasible:
-        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline has no feasible plan either",)
-    plan = dataclasses.replace(res.plan, meta=(*res.plan.meta, ("status", "interrupted")))
+        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline failed: {exc}",), math.inf
+    ev = (scores.get(plan) or evaluate(plan, instance)) if plan is not None else None
+    if plan is None or ev is None or not ev.feasible:
+        return None, (f"no incumbent yet, and the {QUICK_PLANNER} baseline has no feasible plan either",), math.inf
+    plan = dataclasses.replace(plan, meta=(*plan.meta, ("status", "interrupted")))
     return plan, (f"no incumbent yet: the plan is the {QUICK_PLANNER} baseline's (valid, found at once, far from "
-                  f"the best), {ev.iteration_time_s:.4g} s per iteration",)
+                  f"the best), {ev.iteration_time_s:.4g} s per iteration",), ev.iteration_time_s
 
 
 def _install(handler: Any) -> dict[int, Any] | None:

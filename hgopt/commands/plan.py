@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 from hgopt.commands._deadline import DEADLINE_GRACE_S, POST_RESERVE_S, Deadline, hard_limit, search_limit
-from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner
+from hgopt.commands._search import EXIT_CODES, SearchInterrupted, exit_code, run_planner, stand_in_reserve_s
 from hgopt.cost import build_tables, evaluate
 from hgopt.cost.evaluate import Evaluation
 from hgopt.explain import Explanation, explain, infeasibility, why_not
@@ -174,7 +174,8 @@ def run(args: argparse.Namespace, *, deadline: Deadline | None = None) -> int:
                                work_limit_s=getattr(args, "work_limit", None))  # determinism: its work (None: the same)
     try:
         res = run_planner(args.planner, get_planner(args.planner), inst, opts, progress, stop_at=dl.stop_at,
-                          stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock)
+                          stop_grace_s=DEADLINE_GRACE_S, clock=dl.clock,
+                          stand_in_s=stand_in_reserve_s(inst, dl.slowdown))  # deadline4
     except SearchInterrupted as exc:  # a second signal: abort without a plan
         print(f"hgopt: aborted by {signal.Signals(exc.signum).name}; no plan written", file=sys.stderr)
         return EXIT_CODES.get(exc.signum, 130)  # type: ignore[call-overload, no-any-return]
