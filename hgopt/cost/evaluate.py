@@ -30,7 +30,7 @@ from hgopt.cost.gradsync import (
     sync_contention_delay,
 )
 from hgopt.cost.memory import stage_memory_terms, zero_shards
-from hgopt.cost.joint import Parts, capped_groups, joint_replay
+from hgopt.cost.joint import Parts, joint_ends
 from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
@@ -488,20 +488,14 @@ def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], 
 
 
 def _joint_ends(inst: Instance, tables: CostTables, copies: Counter[Pipeline]) -> dict[Pipeline, list[float]]:
-    """[C4j] Per stage the last backward end of each pipeline that shares a capped link direction with
-    another (different) pipeline, all of them (with their identical copies) replayed in one timeline
-    (``joint.joint_replay``); a group larger than ``PIECE_REPLAY_OPS`` keeps [C4w]'s shared load."""
+    """[C4j] Per stage the last backward end of each pipeline that shares a capped link direction with a
+    different pipeline, its group (with identical copies) replayed in one timeline (``joint.joint_ends``)."""
     pipes = list(copies)
     loads = [_wan_loads(inst, tables, (p,), copies[p]) for p in pipes]
     capped = {d for load in loads for d in load if inst.topology.link_spec(*d).aggregate is not None}
-    out: dict[Pipeline, list[float]] = {}
-    for group in capped_groups(loads, capped):
-        offsets = np.cumsum([0] + [len(pipes[i].stages) for i in group]).tolist()
-        parts = [_piece_parts(inst, tables, pipes[i], copies[pipes[i]], {}, int(off)) for i, off in zip(group, offsets)]
-        ends = joint_replay(parts, PIECE_REPLAY_OPS)
-        if ends is not None:
-            out.update({pipes[i]: e for i, e in zip(group, ends)})
-    return out
+    ends = joint_ends(loads, capped, [len(p.stages) for p in pipes],
+                      lambda i, off: _piece_parts(inst, tables, pipes[i], copies[pipes[i]], {}, off), PIECE_REPLAY_OPS)
+    return {pipes[i]: e for i, e in ends.items()}
 
 
 def stage_boundary_time(

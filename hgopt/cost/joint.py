@@ -14,11 +14,11 @@ the exact timeline of the shared link. Pure functions on the replay's inputs; ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hgopt.cost.pieces import Piece, compress, replay_pieces
 
-__all__ = ["Parts", "capped_groups", "joint_replay"]
+__all__ = ["Parts", "capped_groups", "joint_ends", "joint_replay"]
 
 Parts = tuple[list[list[tuple[str, int]]], list[list[tuple[float, float]]], list[Piece]]
 """One pipeline's replay inputs: per stage its operations in the runner's order, per stage and replica
@@ -74,3 +74,18 @@ def joint_replay(parts: Sequence[Parts], op_limit: int, classes: bool = True) ->
         s += len(o)
     return out
 
+
+
+def joint_ends(loads: Sequence[dict[tuple[str, str], float]], capped: set[tuple[str, str]], stages: Sequence[int],
+               parts_of: Callable[[int, int], Parts], op_limit: int) -> dict[int, list[float]]:
+    """Per pipeline i (of ``loads``, ``stages[i]`` stages) that shares a capped direction with another,
+    its stages' ends in the joint replay of its group (``capped_groups``); ``parts_of(i, offset)``:
+    pipeline i's replay inputs with its stages numbered from ``offset`` in the resource keys. A group
+    over ``op_limit`` is left out (the caller keeps [C4w]'s shared load for it)."""
+    out: dict[int, list[float]] = {}
+    for group in capped_groups(loads, capped):
+        offsets = [sum(stages[j] for j in group[:k]) for k in range(len(group))]
+        ends = joint_replay([parts_of(i, off) for i, off in zip(group, offsets)], op_limit)
+        if ends is not None:
+            out.update(zip(group, ends))
+    return out
