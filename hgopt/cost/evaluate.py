@@ -27,6 +27,7 @@ from hgopt.cost.gradsync import (
 )
 from hgopt.cost.sharing import BoundaryMessage, CapFlow, RingPhase, earlier_backward_starts, shared_bucket_schedule
 from hgopt.cost.memory import stage_memory_terms, zero_shards
+from hgopt.cost.joint import Parts, joint_ends
 from hgopt.cost.pieces import Message, Piece, compress, replay_pieces
 import hgopt.cost.pipeline as _pipeline
 from hgopt.cost.pipeline import (
@@ -169,6 +170,7 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
     pipe_reports: list[PipelineReport] = []
     first: dict[Pipeline, int] = {}  # identical pipelines get identical reports: compute once
     copies = Counter(plan.pipelines)  # identical pipelines share nodes [C4]
+    joint = _joint_ends(instance, tables, copies)  # [C4j] pipelines sharing a cap: one timeline
     for pi, pipe in enumerate(plan.pipelines):
         if pipe in first:
             done = first[pipe]
@@ -176,15 +178,21 @@ def evaluate(plan: Plan, instance: Instance, tables: CostTables | None = None, *
             pipe_reports.append(replace(pipe_reports[done], index=pi))
         else:
             first[pipe] = pi
-            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], wan, copies[pipe], zero[(pi, si)])
+            own = _wan_loads(instance, tables, (pipe,), copies[pipe]) if pipe in joint else wan  # [C4j]
+            reports = [_stage_report(instance, tables, pipe, pi, si, sync[(pi, si)], own, copies[pipe], zero[(pi, si)])
                        for si in range(len(pipe.stages))]
             lat = [boundary_latency(instance, pipe, si) for si in range(len(pipe.stages) - 1)] + [(0.0, 0.0)]
             nics = _shared_nic_inputs(instance, tables, pipe, reports, lat, copies[pipe])
             report = _pipeline_report(pi, pipe, reports, lat, nics,
                                       exact=(pipeline or _pipeline.EVALUATE_1F1B) == "replay")
             # [C3s] a stage spanning clusters: replica by replica, each piece its own message
-            ends = piece_timeline(instance, tables, pipe, copies[pipe], wan) if spans_clusters(pipe) else None
+            ends = piece_timeline(instance, tables, pipe, copies[pipe], own) if spans_clusters(pipe) else None
             if ends is not None:
+                report = replace(report, time_s=max(ends), stage_ends=tuple(ends))
+            if pipe in joint:  # [C4j] the later of its own form and the joint timeline, stage by stage
+                mine = list(report.stage_ends) or last_backward_ends(
+                    report.time_s, [r.bwd_s for r in reports], [r.send_bwd_s for r in reports])
+                ends = [max(a, b) for a, b in zip(mine, joint[pipe])]
                 report = replace(report, time_s=max(ends), stage_ends=tuple(ends))
             pipe_reports.append(report)
         stage_reports.extend(reports)
@@ -477,6 +485,17 @@ def _wan_loads(inst: Instance, tables: CostTables, pipes: tuple[Pipeline, ...], 
     return load
 
 
+def _joint_ends(inst: Instance, tables: CostTables, copies: Counter[Pipeline]) -> dict[Pipeline, list[float]]:
+    """[C4j] Per stage the last backward end of each pipeline that shares a capped link direction with a
+    different pipeline, its group (with identical copies) replayed in one timeline (``joint.joint_ends``)."""
+    pipes = list(copies)
+    loads = [_wan_loads(inst, tables, (p,), copies[p]) for p in pipes]
+    capped = {d for load in loads for d in load if inst.topology.link_spec(*d).aggregate is not None}
+    ends = joint_ends(loads, capped, [len(p.stages) for p in pipes],
+                      lambda i, off: _piece_parts(inst, tables, pipes[i], copies[pipes[i]], {}, off), PIECE_REPLAY_OPS)
+    return {pipes[i]: e for i, e in ends.items()}
+
+
 def stage_boundary_time(
     inst: Instance,
     tables: CostTables,
@@ -577,11 +596,24 @@ def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: i
     direction's aggregate cap [C4]/[C4w]; a cap is shared with the other pipelines' boundaries in
     proportion to their load on it (``wan_loads``: every pipeline's [C4w] load; when omitted, this
     pipeline's). Delay: the largest latency on the way plus the piece's (de)quantisation [C4q]."""
+    own = _wan_loads(inst, tables, (pipe,), copies)
+    share = {k: (v / wan_loads[k] if wan_loads and wan_loads.get(k, 0.0) > 0 else 1.0) for k, v in own.items()}
+    orders, times, pieces = _piece_parts(inst, tables, pipe, copies, share)
+    if classes:  # interchangeable replicas replayed once (``classes=False``: every replica, for tests)
+        times, pieces = compress(times, pieces)
+    if 2 * pipe.num_microbatches * sum(len(t) for t in times) > PIECE_REPLAY_OPS:
+        return None
+    return [max(e) for e in replay_pieces(orders, times, pieces)]
+
+
+def _piece_parts(inst: Instance, tables: CostTables, pipe: Pipeline, copies: int,
+                 share: dict[tuple[str, str], float], offset: int = 0) -> Parts:
+    """[C3s] The replica-by-replica replay's inputs of ``copies`` identical pipelines (``piece_timeline``);
+    ``offset``: added to the stage numbers in the messages' resource keys (pipelines replayed together
+    [C4j] keep their NICs apart)."""
     S, m = len(pipe.stages), pipe.num_microbatches
     reps = [[r for c in range(copies) for r in _replica_nodes(inst.topology, st, c)] for st in pipe.stages]
     topo = inst.topology
-    own = _wan_loads(inst, tables, (pipe,), copies)
-    share = {k: (v / wan_loads[k] if wan_loads and wan_loads.get(k, 0.0) > 0 else 1.0) for k, v in own.items()}
     times = []
     for st in pipe.stages:
         row = []
@@ -604,7 +636,7 @@ def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: i
                 (ka, alo, ahi), (kb, blo, bhi) = pa[i], pb[j]
                 n = min(ahi, bhi) - max(alo, blo)
                 if n > 0:
-                    a, b = (si, *ka), (si + 1, *kb)
+                    a, b = (offset + si, *ka), (offset + si + 1, *kb)
                     msgs = [_piece_message(inst, ends, n, per_sample, prec, factor, share)
                             for ends, (prec, factor) in zip(((a, b), (b, a)), precs)]
                     pieces.append(Piece(boundary=si, src=c * n_a + i, dst=c * n_b + j, fwd=msgs[0], bwd=msgs[1]))
@@ -612,13 +644,8 @@ def piece_timeline(inst: Instance, tables: CostTables, pipe: Pipeline, copies: i
                     i += 1
                 else:
                     j += 1
-    if classes:  # interchangeable replicas replayed once (``classes=False``: every replica, for tests)
-        times, pieces = compress(times, pieces)
-    if 2 * m * sum(len(t) for t in times) > PIECE_REPLAY_OPS:
-        return None
     orders = [[(op.kind, op.microbatch) for op in stage_ops(pipe.schedule, s, S, m)] for s in range(S)]
-    ends = replay_pieces(orders, times, pieces)
-    return [max(e) for e in ends]
+    return orders, times, pieces
 
 
 def _piece_message(inst: Instance, ends: tuple[tuple[int, str, int, int], tuple[int, str, int, int]], samples: int,
