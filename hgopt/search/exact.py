@@ -33,7 +33,7 @@ from hgopt.search.milp_cost import cost_goal, plan_milp_cost
 from hgopt.search.mixed import MixedPlan, best_mixed_plan, compute_floor
 from hgopt.search.mixed_bound import MixedBound, mixed_bound
 from hgopt.search.sync_choice import choose_sync
-from hgopt.search.work import GROUPED_QUERY_S, MIXED_PAIR_S, PHASE_SLACK, counted_stop
+from hgopt.search.work import GROUPED_QUERY_S, PHASE_SLACK, counted_stop, mixed_pair_work
 from hgopt.spec import Instance
 
 __all__ = ["GROUPED_BOUND_DEFAULT", "GROUPED_SHARE", "NARROW_SHARE", "WARM_START_WORK_PER_S", "plan_exact", "priced_warm_work", "warm_start_work"]
@@ -261,7 +261,7 @@ def _early_mixed_bound(instance: Instance, options: PlanOptions, early: object, 
     # determinism: ended by its counted work (MIXED_BOUND_SHARE of the work budget); the limit's end is the watchdog
     return mixed_bound(instance, build_tables(instance), target=early.iteration_time_s,
                        deadline=t0 + min(1.0, PHASE_SLACK * MIXED_BOUND_SHARE) * options.time_limit_s,
-                       stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
+                       stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), _mixed_pair_s(instance), _stop_of(options)))
 
 
 def _mixed_outside(res: PlanResult, found: str) -> PlanResult:
@@ -315,7 +315,7 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
     mb = early_bound
     if mb is None and len(instance.topology.clusters) <= MIXED_BOUND_CLUSTERS and time.perf_counter() < deadline:
         mb = mixed_bound(instance, tables, target=mixed.iteration_time_s if adopt else own_s, deadline=deadline,
-                         stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), MIXED_PAIR_S, _stop_of(options)))
+                         stop=counted_stop(MIXED_BOUND_SHARE * _work_of(options), _mixed_pair_s(instance), _stop_of(options)))
     mbv = max(floor, mb.value) if mb is not None else floor
     t = mixed.iteration_time_s if adopt else res.iteration_time_s
     if not adopt:
@@ -354,6 +354,11 @@ def _with_mixed_stages(instance: Instance, options: PlanOptions, res: PlanResult
 def _work_of(options: PlanOptions) -> float:
     """determinism: the search's work budget (nominal seconds, ``hgopt.search.work``)."""
     return options.time_limit_s if options.work_limit_s is None else options.work_limit_s
+
+
+def _mixed_pair_s(instance: Instance) -> float:
+    """determinism: the work charged for one of [H11b]'s (B, m) pairs on ``instance`` (``work.mixed_pair_work``)."""
+    return mixed_pair_work(len(instance.model.layers), len(instance.topology.clusters))
 
 
 def _stop_of(options: PlanOptions) -> Callable[[], bool] | None:

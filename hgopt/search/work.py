@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from hgopt.spec import Instance
 
-__all__ = ["CORE_SHARE", "GROUPED_QUERY_S", "MAX_NODES", "MIXED_PAIR_S", "PHASE_SLACK", "WorkMeter", "block_options_work",
+__all__ = ["CORE_SHARE", "GROUPED_QUERY_S", "MAX_NODES", "MIXED_PAIR_S", "PHASE_SLACK", "mixed_pair_work", "WorkMeter", "block_options_work",
            "cheap_bound_work", "counted_stop", "milp_root_work", "milp_work",
            "node_limit", "relaxation_work"]
 
@@ -46,6 +46,19 @@ NODE_SHARE = 0.1
 MIXED_PAIR_S = 0.4
 """CPU seconds charged for each (B, m) pair ``mixed_bound`` bounds (it asks its stop once per pair):
 sailor-het-16+16 66 pairs in 14.4 CPU s, default 55 in 39.2 s, sailor-het-80+240 66 in 13.3 s (no target)."""
+MIXED_PAIR_REF = 26 * 27 // 2 * 2
+"""Layer ranges × clusters of the instances ``MIXED_PAIR_S`` was measured on (sailor-het-*: 26 layers, 2 clusters)."""
+
+
+def mixed_pair_work(layers: int, clusters: int) -> float:
+    """CPU seconds charged for one (B, m) pair of ``mixed_bound`` on a model of ``layers`` layers over
+    ``clusters`` clusters: ``MIXED_PAIR_S`` scaled down with layer ranges L(L + 1)/2 × clusters (a pair's
+    Lagrangian layer DP runs over (level, layer range) entries per cluster), never above it. Without the scaling a tiny instance's ten pairs, microseconds
+    each, spent a 20 s limit's [H11b] share after six and fell back to the compute floor (lead, round 8,
+    tests/test_mixed.py)."""
+    return MIXED_PAIR_S * min(1.0, layers * (layers + 1) // 2 * clusters / MIXED_PAIR_REF)
+
+
 GROUPED_QUERY_S = 0.01
 """CPU seconds charged for each query of ``master.grouped_bound``'s stop (once per partition and once per
 share-table structure, a ``cheap_bounds`` of a cluster group: ~3-60 ms)."""
