@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from hgopt.solvers import SolveOptions, available_backends, solve
-from hgopt.solvers.model import LinearModel
-from tests.test_solvers import _tol, bottleneck_model
+from tests.test_solvers import _tol, bottleneck_model, infeasible_model
 
 BACKENDS = available_backends()
 REACHES = {"highs": (7, 60, 25), "pulp-highs": (7, 60, 25), "scip": (7, 60, 25), "cp-sat": (8, 200, 90)}
@@ -77,13 +76,7 @@ def test_a_cutoff_under_a_work_limit_never_bounds_above_the_optimum(backend: str
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_infeasible_model_under_a_work_limit_is_infeasible_or_unsolved(backend: str) -> None:
-    m = LinearModel(name="infeasible3")
-    t = m.add_var("T", kind="time")
-    ys = [m.add_binary(f"y{i}") for i in range(4)]
-    m.add_row("pick3", {y: 1.0 for y in ys}, lb=3.0)
-    m.add_row("pick1", {y: 1.0 for y in ys}, ub=1.0)
-    m.add_row("T", {t: 1.0, ys[0]: -1.0}, lb=0.0, kind="time")
-    m.set_objective({t: 1.0})
+    m = infeasible_model("infeasible3")
     r = solve(m, backend, SolveOptions(time_limit_s=60, node_limit=1))
     assert r.values is None and not math.isfinite(r.objective)
     assert r.status in ("infeasible", "no_solution")

@@ -157,16 +157,22 @@ def test_a_gap_limited_solve_bounds_the_optimum_from_both_sides(backend: str, ga
         assert r.gap <= gap + 1e-6 + 1e-3 * (backend == "cp-sat")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_infeasible_model_bounds_nothing_wrongly(backend: str) -> None:
-    """Infeasible: no incumbent; the bound is +inf (every plan — there is none — is above it) or absent."""
-    m = LinearModel(name="infeasible2")
+def infeasible_model(name: str) -> LinearModel:
+    """Pick at least 3 of 4 binaries and at most 1: infeasible; the objective T >= y0."""
+    m = LinearModel(name=name)
     t = m.add_var("T", kind="time")
     ys = [m.add_binary(f"y{i}") for i in range(4)]
     m.add_row("pick3", {y: 1.0 for y in ys}, lb=3.0)
     m.add_row("pick1", {y: 1.0 for y in ys}, ub=1.0)
     m.add_row("T", {t: 1.0, ys[0]: -1.0}, lb=0.0, kind="time")
     m.set_objective({t: 1.0})
+    return m
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_infeasible_model_bounds_nothing_wrongly(backend: str) -> None:
+    """Infeasible: no incumbent; the bound is +inf (every plan — there is none — is above it) or absent."""
+    m = infeasible_model("infeasible2")
     r = solve(m, backend, SolveOptions(time_limit_s=10, bound_limit=5.0))
     assert r.status == "infeasible" and r.values is None
     assert r.bound >= 5.0  # nothing below the cutoff (and nothing at all)
