@@ -234,11 +234,11 @@ def test_the_exact_planner_says_when_the_clock_cut_a_phase(monkeypatch: pytest.M
 
 
 def test_mixed_pair_work_scales_with_layer_ranges_and_clusters() -> None:
-    """[H11b]'s charge per (B, m) pair: MIXED_PAIR_S at the calibration size (26 layers, 2 clusters) and
-    above, scaled by layer ranges × clusters below it (hand values)."""
+    """[H11b]'s charge per (B, m) pair: MIXED_PAIR_S at the calibration size (26 layers, 2 clusters),
+    scaled by layer ranges × clusters (hand values)."""
     from hgopt.search.work import MIXED_PAIR_S, mixed_pair_work
 
     assert mixed_pair_work(26, 2) == MIXED_PAIR_S
-    assert mixed_pair_work(80, 8) == MIXED_PAIR_S
+    assert mixed_pair_work(80, 8) == pytest.approx(MIXED_PAIR_S * 3240 * 8 / 702, rel=1e-12)
     assert mixed_pair_work(2, 2) == pytest.approx(MIXED_PAIR_S * 6 / 702, rel=1e-12)
     assert mixed_pair_work(26, 1) == pytest.approx(MIXED_PAIR_S / 2, rel=1e-12)

@@ -43,20 +43,25 @@ ROOT_S_PER_NNZ15 = 1.2e-7
 BLOCK_S_PER_OPTION = 0.0015
 NODE_SHARE = 0.1
 """A branch-and-bound node after the root costs this share of the root."""
-MIXED_PAIR_S = 0.4
-"""CPU seconds charged for each (B, m) pair ``mixed_bound`` bounds (it asks its stop once per pair):
-sailor-het-16+16 66 pairs in 14.4 CPU s, default 55 in 39.2 s, sailor-het-80+240 66 in 13.3 s (no target)."""
+MIXED_PAIR_S = 0.1
+"""CPU seconds charged for each (B, m) pair ``mixed_bound`` bounds (it asks its stop once per pair) at the reference
+size ``MIXED_PAIR_REF`` (``mixed_pair_work`` scales it). Determinism measured 0.2-0.7 s a pair on round 7's code
+(sailor-het-16+16 66 pairs in 14.4 CPU s, default 55 in 39.2 s, sailor-het-80+240 66 in 13.3 s) and charged 0.4;
+hetgap2's rewrite is 2-3.5x cheaper (lead, round 8, quiet machine: `bench/mixed_bound_gap.py` sailor-het-32+96 66
+pairs in 3.5 CPU s, sailor-het-16+16 in 4.8 s, i.e. 0.05-0.07 s a pair), and at 0.4 a 60 s limit's [H11b] share
+(15 nominal s) allowed 15 / (0.4 / CORE_SHARE) = 18 of sailor-het-32+96's 66 pairs: its certificate stayed at the
+compute floor."""
 MIXED_PAIR_REF = 26 * 27 // 2 * 2
 """Layer ranges × clusters of the instances ``MIXED_PAIR_S`` was measured on (sailor-het-*: 26 layers, 2 clusters)."""
 
 
 def mixed_pair_work(layers: int, clusters: int) -> float:
     """CPU seconds charged for one (B, m) pair of ``mixed_bound`` on a model of ``layers`` layers over
-    ``clusters`` clusters: ``MIXED_PAIR_S`` scaled down with layer ranges L(L + 1)/2 × clusters (a pair's
-    Lagrangian layer DP runs over (level, layer range) entries per cluster), never above it. Without the scaling a tiny instance's ten pairs, microseconds
-    each, spent a 20 s limit's [H11b] share after six and fell back to the compute floor (lead, round 8,
+    ``clusters`` clusters: ``MIXED_PAIR_S`` scaled with layer ranges L(L + 1)/2 × clusters (a pair's
+    Lagrangian layer DP runs over (level, layer range) entries per cluster). Without the scaling a tiny
+    instance's ten pairs, microseconds each, spent a 20 s limit's [H11b] share after six and fell back to the compute floor (lead, round 8,
     tests/test_mixed.py)."""
-    return MIXED_PAIR_S * min(1.0, layers * (layers + 1) // 2 * clusters / MIXED_PAIR_REF)
+    return MIXED_PAIR_S * (layers * (layers + 1) // 2 * clusters / MIXED_PAIR_REF)
 
 
 GROUPED_QUERY_S = 0.01
