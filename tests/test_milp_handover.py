@@ -6,6 +6,8 @@ brute-force optimum, which without the floor it does not."""
 
 from __future__ import annotations
 
+import functools
+
 import math
 import random
 from typing import TYPE_CHECKING
@@ -248,6 +250,15 @@ def _special_instance(seed: int) -> Instance:
 
 
 def _split_optima(inst: Instance) -> dict[object, float]:
+    """Per batch split, the best plan of the MILP's space by ``evaluate`` (brute force). Cached per instance
+    and cost-model switch: test_relax_windows brute-forces the same instances (suite time)."""
+    import hgopt.cost.pipeline as pl
+
+    return dict(_split_optima_cached(inst, pl.EVALUATE_1F1B, pl.CLOSED_CAP))
+
+
+@functools.lru_cache(maxsize=32)
+def _split_optima_cached(inst: Instance, mode: str, cap: bool) -> dict[object, float]:
     from tests.test_milp import _space
 
     tables = build_tables(inst)
