@@ -221,14 +221,7 @@ def test_an_earlier_backward_message_shares_the_cap_with_an_early_bucket() -> No
     0.55 s. The message arrives at 0.52 s (uncontended 0.42 s): stage 0's last backward 0.52 .. 0.54
     s, its ring (40 MB, alone) to 0.60 s, its optimizer step (1 ms) to 0.601 s. Counting only the last
     message on the cap, evaluate said 0.561 s."""
-    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
-    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
-                                 "aggregate": {"gbit_s": 8.0}}}
-    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e8)
-    inst = tiny_instance(global_batch=4, model=model, topology=topo)
-    s0 = Stage(start=0, end=1, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
-    s1 = Stage(start=1, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
-    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    inst, plan = _crossed_pair_on_a_cap(activation_bytes=1e8, cut=1)
     sim = simulate(plan, inst)
     syncs = sorted(t for e in sim.events if e.kind == "sync" and e.stage == 1 for t in (e.start, e.end))
     assert syncs == pytest.approx([0.27, 0.37, 0.37, 0.47, 0.47, 0.55], rel=1e-12)
@@ -252,14 +245,7 @@ def test_a_receiver_that_did_not_wait_for_the_message_does_not_move() -> None:
     at 0.14 s (0.01 s late). Stage 0 is still busy with microbatch 0's backward (0.10 .. 0.16 s), so
     its last backward starts at 0.16 s either way: E_0 stays 0.22 s (moving it by the whole delay
     gave 0.23 s)."""
-    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
-    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
-                                 "aggregate": {"gbit_s": 8.0}}}
-    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=1e7)
-    inst = tiny_instance(global_batch=4, model=model, topology=topo)
-    s0 = Stage(start=0, end=3, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
-    s1 = Stage(start=3, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
-    plan = Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
+    inst, plan = _crossed_pair_on_a_cap(activation_bytes=1e7, cut=3)
     sim = simulate(plan, inst)
     last = next(e for e in sim.events if e.kind == "sendB" and e.microbatch == 1 and e.replica == 0)
     assert (last.start, last.end) == pytest.approx((0.11, 0.14), rel=1e-12)
@@ -268,3 +254,17 @@ def test_a_receiver_that_did_not_wait_for_the_message_does_not_move() -> None:
     by = {s.stage: s for s in ev.stages}
     assert by[0].last_backward_end_s == pytest.approx(0.22, rel=1e-12)
     assert ev.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-12)
+
+
+def _crossed_pair_on_a_cap(activation_bytes: float, cut: int) -> tuple[object, Plan]:
+    """Two clusters a, b (2 nodes x 2 GPUs) joined by an 8 Gbit/s per-flow link with an 8 Gbit/s cap and 10 ms;
+    4 layers of 0.01 s, 1e7 parameters; one 2-microbatch pipeline whose stages [0, cut) and [cut, 4) each have a
+    replica on a and on b (so its boundary messages and both stages' rings cross the cap); 5 MiB buckets."""
+    topo = tiny_topology(clusters=(("a", "A", 2, 2, 80.0), ("b", "A", 2, 2, 80.0)))
+    topo["links"] = {"default": {"kind": "per_flow", "per_flow": {"gbit_s": 8.0, "latency_ms": 10.0},
+                                 "aggregate": {"gbit_s": 8.0}}}
+    model = tiny_model(num_layers=4, gpus={"A": 0.01}, params=1e7, activation_bytes=activation_bytes)
+    inst = tiny_instance(global_batch=4, model=model, topology=topo)
+    s0 = Stage(start=0, end=cut, groups=(ReplicaGroup(cluster="a", dp=1, mbs=1), ReplicaGroup(cluster="b", dp=1, mbs=1)))
+    s1 = Stage(start=cut, end=4, groups=(ReplicaGroup(cluster="b", dp=1, mbs=1), ReplicaGroup(cluster="a", dp=1, mbs=1)))
+    return inst, Plan(pipelines=(Pipeline(stages=(s0, s1), num_microbatches=2),), grad_bucket_mb=5.0)
